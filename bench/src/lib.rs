@@ -1,0 +1,1 @@
+//! The benchmark harness lands with issue #6.

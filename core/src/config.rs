@@ -1,0 +1,49 @@
+//! Broker configuration shared (immutably) by all shards.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    /// Root of all data; each shard keeps its log in `shard-<i>/`.
+    pub data_dir: PathBuf,
+    /// Number of shards (glommio executors), normally one per CPU.
+    pub shards: u32,
+    /// Pin shard i to CPU `i % cpus`.
+    pub pin_cpus: bool,
+    /// Bundles per namespace: a namespace's hash ring is split into this many
+    /// ranges, each owned by one shard.
+    pub bundles_per_namespace: u32,
+    /// Largest message blob (metadata + payload) accepted from a producer.
+    pub message_bytes_max: u32,
+    /// How often acknowledged positions are written to the log.
+    pub cursor_persist_interval: Duration,
+    /// Storage: entry-log segment size.
+    pub segment_bytes: u64,
+    /// Storage: recent entries kept in memory per shard.
+    pub write_cache_bytes: usize,
+    /// Storage: largest single group-commit write.
+    pub flush_bytes_max: usize,
+    /// Storage: accept a tmpfs data directory (no O_DIRECT durability there).
+    pub allow_tmpfs: bool,
+    /// How long shutdown waits for in-flight produce requests.
+    pub shutdown_drain_timeout: Duration,
+}
+
+impl BrokerConfig {
+    pub fn new(data_dir: impl Into<PathBuf>, shards: u32) -> Self {
+        Self {
+            data_dir: data_dir.into(),
+            shards,
+            pin_cpus: true,
+            bundles_per_namespace: 16,
+            message_bytes_max: 5 * 1024 * 1024,
+            cursor_persist_interval: Duration::from_millis(100),
+            segment_bytes: 256 * 1024 * 1024,
+            write_cache_bytes: 256 * 1024 * 1024,
+            flush_bytes_max: 4 * 1024 * 1024,
+            allow_tmpfs: false,
+            shutdown_drain_timeout: Duration::from_secs(5),
+        }
+    }
+}

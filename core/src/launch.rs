@@ -1,0 +1,190 @@
+//! Starting and stopping the shards: one glommio executor per shard, pinned
+//! to a CPU, each opening (and recovering) its own entry log, joined by the
+//! cross-shard mesh.
+
+use crate::config::BrokerConfig;
+use crate::error::StartError;
+use crate::mesh::{build_mesh, Mesh};
+use crate::shard::{Broker, Shard, SHARDS_MAX};
+use glommio::{LocalExecutorBuilder, Placement};
+use magnetar_storage::{EntryLog, LogConfig};
+use std::future::Future;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+const FORMAT_FILE: &str = "magnetar.format";
+const DATA_FORMAT_VERSION: u32 = 1;
+
+/// The running shards.
+pub struct Running {
+    handles: Vec<glommio::ExecutorJoinHandle<Result<(), String>>>,
+    shutdown: Arc<AtomicBool>,
+}
+
+impl Running {
+    /// Asks every shard to shut down cleanly (same as setting the flag given
+    /// to `launch`).
+    pub fn shutdown(&self) {
+        self.shutdown.store(true, Ordering::SeqCst);
+    }
+
+    /// Waits for every shard to stop; the first shard error, if any.
+    pub fn join(self) -> Result<(), StartError> {
+        let mut first = None;
+        for (i, h) in self.handles.into_iter().enumerate() {
+            let r = match h.join() {
+                Ok(Ok(())) => continue,
+                Ok(Err(message)) => StartError::Shard { shard: i as u32, message },
+                Err(e) => StartError::Shard { shard: i as u32, message: format!("executor failed: {e}") },
+            };
+            first.get_or_insert(r);
+        }
+        first.map_or(Ok(()), Err)
+    }
+}
+
+/// Checks (or, for a new directory, writes) the data directory's format file,
+/// which records the shard count: topics live in the log of the shard owning
+/// their bundle, so the count cannot change without moving data.
+fn check_format_file(dir: &Path, shards: u32) -> Result<(), StartError> {
+    let io = |source| StartError::Io { path: dir.display().to_string(), source };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let path = dir.join(FORMAT_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let bad = |reason: &str| StartError::BadFormatFile { path: path.display().to_string(), reason: reason.into() };
+            let mut version = None;
+            let mut found = None;
+            for line in text.lines() {
+                if let Some(v) = line.strip_prefix("format=") {
+                    version = v.trim().parse::<u32>().ok();
+                } else if let Some(v) = line.strip_prefix("shards=") {
+                    found = v.trim().parse::<u32>().ok();
+                }
+            }
+            if version != Some(DATA_FORMAT_VERSION) {
+                return Err(bad("unknown format version"));
+            }
+            let found = found.ok_or_else(|| bad("no shards= line"))?;
+            if found != shards {
+                return Err(StartError::ShardCountMismatch { path: dir.display().to_string(), found });
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let tmp = dir.join(format!("{FORMAT_FILE}.tmp"));
+            let body = format!("format={DATA_FORMAT_VERSION}\nshards={shards}\n");
+            let f = std::fs::File::create(&tmp).map_err(io)?;
+            std::io::Write::write_all(&mut &f, body.as_bytes()).map_err(io)?;
+            f.sync_all().map_err(io)?;
+            std::fs::rename(&tmp, &path).map_err(io)?;
+            std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+            Ok(())
+        }
+        Err(e) => Err(io(e)),
+    }
+}
+
+/// Starts `config.shards` shards. Each, once every shard has recovered its
+/// log, runs `serve(broker)` (the network layer's accept loop) until
+/// `shutdown` is set, then shuts down cleanly. Returns once all shards are
+/// serving, or the first start-up error (after stopping the others).
+pub fn launch<F, Fut>(config: BrokerConfig, shutdown: Arc<AtomicBool>, serve: F) -> Result<Running, StartError>
+where
+    F: Fn(Broker) -> Fut + Send + Clone + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    let n = config.shards;
+    if n == 0 || n > SHARDS_MAX {
+        return Err(StartError::Config(format!("shards must be 1..={SHARDS_MAX}, not {n}")));
+    }
+    check_format_file(&config.data_dir, n)?;
+    let config = Arc::new(config);
+    let cpus = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
+    let ready = Arc::new(AtomicU32::new(0));
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<u32, StartError>>();
+    let mut handles = Vec::new();
+    for (i, ends) in build_mesh(n).into_iter().enumerate() {
+        let id = i as u32;
+        let placement = if config.pin_cpus { Placement::Fixed(i % cpus) } else { Placement::Unbound };
+        let (config, shutdown, ready, ready_tx, serve) =
+            (config.clone(), shutdown.clone(), ready.clone(), ready_tx.clone(), serve.clone());
+        let builder = LocalExecutorBuilder::new(placement).name(&format!("shard-{i}"));
+        let handle = builder
+            .spawn(move || async move {
+                let (mesh, receivers) = Mesh::connect(n, ends).await;
+                let mut lc = LogConfig::new(config.data_dir.join(format!("shard-{id}")));
+                lc.segment_bytes = config.segment_bytes;
+                lc.write_cache_bytes = config.write_cache_bytes;
+                lc.flush_bytes_max = config.flush_bytes_max;
+                lc.allow_tmpfs = config.allow_tmpfs;
+                let (log, recovery) = match EntryLog::open(lc).await {
+                    Ok(x) => x,
+                    Err(e) => {
+                        let message = format!("opening the log failed: {e}");
+                        let _ = ready_tx.send(Err(StartError::Shard { shard: id, message: message.clone() }));
+                        return Err(message);
+                    }
+                };
+                tracing::info!(
+                    shard = id,
+                    clean = recovery.clean,
+                    scanned_bytes = recovery.scanned_bytes,
+                    truncated_bytes = recovery.truncated_bytes,
+                    entries_replayed = recovery.entries_replayed,
+                    elapsed_ms = recovery.elapsed.as_millis() as u64,
+                    "recovered entry log"
+                );
+                let shard = Shard::new(id, n, config.clone(), log, mesh);
+                for (_from, rx) in receivers {
+                    let shard = shard.clone();
+                    glommio::spawn_local(async move {
+                        while let Some(msg) = rx.recv().await {
+                            shard.on_mesh(msg);
+                        }
+                    })
+                    .detach();
+                }
+                glommio::spawn_local(shard.clone().cursor_flusher()).detach();
+                ready.fetch_add(1, Ordering::SeqCst);
+                // Serve only once every shard has recovered, so no request is
+                // routed to a shard that is still reading its log.
+                while ready.load(Ordering::SeqCst) < n && !shutdown.load(Ordering::SeqCst) {
+                    glommio::timer::sleep(Duration::from_millis(5)).await;
+                }
+                let serving = glommio::spawn_local(serve(Broker { shard: shard.clone() }));
+                // Let the serve task run up to its first await (binding its
+                // listener) before reporting this shard ready.
+                futures_lite::future::yield_now().await;
+                let _ = ready_tx.send(Ok(id));
+                while !shutdown.load(Ordering::SeqCst) {
+                    glommio::timer::sleep(Duration::from_millis(20)).await;
+                }
+                tracing::info!(shard = id, "shutting down");
+                shard.shutdown().await;
+                drop(serving);
+                Ok(())
+            })
+            .map_err(|e| StartError::Shard { shard: id, message: format!("cannot start executor: {e}") })?;
+        handles.push(handle);
+    }
+    drop(ready_tx);
+    let running = Running { handles, shutdown: shutdown.clone() };
+    for _ in 0..n {
+        match ready_rx.recv() {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                running.shutdown();
+                let _ = running.join();
+                return Err(e);
+            }
+            Err(_) => {
+                running.shutdown();
+                return Err(running.join().err().unwrap_or(StartError::Config("a shard exited during start".into())));
+            }
+        }
+    }
+    Ok(running)
+}

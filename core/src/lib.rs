@@ -1,0 +1,27 @@
+//! magnetar-core: the broker without its sockets.
+//!
+//! Shards (one glommio executor each) own bundles of topics; topics append
+//! to their shard's entry log; subscriptions keep durable cursors and
+//! dispatch within flow permits. The network layer reaches all of it through
+//! the per-shard [`Broker`] handle, which routes requests to the owner shard
+//! over the cross-shard mesh.
+
+pub mod config;
+pub mod cursor;
+pub mod error;
+pub mod launch;
+mod mesh;
+pub mod ownership;
+mod shard;
+pub mod signal;
+mod topic;
+pub mod topic_name;
+
+pub use config::BrokerConfig;
+pub use error::{CoreError, StartError};
+pub use launch::{launch, Running};
+pub use shard::{
+    Broker, ConsumerEvent, ConsumerHandle, ConsumerRef, ProducerHandle, SubscribeRequest, LEDGER_ID_SHARD_STRIDE,
+    SHARDS_MAX,
+};
+pub use topic_name::TopicName;

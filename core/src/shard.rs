@@ -1,0 +1,732 @@
+//! One shard: a glommio executor's share of the broker.
+//!
+//! A `Shard` owns the topics whose bundles map to it, its own entry log, and
+//! its ends of the cross-shard mesh. Connections (in the net crate) talk to
+//! the `Broker` handle of the shard they landed on; the handle routes each
+//! request to the owner shard, through the mesh when that is another shard.
+//! Everything here is owned by one shard and never crosses cores; only
+//! `MeshMsg` values travel between shards.
+
+use crate::config::BrokerConfig;
+use crate::error::{CoreError, ErrorCode};
+use crate::mesh::{Mesh, MeshMsg};
+use crate::ownership;
+use crate::signal::Signal;
+use crate::topic::{Subscription, Topic};
+use crate::topic_name::{Domain, TopicName};
+use bytes::Bytes;
+use futures::channel::oneshot;
+use futures::future::LocalBoxFuture;
+use futures::FutureExt;
+use glommio::channels::local_channel::LocalSender;
+use magnetar_storage::EntryLog;
+use magnetar_wire::{AckType, InitialPosition, MessageId, SubscriptionType};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Ledger ids are unique across shards: `seq * LEDGER_ID_SHARD_STRIDE + shard`.
+pub const LEDGER_ID_SHARD_STRIDE: u64 = 1024;
+/// Most shards a broker may run (ledger ids reserve room for this many).
+pub const SHARDS_MAX: u32 = LEDGER_ID_SHARD_STRIDE as u32;
+
+const META_TOPIC_PREFIX: &[u8] = b"t/";
+const META_CURSOR_PREFIX: &[u8] = b"c/";
+const TOPIC_META_VERSION: u8 = 1;
+
+/// Where a consumer's events go: a sink registered on some shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConsumerRef {
+    pub shard: u32,
+    pub sink: u64,
+    pub consumer_id: u64,
+}
+
+/// What a subscription sends to a consumer's connection.
+#[derive(Debug)]
+pub enum ConsumerEvent {
+    Message { consumer_id: u64, message_id: MessageId, redelivery_count: u32, blob: Bytes },
+    /// The broker closed the consumer (e.g. unreadable data); the client should
+    /// be told and may subscribe again.
+    Closed { consumer_id: u64, code: ErrorCode, message: String },
+}
+
+/// A producer attached to a topic, as seen by the connection that created it.
+#[derive(Debug, Clone)]
+pub struct ProducerHandle {
+    pub topic: String,
+    pub owner: u32,
+    pub producer_name: String,
+    pub last_sequence_id: i64,
+}
+
+/// A consumer attached to a subscription, as seen by its connection.
+#[derive(Debug, Clone)]
+pub struct ConsumerHandle {
+    pub topic: String,
+    pub subscription: String,
+    pub owner: u32,
+    pub consumer: ConsumerRef,
+}
+
+#[derive(Debug, Clone)]
+pub struct SubscribeRequest {
+    pub topic: String,
+    pub subscription: String,
+    pub consumer_id: u64,
+    pub sub_type: SubscriptionType,
+    pub consumer_name: String,
+    pub initial_position: InitialPosition,
+    pub durable: bool,
+}
+
+/// A request executed on the owner shard.
+#[derive(Debug)]
+pub(crate) enum Op {
+    CreateProducer { topic: String, name: String },
+    Send { topic: String, sequence_id: u64, num_messages: u32, blob: Bytes },
+    CloseProducer { topic: String, name: String },
+    Subscribe { req: SubscribeRequest, consumer: ConsumerRef },
+    Flow { topic: String, subscription: String, consumer: ConsumerRef, permits: u32 },
+    Ack {
+        topic: String,
+        subscription: String,
+        consumer: ConsumerRef,
+        ack_type: AckType,
+        ids: Vec<MessageId>,
+        durable: bool,
+    },
+    CloseConsumer { topic: String, subscription: String, consumer: ConsumerRef },
+}
+
+#[derive(Debug)]
+pub(crate) enum Reply {
+    Producer { name: String, last_sequence_id: i64 },
+    Sent(MessageId),
+    Done,
+}
+
+pub(crate) type OpResult = Result<Reply, CoreError>;
+
+pub(crate) struct Shard {
+    pub(crate) id: u32,
+    pub(crate) nshards: u32,
+    pub(crate) config: Arc<BrokerConfig>,
+    pub(crate) log: EntryLog,
+    topics: RefCell<HashMap<String, Rc<Topic>>>,
+    next_ledger_seq: Cell<u64>,
+    mesh: Mesh,
+    pending: RefCell<HashMap<u64, oneshot::Sender<OpResult>>>,
+    next_req: Cell<u64>,
+    sinks: RefCell<HashMap<u64, LocalSender<ConsumerEvent>>>,
+    next_sink: Cell<u64>,
+    next_producer: Cell<u64>,
+    /// Appends on this shard not yet durable (shutdown waits for them).
+    inflight: Cell<u64>,
+    draining: Cell<bool>,
+    closed: Cell<bool>,
+    dirty_cursors: RefCell<Vec<(Rc<Topic>, Rc<Subscription>)>>,
+    cursor_flush: Signal,
+    pub(crate) started_ms: u64,
+}
+
+/// The handle a connection uses to reach the broker; one per shard, cheap to
+/// clone, never crosses cores.
+#[derive(Clone)]
+pub struct Broker {
+    pub(crate) shard: Rc<Shard>,
+}
+
+fn topic_meta_key(topic: &str) -> Vec<u8> {
+    let mut k = META_TOPIC_PREFIX.to_vec();
+    k.extend_from_slice(topic.as_bytes());
+    k
+}
+
+/// Cursor keys are `c/<topic>\n<subscription>`; names never contain '\n'.
+fn cursor_meta_key(topic: &str, sub: &str) -> Vec<u8> {
+    let mut k = META_CURSOR_PREFIX.to_vec();
+    k.extend_from_slice(topic.as_bytes());
+    k.push(b'\n');
+    k.extend_from_slice(sub.as_bytes());
+    k
+}
+
+fn valid_subscription_name(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 256 && s.chars().all(|c| !c.is_control())
+}
+
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Shard {
+    pub(crate) fn new(id: u32, nshards: u32, config: Arc<BrokerConfig>, log: EntryLog, mesh: Mesh) -> Rc<Self> {
+        // Ledger ids already used on this shard come from the topic records.
+        let mut seq = 0u64;
+        for (_, v) in log.meta_prefix(META_TOPIC_PREFIX) {
+            if let Some(ledger) = decode_topic_meta(&v) {
+                seq = seq.max(ledger / LEDGER_ID_SHARD_STRIDE + 1);
+            }
+        }
+        Rc::new(Self {
+            id,
+            nshards,
+            config,
+            log,
+            topics: RefCell::new(HashMap::new()),
+            next_ledger_seq: Cell::new(seq),
+            mesh,
+            pending: RefCell::new(HashMap::new()),
+            next_req: Cell::new(1),
+            sinks: RefCell::new(HashMap::new()),
+            next_sink: Cell::new(1),
+            next_producer: Cell::new(0),
+            inflight: Cell::new(0),
+            draining: Cell::new(false),
+            closed: Cell::new(false),
+            dirty_cursors: RefCell::new(Vec::new()),
+            cursor_flush: Signal::new(),
+            started_ms: now_ms(),
+        })
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.get()
+    }
+
+    // ---------------------------------------------------------------- routing
+
+    /// Runs `op` on `owner`: here directly, elsewhere through the mesh. The
+    /// synchronous part of the op (e.g. the append) happens in mesh order, so
+    /// requests from one connection keep their order.
+    pub(crate) fn call(self: &Rc<Self>, owner: u32, op: Op) -> LocalBoxFuture<'static, OpResult> {
+        if owner == self.id {
+            return self.handle_op(op);
+        }
+        let req_id = self.next_req.get();
+        self.next_req.set(req_id + 1);
+        let (tx, rx) = oneshot::channel();
+        self.pending.borrow_mut().insert(req_id, tx);
+        self.mesh.send(owner, MeshMsg::Request { from: self.id, req_id, op });
+        async move {
+            rx.await.unwrap_or_else(|_| {
+                Err(CoreError::new(ErrorCode::ServiceNotReady, "owner shard is not answering (shutting down?)"))
+            })
+        }
+        .boxed_local()
+    }
+
+    /// Handles one message from another shard.
+    pub(crate) fn on_mesh(self: &Rc<Self>, msg: MeshMsg) {
+        match msg {
+            MeshMsg::Request { from, req_id, op } => {
+                let fut = self.handle_op(op);
+                let me = self.clone();
+                glommio::spawn_local(async move {
+                    let result = fut.await;
+                    me.mesh.send(from, MeshMsg::Reply { req_id, result });
+                })
+                .detach();
+            }
+            MeshMsg::Reply { req_id, result } => {
+                if let Some(tx) = self.pending.borrow_mut().remove(&req_id) {
+                    let _ = tx.send(result);
+                }
+            }
+            MeshMsg::Event { sink, event } => self.deliver_local(sink, event),
+        }
+    }
+
+    /// Sends an event to a consumer's sink, wherever it lives.
+    pub(crate) fn deliver(&self, to: ConsumerRef, event: ConsumerEvent) {
+        if to.shard == self.id {
+            self.deliver_local(to.sink, event);
+        } else {
+            self.mesh.send(to.shard, MeshMsg::Event { sink: to.sink, event });
+        }
+    }
+
+    fn deliver_local(&self, sink: u64, event: ConsumerEvent) {
+        // A sink that is gone (connection closed) drops the event; the owner
+        // learns of the close through CloseConsumer and redelivers.
+        if let Some(tx) = self.sinks.borrow().get(&sink) {
+            let _ = tx.try_send(event);
+        }
+    }
+
+    // ------------------------------------------------------------ owner side
+
+    fn handle_op(self: &Rc<Self>, op: Op) -> LocalBoxFuture<'static, OpResult> {
+        if self.closed.get() {
+            return futures::future::ready(Err(CoreError::new(
+                ErrorCode::ServiceNotReady,
+                "shard is shut down",
+            )))
+            .boxed_local();
+        }
+        match op {
+            Op::Send { topic, sequence_id, num_messages, blob } => {
+                self.handle_send(&topic, sequence_id, num_messages, blob)
+            }
+            Op::CreateProducer { topic, name } => {
+                let me = self.clone();
+                async move { me.handle_create_producer(&topic, name).await }.boxed_local()
+            }
+            Op::CloseProducer { topic, name } => {
+                if let Some(t) = self.topics.borrow().get(&topic) {
+                    t.producers.borrow_mut().remove(&name);
+                }
+                futures::future::ready(Ok(Reply::Done)).boxed_local()
+            }
+            Op::Subscribe { req, consumer } => {
+                let me = self.clone();
+                async move { me.handle_subscribe(req, consumer).await }.boxed_local()
+            }
+            Op::Flow { topic, subscription, consumer, permits } => {
+                if let Some(sub) = self.subscription(&topic, &subscription) {
+                    sub.flow(consumer, permits);
+                }
+                futures::future::ready(Ok(Reply::Done)).boxed_local()
+            }
+            Op::Ack { topic, subscription, consumer, ack_type, ids, durable } => {
+                let me = self.clone();
+                let result = self.handle_ack(&topic, &subscription, consumer, ack_type, &ids, durable);
+                async move {
+                    let lsn = result?;
+                    if durable {
+                        if let Some(lsn) = lsn {
+                            me.log.wait_durable(lsn).await?;
+                        }
+                    }
+                    Ok(Reply::Done)
+                }
+                .boxed_local()
+            }
+            Op::CloseConsumer { topic, subscription, consumer } => {
+                if let Some(sub) = self.subscription(&topic, &subscription) {
+                    sub.remove_consumer(consumer);
+                }
+                futures::future::ready(Ok(Reply::Done)).boxed_local()
+            }
+        }
+    }
+
+    fn subscription(&self, topic: &str, sub: &str) -> Option<Rc<Subscription>> {
+        self.topics.borrow().get(topic)?.subs.borrow().get(sub).cloned()
+    }
+
+    fn handle_send(
+        self: &Rc<Self>,
+        topic: &str,
+        sequence_id: u64,
+        num_messages: u32,
+        blob: Bytes,
+    ) -> LocalBoxFuture<'static, OpResult> {
+        let appended = (|| {
+            if self.draining.get() {
+                return Err(CoreError::new(ErrorCode::ServiceNotReady, "broker is shutting down"));
+            }
+            let t = self
+                .topics
+                .borrow()
+                .get(topic)
+                .cloned()
+                .ok_or_else(|| CoreError::new(ErrorCode::ProducerNotFound, "topic not loaded on its owner"))?;
+            if blob.len() > self.config.message_bytes_max as usize {
+                return Err(CoreError::new(
+                    ErrorCode::MessageTooLarge,
+                    format!("message of {} bytes exceeds the limit of {}", blob.len(), self.config.message_bytes_max),
+                ));
+            }
+            if num_messages == 0 {
+                return Err(CoreError::new(ErrorCode::ProtocolError, "send with num_messages 0"));
+            }
+            // Validate the metadata now so that no consumer is ever handed an
+            // entry it cannot decode.
+            magnetar_wire::decode_message(&blob)
+                .map_err(|e| CoreError::new(ErrorCode::ProtocolError, format!("bad message blob: {e}")))?;
+            let a = self.log.append(t.ledger, blob)?;
+            assert_eq!(a.entry, t.next_entry.get(), "entry ids of a ledger are dense");
+            t.next_entry.set(a.entry + 1);
+            Ok((t, a))
+        })();
+        let (topic, appended) = match appended {
+            Ok(x) => x,
+            Err(e) => return futures::future::ready(Err(e)).boxed_local(),
+        };
+        let _ = sequence_id;
+        self.inflight.set(self.inflight.get() + 1);
+        let me = self.clone();
+        async move {
+            let r = me.log.wait_durable(appended.lsn).await;
+            me.inflight.set(me.inflight.get() - 1);
+            r?;
+            topic.on_durable(appended.entry);
+            Ok(Reply::Sent(MessageId::new(topic.ledger, appended.entry, topic.partition, -1)))
+        }
+        .boxed_local()
+    }
+
+    /// Loads the topic (from recovered metadata) or creates it. Returns the
+    /// log position of its creation record, if it was created now.
+    fn get_or_create_topic(self: &Rc<Self>, name: &TopicName) -> Result<(Rc<Topic>, Option<u64>), CoreError> {
+        let key = name.to_string();
+        if let Some(t) = self.topics.borrow().get(&key) {
+            return Ok((t.clone(), None));
+        }
+        if name.domain == Domain::NonPersistent {
+            return Err(CoreError::new(ErrorCode::NotAllowed, "non-persistent topics are not supported yet"));
+        }
+        let partition = name.partition().map(|p| p as i32).unwrap_or(-1);
+        let meta_key = topic_meta_key(&key);
+        let (ledger, created_lsn) = match self.log.meta(&meta_key).as_deref().and_then(decode_topic_meta) {
+            Some(ledger) => (ledger, None),
+            None => {
+                let seq = self.next_ledger_seq.get();
+                self.next_ledger_seq.set(seq + 1);
+                let ledger = seq * LEDGER_ID_SHARD_STRIDE + u64::from(self.id);
+                let lsn = self.log.put_meta(&meta_key, Bytes::from(encode_topic_meta(ledger)))?;
+                tracing::info!(topic = %key, ledger, shard = self.id, "created topic");
+                (ledger, Some(lsn))
+            }
+        };
+        let next = self.log.next_entry(ledger);
+        let topic = Rc::new(Topic::new(name.clone(), key.clone(), ledger, partition, next));
+        // Restore durable subscriptions.
+        let mut prefix = META_CURSOR_PREFIX.to_vec();
+        prefix.extend_from_slice(key.as_bytes());
+        prefix.push(b'\n');
+        for (k, v) in self.log.meta_prefix(&prefix) {
+            let Ok(sub_name) = std::str::from_utf8(&k[prefix.len()..]) else { continue };
+            match crate::cursor::Cursor::decode(&v) {
+                Ok(cursor) if cursor.ledger == ledger => {
+                    let sub = Subscription::new(sub_name.to_string(), SubscriptionType::Exclusive, true, cursor);
+                    topic.subs.borrow_mut().insert(sub_name.to_string(), sub.clone());
+                    crate::topic::spawn_dispatcher(self.clone(), topic.clone(), sub);
+                }
+                Ok(_) => tracing::warn!(topic = %key, sub = sub_name, "cursor of another ledger ignored"),
+                Err(e) => tracing::error!(topic = %key, sub = sub_name, "unreadable cursor record: {e}"),
+            }
+        }
+        self.topics.borrow_mut().insert(key, topic.clone());
+        Ok((topic, created_lsn))
+    }
+
+    async fn handle_create_producer(self: Rc<Self>, topic: &str, name: String) -> OpResult {
+        let tn = TopicName::parse(topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+        let (t, lsn) = self.get_or_create_topic(&tn)?;
+        let name = if name.is_empty() {
+            let n = self.next_producer.get();
+            self.next_producer.set(n + 1);
+            format!("magnetar-{}-{}-{}", self.id, self.started_ms, n)
+        } else {
+            name
+        };
+        if !t.producers.borrow_mut().insert(name.clone()) {
+            return Err(CoreError::new(
+                ErrorCode::ProducerBusy,
+                format!("producer {name:?} is already connected to {topic}"),
+            ));
+        }
+        if let Some(lsn) = lsn {
+            if let Err(e) = self.log.wait_durable(lsn).await {
+                t.producers.borrow_mut().remove(&name);
+                return Err(e.into());
+            }
+        }
+        Ok(Reply::Producer { name, last_sequence_id: -1 })
+    }
+
+    async fn handle_subscribe(self: Rc<Self>, req: SubscribeRequest, consumer: ConsumerRef) -> OpResult {
+        let tn = TopicName::parse(&req.topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+        if !valid_subscription_name(&req.subscription) {
+            return Err(CoreError::new(
+                ErrorCode::NotAllowed,
+                "subscription names must be 1 to 256 characters without control characters",
+            ));
+        }
+        if req.sub_type != SubscriptionType::Exclusive {
+            return Err(CoreError::new(
+                ErrorCode::NotAllowed,
+                format!("subscription type {:?} is not supported yet; use Exclusive", req.sub_type),
+            ));
+        }
+        let (t, created_lsn) = self.get_or_create_topic(&tn)?;
+        let existing = t.subs.borrow().get(&req.subscription).cloned();
+        let (sub, sub_lsn) = match existing {
+            Some(sub) => (sub, None),
+            None => {
+                let floor = match req.initial_position {
+                    InitialPosition::Earliest => 0,
+                    InitialPosition::Latest => t.next_entry.get(),
+                };
+                let cursor = crate::cursor::Cursor::new(t.ledger, floor);
+                let sub = Subscription::new(req.subscription.clone(), req.sub_type, req.durable, cursor);
+                t.subs.borrow_mut().insert(req.subscription.clone(), sub.clone());
+                crate::topic::spawn_dispatcher(self.clone(), t.clone(), sub.clone());
+                let lsn = if req.durable { Some(self.persist_cursor(&t, &sub)?) } else { None };
+                (sub, lsn)
+            }
+        };
+        sub.add_consumer(consumer)?;
+        for lsn in [created_lsn, sub_lsn].into_iter().flatten() {
+            if let Err(e) = self.log.wait_durable(lsn).await {
+                sub.remove_consumer(consumer);
+                return Err(e.into());
+            }
+        }
+        Ok(Reply::Done)
+    }
+
+    /// Applies an ack. With `persist_now` the cursor record is written at once
+    /// and its log position returned; otherwise the periodic flusher writes it.
+    fn handle_ack(
+        self: &Rc<Self>,
+        topic: &str,
+        subscription: &str,
+        consumer: ConsumerRef,
+        ack_type: AckType,
+        ids: &[MessageId],
+        persist_now: bool,
+    ) -> Result<Option<u64>, CoreError> {
+        let t = self
+            .topics
+            .borrow()
+            .get(topic)
+            .cloned()
+            .ok_or_else(|| CoreError::new(ErrorCode::ConsumerNotFound, "topic not loaded"))?;
+        let sub = t
+            .subs
+            .borrow()
+            .get(subscription)
+            .cloned()
+            .ok_or_else(|| CoreError::new(ErrorCode::ConsumerNotFound, "no such subscription"))?;
+        if !sub.has_consumer(consumer) {
+            return Err(CoreError::new(ErrorCode::ConsumerNotFound, "consumer is not attached"));
+        }
+        if ack_type == AckType::Cumulative && ids.len() != 1 {
+            return Err(CoreError::new(ErrorCode::ProtocolError, "a cumulative ack carries exactly one id"));
+        }
+        let changed = sub.ack(t.ledger, t.next_entry.get(), ack_type, ids)?;
+        if changed {
+            self.mark_cursor_dirty(&t, &sub);
+        }
+        if persist_now && sub.durable && sub.dirty.get() {
+            return Ok(Some(self.persist_cursor(&t, &sub)?));
+        }
+        Ok(None)
+    }
+
+    pub(crate) fn persist_cursor(&self, topic: &Topic, sub: &Subscription) -> Result<u64, CoreError> {
+        sub.dirty.set(false);
+        let bytes = sub.cursor.borrow().encode();
+        Ok(self.log.put_meta(&cursor_meta_key(&topic.key, &sub.name), Bytes::from(bytes))?)
+    }
+
+    pub(crate) fn mark_cursor_dirty(&self, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
+        if !sub.dirty.replace(true) {
+            self.dirty_cursors.borrow_mut().push((topic.clone(), sub.clone()));
+        }
+    }
+
+    /// Writes every changed cursor to the log. Returns the last position written.
+    fn flush_cursors(&self) -> Result<Option<u64>, CoreError> {
+        let dirty = std::mem::take(&mut *self.dirty_cursors.borrow_mut());
+        let mut last = None;
+        for (t, s) in dirty {
+            if s.dirty.get() && s.durable {
+                last = Some(self.persist_cursor(&t, &s)?);
+            }
+            s.dirty.set(false);
+        }
+        Ok(last)
+    }
+
+    /// Background task: persists changed cursors every interval.
+    pub(crate) async fn cursor_flusher(self: Rc<Self>) {
+        let interval = self.config.cursor_persist_interval;
+        while !self.closed.get() {
+            glommio::timer::sleep(interval).await;
+            if let Err(e) = self.flush_cursors() {
+                tracing::error!(shard = self.id, "persisting cursors failed: {e}");
+            }
+        }
+    }
+
+    /// Clean shutdown: stop taking produce requests, let in-flight ones
+    /// finish, persist cursors, close the log (which syncs and writes the
+    /// clean-shutdown marker).
+    pub(crate) async fn shutdown(self: &Rc<Self>) {
+        self.draining.set(true);
+        let deadline = std::time::Instant::now() + self.config.shutdown_drain_timeout;
+        while self.inflight.get() > 0 && std::time::Instant::now() < deadline {
+            glommio::timer::sleep(Duration::from_millis(5)).await;
+        }
+        if self.inflight.get() > 0 {
+            tracing::warn!(shard = self.id, inflight = self.inflight.get(), "shutdown: in-flight appends did not finish");
+        }
+        if let Err(e) = self.flush_cursors() {
+            tracing::error!(shard = self.id, "persisting cursors at shutdown failed: {e}");
+        }
+        self.closed.set(true);
+        self.cursor_flush.notify();
+        for t in self.topics.borrow().values() {
+            for s in t.subs.borrow().values() {
+                s.wake.notify();
+            }
+        }
+        match self.log.close().await {
+            Ok(()) => tracing::info!(shard = self.id, "log closed cleanly"),
+            Err(e) => tracing::error!(shard = self.id, "closing the log failed: {e}"),
+        }
+    }
+}
+
+fn encode_topic_meta(ledger: u64) -> Vec<u8> {
+    let mut v = vec![TOPIC_META_VERSION];
+    v.extend_from_slice(&ledger.to_le_bytes());
+    v
+}
+
+fn decode_topic_meta(v: &[u8]) -> Option<u64> {
+    match v {
+        [TOPIC_META_VERSION, rest @ ..] if rest.len() == 8 => {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(rest);
+            Some(u64::from_le_bytes(b))
+        }
+        _ => None,
+    }
+}
+
+// ------------------------------------------------------------------ handle
+
+impl Broker {
+    pub fn shard_id(&self) -> u32 {
+        self.shard.id
+    }
+
+    pub fn shards(&self) -> u32 {
+        self.shard.nshards
+    }
+
+    pub fn config(&self) -> &BrokerConfig {
+        &self.shard.config
+    }
+
+    /// True once shutdown began: stop accepting and reading requests.
+    pub fn is_draining(&self) -> bool {
+        self.shard.draining.get()
+    }
+
+    /// The shard owning `topic`.
+    pub fn owner_of(&self, topic: &TopicName) -> u32 {
+        ownership::shard_of(topic, self.shard.config.bundles_per_namespace, self.shard.nshards)
+    }
+
+    fn parse_topic(&self, topic: &str) -> Result<(String, u32), CoreError> {
+        let tn = TopicName::parse(topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+        let owner = self.owner_of(&tn);
+        Ok((tn.to_string(), owner))
+    }
+
+    /// Registers where this connection's consumer events go.
+    pub fn register_sink(&self, tx: LocalSender<ConsumerEvent>) -> u64 {
+        let id = self.shard.next_sink.get();
+        self.shard.next_sink.set(id + 1);
+        self.shard.sinks.borrow_mut().insert(id, tx);
+        id
+    }
+
+    pub fn unregister_sink(&self, sink: u64) {
+        self.shard.sinks.borrow_mut().remove(&sink);
+    }
+
+    pub async fn create_producer(&self, topic: &str, producer_name: &str) -> Result<ProducerHandle, CoreError> {
+        let (topic, owner) = self.parse_topic(topic)?;
+        let op = Op::CreateProducer { topic: topic.clone(), name: producer_name.to_string() };
+        match self.shard.call(owner, op).await? {
+            Reply::Producer { name, last_sequence_id } => {
+                Ok(ProducerHandle { topic, owner, producer_name: name, last_sequence_id })
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Publishes one entry. The append is queued (in order) before this
+    /// returns; the future resolves when the entry is durable.
+    pub fn send(
+        &self,
+        producer: &ProducerHandle,
+        sequence_id: u64,
+        num_messages: u32,
+        blob: Bytes,
+    ) -> LocalBoxFuture<'static, Result<MessageId, CoreError>> {
+        let op = Op::Send { topic: producer.topic.clone(), sequence_id, num_messages, blob };
+        let fut = self.shard.call(producer.owner, op);
+        async move {
+            match fut.await? {
+                Reply::Sent(id) => Ok(id),
+                other => Err(unexpected(other)),
+            }
+        }
+        .boxed_local()
+    }
+
+    pub async fn close_producer(&self, producer: &ProducerHandle) -> Result<(), CoreError> {
+        let op = Op::CloseProducer { topic: producer.topic.clone(), name: producer.producer_name.clone() };
+        self.shard.call(producer.owner, op).await.map(|_| ())
+    }
+
+    /// Attaches a consumer; its messages go to `sink` (see `register_sink`).
+    pub async fn subscribe(&self, mut req: SubscribeRequest, sink: u64) -> Result<ConsumerHandle, CoreError> {
+        let (topic, owner) = self.parse_topic(&req.topic)?;
+        req.topic = topic.clone();
+        let consumer = ConsumerRef { shard: self.shard.id, sink, consumer_id: req.consumer_id };
+        let subscription = req.subscription.clone();
+        self.shard.call(owner, Op::Subscribe { req, consumer }).await?;
+        Ok(ConsumerHandle { topic, subscription, owner, consumer })
+    }
+
+    /// Grants the consumer `permits` more messages.
+    pub fn flow(&self, c: &ConsumerHandle, permits: u32) {
+        let op = Op::Flow { topic: c.topic.clone(), subscription: c.subscription.clone(), consumer: c.consumer, permits };
+        let fut = self.shard.call(c.owner, op);
+        glommio::spawn_local(fut).detach();
+    }
+
+    /// Acknowledges; with `durable`, resolves only once the cursor is on disk.
+    pub fn ack(
+        &self,
+        c: &ConsumerHandle,
+        ack_type: AckType,
+        ids: Vec<MessageId>,
+        durable: bool,
+    ) -> LocalBoxFuture<'static, Result<(), CoreError>> {
+        let op = Op::Ack {
+            topic: c.topic.clone(),
+            subscription: c.subscription.clone(),
+            consumer: c.consumer,
+            ack_type,
+            ids,
+            durable,
+        };
+        let fut = self.shard.call(c.owner, op);
+        async move { fut.await.map(|_| ()) }.boxed_local()
+    }
+
+    pub async fn close_consumer(&self, c: &ConsumerHandle) -> Result<(), CoreError> {
+        let op = Op::CloseConsumer { topic: c.topic.clone(), subscription: c.subscription.clone(), consumer: c.consumer };
+        self.shard.call(c.owner, op).await.map(|_| ())
+    }
+}
+
+fn unexpected(r: Reply) -> CoreError {
+    CoreError::new(ErrorCode::UnknownError, format!("internal: unexpected reply {r:?}"))
+}

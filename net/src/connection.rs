@@ -1,0 +1,462 @@
+//! One client connection: decode frames, call the broker, write answers.
+//!
+//! Owned by the shard that accepted it; never crosses cores. Reading stops
+//! while the bytes of produce requests awaiting their receipts exceed
+//! `inflight_bytes_max`, so a fast producer cannot grow the broker's memory.
+//! Receipts of one producer are written in the order of its sends.
+
+use bytes::{Bytes, BytesMut};
+use futures::future::LocalBoxFuture;
+use futures::io::{AsyncReadExt, AsyncWriteExt};
+use futures::FutureExt;
+use glommio::channels::local_channel::{self, LocalSender};
+use glommio::net::TcpStream;
+use magnetar_core::signal::Signal;
+use magnetar_core::{Broker, ConsumerEvent, ConsumerHandle, CoreError, ProducerHandle, SubscribeRequest};
+use magnetar_wire::{encode_frame, AckType, Command, ErrorCode, Frame, FrameDecoder, MessageId, PROTOCOL_VERSION};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+
+/// Bounds that protect the broker from one connection.
+#[derive(Debug, Clone)]
+pub struct ConnectionLimits {
+    /// Largest frame accepted (and announced in `Connected`).
+    pub frame_bytes_max: u32,
+    /// Produce payload bytes awaiting receipts before reading pauses.
+    pub inflight_bytes_max: usize,
+    /// Producers and consumers per connection.
+    pub producers_max: usize,
+    pub consumers_max: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            frame_bytes_max: magnetar_wire::FRAME_BYTES_MAX_DEFAULT,
+            inflight_bytes_max: 16 * 1024 * 1024,
+            producers_max: 1024,
+            consumers_max: 1024,
+        }
+    }
+}
+
+const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// Written in one write call at most; more waits for the next round.
+const WRITE_BATCH_BYTES_MAX: usize = 1024 * 1024;
+
+/// Frames waiting to be written, filled by many tasks, drained by the writer.
+struct Outbox {
+    buf: RefCell<BytesMut>,
+    signal: Signal,
+    closed: Cell<bool>,
+}
+
+impl Outbox {
+    fn push(&self, command: &Command, payload: &[u8]) {
+        if self.closed.get() {
+            return;
+        }
+        if let Err(e) = encode_frame(command, payload, &mut self.buf.borrow_mut()) {
+            tracing::error!("cannot encode {command:?}: {e}");
+            return;
+        }
+        self.signal.notify();
+    }
+
+    fn error(&self, request_id: u64, e: &CoreError) {
+        self.push(&Command::Error { request_id, code: e.code, message: e.message.clone() }, &[]);
+    }
+
+    fn close(&self) {
+        self.closed.set(true);
+        self.signal.notify();
+    }
+}
+
+type Receipt = LocalBoxFuture<'static, (u64, usize, Result<MessageId, CoreError>)>;
+
+struct ConnProducer {
+    handle: ProducerHandle,
+    receipts: LocalSender<Receipt>,
+}
+
+struct Conn {
+    broker: Broker,
+    limits: ConnectionLimits,
+    out: Rc<Outbox>,
+    producers: RefCell<HashMap<u64, ConnProducer>>,
+    consumers: RefCell<HashMap<u64, ConsumerHandle>>,
+    sink: Cell<Option<u64>>,
+    inflight_bytes: Rc<Cell<usize>>,
+    drained: Rc<Signal>,
+}
+
+/// Why the read loop ended.
+enum End {
+    PeerClosed,
+    Protocol(String),
+    Io(std::io::Error),
+}
+
+pub(crate) async fn run(broker: Broker, stream: TcpStream, limits: ConnectionLimits) {
+    let _ = stream.set_nodelay(true);
+    let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let (mut reader, mut writer) = stream.split();
+    let out = Rc::new(Outbox { buf: RefCell::new(BytesMut::new()), signal: Signal::new(), closed: Cell::new(false) });
+
+    let writer_out = out.clone();
+    let writer_task = glommio::spawn_local(async move {
+        loop {
+            let chunk = {
+                let mut buf = writer_out.buf.borrow_mut();
+                let n = buf.len().min(WRITE_BATCH_BYTES_MAX);
+                buf.split_to(n).freeze()
+            };
+            if chunk.is_empty() {
+                if writer_out.closed.get() {
+                    break;
+                }
+                writer_out.signal.wait().await;
+                continue;
+            }
+            if let Err(e) = writer.write_all(&chunk).await {
+                tracing::debug!("write failed: {e}");
+                writer_out.closed.set(true);
+                break;
+            }
+        }
+        let _ = writer.flush().await;
+        let _ = writer.close().await;
+    });
+
+    let conn = Rc::new(Conn {
+        broker,
+        limits,
+        out: out.clone(),
+        producers: RefCell::new(HashMap::new()),
+        consumers: RefCell::new(HashMap::new()),
+        sink: Cell::new(None),
+        inflight_bytes: Rc::new(Cell::new(0)),
+        drained: Rc::new(Signal::new()),
+    });
+    let end = conn.read_loop(&mut reader).await;
+    match &end {
+        End::PeerClosed => tracing::debug!(%peer, "connection closed by peer"),
+        End::Protocol(why) => {
+            tracing::info!(%peer, "closing connection: {why}");
+            out.push(&Command::Error { request_id: 0, code: ErrorCode::ProtocolError, message: why.clone() }, &[]);
+        }
+        End::Io(e) => tracing::debug!(%peer, "connection read failed: {e}"),
+    }
+    conn.cleanup().await;
+    out.close();
+    writer_task.await;
+}
+
+impl Conn {
+    async fn read_loop<R: futures::io::AsyncRead + Unpin>(self: &Rc<Self>, reader: &mut R) -> End {
+        let mut decoder = FrameDecoder::new(self.limits.frame_bytes_max);
+        let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
+        let mut connected = false;
+        loop {
+            // Backpressure: wait for receipts before reading more.
+            while self.inflight_bytes.get() > self.limits.inflight_bytes_max {
+                self.drained.wait().await;
+            }
+            if self.out.closed.get() {
+                return End::PeerClosed;
+            }
+            let old = buf.len();
+            buf.resize(old + READ_CHUNK_BYTES, 0);
+            let n = match reader.read(&mut buf[old..]).await {
+                Ok(n) => n,
+                Err(e) => return End::Io(e),
+            };
+            buf.truncate(old + n);
+            if n == 0 {
+                return if buf.is_empty() { End::PeerClosed } else { End::Protocol("connection closed mid-frame".into()) };
+            }
+            loop {
+                let frame = match decoder.decode(&mut buf) {
+                    Ok(Some(f)) => f,
+                    Ok(None) => break,
+                    Err(e) => return End::Protocol(format!("bad frame: {e}")),
+                };
+                if !connected {
+                    match frame.command {
+                        Command::Connect { protocol_version, .. } if protocol_version >= 1 => {
+                            connected = true;
+                            self.out.push(
+                                &Command::Connected {
+                                    server_version: concat!("magnetar/", env!("CARGO_PKG_VERSION")).to_string(),
+                                    protocol_version: protocol_version.min(PROTOCOL_VERSION),
+                                    max_frame_bytes: self.limits.frame_bytes_max,
+                                    shard: self.broker.shard_id(),
+                                },
+                                &[],
+                            );
+                            continue;
+                        }
+                        Command::Connect { protocol_version, .. } => {
+                            self.out.push(
+                                &Command::Error {
+                                    request_id: 0,
+                                    code: ErrorCode::UnsupportedVersion,
+                                    message: format!("protocol version {protocol_version} is not supported"),
+                                },
+                                &[],
+                            );
+                            return End::PeerClosed;
+                        }
+                        _ => return End::Protocol("the first frame must be Connect".into()),
+                    }
+                }
+                if let Err(why) = self.handle(frame).await {
+                    return End::Protocol(why);
+                }
+            }
+        }
+    }
+
+    /// Handles one frame; `Err` closes the connection.
+    async fn handle(self: &Rc<Self>, frame: Frame) -> Result<(), String> {
+        let Frame { command, payload } = frame;
+        match command {
+            Command::Send { producer_id, sequence_id, num_messages } => self.on_send(producer_id, sequence_id, num_messages, payload),
+            Command::Producer { request_id, producer_id, topic, producer_name } => {
+                if self.producers.borrow().contains_key(&producer_id) {
+                    self.out.error(request_id, &CoreError::new(ErrorCode::ProducerBusy, "producer id already in use"));
+                } else if self.producers.borrow().len() >= self.limits.producers_max {
+                    self.out.error(request_id, &CoreError::new(ErrorCode::TooManyRequests, "too many producers on this connection"));
+                } else {
+                    match self.broker.create_producer(&topic, &producer_name).await {
+                        Ok(handle) => {
+                            self.out.push(
+                                &Command::ProducerSuccess {
+                                    request_id,
+                                    producer_name: handle.producer_name.clone(),
+                                    last_sequence_id: handle.last_sequence_id,
+                                },
+                                &[],
+                            );
+                            let receipts = self.spawn_receipt_writer(producer_id);
+                            self.producers.borrow_mut().insert(producer_id, ConnProducer { handle, receipts });
+                        }
+                        Err(e) => self.out.error(request_id, &e),
+                    }
+                }
+                Ok(())
+            }
+            Command::CloseProducer { request_id, producer_id } => {
+                let p = self.producers.borrow_mut().remove(&producer_id);
+                match p {
+                    Some(p) => {
+                        // Receipts already queued are still written (the
+                        // writer task drains its channel), then it ends.
+                        drop(p.receipts);
+                        match self.broker.close_producer(&p.handle).await {
+                            Ok(()) => self.out.push(&Command::Success { request_id }, &[]),
+                            Err(e) => self.out.error(request_id, &e),
+                        }
+                    }
+                    None => self.out.error(request_id, &CoreError::new(ErrorCode::ProducerNotFound, "no such producer")),
+                }
+                Ok(())
+            }
+            Command::Subscribe {
+                request_id,
+                consumer_id,
+                topic,
+                subscription,
+                sub_type,
+                consumer_name,
+                initial_position,
+                durable,
+                priority_level: _,
+            } => {
+                if self.consumers.borrow().contains_key(&consumer_id) {
+                    self.out.error(request_id, &CoreError::new(ErrorCode::ConsumerBusy, "consumer id already in use"));
+                    return Ok(());
+                }
+                if self.consumers.borrow().len() >= self.limits.consumers_max {
+                    self.out.error(request_id, &CoreError::new(ErrorCode::TooManyRequests, "too many consumers on this connection"));
+                    return Ok(());
+                }
+                let sink = self.sink();
+                let req = SubscribeRequest { topic, subscription, consumer_id, sub_type, consumer_name, initial_position, durable };
+                match self.broker.subscribe(req, sink).await {
+                    Ok(handle) => {
+                        self.consumers.borrow_mut().insert(consumer_id, handle);
+                        self.out.push(&Command::Success { request_id }, &[]);
+                    }
+                    Err(e) => self.out.error(request_id, &e),
+                }
+                Ok(())
+            }
+            Command::Flow { consumer_id, permits } => {
+                if let Some(c) = self.consumers.borrow().get(&consumer_id) {
+                    self.broker.flow(c, permits);
+                }
+                Ok(())
+            }
+            Command::Ack { consumer_id, ack_type, message_ids, request_id } => {
+                let Some(c) = self.consumers.borrow().get(&consumer_id).cloned() else {
+                    if request_id != 0 {
+                        self.out.error(request_id, &CoreError::new(ErrorCode::ConsumerNotFound, "no such consumer"));
+                    }
+                    return Ok(());
+                };
+                if message_ids.is_empty() || (ack_type == AckType::Cumulative && message_ids.len() != 1) {
+                    return Err("an ack carries at least one id, and a cumulative ack exactly one".into());
+                }
+                let fut = self.broker.ack(&c, ack_type, message_ids, request_id != 0);
+                let out = self.out.clone();
+                glommio::spawn_local(async move {
+                    match fut.await {
+                        Ok(()) if request_id != 0 => out.push(&Command::Success { request_id }, &[]),
+                        Ok(()) => {}
+                        Err(e) if request_id != 0 => out.error(request_id, &e),
+                        Err(e) => tracing::debug!("ack failed: {e}"),
+                    }
+                })
+                .detach();
+                Ok(())
+            }
+            Command::CloseConsumer { request_id, consumer_id } => {
+                let c = self.consumers.borrow_mut().remove(&consumer_id);
+                match c {
+                    Some(c) => match self.broker.close_consumer(&c).await {
+                        Ok(()) => self.out.push(&Command::Success { request_id }, &[]),
+                        Err(e) => self.out.error(request_id, &e),
+                    },
+                    None => self.out.error(request_id, &CoreError::new(ErrorCode::ConsumerNotFound, "no such consumer")),
+                }
+                Ok(())
+            }
+            Command::Ping => {
+                self.out.push(&Command::Pong, &[]);
+                Ok(())
+            }
+            Command::Pong => Ok(()),
+            Command::Connect { .. } => Err("Connect sent twice".into()),
+            other => Err(format!("unexpected command from a client: {}", command_name(&other))),
+        }
+    }
+
+    fn on_send(self: &Rc<Self>, producer_id: u64, sequence_id: u64, num_messages: u32, payload: Bytes) -> Result<(), String> {
+        let producers = self.producers.borrow();
+        let Some(p) = producers.get(&producer_id) else {
+            self.out.push(
+                &Command::SendError {
+                    producer_id,
+                    sequence_id,
+                    code: ErrorCode::ProducerNotFound,
+                    message: "no such producer on this connection".into(),
+                },
+                &[],
+            );
+            return Ok(());
+        };
+        let bytes = payload.len();
+        self.inflight_bytes.set(self.inflight_bytes.get() + bytes);
+        let fut = self.broker.send(&p.handle, sequence_id, num_messages, payload);
+        let receipt: Receipt = async move { (sequence_id, bytes, fut.await) }.boxed_local();
+        if p.receipts.try_send(receipt).is_err() {
+            self.inflight_bytes.set(self.inflight_bytes.get() - bytes);
+        }
+        Ok(())
+    }
+
+    /// One task per producer writes its receipts in send order.
+    fn spawn_receipt_writer(self: &Rc<Self>, producer_id: u64) -> LocalSender<Receipt> {
+        let (tx, rx) = local_channel::new_unbounded::<Receipt>();
+        let out = self.out.clone();
+        let inflight = self.inflight_bytes.clone();
+        let drained = self.drained.clone();
+        glommio::spawn_local(async move {
+            while let Some(receipt) = rx.recv().await {
+                let (sequence_id, bytes, result) = receipt.await;
+                match result {
+                    Ok(message_id) => out.push(&Command::SendReceipt { producer_id, sequence_id, message_id }, &[]),
+                    Err(e) => out.push(
+                        &Command::SendError { producer_id, sequence_id, code: e.code, message: e.message },
+                        &[],
+                    ),
+                }
+                inflight.set(inflight.get() - bytes);
+                drained.notify();
+            }
+        })
+        .detach();
+        tx
+    }
+
+    /// The sink of this connection's consumers, registered on first use.
+    fn sink(self: &Rc<Self>) -> u64 {
+        if let Some(s) = self.sink.get() {
+            return s;
+        }
+        let (tx, rx) = local_channel::new_unbounded::<ConsumerEvent>();
+        let sink = self.broker.register_sink(tx);
+        self.sink.set(Some(sink));
+        let me = Rc::downgrade(self);
+        let out = self.out.clone();
+        glommio::spawn_local(async move {
+            while let Some(ev) = rx.recv().await {
+                match ev {
+                    ConsumerEvent::Message { consumer_id, message_id, redelivery_count, blob } => {
+                        out.push(&Command::Message { consumer_id, message_id, redelivery_count }, &blob);
+                    }
+                    ConsumerEvent::Closed { consumer_id, code, message } => {
+                        if let Some(conn) = me.upgrade() {
+                            conn.consumers.borrow_mut().remove(&consumer_id);
+                        }
+                        out.push(&Command::Error { request_id: 0, code, message }, &[]);
+                    }
+                }
+            }
+        })
+        .detach();
+        sink
+    }
+
+    /// Detaches everything this connection created: consumers' unacked
+    /// messages go back to their subscriptions, producer names are freed.
+    async fn cleanup(self: &Rc<Self>) {
+        let consumers: Vec<ConsumerHandle> = self.consumers.borrow_mut().drain().map(|(_, c)| c).collect();
+        for c in consumers {
+            let _ = self.broker.close_consumer(&c).await;
+        }
+        let producers: Vec<ConnProducer> = self.producers.borrow_mut().drain().map(|(_, p)| p).collect();
+        for p in producers {
+            drop(p.receipts);
+            let _ = self.broker.close_producer(&p.handle).await;
+        }
+        if let Some(sink) = self.sink.take() {
+            self.broker.unregister_sink(sink);
+        }
+    }
+}
+
+fn command_name(c: &Command) -> &'static str {
+    match c {
+        Command::Connect { .. } => "Connect",
+        Command::Connected { .. } => "Connected",
+        Command::Producer { .. } => "Producer",
+        Command::ProducerSuccess { .. } => "ProducerSuccess",
+        Command::Send { .. } => "Send",
+        Command::SendReceipt { .. } => "SendReceipt",
+        Command::SendError { .. } => "SendError",
+        Command::Subscribe { .. } => "Subscribe",
+        Command::Success { .. } => "Success",
+        Command::Flow { .. } => "Flow",
+        Command::Message { .. } => "Message",
+        Command::Ack { .. } => "Ack",
+        Command::CloseProducer { .. } => "CloseProducer",
+        Command::CloseConsumer { .. } => "CloseConsumer",
+        Command::Ping => "Ping",
+        Command::Pong => "Pong",
+        Command::Error { .. } => "Error",
+    }
+}

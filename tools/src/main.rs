@@ -1,0 +1,48 @@
+//! `magnetar`: one binary for the broker and its command-line clients.
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+mod consume;
+mod produce;
+mod standalone;
+
+#[derive(Parser)]
+#[command(name = "magnetar", version, about = "Magnetar message broker")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a broker with an embedded default configuration (no other service).
+    Standalone(standalone::StandaloneArgs),
+    /// Publish messages to a topic.
+    Produce(produce::ProduceArgs),
+    /// Receive and acknowledge messages from a subscription.
+    Consume(consume::ConsumeArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Cmd::Standalone(args) => standalone::run(args),
+        Cmd::Produce(args) => produce::run(args),
+        Cmd::Consume(args) => consume::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

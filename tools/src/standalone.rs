@@ -1,0 +1,67 @@
+//! `magnetar standalone`: a broker with an embedded default configuration.
+
+use magnetar_core::BrokerConfig;
+use magnetar_net::{NetConfig, PortReservation};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+#[derive(clap::Args, Debug)]
+pub struct StandaloneArgs {
+    /// Where the broker keeps its data.
+    #[arg(long, default_value = "./data")]
+    pub data_dir: PathBuf,
+    /// Address of the native protocol listener (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:6650")]
+    pub listen: SocketAddr,
+    /// Shards (executors), one per CPU by default. Fixed for a data directory.
+    #[arg(long)]
+    pub shards: Option<u32>,
+    /// Entry-log segment size in MiB.
+    #[arg(long, default_value_t = 256)]
+    pub segment_mib: u64,
+    /// Recent entries kept in memory per shard, in MiB.
+    #[arg(long, default_value_t = 256)]
+    pub write_cache_mib: usize,
+    /// Do not pin shards to CPUs.
+    #[arg(long)]
+    pub no_pin: bool,
+    /// Accept a tmpfs data directory (for development only: no real durability).
+    #[arg(long)]
+    pub allow_tmpfs: bool,
+}
+
+pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let shards = match args.shards {
+        Some(n) => n,
+        None => std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1),
+    };
+    let shutdown = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, shutdown.clone())?;
+    signal_hook::flag::register(signal_hook::consts::SIGINT, shutdown.clone())?;
+
+    let reservation = PortReservation::new(args.listen)
+        .map_err(|e| format!("cannot bind {}: {e}", args.listen))?;
+    let addr = reservation.addr();
+    let mut config = BrokerConfig::new(&args.data_dir, shards);
+    config.pin_cpus = !args.no_pin;
+    config.segment_bytes = args.segment_mib * 1024 * 1024;
+    config.write_cache_bytes = args.write_cache_mib * 1024 * 1024;
+    config.allow_tmpfs = args.allow_tmpfs;
+    tracing::info!(data_dir = %args.data_dir.display(), shards, %addr, "starting standalone broker");
+    let net = NetConfig::default();
+    let running = magnetar_core::launch(config, shutdown.clone(), move |broker| {
+        magnetar_net::serve(broker, addr, net.clone())
+    })?;
+    // One line on stdout that scripts and tests wait for (the port matters
+    // when --listen asked for port 0).
+    println!("magnetar standalone listening on {addr}");
+    tracing::info!(%addr, "broker ready");
+    let result = running.join();
+    drop(reservation);
+    if shutdown.load(Ordering::SeqCst) {
+        tracing::info!("broker stopped");
+    }
+    Ok(result?)
+}

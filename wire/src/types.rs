@@ -1,0 +1,332 @@
+//! Owned Rust views of the protocol's commands and message metadata.
+//!
+//! These types are the contract between the codec and everything above it
+//! (broker, client, tools). The flatbuffers schema in `schema/magnetar.fbs`
+//! mirrors them field for field; the codec converts between the two. Strings
+//! and small vectors are copied out of the flatbuffer (commands are small);
+//! message payloads are never copied: they travel as `Bytes` beside the command.
+
+use bytes::Bytes;
+use std::fmt;
+use std::str::FromStr;
+
+/// Protocol version spoken by this build. A peer announcing a higher version is
+/// answered with the lower of the two; a lower one is refused if unsupported.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Position of one message: `(ledger, entry, partition, batch_index)`.
+///
+/// Totally ordered and monotonic per partition (ledger first, then entry, then
+/// batch index). `partition` is -1 for a non-partitioned topic, and
+/// `batch_index` is -1 for an entry that is not a batch (Pulsar's convention).
+/// The text form, `L:E:P:B`, is part of the CLI's JSON contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MessageId {
+    pub ledger: u64,
+    pub entry: u64,
+    pub partition: i32,
+    pub batch_index: i32,
+}
+
+impl MessageId {
+    pub const fn new(ledger: u64, entry: u64, partition: i32, batch_index: i32) -> Self {
+        Self { ledger, entry, partition, batch_index }
+    }
+}
+
+impl fmt::Display for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}:{}", self.ledger, self.entry, self.partition, self.batch_index)
+    }
+}
+
+/// Error from parsing the `L:E:P:B` text form of a message id.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid message id {0:?}: expected LEDGER:ENTRY:PARTITION:BATCH_INDEX")]
+pub struct ParseMessageIdError(pub String);
+
+impl FromStr for MessageId {
+    type Err = ParseMessageIdError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || ParseMessageIdError(s.to_string());
+        let mut it = s.split(':');
+        let ledger = it.next().ok_or_else(bad)?.parse().map_err(|_| bad())?;
+        let entry = it.next().ok_or_else(bad)?.parse().map_err(|_| bad())?;
+        let partition = it.next().ok_or_else(bad)?.parse().map_err(|_| bad())?;
+        let batch_index = it.next().ok_or_else(bad)?.parse().map_err(|_| bad())?;
+        if it.next().is_some() {
+            return Err(bad());
+        }
+        Ok(Self { ledger, entry, partition, batch_index })
+    }
+}
+
+/// Typed error codes carried by `Command::Error` and `Command::SendError`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum ErrorCode {
+    UnknownError = 0,
+    /// The peer sent something that does not follow the protocol; the
+    /// connection is closed after this error.
+    ProtocolError = 1,
+    UnsupportedVersion = 2,
+    InvalidTopicName = 3,
+    TopicNotFound = 4,
+    /// Another producer holds exclusive access, or the producer id is in use.
+    ProducerBusy = 5,
+    /// An exclusive subscription already has a consumer, or the consumer id is in use.
+    ConsumerBusy = 6,
+    ProducerNotFound = 7,
+    ConsumerNotFound = 8,
+    /// The storage layer failed (I/O error, failed fsync); retry later.
+    PersistenceError = 9,
+    /// The broker is starting or shutting down; retry later.
+    ServiceNotReady = 10,
+    /// A limit was reached (in-flight bytes, producers per topic, ...); retry later.
+    TooManyRequests = 11,
+    /// A frame or message failed its checksum.
+    ChecksumError = 12,
+    /// The message is larger than the broker accepts.
+    MessageTooLarge = 13,
+    /// Operation not allowed in this state (e.g. cumulative ack on Shared).
+    NotAllowed = 14,
+    /// The data disk is above its watermark; retry later.
+    StorageFull = 15,
+}
+
+impl ErrorCode {
+    pub fn from_u16(v: u16) -> Self {
+        match v {
+            1 => Self::ProtocolError,
+            2 => Self::UnsupportedVersion,
+            3 => Self::InvalidTopicName,
+            4 => Self::TopicNotFound,
+            5 => Self::ProducerBusy,
+            6 => Self::ConsumerBusy,
+            7 => Self::ProducerNotFound,
+            8 => Self::ConsumerNotFound,
+            9 => Self::PersistenceError,
+            10 => Self::ServiceNotReady,
+            11 => Self::TooManyRequests,
+            12 => Self::ChecksumError,
+            13 => Self::MessageTooLarge,
+            14 => Self::NotAllowed,
+            15 => Self::StorageFull,
+            _ => Self::UnknownError,
+        }
+    }
+
+    /// Whether a client may retry the same request later and expect success.
+    pub fn is_retriable(self) -> bool {
+        matches!(self, Self::PersistenceError | Self::ServiceNotReady | Self::TooManyRequests | Self::StorageFull)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SubscriptionType {
+    #[default]
+    Exclusive,
+    Failover,
+    Shared,
+    KeyShared,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum InitialPosition {
+    #[default]
+    Latest,
+    Earliest,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum AckType {
+    #[default]
+    Individual,
+    Cumulative,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum CompressionType {
+    #[default]
+    None,
+    Lz4,
+    Zlib,
+    Zstd,
+    Snappy,
+}
+
+/// One command of the protocol. Requests that expect an answer carry a
+/// `request_id` chosen by the client; the answer echoes it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// First frame from a client.
+    Connect {
+        client_version: String,
+        protocol_version: u32,
+    },
+    /// The broker's answer to `Connect`. `max_frame_bytes` is the largest frame
+    /// the broker accepts; `shard` is the shard the connection landed on.
+    Connected {
+        server_version: String,
+        protocol_version: u32,
+        max_frame_bytes: u32,
+        shard: u32,
+    },
+    /// Create a producer on a topic. An empty `producer_name` asks the broker to
+    /// generate a unique one.
+    Producer {
+        request_id: u64,
+        producer_id: u64,
+        topic: String,
+        producer_name: String,
+    },
+    /// `last_sequence_id` is the highest sequence id persisted for this
+    /// producer name (-1 when none is known).
+    ProducerSuccess {
+        request_id: u64,
+        producer_name: String,
+        last_sequence_id: i64,
+    },
+    /// Publish one entry; the frame's payload is the message blob
+    /// (see `encode_message`). `num_messages` > 1 for a batch.
+    Send {
+        producer_id: u64,
+        sequence_id: u64,
+        num_messages: u32,
+    },
+    /// The entry is durable (fdatasync'd) at `message_id`.
+    SendReceipt {
+        producer_id: u64,
+        sequence_id: u64,
+        message_id: MessageId,
+    },
+    /// The entry was not persisted.
+    SendError {
+        producer_id: u64,
+        sequence_id: u64,
+        code: ErrorCode,
+        message: String,
+    },
+    Subscribe {
+        request_id: u64,
+        consumer_id: u64,
+        topic: String,
+        subscription: String,
+        sub_type: SubscriptionType,
+        consumer_name: String,
+        initial_position: InitialPosition,
+        durable: bool,
+        priority_level: i32,
+    },
+    /// Generic success answer to a request.
+    Success {
+        request_id: u64,
+    },
+    /// Grant the broker `permits` more messages for this consumer.
+    Flow {
+        consumer_id: u64,
+        permits: u32,
+    },
+    /// A message for a consumer; the frame's payload is the message blob.
+    Message {
+        consumer_id: u64,
+        message_id: MessageId,
+        redelivery_count: u32,
+    },
+    /// Acknowledge. With `AckType::Cumulative` exactly one id is given.
+    /// `request_id` 0 means the client does not want an answer.
+    Ack {
+        consumer_id: u64,
+        ack_type: AckType,
+        message_ids: Vec<MessageId>,
+        request_id: u64,
+    },
+    CloseProducer {
+        request_id: u64,
+        producer_id: u64,
+    },
+    CloseConsumer {
+        request_id: u64,
+        consumer_id: u64,
+    },
+    Ping,
+    Pong,
+    /// Failure of the request `request_id` (0 when not tied to a request).
+    Error {
+        request_id: u64,
+        code: ErrorCode,
+        message: String,
+    },
+}
+
+/// A decoded frame: the command plus its payload (empty for most commands).
+/// The payload is a slice of the receive buffer, never copied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Frame {
+    pub command: Command,
+    pub payload: Bytes,
+}
+
+/// Metadata of one entry, stored in front of its payload (the "message blob").
+/// Close to Pulsar's `MessageMetadata` so a Pulsar front door is a codec.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MessageMetadata {
+    pub producer_name: String,
+    pub sequence_id: u64,
+    /// Set by the client when it sends; milliseconds since the Unix epoch.
+    pub publish_time_ms: u64,
+    /// 0 when not set.
+    pub event_time_ms: u64,
+    pub partition_key: Option<String>,
+    pub ordering_key: Option<Bytes>,
+    pub properties: Vec<(String, String)>,
+    /// Messages in this entry: 1 unless batched.
+    pub num_messages: u32,
+    /// 0 when not set: deliver at once.
+    pub deliver_at_ms: u64,
+    pub compression: CompressionType,
+    pub uncompressed_size: u32,
+    /// Chunking (issue #5): all chunks of one message share `uuid`.
+    pub chunk: Option<ChunkInfo>,
+    /// RocketMQ-style tag for broker-side filtering (issue #4).
+    pub tag: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ChunkInfo {
+    pub uuid: String,
+    pub chunk_id: u32,
+    pub num_chunks: u32,
+    pub total_chunk_msg_size: u32,
+}
+
+impl Command {
+    /// The variant's name, for logs and errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Connect { .. } => "Connect",
+            Self::Connected { .. } => "Connected",
+            Self::Producer { .. } => "Producer",
+            Self::ProducerSuccess { .. } => "ProducerSuccess",
+            Self::Send { .. } => "Send",
+            Self::SendReceipt { .. } => "SendReceipt",
+            Self::SendError { .. } => "SendError",
+            Self::Subscribe { .. } => "Subscribe",
+            Self::Success { .. } => "Success",
+            Self::Flow { .. } => "Flow",
+            Self::Message { .. } => "Message",
+            Self::Ack { .. } => "Ack",
+            Self::CloseProducer { .. } => "CloseProducer",
+            Self::CloseConsumer { .. } => "CloseConsumer",
+            Self::Ping => "Ping",
+            Self::Pong => "Pong",
+            Self::Error { .. } => "Error",
+        }
+    }
+
+    /// Whether frames of this command carry a payload (the message blob).
+    /// Every other command's payload must be empty.
+    pub fn carries_payload(&self) -> bool {
+        matches!(self, Self::Send { .. } | Self::Message { .. })
+    }
+}
