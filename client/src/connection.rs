@@ -1,0 +1,637 @@
+//! One TCP connection to a broker, shared by every producer and consumer of a
+//! [`Client`](crate::Client).
+//!
+//! Three tokio tasks serve it:
+//! - the **writer** owns the socket's write half and drains a bounded channel of
+//!   already-encoded frames, gathering whatever is queued into one large write
+//!   (so pipelined sends cost one syscall per batch, not per message);
+//! - the **reader** owns the read half, decodes frames and demultiplexes them to
+//!   pending requests (by `request_id`), producers (by `producer_id`, receipts
+//!   in sequence order) and consumers (by `consumer_id`); it answers `Ping`;
+//! - the optional **keepalive** sends `Ping` and declares the connection dead
+//!   when the broker stays silent for two intervals.
+//!
+//! All routing state sits in one `std::sync::Mutex<State>` held only for map
+//! operations, never across an `.await`. When the connection ends for any
+//! reason, [`Shared::fail`] empties that state under the lock and fails every
+//! waiter with `ClientError::Disconnected`, so nothing waits forever.
+
+use crate::error::{ClientError, Result};
+use crate::message::Message;
+use bytes::{Bytes, BytesMut};
+use magnetar_wire::{decode_message, encode_frame, Command, FrameDecoder, MessageId, PROTOCOL_VERSION};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit};
+use tokio::task::JoinHandle;
+
+/// Frames waiting for the writer task. Bounded so that a stalled socket pushes
+/// back on senders instead of growing memory; producers are further bounded
+/// by their `max_pending`, consumers by their receiver queue.
+const WRITE_QUEUE_FRAMES_MAX: usize = 4096;
+/// Upper bound of one gathered write. Large enough to amortize the syscall,
+/// small enough that one batch does not monopolize the socket buffer.
+const WRITE_BATCH_BYTES_MAX: usize = 1 << 20;
+/// Read buffer growth step.
+const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// On shutdown the writer gets this long to flush frames already queued.
+const SHUTDOWN_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Settings of a [`Client`](crate::Client) and its connection.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// Deadline of every request/answer exchange (connect handshake, create
+    /// producer, subscribe, close, confirmed ack) and of each send receipt.
+    pub operation_timeout: Duration,
+    /// Deadline of the TCP connect.
+    pub connect_timeout: Duration,
+    /// Send a `Ping` this often; the connection is declared dead when nothing
+    /// arrives from the broker for two intervals. `None` disables it (the
+    /// broker's own `Ping`s are always answered).
+    pub keepalive_interval: Option<Duration>,
+    /// Largest frame accepted from the broker.
+    pub max_frame_bytes: u32,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            operation_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(10),
+            keepalive_interval: Some(Duration::from_secs(30)),
+            max_frame_bytes: magnetar_wire::FRAME_BYTES_MAX_DEFAULT,
+        }
+    }
+}
+
+/// What the broker said in `Connected`.
+#[derive(Debug, Clone)]
+pub struct ServerInfo {
+    pub server_version: String,
+    pub protocol_version: u32,
+    /// Largest frame the broker accepts; bigger messages are refused locally.
+    pub max_frame_bytes: u32,
+    /// Shard the connection landed on.
+    pub shard: u32,
+}
+
+/// A send awaiting its receipt. Holding the permit here, rather than in the
+/// application's future, means the producer's in-flight bound counts what the
+/// broker has not answered yet, even if the application drops the future.
+pub(crate) struct InflightSend {
+    pub sequence_id: u64,
+    pub done: oneshot::Sender<Result<MessageId>>,
+    pub _permit: OwnedSemaphorePermit,
+}
+
+pub(crate) struct ProducerSlot {
+    pub name: String,
+    pub closed: Arc<AtomicBool>,
+    /// Sends in sequence order, oldest first: the broker answers them in this order.
+    pub inflight: VecDeque<InflightSend>,
+}
+
+pub(crate) type Delivery = Result<Message>;
+
+pub(crate) struct ConsumerSlot {
+    pub topic: String,
+    pub subscription: String,
+    pub closed: Arc<AtomicBool>,
+    /// Capacity = receiver queue size, so a broker that respects flow permits
+    /// never makes the reader wait here.
+    pub deliver: mpsc::Sender<Delivery>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Why the connection ended; `None` while it is up.
+    closed: Option<String>,
+    requests: HashMap<u64, oneshot::Sender<Result<Command>>>,
+    producers: HashMap<u64, ProducerSlot>,
+    consumers: HashMap<u64, ConsumerSlot>,
+}
+
+/// The state shared by the connection's tasks and its handles.
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    shutdown: watch::Sender<bool>,
+    epoch: Instant,
+    /// Milliseconds since `epoch` at which the last frame arrived.
+    last_frame_ms: AtomicU64,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding this lock would be a client bug; the maps are
+        // still structurally valid, so keep going rather than cascade panics.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn touch(&self) {
+        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_frame_ms.store(ms, Ordering::Relaxed);
+    }
+
+    fn idle(&self) -> Duration {
+        let last = Duration::from_millis(self.last_frame_ms.load(Ordering::Relaxed));
+        self.epoch.elapsed().saturating_sub(last)
+    }
+
+    pub(crate) fn closed_reason(&self) -> Option<String> {
+        self.lock().closed.clone()
+    }
+
+    /// End the connection: record why, stop the tasks, and fail every waiter.
+    /// Idempotent: the first reason wins.
+    pub(crate) fn fail(&self, reason: String) {
+        let (requests, producers, consumers) = {
+            let mut st = self.lock();
+            if st.closed.is_some() {
+                return;
+            }
+            st.closed = Some(reason.clone());
+            (std::mem::take(&mut st.requests), std::mem::take(&mut st.producers), std::mem::take(&mut st.consumers))
+        };
+        tracing::debug!(%reason, "connection closed");
+        let _ = self.shutdown.send(true);
+        let disconnected = || ClientError::Disconnected { reason: reason.clone() };
+        for (_, waiter) in requests {
+            let _ = waiter.send(Err(disconnected()));
+        }
+        for (_, slot) in producers {
+            for send in slot.inflight {
+                let _ = send.done.send(Err(disconnected()));
+            }
+        }
+        // Dropping the consumers' senders lets `receive` drain what was
+        // already delivered, then report the disconnection.
+        drop(consumers);
+    }
+}
+
+/// A live connection. Dropping the last handle stops the reader and keepalive
+/// and lets the writer flush and close the socket.
+pub(crate) struct Connection {
+    pub shared: Arc<Shared>,
+    write: mpsc::Sender<Bytes>,
+    pub server: ServerInfo,
+    pub options: ClientOptions,
+    next_request_id: AtomicU64,
+    next_handle_id: AtomicU64,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+fn encode(command: &Command, payload: &[u8]) -> Result<Bytes> {
+    let mut dst = BytesMut::with_capacity(payload.len() + 128);
+    encode_frame(command, payload, &mut dst)?;
+    Ok(dst.freeze())
+}
+
+impl Connection {
+    /// Open the TCP connection, do the `Connect`/`Connected` handshake and
+    /// start the tasks.
+    pub(crate) async fn open(host: &str, port: u16, options: ClientOptions) -> Result<Connection> {
+        let stream = tokio::time::timeout(options.connect_timeout, TcpStream::connect((host, port)))
+            .await
+            .map_err(|_| ClientError::Timeout { operation: "connect", after: options.connect_timeout })??;
+        // Latency matters more than packet count: the writer already batches.
+        stream.set_nodelay(true)?;
+        let (mut rd, mut wr) = stream.into_split();
+        let mut decoder = FrameDecoder::new(options.max_frame_bytes);
+        let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
+
+        let connect = Command::Connect {
+            client_version: concat!("magnetar-client/", env!("CARGO_PKG_VERSION")).to_string(),
+            protocol_version: PROTOCOL_VERSION,
+        };
+        wr.write_all(&encode(&connect, &[])?).await?;
+        let handshake = async {
+            loop {
+                if let Some(frame) = decoder.decode(&mut buf)? {
+                    return Ok::<_, ClientError>(frame.command);
+                }
+                buf.reserve(READ_CHUNK_BYTES);
+                if rd.read_buf(&mut buf).await? == 0 {
+                    return Err(ClientError::Disconnected {
+                        reason: "broker closed the connection during the handshake".into(),
+                    });
+                }
+            }
+        };
+        let answer = tokio::time::timeout(options.operation_timeout, handshake)
+            .await
+            .map_err(|_| ClientError::Timeout { operation: "connect handshake", after: options.operation_timeout })??;
+        let server = match answer {
+            Command::Connected { server_version, protocol_version, max_frame_bytes, shard } => {
+                ServerInfo { server_version, protocol_version, max_frame_bytes, shard }
+            }
+            Command::Error { code, message, .. } => return Err(ClientError::Broker { code, message }),
+            other => return Err(ClientError::UnexpectedResponse { request: "Connect", got: format!("{other:?}") }),
+        };
+
+        let (shutdown, _) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            shutdown,
+            epoch: Instant::now(),
+            last_frame_ms: AtomicU64::new(0),
+        });
+        let (write, write_rx) = mpsc::channel(WRITE_QUEUE_FRAMES_MAX);
+        let pong = encode(&Command::Pong, &[])?;
+        let mut tasks = Vec::with_capacity(3);
+        tasks.push(tokio::spawn(writer_loop(shared.clone(), wr, write_rx)));
+        tasks.push(tokio::spawn(reader_loop(shared.clone(), rd, decoder, buf, write.downgrade(), pong)));
+        if let Some(interval) = options.keepalive_interval {
+            let ping = encode(&Command::Ping, &[])?;
+            tasks.push(tokio::spawn(keepalive_loop(shared.clone(), write.downgrade(), ping, interval)));
+        }
+        Ok(Connection {
+            shared,
+            write,
+            server,
+            options,
+            next_request_id: AtomicU64::new(1),
+            next_handle_id: AtomicU64::new(1),
+            tasks,
+        })
+    }
+
+    fn disconnected(&self) -> ClientError {
+        let reason = self.shared.closed_reason().unwrap_or_else(|| "writer stopped".into());
+        ClientError::Disconnected { reason }
+    }
+
+    /// A fresh producer or consumer id, unique on this connection.
+    pub(crate) fn next_handle_id(&self) -> u64 {
+        self.next_handle_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Encode a frame, refusing what the broker would refuse for size.
+    pub(crate) fn encode(&self, command: &Command, payload: &[u8]) -> Result<Bytes> {
+        let frame = encode(command, payload)?;
+        let max_frame_bytes = self.server.max_frame_bytes;
+        // The limit counts the bytes after the 4-byte length field.
+        let frame_len = frame.len().saturating_sub(4);
+        if u32::try_from(frame_len).map_or(true, |len| len > max_frame_bytes) {
+            return Err(ClientError::MessageTooLarge { size: payload.len(), max_frame_bytes });
+        }
+        Ok(frame)
+    }
+
+    /// Queue an encoded frame for the writer; waits while the queue is full.
+    pub(crate) async fn write(&self, frame: Bytes) -> Result<()> {
+        if self.shared.closed_reason().is_some() {
+            return Err(self.disconnected());
+        }
+        self.write.send(frame).await.map_err(|_| self.disconnected())
+    }
+
+    /// Encode and queue a command that expects no answer.
+    pub(crate) async fn send_command(&self, command: &Command) -> Result<()> {
+        let frame = self.encode(command, &[])?;
+        self.write(frame).await
+    }
+
+    /// Queue a command without waiting (for `Drop` paths); dropped if the queue is full.
+    pub(crate) fn try_send_command(&self, command: &Command) {
+        if let Ok(frame) = self.encode(command, &[]) {
+            let _ = self.write.try_send(frame);
+        }
+    }
+
+    /// Send the command built from a fresh request id and await the answer
+    /// that echoes it, within the operation timeout. A broker `Error` becomes
+    /// `ClientError::Broker`.
+    pub(crate) async fn request(&self, operation: &'static str, build: impl FnOnce(u64) -> Command) -> Result<Command> {
+        let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut st = self.shared.lock();
+            if let Some(reason) = &st.closed {
+                return Err(ClientError::Disconnected { reason: reason.clone() });
+            }
+            st.requests.insert(request_id, tx);
+        }
+        let command = build(request_id);
+        let frame = match self.encode(&command, &[]) {
+            Ok(frame) => frame,
+            Err(e) => {
+                self.shared.lock().requests.remove(&request_id);
+                return Err(e);
+            }
+        };
+        self.write(frame).await?;
+        let after = self.options.operation_timeout;
+        match tokio::time::timeout(after, rx).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(self.disconnected()),
+            Err(_) => {
+                self.shared.lock().requests.remove(&request_id);
+                Err(ClientError::Timeout { operation, after })
+            }
+        }
+    }
+
+    pub(crate) fn register_producer(&self, producer_id: u64, name: String, closed: Arc<AtomicBool>) -> Result<()> {
+        let mut st = self.shared.lock();
+        if let Some(reason) = &st.closed {
+            return Err(ClientError::Disconnected { reason: reason.clone() });
+        }
+        let previous = st.producers.insert(producer_id, ProducerSlot { name, closed, inflight: VecDeque::new() });
+        assert!(previous.is_none(), "producer id {producer_id} registered twice");
+        Ok(())
+    }
+
+    /// Record a send before its frame is written, so that its receipt always
+    /// finds it. Fails if the connection or the producer is gone.
+    pub(crate) fn push_inflight(&self, producer_id: u64, send: InflightSend) -> Result<()> {
+        let mut st = self.shared.lock();
+        if let Some(reason) = &st.closed {
+            return Err(ClientError::Disconnected { reason: reason.clone() });
+        }
+        let Some(slot) = st.producers.get_mut(&producer_id) else {
+            return Err(ClientError::ProducerClosed { producer_name: String::new() });
+        };
+        if let Some(last) = slot.inflight.back() {
+            assert!(last.sequence_id < send.sequence_id, "sequence ids must increase");
+        }
+        slot.inflight.push_back(send);
+        Ok(())
+    }
+
+    /// Forget a producer, failing its in-flight sends with `ProducerClosed`.
+    pub(crate) fn remove_producer(&self, producer_id: u64) {
+        let slot = self.shared.lock().producers.remove(&producer_id);
+        if let Some(slot) = slot {
+            slot.closed.store(true, Ordering::Release);
+            for send in slot.inflight {
+                let _ = send.done.send(Err(ClientError::ProducerClosed { producer_name: slot.name.clone() }));
+            }
+        }
+    }
+
+    pub(crate) fn register_consumer(&self, consumer_id: u64, slot: ConsumerSlot) -> Result<()> {
+        let mut st = self.shared.lock();
+        if let Some(reason) = &st.closed {
+            return Err(ClientError::Disconnected { reason: reason.clone() });
+        }
+        let previous = st.consumers.insert(consumer_id, slot);
+        assert!(previous.is_none(), "consumer id {consumer_id} registered twice");
+        Ok(())
+    }
+
+    pub(crate) fn remove_consumer(&self, consumer_id: u64) {
+        let slot = self.shared.lock().consumers.remove(&consumer_id);
+        if let Some(slot) = slot {
+            slot.closed.store(true, Ordering::Release);
+        }
+    }
+}
+
+async fn writer_loop(shared: Arc<Shared>, mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Bytes>) {
+    let mut shutdown = shared.shutdown.subscribe();
+    let mut batch = BytesMut::with_capacity(WRITE_BATCH_BYTES_MAX);
+    let mut frames: Vec<Bytes> = Vec::with_capacity(256);
+    loop {
+        let first = tokio::select! {
+            biased;
+            frame = rx.recv() => frame,
+            _ = shutdown.changed() => {
+                // Flush what is already queued (e.g. acks before a close),
+                // within a short bound, then close the socket.
+                let flush = async {
+                    while let Ok(frame) = rx.try_recv() {
+                        wr.write_all(&frame).await?;
+                    }
+                    wr.shutdown().await
+                };
+                let _ = tokio::time::timeout(SHUTDOWN_FLUSH_TIMEOUT, flush).await;
+                return;
+            }
+        };
+        let Some(first) = first else {
+            // Every handle is gone: close our side; the broker then closes its side.
+            let _ = wr.shutdown().await;
+            return;
+        };
+        let mut bytes = first.len();
+        frames.push(first);
+        while bytes < WRITE_BATCH_BYTES_MAX {
+            match rx.try_recv() {
+                Ok(frame) => {
+                    bytes += frame.len();
+                    frames.push(frame);
+                }
+                Err(_) => break,
+            }
+        }
+        let result = if let [only] = frames.as_slice() {
+            wr.write_all(only).await
+        } else {
+            // One copy into a contiguous buffer is far cheaper than one
+            // syscall per frame.
+            batch.clear();
+            for frame in &frames {
+                batch.extend_from_slice(frame);
+            }
+            wr.write_all(&batch).await
+        };
+        frames.clear();
+        if let Err(e) = result {
+            shared.fail(format!("write to broker failed: {e}"));
+            return;
+        }
+    }
+}
+
+async fn reader_loop(
+    shared: Arc<Shared>,
+    mut rd: OwnedReadHalf,
+    mut decoder: FrameDecoder,
+    mut buf: BytesMut,
+    write: mpsc::WeakSender<Bytes>,
+    pong: Bytes,
+) {
+    let mut shutdown = shared.shutdown.subscribe();
+    shared.touch();
+    let reason = 'conn: loop {
+        loop {
+            match decoder.decode(&mut buf) {
+                Ok(Some(frame)) => {
+                    shared.touch();
+                    if let Err(reason) = dispatch(&shared, frame.command, frame.payload, &write, &pong).await {
+                        break 'conn reason;
+                    }
+                }
+                Ok(None) => break,
+                // A bad length or checksum loses the frame boundary: nothing
+                // after it can be trusted.
+                Err(e) if e.is_fatal() => break 'conn format!("undecodable frame from broker: {e}"),
+                // The frame was sound but its command was not understood (e.g.
+                // a newer broker); the decoder skipped it.
+                Err(e) => tracing::warn!(error = %e, "skipped a frame from the broker"),
+            }
+        }
+        buf.reserve(READ_CHUNK_BYTES);
+        tokio::select! {
+            read = rd.read_buf(&mut buf) => match read {
+                Ok(0) => break 'conn "broker closed the connection".to_string(),
+                Ok(_) => {}
+                Err(e) => break 'conn format!("read from broker failed: {e}"),
+            },
+            _ = shutdown.changed() => return,
+        }
+    };
+    shared.fail(reason);
+}
+
+/// Route one frame from the broker. An `Err` is a protocol violation that
+/// ends the connection.
+async fn dispatch(
+    shared: &Shared,
+    command: Command,
+    payload: Bytes,
+    write: &mpsc::WeakSender<Bytes>,
+    pong: &Bytes,
+) -> std::result::Result<(), String> {
+    match command {
+        Command::ProducerSuccess { request_id, .. } | Command::Success { request_id } => {
+            complete_request(shared, request_id, Ok(command));
+        }
+        Command::Error { request_id: 0, code, message } => {
+            // Not tied to a request (e.g. a fire-and-forget ack failed).
+            tracing::warn!(?code, %message, "broker reported an error");
+        }
+        Command::Error { request_id, code, message } => {
+            complete_request(shared, request_id, Err(ClientError::Broker { code, message }));
+        }
+        Command::SendReceipt { producer_id, sequence_id, message_id } => {
+            let mut st = shared.lock();
+            let Some(slot) = st.producers.get_mut(&producer_id) else {
+                tracing::debug!(producer_id, sequence_id, "receipt for an unknown producer");
+                return Ok(());
+            };
+            match slot.inflight.front() {
+                Some(front) if front.sequence_id == sequence_id => {
+                    if let Some(send) = slot.inflight.pop_front() {
+                        let _ = send.done.send(Ok(message_id));
+                    }
+                }
+                Some(front) if front.sequence_id < sequence_id => {
+                    // Receipts must come in sequence order: one for a later
+                    // message means the broker skipped ours; whether it is
+                    // stored is unknown, so the connection cannot be trusted.
+                    return Err(format!(
+                        "receipt for sequence id {sequence_id} of producer {producer_id} \
+                         before the one for {}",
+                        front.sequence_id
+                    ));
+                }
+                // Older than anything in flight: a duplicate; harmless.
+                _ => tracing::debug!(producer_id, sequence_id, "receipt for a send not in flight"),
+            }
+        }
+        Command::SendError { producer_id, sequence_id, code, message } => {
+            let mut st = shared.lock();
+            if let Some(slot) = st.producers.get_mut(&producer_id) {
+                if let Some(pos) = slot.inflight.iter().position(|s| s.sequence_id == sequence_id) {
+                    if let Some(send) = slot.inflight.remove(pos) {
+                        let _ = send.done.send(Err(ClientError::Broker { code, message }));
+                    }
+                }
+            }
+        }
+        Command::Message { consumer_id, message_id, redelivery_count } => {
+            let target = {
+                let st = shared.lock();
+                st.consumers.get(&consumer_id).map(|c| (c.deliver.clone(), c.topic.clone()))
+            };
+            let Some((deliver, topic)) = target else {
+                tracing::debug!(consumer_id, %message_id, "message for an unknown consumer");
+                return Ok(());
+            };
+            let delivery = match decode_message(&payload) {
+                Ok((metadata, payload)) => Ok(Message { id: message_id, topic, metadata, payload, redelivery_count }),
+                // Only this message is bad; the frame itself was sound, so
+                // the application hears about it and the connection goes on.
+                Err(e) => Err(ClientError::Wire(e)),
+            };
+            // Waits only if the broker overran the flow permits; that pushes
+            // back on the socket rather than growing memory.
+            let _ = deliver.send(delivery).await;
+        }
+        Command::CloseProducer { producer_id, .. } => {
+            // The broker closed our producer (e.g. topic unloaded).
+            let slot = shared.lock().producers.remove(&producer_id);
+            if let Some(slot) = slot {
+                slot.closed.store(true, Ordering::Release);
+                for send in slot.inflight {
+                    let _ = send.done.send(Err(ClientError::ProducerClosed { producer_name: slot.name.clone() }));
+                }
+            }
+        }
+        Command::CloseConsumer { consumer_id, .. } => {
+            let slot = shared.lock().consumers.remove(&consumer_id);
+            if let Some(slot) = slot {
+                tracing::debug!(subscription = %slot.subscription, "consumer closed by the broker");
+                slot.closed.store(true, Ordering::Release);
+            }
+        }
+        Command::Ping => {
+            // Best effort: if the write queue is full the connection is
+            // evidently alive and busy, and the broker will see traffic.
+            if let Some(w) = write.upgrade() {
+                let _ = w.try_send(pong.clone());
+            }
+        }
+        Command::Pong => {}
+        other => return Err(format!("unexpected command from broker: {other:?}")),
+    }
+    Ok(())
+}
+
+fn complete_request(shared: &Shared, request_id: u64, answer: Result<Command>) {
+    let waiter = shared.lock().requests.remove(&request_id);
+    match waiter {
+        Some(w) => {
+            let _ = w.send(answer);
+        }
+        // Timed out already, or a fire-and-forget request (id 0).
+        None => tracing::debug!(request_id, "answer to no pending request"),
+    }
+}
+
+async fn keepalive_loop(shared: Arc<Shared>, write: mpsc::WeakSender<Bytes>, ping: Bytes, interval: Duration) {
+    let mut shutdown = shared.shutdown.subscribe();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = shutdown.changed() => return,
+        }
+        let idle = shared.idle();
+        if idle > interval * 2 {
+            shared.fail(format!("no frame from broker for {idle:?} (keepalive)"));
+            return;
+        }
+        let Some(w) = write.upgrade() else { return };
+        let _ = w.try_send(ping.clone());
+    }
+}
+
+/// Whether the connection is still up.
+pub(crate) fn is_open(shared: &Shared) -> bool {
+    shared.closed_reason().is_none()
+}

@@ -1,0 +1,296 @@
+//! Consumers: receive messages of one subscription and acknowledge them.
+
+use crate::connection::{Connection, ConsumerSlot, Delivery};
+use crate::error::{ClientError, Result};
+use crate::message::Message;
+use crate::names::normalize_topic;
+use magnetar_wire::{AckType, Command, InitialPosition, MessageId, SubscriptionType};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TryRecvError;
+
+/// Default number of messages the broker may push ahead of `receive`.
+pub const DEFAULT_RECEIVER_QUEUE_SIZE: u32 = 1000;
+/// Upper bound accepted by [`ConsumerBuilder::receiver_queue_size`].
+pub const RECEIVER_QUEUE_SIZE_MAX: u32 = 1 << 20;
+
+/// Options of a consumer; made by [`Client::subscribe`](crate::Client::subscribe).
+///
+/// ```no_run
+/// # use magnetar_client::{InitialPosition, SubscriptionType};
+/// # async fn f(client: magnetar_client::Client) -> Result<(), magnetar_client::ClientError> {
+/// let consumer = client
+///     .subscribe("orders", "s1")
+///     .sub_type(SubscriptionType::Exclusive)
+///     .initial_position(InitialPosition::Earliest)
+///     .receiver_queue_size(1000)
+///     .subscribe()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[must_use = "call .subscribe().await"]
+pub struct ConsumerBuilder {
+    pub(crate) conn: Arc<Connection>,
+    pub(crate) topic: String,
+    pub(crate) subscription: String,
+    pub(crate) sub_type: SubscriptionType,
+    pub(crate) initial_position: InitialPosition,
+    pub(crate) receiver_queue_size: u32,
+    pub(crate) consumer_name: String,
+}
+
+impl ConsumerBuilder {
+    /// Default `Exclusive`.
+    pub fn sub_type(mut self, sub_type: SubscriptionType) -> Self {
+        self.sub_type = sub_type;
+        self
+    }
+
+    /// Where a new subscription starts; default `Latest`. Ignored by the
+    /// broker when the subscription already exists (its cursor wins).
+    pub fn initial_position(mut self, position: InitialPosition) -> Self {
+        self.initial_position = position;
+        self
+    }
+
+    /// Flow permits granted up front, and the bound of the local queue
+    /// (default 1000). Permits are replenished by half the queue at a time as
+    /// the application receives.
+    pub fn receiver_queue_size(mut self, size: u32) -> Self {
+        self.receiver_queue_size = size;
+        self
+    }
+
+    /// Consumer name; empty (the default) lets the broker choose.
+    pub fn consumer_name(mut self, name: impl Into<String>) -> Self {
+        self.consumer_name = name.into();
+        self
+    }
+
+    /// Subscribe, then grant the broker the initial flow permits.
+    pub async fn subscribe(self) -> Result<Consumer> {
+        if self.receiver_queue_size == 0 || self.receiver_queue_size > RECEIVER_QUEUE_SIZE_MAX {
+            return Err(ClientError::InvalidOption { option: "receiver_queue_size", reason: "must be in 1..=1048576" });
+        }
+        if self.subscription.is_empty() {
+            return Err(ClientError::InvalidOption { option: "subscription", reason: "must not be empty" });
+        }
+        let topic = normalize_topic(&self.topic)?;
+        let consumer_id = self.conn.next_handle_id();
+        let closed = Arc::new(AtomicBool::new(false));
+        let queue = self.receiver_queue_size;
+        let (deliver, rx) = mpsc::channel(queue as usize);
+        // Registered before subscribing: the broker may push messages right
+        // after its Success, before our Flow even (it should not, but then
+        // they are not lost).
+        self.conn.register_consumer(
+            consumer_id,
+            ConsumerSlot {
+                topic: topic.clone(),
+                subscription: self.subscription.clone(),
+                closed: closed.clone(),
+                deliver,
+            },
+        )?;
+        let answer = self
+            .conn
+            .request("subscribe", |request_id| Command::Subscribe {
+                request_id,
+                consumer_id,
+                topic: topic.clone(),
+                subscription: self.subscription.clone(),
+                sub_type: self.sub_type,
+                consumer_name: self.consumer_name.clone(),
+                initial_position: self.initial_position,
+                durable: true,
+                priority_level: 0,
+            })
+            .await;
+        match answer {
+            Ok(Command::Success { .. }) => {}
+            Ok(other) => {
+                self.conn.remove_consumer(consumer_id);
+                return Err(ClientError::UnexpectedResponse { request: "Subscribe", got: format!("{other:?}") });
+            }
+            Err(e) => {
+                self.conn.remove_consumer(consumer_id);
+                return Err(e);
+            }
+        }
+        let consumer = Consumer {
+            conn: self.conn,
+            consumer_id,
+            topic,
+            subscription: self.subscription,
+            rx: tokio::sync::Mutex::new(Receiving { rx, unflowed: 0 }),
+            flow_threshold: (queue / 2).max(1),
+            closed,
+        };
+        consumer.conn.send_command(&Command::Flow { consumer_id, permits: queue }).await?;
+        Ok(consumer)
+    }
+}
+
+struct Receiving {
+    rx: mpsc::Receiver<Delivery>,
+    /// Messages handed to the application since the last `Flow`.
+    unflowed: u32,
+}
+
+/// A consumer of one subscription on one topic. `Send + Sync`; `receive`
+/// calls from several tasks are served one at a time.
+pub struct Consumer {
+    conn: Arc<Connection>,
+    consumer_id: u64,
+    topic: String,
+    subscription: String,
+    rx: tokio::sync::Mutex<Receiving>,
+    flow_threshold: u32,
+    closed: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field("topic", &self.topic)
+            .field("subscription", &self.subscription)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Consumer {
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    pub fn subscription(&self) -> &str {
+        &self.subscription
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    fn closed_error(&self) -> ClientError {
+        // Closed on purpose (by us or the broker) wins over a connection
+        // that broke afterwards.
+        if self.is_closed() {
+            return ClientError::ConsumerClosed { subscription: self.subscription.clone() };
+        }
+        match self.conn.shared.closed_reason() {
+            Some(reason) => ClientError::Disconnected { reason },
+            None => ClientError::ConsumerClosed { subscription: self.subscription.clone() },
+        }
+    }
+
+    /// Wait for the next message. Messages already delivered are still
+    /// returned after the connection breaks; then this fails with
+    /// `Disconnected` (or `ConsumerClosed`). A message whose blob cannot be
+    /// decoded is returned as `Err(ClientError::Wire(..))` and the next call
+    /// goes on with the following one. No timeout: wrap it in
+    /// `tokio::time::timeout` to bound the wait.
+    pub async fn receive(&self) -> Result<Message> {
+        let mut receiving = self.rx.lock().await;
+        match receiving.rx.recv().await {
+            Some(delivery) => {
+                self.after_receive(&mut receiving).await?;
+                delivery
+            }
+            None => Err(self.closed_error()),
+        }
+    }
+
+    /// The next message if one is already here, without waiting. `Ok(None)`
+    /// also when another task is inside `receive`.
+    pub async fn try_receive(&self) -> Result<Option<Message>> {
+        let Ok(mut receiving) = self.rx.try_lock() else { return Ok(None) };
+        match receiving.rx.try_recv() {
+            Ok(delivery) => {
+                self.after_receive(&mut receiving).await?;
+                delivery.map(Some)
+            }
+            Err(TryRecvError::Empty) => Ok(None),
+            Err(TryRecvError::Disconnected) => Err(self.closed_error()),
+        }
+    }
+
+    /// Grant more permits once half the queue has been handed out, so the
+    /// broker always has room to keep sending without a Flow per message.
+    async fn after_receive(&self, receiving: &mut Receiving) -> Result<()> {
+        receiving.unflowed += 1;
+        if receiving.unflowed >= self.flow_threshold {
+            let permits = std::mem::take(&mut receiving.unflowed);
+            self.conn.send_command(&Command::Flow { consumer_id: self.consumer_id, permits }).await?;
+        }
+        Ok(())
+    }
+
+    async fn send_ack(&self, ack_type: AckType, id: &MessageId) -> Result<()> {
+        if self.is_closed() {
+            return Err(self.closed_error());
+        }
+        let command = Command::Ack { consumer_id: self.consumer_id, ack_type, message_ids: vec![*id], request_id: 0 };
+        self.conn.send_command(&command).await
+    }
+
+    /// Acknowledge one message. Returns once the ack is queued on the
+    /// connection (the broker does not answer); acks and a later `close()`
+    /// reach the broker in order.
+    pub async fn ack(&self, id: &MessageId) -> Result<()> {
+        self.send_ack(AckType::Individual, id).await
+    }
+
+    /// Acknowledge every message up to and including `id`.
+    pub async fn ack_cumulative(&self, id: &MessageId) -> Result<()> {
+        self.send_ack(AckType::Cumulative, id).await
+    }
+
+    /// Acknowledge and wait for the broker's confirmation (within the
+    /// operation timeout). With `AckType::Cumulative`, `ids` must hold exactly one id.
+    pub async fn ack_confirmed(&self, ack_type: AckType, ids: &[MessageId]) -> Result<()> {
+        if self.is_closed() {
+            return Err(self.closed_error());
+        }
+        if ids.is_empty() || (ack_type == AckType::Cumulative && ids.len() != 1) {
+            return Err(ClientError::InvalidOption {
+                option: "ids",
+                reason: "one id or more; exactly one for a cumulative ack",
+            });
+        }
+        let consumer_id = self.consumer_id;
+        let answer = self
+            .conn
+            .request("ack", |request_id| Command::Ack { consumer_id, ack_type, message_ids: ids.to_vec(), request_id })
+            .await?;
+        match answer {
+            Command::Success { .. } => Ok(()),
+            other => Err(ClientError::UnexpectedResponse { request: "Ack", got: format!("{other:?}") }),
+        }
+    }
+
+    /// Close the consumer on the broker. Unacknowledged messages go back to
+    /// the subscription; messages still in the local queue are dropped.
+    pub async fn close(&self) -> Result<()> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let consumer_id = self.consumer_id;
+        let answer =
+            self.conn.request("close consumer", |request_id| Command::CloseConsumer { request_id, consumer_id }).await;
+        self.conn.remove_consumer(consumer_id);
+        match answer? {
+            Command::Success { .. } => Ok(()),
+            other => Err(ClientError::UnexpectedResponse { request: "CloseConsumer", got: format!("{other:?}") }),
+        }
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            self.conn.try_send_command(&Command::CloseConsumer { request_id: 0, consumer_id: self.consumer_id });
+            self.conn.remove_consumer(self.consumer_id);
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! magnetar-client: the Rust client SDK for Magnetar, on tokio.
+//!
+//! ```no_run
+//! use magnetar_client::{Client, InitialPosition, OutgoingMessage};
+//! # async fn f() -> Result<(), magnetar_client::ClientError> {
+//! let client = Client::connect("magnetar://127.0.0.1:6650").await?;
+//! let producer = client.producer("orders").create().await?;
+//! let id = producer.send(OutgoingMessage::new("hello").with_key("k1")).await?;
+//! let consumer = client.subscribe("orders", "s1").initial_position(InitialPosition::Earliest).subscribe().await?;
+//! let msg = consumer.receive().await?;
+//! consumer.ack(&msg.id).await?;
+//! # let _ = id; Ok(()) }
+//! ```
+//!
+//! One [`Client`] is one TCP connection; its producers and consumers share
+//! it. See `README.md` for the threading model and limits.
+
+mod connection;
+mod consumer;
+mod error;
+mod message;
+mod names;
+mod producer;
+
+pub use connection::{ClientOptions, ServerInfo};
+pub use consumer::{Consumer, ConsumerBuilder, DEFAULT_RECEIVER_QUEUE_SIZE, RECEIVER_QUEUE_SIZE_MAX};
+pub use error::{ClientError, Result};
+pub use message::{Message, OutgoingMessage};
+pub use names::{normalize_topic, parse_service_url, ServiceUrl, DEFAULT_PORT};
+pub use producer::{Producer, ProducerBuilder, SendFuture, DEFAULT_MAX_PENDING, MAX_PENDING_MAX};
+
+// The protocol types an application needs, so it does not have to depend on
+// magnetar-wire itself.
+pub use magnetar_wire::{AckType, ErrorCode, InitialPosition, MessageId, MessageMetadata, SubscriptionType, WireError};
+
+use connection::Connection;
+use std::sync::Arc;
+
+/// A connection to one broker. Cheap to clone (clones share the connection).
+/// The connection closes when the client, and every producer and consumer
+/// made from it, are dropped, or on [`Client::close`].
+#[derive(Clone)]
+pub struct Client {
+    conn: Arc<Connection>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("server", &self.conn.server).finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// Connect with default options. `url` is `magnetar://HOST:PORT` or
+    /// `HOST:PORT` (port defaults to 6650).
+    pub async fn connect(url: &str) -> Result<Client> {
+        Self::connect_with(url, ClientOptions::default()).await
+    }
+
+    pub async fn connect_with(url: &str, options: ClientOptions) -> Result<Client> {
+        let url = parse_service_url(url)?;
+        let conn = Connection::open(&url.host, url.port, options).await?;
+        Ok(Client { conn: Arc::new(conn) })
+    }
+
+    /// Start building a producer on `topic` (`topic`, `tenant/ns/topic` or a full name).
+    pub fn producer(&self, topic: impl Into<String>) -> ProducerBuilder {
+        ProducerBuilder { conn: self.conn.clone(), topic: topic.into(), name: None, max_pending: DEFAULT_MAX_PENDING }
+    }
+
+    /// Start building a consumer of `subscription` on `topic`.
+    pub fn subscribe(&self, topic: impl Into<String>, subscription: impl Into<String>) -> ConsumerBuilder {
+        ConsumerBuilder {
+            conn: self.conn.clone(),
+            topic: topic.into(),
+            subscription: subscription.into(),
+            sub_type: SubscriptionType::default(),
+            initial_position: InitialPosition::default(),
+            receiver_queue_size: DEFAULT_RECEIVER_QUEUE_SIZE,
+            consumer_name: String::new(),
+        }
+    }
+
+    /// What the broker announced in its `Connected` answer.
+    pub fn server_info(&self) -> &ServerInfo {
+        &self.conn.server
+    }
+
+    pub fn options(&self) -> &ClientOptions {
+        &self.conn.options
+    }
+
+    /// False once the connection has ended, for whatever reason.
+    pub fn is_connected(&self) -> bool {
+        connection::is_open(&self.conn.shared)
+    }
+
+    /// Why the connection ended, if it has.
+    pub fn disconnect_reason(&self) -> Option<String> {
+        self.conn.shared.closed_reason()
+    }
+
+    /// Close the connection now: frames already queued get a short chance to
+    /// be written, everything still waiting fails with `Disconnected`.
+    /// Close producers and consumers first for a graceful end.
+    pub fn close(&self) {
+        self.conn.shared.fail("closed by the client".to_string());
+    }
+}

@@ -1,0 +1,282 @@
+//! Producers: publish messages to one topic and await their receipts.
+
+use crate::connection::{Connection, InflightSend};
+use crate::error::{ClientError, Result};
+use crate::message::OutgoingMessage;
+use crate::names::normalize_topic;
+use magnetar_wire::{encode_message, Command, MessageId, MessageMetadata};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::{oneshot, Semaphore};
+
+/// Default bound on sends awaiting their receipt, per producer.
+pub const DEFAULT_MAX_PENDING: usize = 1000;
+/// Upper bound accepted by [`ProducerBuilder::max_pending`] (tokio's
+/// semaphore limit is far above; this keeps memory per producer sane).
+pub const MAX_PENDING_MAX: usize = 1 << 20;
+
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)).unwrap_or(0)
+}
+
+/// Options of a producer; made by [`Client::producer`](crate::Client::producer).
+///
+/// ```no_run
+/// # async fn f(client: magnetar_client::Client) -> Result<(), magnetar_client::ClientError> {
+/// let producer = client.producer("orders").name("p1").max_pending(500).create().await?;
+/// # Ok(()) }
+/// ```
+#[must_use = "call .create().await"]
+pub struct ProducerBuilder {
+    pub(crate) conn: Arc<Connection>,
+    pub(crate) topic: String,
+    pub(crate) name: Option<String>,
+    pub(crate) max_pending: usize,
+}
+
+impl ProducerBuilder {
+    /// Producer name, unique per topic; the broker generates one if unset.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// How many sends may await their receipt at once (default 1000);
+    /// `send_async` waits for a free slot beyond that.
+    pub fn max_pending(mut self, max_pending: usize) -> Self {
+        self.max_pending = max_pending;
+        self
+    }
+
+    /// Register the producer with the broker.
+    pub async fn create(self) -> Result<Producer> {
+        if self.max_pending == 0 || self.max_pending > MAX_PENDING_MAX {
+            return Err(ClientError::InvalidOption { option: "max_pending", reason: "must be in 1..=1048576" });
+        }
+        let topic = normalize_topic(&self.topic)?;
+        let producer_id = self.conn.next_handle_id();
+        let requested_name = self.name.unwrap_or_default();
+        let answer = self
+            .conn
+            .request("create producer", |request_id| Command::Producer {
+                request_id,
+                producer_id,
+                topic: topic.clone(),
+                producer_name: requested_name.clone(),
+            })
+            .await?;
+        let Command::ProducerSuccess { producer_name, last_sequence_id, .. } = answer else {
+            return Err(ClientError::UnexpectedResponse { request: "Producer", got: format!("{answer:?}") });
+        };
+        let name = if producer_name.is_empty() { requested_name } else { producer_name };
+        let closed = Arc::new(AtomicBool::new(false));
+        self.conn.register_producer(producer_id, name.clone(), closed.clone())?;
+        // Continue after what the broker has persisted for this name, so a
+        // restarted named producer never reuses a sequence id (dedup-safe).
+        let next_sequence_id = u64::try_from(last_sequence_id.saturating_add(1)).unwrap_or(0);
+        Ok(Producer {
+            conn: self.conn,
+            producer_id,
+            topic,
+            name,
+            max_pending: self.max_pending,
+            permits: Arc::new(Semaphore::new(self.max_pending)),
+            next_sequence_id: tokio::sync::Mutex::new(next_sequence_id),
+            last_sequence_id,
+            closed,
+        })
+    }
+}
+
+/// A producer on one topic. Sends are pipelined: up to `max_pending` await
+/// their receipts at once, and receipts arrive in send order. `Send + Sync`;
+/// share it with an `Arc` to send from several tasks (sends from concurrent
+/// tasks are ordered by when each gets the internal sequence lock).
+pub struct Producer {
+    conn: Arc<Connection>,
+    producer_id: u64,
+    topic: String,
+    name: String,
+    max_pending: usize,
+    /// One permit per send awaiting its receipt.
+    permits: Arc<Semaphore>,
+    /// Held while assigning a sequence id and queueing the frame, so that the
+    /// frames hit the socket in sequence-id order.
+    next_sequence_id: tokio::sync::Mutex<u64>,
+    last_sequence_id: i64,
+    closed: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for Producer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Producer").field("topic", &self.topic).field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+impl Producer {
+    /// The producer name (the broker's choice when none was given).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Full topic name.
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// The highest sequence id the broker had persisted for this producer
+    /// name when the producer was created; -1 when none.
+    pub fn last_sequence_id(&self) -> i64 {
+        self.last_sequence_id
+    }
+
+    /// Sends that await their receipt right now.
+    pub fn pending(&self) -> usize {
+        self.max_pending - self.permits.available_permits()
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    fn closed_error(&self) -> ClientError {
+        // Closed on purpose (by us or the broker) wins over a connection
+        // that broke afterwards.
+        if self.is_closed() {
+            return ClientError::ProducerClosed { producer_name: self.name.clone() };
+        }
+        match self.conn.shared.closed_reason() {
+            Some(reason) => ClientError::Disconnected { reason },
+            None => ClientError::ProducerClosed { producer_name: self.name.clone() },
+        }
+    }
+
+    /// Send one message and wait until it is durable; returns its id.
+    pub async fn send(&self, msg: OutgoingMessage) -> Result<MessageId> {
+        self.send_async(msg).await?.await
+    }
+
+    /// Queue one message and return as soon as it is on its way, with a
+    /// future for its receipt. Waits while `max_pending` sends await their
+    /// receipts. Receipts complete in the order of `send_async` calls.
+    /// Dropping the returned future does not cancel the send.
+    pub async fn send_async(&self, msg: OutgoingMessage) -> Result<SendFuture> {
+        if self.is_closed() {
+            return Err(self.closed_error());
+        }
+        let permit = self.permits.clone().acquire_owned().await.map_err(|_| self.closed_error())?;
+        let mut next = self.next_sequence_id.lock().await;
+        // Re-check: close() or a broken connection may have come while we waited.
+        if self.is_closed() {
+            return Err(self.closed_error());
+        }
+        let sequence_id = *next;
+        let payload_len = msg.payload.len();
+        let uncompressed_size = u32::try_from(payload_len).map_err(|_| ClientError::MessageTooLarge {
+            size: payload_len,
+            max_frame_bytes: self.conn.server.max_frame_bytes,
+        })?;
+        let metadata = MessageMetadata {
+            producer_name: self.name.clone(),
+            sequence_id,
+            publish_time_ms: now_ms(),
+            event_time_ms: msg.event_time_ms.unwrap_or(0),
+            partition_key: msg.key,
+            properties: msg.properties,
+            num_messages: 1,
+            uncompressed_size,
+            ..MessageMetadata::default()
+        };
+        let blob = encode_message(&metadata, &msg.payload);
+        let frame =
+            self.conn.encode(&Command::Send { producer_id: self.producer_id, sequence_id, num_messages: 1 }, &blob)?;
+        let (done, rx) = oneshot::channel();
+        self.conn.push_inflight(self.producer_id, InflightSend { sequence_id, done, _permit: permit })?;
+        *next += 1;
+        // If this fails the connection is down, and failing it already
+        // completed the in-flight entry with the same error.
+        self.conn.write(frame).await?;
+        drop(next);
+        let after = self.conn.options.operation_timeout;
+        Ok(SendFuture { rx, sequence_id, timeout: Box::pin(tokio::time::sleep(after)), after })
+    }
+
+    /// Wait until every send made so far has its receipt (or error).
+    pub async fn flush(&self) -> Result<()> {
+        let max = u32::try_from(self.max_pending).unwrap_or(u32::MAX);
+        let after = self.conn.options.operation_timeout;
+        match tokio::time::timeout(after, self.permits.acquire_many(max)).await {
+            Ok(_) => Ok(()),
+            Err(_) => Err(ClientError::Timeout { operation: "flush", after }),
+        }
+    }
+
+    /// Wait for in-flight receipts (within the operation timeout), then close
+    /// the producer on the broker. Later sends fail with `ProducerClosed`.
+    pub async fn close(&self) -> Result<()> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let flushed = self.flush().await;
+        let producer_id = self.producer_id;
+        let answer =
+            self.conn.request("close producer", |request_id| Command::CloseProducer { request_id, producer_id }).await;
+        self.conn.remove_producer(producer_id);
+        self.permits.close();
+        flushed?;
+        match answer? {
+            Command::Success { .. } => Ok(()),
+            other => Err(ClientError::UnexpectedResponse { request: "CloseProducer", got: format!("{other:?}") }),
+        }
+    }
+}
+
+impl Drop for Producer {
+    fn drop(&mut self) {
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            // Best effort; request id 0 asks for no answer.
+            self.conn.try_send_command(&Command::CloseProducer { request_id: 0, producer_id: self.producer_id });
+            self.conn.remove_producer(self.producer_id);
+        }
+    }
+}
+
+/// The receipt of one send: resolves to the message id once the broker has
+/// made the message durable, or to the error that prevented it. Times out
+/// after the client's operation timeout, counted from `send_async`'s return.
+#[must_use = "the receipt says whether the message was stored"]
+pub struct SendFuture {
+    rx: oneshot::Receiver<Result<MessageId>>,
+    sequence_id: u64,
+    timeout: Pin<Box<tokio::time::Sleep>>,
+    after: Duration,
+}
+
+impl SendFuture {
+    /// The sequence id this message was sent with.
+    pub fn sequence_id(&self) -> u64 {
+        self.sequence_id
+    }
+}
+
+impl Future for SendFuture {
+    type Output = Result<MessageId>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match Pin::new(&mut self.rx).poll(cx) {
+            Poll::Ready(Ok(result)) => return Poll::Ready(result),
+            Poll::Ready(Err(_)) => {
+                return Poll::Ready(Err(ClientError::Disconnected { reason: "send abandoned by the client".into() }))
+            }
+            Poll::Pending => {}
+        }
+        if self.timeout.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(ClientError::Timeout { operation: "send receipt", after: self.after }));
+        }
+        Poll::Pending
+    }
+}

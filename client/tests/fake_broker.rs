@@ -1,0 +1,608 @@
+//! The client against a scripted fake broker: a tiny in-test TCP server that
+//! speaks the real frames (magnetar-wire), so the client's protocol handling
+//! is tested without the real broker. Each test scripts the broker's side in
+//! a task and drives the client from the test body; each runs under a
+//! timeout so a protocol deadlock fails instead of hanging.
+
+// Tests may unwrap (STYLE rules); clippy.toml only covers #[test] fns, not helpers.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use bytes::{Bytes, BytesMut};
+use magnetar_client::{
+    AckType, Client, ClientError, ClientOptions, ErrorCode, InitialPosition, MessageId, OutgoingMessage,
+    SubscriptionType,
+};
+use magnetar_wire::{decode_message, encode_frame, encode_message, Command, Frame, FrameDecoder, MessageMetadata};
+use std::future::Future;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const TEST_TIMEOUT: Duration = Duration::from_secs(20);
+
+async fn within<T>(fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(TEST_TIMEOUT, fut).await.expect("test timed out")
+}
+
+/// The broker's end of one client connection.
+struct FakeConn {
+    stream: TcpStream,
+    decoder: FrameDecoder,
+    buf: BytesMut,
+}
+
+impl FakeConn {
+    /// Next frame from the client, `None` at EOF.
+    async fn recv(&mut self) -> Option<Frame> {
+        loop {
+            if let Some(frame) = self.decoder.decode(&mut self.buf).unwrap() {
+                return Some(frame);
+            }
+            if self.stream.read_buf(&mut self.buf).await.unwrap() == 0 {
+                return None;
+            }
+        }
+    }
+
+    /// Next frame that is not a keepalive Ping.
+    async fn recv_cmd(&mut self) -> Frame {
+        loop {
+            let frame = self.recv().await.expect("client closed the connection");
+            if frame.command != Command::Ping {
+                return frame;
+            }
+        }
+    }
+
+    /// Next frame if one comes within `wait`.
+    async fn recv_within(&mut self, wait: Duration) -> Option<Frame> {
+        tokio::time::timeout(wait, self.recv()).await.ok().flatten()
+    }
+
+    async fn send(&mut self, command: Command, payload: &[u8]) {
+        let mut dst = BytesMut::new();
+        encode_frame(&command, payload, &mut dst).unwrap();
+        self.stream.write_all(&dst).await.unwrap();
+    }
+
+    /// Answer a `Producer` request with success under `name`.
+    async fn accept_producer(&mut self, name: &str) -> u64 {
+        match self.recv_cmd().await.command {
+            Command::Producer { request_id, producer_id, .. } => {
+                self.send(
+                    Command::ProducerSuccess { request_id, producer_name: name.into(), last_sequence_id: -1 },
+                    &[],
+                )
+                .await;
+                producer_id
+            }
+            other => panic!("expected Producer, got {other:?}"),
+        }
+    }
+}
+
+/// Listen on an ephemeral port; the returned future accepts one client and
+/// completes the handshake, announcing `max_frame_bytes`.
+async fn listen(max_frame_bytes: u32) -> (String, impl Future<Output = FakeConn>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("magnetar://{}", listener.local_addr().unwrap());
+    let accept = async move {
+        let (stream, _) = listener.accept().await.unwrap();
+        let mut conn = FakeConn { stream, decoder: FrameDecoder::new(16 << 20), buf: BytesMut::new() };
+        match conn.recv().await.unwrap().command {
+            Command::Connect { protocol_version, .. } => assert_eq!(protocol_version, magnetar_wire::PROTOCOL_VERSION),
+            other => panic!("expected Connect, got {other:?}"),
+        }
+        conn.send(
+            Command::Connected {
+                server_version: "fake".into(),
+                protocol_version: magnetar_wire::PROTOCOL_VERSION,
+                max_frame_bytes,
+                shard: 1,
+            },
+            &[],
+        )
+        .await;
+        conn
+    };
+    (url, accept)
+}
+
+fn options() -> ClientOptions {
+    ClientOptions { operation_timeout: Duration::from_secs(5), ..ClientOptions::default() }
+}
+
+/// Goal: pipelined sends carry the right metadata, are bounded by
+/// `max_pending`, and complete in order with the broker's ids.
+/// Method: the broker reads exactly `max_pending` sends, checks that no more
+/// arrive while they are unanswered, then answers them all; three rounds.
+#[tokio::test]
+async fn produce_receipts_in_order_within_max_pending() {
+    within(async {
+        const MAX_PENDING: usize = 10;
+        const ROUNDS: u64 = 3;
+        let (url, accept) = listen(1 << 20).await;
+        let broker = tokio::spawn(async move {
+            let mut conn = accept.await;
+            let producer_id = match conn.recv_cmd().await.command {
+                Command::Producer { request_id, producer_id, topic, producer_name } => {
+                    assert_eq!(topic, "persistent://public/default/orders");
+                    assert_eq!(producer_name, "");
+                    conn.send(
+                        Command::ProducerSuccess { request_id, producer_name: "gen-7".into(), last_sequence_id: -1 },
+                        &[],
+                    )
+                    .await;
+                    producer_id
+                }
+                other => panic!("expected Producer, got {other:?}"),
+            };
+            let mut expected_seq = 0u64;
+            for _ in 0..ROUNDS {
+                let mut round = Vec::new();
+                for _ in 0..MAX_PENDING {
+                    let frame = conn.recv_cmd().await;
+                    let Command::Send { producer_id: p, sequence_id, num_messages } = frame.command else {
+                        panic!("expected Send, got {:?}", frame.command)
+                    };
+                    assert_eq!((p, sequence_id, num_messages), (producer_id, expected_seq, 1));
+                    let (meta, payload) = decode_message(&frame.payload).unwrap();
+                    assert_eq!(meta.producer_name, "gen-7");
+                    assert_eq!(meta.sequence_id, expected_seq);
+                    assert_eq!(meta.num_messages, 1);
+                    assert!(meta.publish_time_ms > 1_600_000_000_000);
+                    assert_eq!(meta.partition_key, Some(format!("k{}", expected_seq % 3)));
+                    assert_eq!(meta.properties, vec![("a".to_string(), "1".to_string())]);
+                    assert_eq!(meta.event_time_ms, 42);
+                    assert_eq!(payload, Bytes::from(format!("m{expected_seq}")));
+                    round.push(sequence_id);
+                    expected_seq += 1;
+                }
+                // The client must not exceed max_pending unanswered sends.
+                if let Some(extra) = conn.recv_within(Duration::from_millis(150)).await {
+                    assert_eq!(extra.command, Command::Ping, "send beyond max_pending: {:?}", extra.command);
+                }
+                for seq in round {
+                    conn.send(
+                        Command::SendReceipt {
+                            producer_id,
+                            sequence_id: seq,
+                            message_id: MessageId::new(3, seq, -1, -1),
+                        },
+                        &[],
+                    )
+                    .await;
+                }
+            }
+            // close(): CloseProducer, answered with Success.
+            match conn.recv_cmd().await.command {
+                Command::CloseProducer { request_id, producer_id: p } => {
+                    assert_eq!(p, producer_id);
+                    conn.send(Command::Success { request_id }, &[]).await;
+                }
+                other => panic!("expected CloseProducer, got {other:?}"),
+            }
+        });
+
+        let client = Client::connect_with(&url, options()).await.unwrap();
+        assert_eq!(client.server_info().shard, 1);
+        let producer = client.producer("orders").max_pending(MAX_PENDING).create().await.unwrap();
+        assert_eq!(producer.name(), "gen-7");
+        assert_eq!(producer.topic(), "persistent://public/default/orders");
+        let total = MAX_PENDING as u64 * ROUNDS;
+        let mut receipts = Vec::new();
+        for seq in 0..total {
+            let msg = OutgoingMessage::new(format!("m{seq}"))
+                .with_key(format!("k{}", seq % 3))
+                .with_property("a", "1")
+                .with_event_time_ms(42);
+            let receipt = producer.send_async(msg).await.unwrap();
+            assert_eq!(receipt.sequence_id(), seq);
+            assert!(producer.pending() <= MAX_PENDING);
+            receipts.push(receipt);
+        }
+        for (seq, receipt) in receipts.into_iter().enumerate() {
+            assert_eq!(receipt.await.unwrap(), MessageId::new(3, seq as u64, -1, -1));
+        }
+        assert_eq!(producer.pending(), 0);
+        producer.close().await.unwrap();
+        assert!(matches!(producer.send(OutgoingMessage::new("late")).await, Err(ClientError::ProducerClosed { .. })));
+        broker.await.unwrap();
+    })
+    .await;
+}
+
+/// Goal: broker errors surface as typed errors and do not break the
+/// connection. Method: refuse one producer, fail one send, accept the next.
+#[tokio::test]
+async fn broker_errors_are_typed() {
+    within(async {
+        let (url, accept) = listen(1 << 20).await;
+        let broker = tokio::spawn(async move {
+            let mut conn = accept.await;
+            match conn.recv_cmd().await.command {
+                Command::Producer { request_id, .. } => {
+                    conn.send(
+                        Command::Error { request_id, code: ErrorCode::ProducerBusy, message: "taken".into() },
+                        &[],
+                    )
+                    .await
+                }
+                other => panic!("expected Producer, got {other:?}"),
+            }
+            let producer_id = conn.accept_producer("p").await;
+            for (i, frame) in [conn.recv_cmd().await, conn.recv_cmd().await].into_iter().enumerate() {
+                let Command::Send { sequence_id, .. } = frame.command else { panic!("expected Send") };
+                assert_eq!(sequence_id, i as u64);
+                let answer = if i == 0 {
+                    Command::SendError {
+                        producer_id,
+                        sequence_id,
+                        code: ErrorCode::PersistenceError,
+                        message: "disk".into(),
+                    }
+                } else {
+                    Command::SendReceipt { producer_id, sequence_id, message_id: MessageId::new(1, 0, -1, -1) }
+                };
+                conn.send(answer, &[]).await;
+            }
+            // Keep the connection open until the client is done.
+            while conn.recv().await.is_some() {}
+        });
+
+        let client = Client::connect_with(&url, options()).await.unwrap();
+        match client.producer("t/ns/x").name("p").create().await {
+            Err(ClientError::Broker { code: ErrorCode::ProducerBusy, message }) => assert_eq!(message, "taken"),
+            other => panic!("expected ProducerBusy, got {other:?}"),
+        }
+        let producer = client.producer("t/ns/x").name("p").create().await.unwrap();
+        let first = producer.send_async(OutgoingMessage::new("a")).await.unwrap();
+        let second = producer.send_async(OutgoingMessage::new("b")).await.unwrap();
+        match first.await {
+            Err(e @ ClientError::Broker { code: ErrorCode::PersistenceError, .. }) => assert!(e.is_retriable()),
+            other => panic!("expected PersistenceError, got {other:?}"),
+        }
+        assert_eq!(second.await.unwrap(), MessageId::new(1, 0, -1, -1));
+        assert!(client.is_connected());
+        drop(producer);
+        client.close();
+        broker.await.unwrap();
+    })
+    .await;
+}
+
+fn blob(seq: u64, key: &str) -> Bytes {
+    let meta = MessageMetadata {
+        producer_name: "p".into(),
+        sequence_id: seq,
+        publish_time_ms: 1_700_000_000_000 + seq,
+        partition_key: Some(key.into()),
+        properties: vec![("n".into(), seq.to_string())],
+        num_messages: 1,
+        ..MessageMetadata::default()
+    };
+    encode_message(&meta, format!("payload-{seq}").as_bytes())
+}
+
+/// Goal: subscribe sends the right fields, the initial Flow grants the
+/// receiver queue, permits are replenished by half the queue as the
+/// application receives, acks carry the right type, a broker Ping is answered,
+/// a corrupt blob is reported without losing the stream.
+#[tokio::test]
+async fn consume_flow_replenishment_and_acks() {
+    within(async {
+        const QUEUE: u32 = 4;
+        const MESSAGES: u64 = 12;
+        let (url, accept) = listen(1 << 20).await;
+        let broker = tokio::spawn(async move {
+            let mut conn = accept.await;
+            let consumer_id = match conn.recv_cmd().await.command {
+                Command::Subscribe {
+                    request_id,
+                    consumer_id,
+                    topic,
+                    subscription,
+                    sub_type,
+                    consumer_name,
+                    initial_position,
+                    durable,
+                    priority_level,
+                } => {
+                    assert_eq!(topic, "persistent://public/default/orders");
+                    assert_eq!(subscription, "s1");
+                    assert_eq!(sub_type, SubscriptionType::Failover);
+                    assert_eq!(consumer_name, "c1");
+                    assert_eq!(initial_position, InitialPosition::Earliest);
+                    assert!(durable);
+                    assert_eq!(priority_level, 0);
+                    conn.send(Command::Success { request_id }, &[]).await;
+                    consumer_id
+                }
+                other => panic!("expected Subscribe, got {other:?}"),
+            };
+            // Ask the client for a Pong before anything else.
+            conn.send(Command::Ping, &[]).await;
+            let mut permits = 0u64;
+            let mut sent = 0u64;
+            let mut acks = Vec::new();
+            let mut pong_seen = false;
+            while acks.len() < MESSAGES as usize {
+                // Use every permit we have, as a broker would.
+                while permits > 0 && sent < MESSAGES {
+                    // Message 5 carries a corrupt blob.
+                    let payload =
+                        if sent == 5 { Bytes::from_static(b"\xff\xff\xff\xffgarbage") } else { blob(sent, "k") };
+                    conn.send(
+                        Command::Message {
+                            consumer_id,
+                            message_id: MessageId::new(9, sent, -1, -1),
+                            redelivery_count: 0,
+                        },
+                        &payload,
+                    )
+                    .await;
+                    permits -= 1;
+                    sent += 1;
+                }
+                let frame = conn.recv().await.expect("client went away");
+                match frame.command {
+                    Command::Flow { consumer_id: c, permits: p } => {
+                        assert_eq!(c, consumer_id);
+                        // First grant is the whole queue, later ones half of it.
+                        let expected = if sent == 0 { QUEUE } else { QUEUE / 2 };
+                        assert_eq!(p, expected, "flow after {sent} messages");
+                        permits += u64::from(p);
+                        assert!(permits <= u64::from(QUEUE), "client granted more than its queue");
+                    }
+                    Command::Ack { consumer_id: c, ack_type, message_ids, request_id } => {
+                        assert_eq!(c, consumer_id);
+                        assert_eq!(request_id, 0);
+                        assert_eq!(message_ids.len(), 1);
+                        acks.push((ack_type, message_ids[0].entry));
+                    }
+                    Command::Pong => pong_seen = true,
+                    Command::Ping => {}
+                    other => panic!("unexpected {other:?}"),
+                }
+                if acks.len() == MESSAGES as usize - 1 {
+                    break;
+                }
+            }
+            assert!(pong_seen, "the client did not answer Ping");
+            // All but the corrupt one were acked individually, the last cumulatively.
+            let expected: Vec<(AckType, u64)> = (0..MESSAGES)
+                .filter(|&s| s != 5)
+                .map(|s| (if s == MESSAGES - 1 { AckType::Cumulative } else { AckType::Individual }, s))
+                .collect();
+            assert_eq!(acks, expected);
+            loop {
+                match conn.recv_cmd().await.command {
+                    Command::CloseConsumer { request_id, consumer_id: c } => {
+                        assert_eq!(c, consumer_id);
+                        conn.send(Command::Success { request_id }, &[]).await;
+                        break;
+                    }
+                    Command::Flow { .. } | Command::Pong => {}
+                    other => panic!("expected CloseConsumer, got {other:?}"),
+                }
+            }
+        });
+
+        let client = Client::connect_with(&url, options()).await.unwrap();
+        let consumer = client
+            .subscribe("orders", "s1")
+            .sub_type(SubscriptionType::Failover)
+            .initial_position(InitialPosition::Earliest)
+            .receiver_queue_size(QUEUE)
+            .consumer_name("c1")
+            .subscribe()
+            .await
+            .unwrap();
+        for seq in 0..MESSAGES {
+            let received = consumer.receive().await;
+            if seq == 5 {
+                assert!(matches!(received, Err(ClientError::Wire(_))), "{received:?}");
+                continue;
+            }
+            let msg = received.unwrap();
+            assert_eq!(msg.id, MessageId::new(9, seq, -1, -1));
+            assert_eq!(msg.topic, "persistent://public/default/orders");
+            assert_eq!(msg.key(), Some("k"));
+            assert_eq!(msg.property("n"), Some(seq.to_string().as_str()));
+            assert_eq!(msg.publish_time_ms(), 1_700_000_000_000 + seq);
+            assert_eq!(msg.payload, Bytes::from(format!("payload-{seq}")));
+            if seq == MESSAGES - 1 {
+                consumer.ack_cumulative(&msg.id).await.unwrap();
+            } else {
+                consumer.ack(&msg.id).await.unwrap();
+            }
+        }
+        assert!(consumer.try_receive().await.unwrap().is_none());
+        consumer.close().await.unwrap();
+        assert!(matches!(consumer.ack(&MessageId::new(9, 0, -1, -1)).await, Err(ClientError::ConsumerClosed { .. })));
+        broker.await.unwrap();
+    })
+    .await;
+}
+
+/// Goal: when the connection drops, every waiter fails with `Disconnected`:
+/// in-flight sends, a pending request, a blocked receive, and later calls.
+#[tokio::test]
+async fn connection_loss_fails_everything_pending() {
+    within(async {
+        let (url, accept) = listen(1 << 20).await;
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<()>();
+        let broker = tokio::spawn(async move {
+            let mut conn = accept.await;
+            conn.accept_producer("p").await;
+            match conn.recv_cmd().await.command {
+                Command::Subscribe { request_id, .. } => conn.send(Command::Success { request_id }, &[]).await,
+                other => panic!("expected Subscribe, got {other:?}"),
+            }
+            // Flow, 3 sends, then a second Subscribe left unanswered.
+            let mut sends = 0;
+            let mut subscribes = 0;
+            while sends < 3 || subscribes < 1 {
+                match conn.recv_cmd().await.command {
+                    Command::Send { .. } => sends += 1,
+                    Command::Subscribe { .. } => subscribes += 1,
+                    Command::Flow { .. } => {}
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            ready_rx.await.unwrap();
+            drop(conn); // the broker "crashes"
+        });
+
+        let client = Client::connect_with(&url, options()).await.unwrap();
+        let producer = client.producer("t").name("p").create().await.unwrap();
+        let consumer = client.subscribe("t", "s").subscribe().await.unwrap();
+        let mut receipts = Vec::new();
+        for i in 0..3 {
+            receipts.push(producer.send_async(OutgoingMessage::new(format!("{i}"))).await.unwrap());
+        }
+        let client2 = client.clone();
+        let pending_subscribe = tokio::spawn(async move { client2.subscribe("t", "s2").subscribe().await });
+        let receiver = tokio::spawn(async move { consumer.receive().await });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        ready_tx.send(()).unwrap();
+        for receipt in receipts {
+            assert!(matches!(receipt.await, Err(ClientError::Disconnected { .. })));
+        }
+        assert!(matches!(pending_subscribe.await.unwrap(), Err(ClientError::Disconnected { .. })));
+        assert!(matches!(receiver.await.unwrap(), Err(ClientError::Disconnected { .. })));
+        assert!(matches!(producer.send(OutgoingMessage::new("x")).await, Err(ClientError::Disconnected { .. })));
+        assert!(!client.is_connected());
+        assert!(client.disconnect_reason().is_some());
+        broker.await.unwrap();
+    })
+    .await;
+}
+
+/// Goal: an unanswered request times out with `Timeout`, and the connection
+/// stays usable.
+#[tokio::test]
+async fn request_timeout() {
+    within(async {
+        let (url, accept) = listen(1 << 20).await;
+        let broker = tokio::spawn(async move {
+            let mut conn = accept.await;
+            let _ignored = conn.recv_cmd().await; // Producer, never answered
+            conn.accept_producer("p2").await;
+            while conn.recv().await.is_some() {}
+        });
+        let opts = ClientOptions { operation_timeout: Duration::from_millis(200), ..ClientOptions::default() };
+        let client = Client::connect_with(&url, opts).await.unwrap();
+        match client.producer("t").create().await {
+            Err(ClientError::Timeout { operation, after }) => {
+                assert_eq!(operation, "create producer");
+                assert_eq!(after, Duration::from_millis(200));
+            }
+            other => panic!("expected Timeout, got {other:?}"),
+        }
+        assert_eq!(client.producer("t").create().await.unwrap().name(), "p2");
+        client.close();
+        broker.await.unwrap();
+    })
+    .await;
+}
+
+/// Goal: a message over the broker's frame limit is refused locally with a
+/// typed error, without touching the connection; invalid options and names
+/// are refused before anything is sent.
+#[tokio::test]
+async fn local_refusals() {
+    within(async {
+        let (url, accept) = listen(1024).await;
+        let broker = tokio::spawn(async move {
+            let mut conn = accept.await;
+            let producer_id = conn.accept_producer("p").await;
+            let frame = conn.recv_cmd().await;
+            let Command::Send { sequence_id, .. } = frame.command else { panic!("expected Send") };
+            assert_eq!(sequence_id, 0, "the refused message must not use a sequence id");
+            conn.send(Command::SendReceipt { producer_id, sequence_id, message_id: MessageId::new(1, 1, -1, -1) }, &[])
+                .await;
+            while conn.recv().await.is_some() {}
+        });
+        let client = Client::connect_with(&url, options()).await.unwrap();
+        assert!(matches!(client.producer("a/b").create().await, Err(ClientError::InvalidTopic { .. })));
+        assert!(matches!(client.producer("t").max_pending(0).create().await, Err(ClientError::InvalidOption { .. })));
+        assert!(matches!(
+            client.subscribe("t", "s").receiver_queue_size(0).subscribe().await,
+            Err(ClientError::InvalidOption { .. })
+        ));
+        let producer = client.producer("t").create().await.unwrap();
+        match producer.send(OutgoingMessage::new(vec![0u8; 2000])).await {
+            Err(ClientError::MessageTooLarge { size, max_frame_bytes }) => {
+                assert!(size > 2000);
+                assert_eq!(max_frame_bytes, 1024);
+            }
+            other => panic!("expected MessageTooLarge, got {other:?}"),
+        }
+        assert_eq!(producer.send(OutgoingMessage::new("small")).await.unwrap(), MessageId::new(1, 1, -1, -1));
+        client.close();
+        broker.await.unwrap();
+    })
+    .await;
+}
+
+/// Goal: receipts out of sequence order are a protocol violation that ends
+/// the connection instead of completing the wrong send.
+#[tokio::test]
+async fn out_of_order_receipt_ends_connection() {
+    within(async {
+        let (url, accept) = listen(1 << 20).await;
+        let broker = tokio::spawn(async move {
+            let mut conn = accept.await;
+            let producer_id = conn.accept_producer("p").await;
+            let _ = conn.recv_cmd().await;
+            let _ = conn.recv_cmd().await;
+            conn.send(
+                Command::SendReceipt { producer_id, sequence_id: 1, message_id: MessageId::new(1, 1, -1, -1) },
+                &[],
+            )
+            .await;
+            while conn.recv().await.is_some() {}
+        });
+        let client = Client::connect_with(&url, options()).await.unwrap();
+        let producer = client.producer("t").create().await.unwrap();
+        let a = producer.send_async(OutgoingMessage::new("a")).await.unwrap();
+        let b = producer.send_async(OutgoingMessage::new("b")).await.unwrap();
+        assert!(matches!(a.await, Err(ClientError::Disconnected { .. })));
+        assert!(matches!(b.await, Err(ClientError::Disconnected { .. })));
+        assert!(client.disconnect_reason().unwrap().contains("receipt for sequence id 1"));
+        broker.await.unwrap();
+    })
+    .await;
+}
+
+/// Goal: connect-time failures are typed: bad URL, refused connection, a
+/// broker that refuses the handshake.
+#[tokio::test]
+async fn connect_failures() {
+    within(async {
+        assert!(matches!(Client::connect("http://x:1").await, Err(ClientError::InvalidUrl { .. })));
+        // Bind then drop to get a port with (very likely) nobody listening.
+        let port = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
+        assert!(matches!(Client::connect(&format!("127.0.0.1:{port}")).await, Err(ClientError::Io(_))));
+
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let broker = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let mut conn = FakeConn { stream, decoder: FrameDecoder::new(1 << 20), buf: BytesMut::new() };
+            let _connect = conn.recv().await.unwrap();
+            conn.send(
+                Command::Error { request_id: 0, code: ErrorCode::UnsupportedVersion, message: "too new".into() },
+                &[],
+            )
+            .await;
+        });
+        match Client::connect(&addr.to_string()).await {
+            Err(ClientError::Broker { code: ErrorCode::UnsupportedVersion, .. }) => {}
+            other => panic!("expected UnsupportedVersion, got {other:?}"),
+        }
+        broker.await.unwrap();
+    })
+    .await;
+}
