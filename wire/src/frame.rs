@@ -1,0 +1,605 @@
+//! Frame codec: one command (a flatbuffer) plus an optional payload, behind a
+//! length and a CRC-32.
+//!
+//! Layout, all integers little-endian (also in `docs/format.md`):
+//!
+//! ```text
+//! offset        size      field
+//! 0             4         frame_len  bytes after this field = 8 + cmd_len + payload_len
+//! 4             4         checksum   CRC-32 (IEEE, crc32fast) of bytes [8, 4 + frame_len)
+//! 8             4         cmd_len
+//! 12            cmd_len   BaseCommand flatbuffer
+//! 12 + cmd_len  rest      payload: the message blob for Send/Message, empty otherwise
+//! ```
+//!
+//! The checksum covers `cmd_len`, so a corrupted command length is caught
+//! before it is trusted. The payload travels beside the flatbuffer, never
+//! inside it, so neither side copies message bytes into or out of a builder.
+
+use std::cell::RefCell;
+
+use bytes::{Buf, BufMut, BytesMut};
+use flatbuffers::{FlatBufferBuilder, WIPOffset};
+
+use crate::error::WireError;
+use crate::types::{AckType, Command, ErrorCode, Frame, InitialPosition, MessageId, SubscriptionType};
+use crate::{fb, verifier_options, ENCODE_VARIABLE_BYTES_MAX};
+
+/// Default bound on `frame_len` (bytes after the length field).
+pub const FRAME_BYTES_MAX_DEFAULT: u32 = 8 * 1024 * 1024;
+/// Bytes before the command: frame_len, checksum, cmd_len.
+pub const FRAME_HEADER_BYTES: usize = 12;
+/// Smallest valid `frame_len`: checksum and cmd_len (an empty command then
+/// fails flatbuffer verification, but the framing itself is sound).
+pub const FRAME_LEN_MIN: u32 = 8;
+/// Size of the frame_len field.
+const FRAME_LEN_FIELD_BYTES: usize = 4;
+
+const _: () = assert!(FRAME_HEADER_BYTES == FRAME_LEN_FIELD_BYTES + FRAME_LEN_MIN as usize);
+const _: () = assert!(FRAME_BYTES_MAX_DEFAULT >= FRAME_LEN_MIN);
+
+/// A thread's cached builder is dropped after building anything larger, so
+/// one huge command does not pin its memory for the thread's life.
+const BUILDER_KEEP_BYTES_MAX: usize = 1 << 20;
+
+thread_local! {
+    /// One flatbuffers builder per thread, reused so that encoding a frame
+    /// does not allocate once the builder has grown. Thread-per-core: each
+    /// shard gets its own, nothing is shared.
+    static BUILDER: RefCell<FlatBufferBuilder<'static>> =
+        RefCell::new(FlatBufferBuilder::with_capacity(1024));
+}
+
+/// Run `f` with a reset builder: the thread's cached one, or a fresh one if
+/// that is already in use (it never is today; this keeps the path panic-free).
+pub(crate) fn with_builder<R>(f: impl FnOnce(&mut FlatBufferBuilder<'static>) -> R) -> R {
+    BUILDER.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut fbb) => {
+            fbb.reset();
+            let r = f(&mut fbb);
+            if fbb.unfinished_data().len() > BUILDER_KEEP_BYTES_MAX {
+                *fbb = FlatBufferBuilder::with_capacity(1024);
+            } else {
+                fbb.reset();
+            }
+            r
+        }
+        Err(_) => f(&mut FlatBufferBuilder::with_capacity(1024)),
+    })
+}
+
+/// Append one frame carrying `command` and `payload` to `dst`.
+///
+/// `payload` must be empty unless the command is `Send` or `Message`
+/// (`WireError::UnexpectedPayload`). The encoder does not know the peer's
+/// frame limit: compare `payload.len()` with it before sending.
+pub fn encode_frame(command: &Command, payload: &[u8], dst: &mut BytesMut) -> Result<(), WireError> {
+    encode_frame_head(command, payload, dst)?;
+    dst.extend_from_slice(payload);
+    Ok(())
+}
+
+/// Append everything of a frame except the payload bytes to `dst`: the
+/// header (with a checksum that covers `payload`) and the command. The caller
+/// then writes `payload` itself, e.g. as a second buffer of a vectored write,
+/// which spares a copy of message bytes held in a cache.
+pub fn encode_frame_head(command: &Command, payload: &[u8], dst: &mut BytesMut) -> Result<(), WireError> {
+    if !command.carries_payload() && !payload.is_empty() {
+        return Err(WireError::UnexpectedPayload { command: command.name(), len: len_u64(payload.len()) });
+    }
+    let variable_bytes = command_variable_bytes(command);
+    if variable_bytes > ENCODE_VARIABLE_BYTES_MAX {
+        return Err(WireError::EncodeTooLarge { what: "command", len: variable_bytes, max: ENCODE_VARIABLE_BYTES_MAX });
+    }
+    with_builder(|fbb| {
+        let root = build_command(fbb, command);
+        fbb.finish_minimal(root);
+        let cmd = fbb.finished_data();
+        let frame_len_u64 =
+            u64::from(FRAME_LEN_MIN).saturating_add(len_u64(cmd.len())).saturating_add(len_u64(payload.len()));
+        let frame_len = u32::try_from(frame_len_u64)
+            .map_err(|_| WireError::FrameTooLarge { len: frame_len_u64, max: u64::from(u32::MAX) })?;
+        // cmd_len < frame_len, so this cannot fail once frame_len fitted.
+        let cmd_len = u32::try_from(cmd.len())
+            .map_err(|_| WireError::FrameTooLarge { len: frame_len_u64, max: u64::from(u32::MAX) })?;
+
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(&cmd_len.to_le_bytes());
+        hasher.update(cmd);
+        hasher.update(payload);
+        let checksum = hasher.finalize();
+
+        dst.reserve(FRAME_HEADER_BYTES.saturating_add(cmd.len()));
+        dst.put_u32_le(frame_len);
+        dst.put_u32_le(checksum);
+        dst.put_u32_le(cmd_len);
+        dst.extend_from_slice(cmd);
+        Ok(())
+    })
+}
+
+/// Splits frames off a receive buffer.
+///
+/// Owned by one connection, on that connection's core; holds no buffer and
+/// no partial state (everything is re-read from `src`), so it may be dropped
+/// and recreated at any point without losing bytes.
+#[derive(Debug, Clone)]
+pub struct FrameDecoder {
+    max_frame_bytes: u32,
+}
+
+impl FrameDecoder {
+    /// `max_frame_bytes` bounds `frame_len` (bytes after the length field).
+    pub fn new(max_frame_bytes: u32) -> Self {
+        assert!(
+            max_frame_bytes >= FRAME_LEN_MIN,
+            "max_frame_bytes {max_frame_bytes} is below the minimum frame of {FRAME_LEN_MIN} bytes"
+        );
+        Self { max_frame_bytes }
+    }
+
+    pub fn max_frame_bytes(&self) -> u32 {
+        self.max_frame_bytes
+    }
+
+    /// Total size (length field included) of the frame at the start of `src`,
+    /// once its 4 length bytes are there: `Ok(None)` before that. Lets a
+    /// reader reserve exactly what the frame needs. A length above the limit,
+    /// or below the fixed header, is rejected here, before anyone allocates.
+    pub fn next_frame_bytes(&self, src: &[u8]) -> Result<Option<usize>, WireError> {
+        let Some(len_bytes) = src.first_chunk::<FRAME_LEN_FIELD_BYTES>() else {
+            return Ok(None);
+        };
+        let frame_len = u32::from_le_bytes(*len_bytes);
+        if frame_len > self.max_frame_bytes {
+            return Err(WireError::FrameTooLarge { len: u64::from(frame_len), max: u64::from(self.max_frame_bytes) });
+        }
+        if frame_len < FRAME_LEN_MIN {
+            return Err(WireError::FrameTooSmall { len: u64::from(frame_len), min: u64::from(FRAME_LEN_MIN) });
+        }
+        // u32 + 4 fits in usize on every platform we build for (>= 32 bits
+        // would overflow only at u32::MAX, excluded by the limit check when
+        // max_frame_bytes < u32::MAX; saturate to be safe).
+        let total = usize::try_from(frame_len).unwrap_or(usize::MAX).saturating_add(FRAME_LEN_FIELD_BYTES);
+        Ok(Some(total))
+    }
+
+    /// Take the next whole frame off the front of `src`.
+    ///
+    /// `Ok(None)`: the frame is not all there yet; `src` is untouched and
+    /// nothing was allocated (use [`Self::next_frame_bytes`] to reserve).
+    /// On a fatal error ([`WireError::is_fatal`]: bad length or checksum)
+    /// `src` is left as it was and the connection must be closed. On any other
+    /// error the offending frame has been removed from `src`.
+    ///
+    /// The returned payload is a slice of the bytes split off `src`: no copy.
+    pub fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, WireError> {
+        let Some(total) = self.next_frame_bytes(src)? else {
+            return Ok(None);
+        };
+        let Some(frame) = src.get(..total) else {
+            return Ok(None);
+        };
+        let (head, body) = frame.split_at_checked(8).ok_or(WireError::Truncated {
+            what: "frame header",
+            offset: 0,
+            need: 8,
+            have: len_u64(frame.len()),
+        })?;
+        let expected = read_u32_le(head, 4).ok_or(WireError::Truncated {
+            what: "frame checksum",
+            offset: 4,
+            need: 4,
+            have: len_u64(head.len().saturating_sub(4)),
+        })?;
+        let actual = crc32fast::hash(body);
+        if expected != actual {
+            return Err(WireError::ChecksumMismatch { expected, actual });
+        }
+
+        // From here on the frame boundary is trusted: consume the frame so a
+        // command-level error leaves the stream in step.
+        let mut frame = src.split_to(total).freeze();
+        frame.advance(8);
+        let cmd_len_u32 = read_u32_le(&frame, 0).ok_or(WireError::Truncated {
+            what: "frame cmd_len",
+            offset: 8,
+            need: 4,
+            have: len_u64(frame.len()),
+        })?;
+        frame.advance(4);
+        let cmd_len = usize::try_from(cmd_len_u32).unwrap_or(usize::MAX);
+        if cmd_len > frame.len() {
+            return Err(WireError::Truncated {
+                what: "frame command",
+                offset: len_u64(FRAME_HEADER_BYTES),
+                need: u64::from(cmd_len_u32),
+                have: len_u64(frame.len()),
+            });
+        }
+        let payload = frame.split_off(cmd_len);
+        let command = decode_command(&frame)?;
+        if !command.carries_payload() && !payload.is_empty() {
+            return Err(WireError::UnexpectedPayload { command: command.name(), len: len_u64(payload.len()) });
+        }
+        Ok(Some(Frame { command, payload }))
+    }
+}
+
+impl Default for FrameDecoder {
+    fn default() -> Self {
+        Self::new(FRAME_BYTES_MAX_DEFAULT)
+    }
+}
+
+pub(crate) fn len_u64(len: usize) -> u64 {
+    u64::try_from(len).unwrap_or(u64::MAX)
+}
+
+pub(crate) fn read_u32_le(bytes: &[u8], offset: usize) -> Option<u32> {
+    let end = offset.checked_add(4)?;
+    let field: [u8; 4] = bytes.get(offset..end)?.try_into().ok()?;
+    Some(u32::from_le_bytes(field))
+}
+
+/// Bytes of strings and vectors in `command`: what the flatbuffer grows with.
+fn command_variable_bytes(command: &Command) -> u64 {
+    let s = |v: &str| len_u64(v.len());
+    match command {
+        Command::Connect { client_version, .. } => s(client_version),
+        Command::Connected { server_version, .. } => s(server_version),
+        Command::Producer { topic, producer_name, .. } => s(topic).saturating_add(s(producer_name)),
+        Command::ProducerSuccess { producer_name, .. } => s(producer_name),
+        Command::SendError { message, .. } | Command::Error { message, .. } => s(message),
+        Command::Subscribe { topic, subscription, consumer_name, .. } => {
+            s(topic).saturating_add(s(subscription)).saturating_add(s(consumer_name))
+        }
+        Command::Ack { message_ids, .. } => {
+            len_u64(message_ids.len()).saturating_mul(len_u64(std::mem::size_of::<fb::MessageIdData>()))
+        }
+        Command::Send { .. }
+        | Command::SendReceipt { .. }
+        | Command::Success { .. }
+        | Command::Flow { .. }
+        | Command::Message { .. }
+        | Command::CloseProducer { .. }
+        | Command::CloseConsumer { .. }
+        | Command::Ping
+        | Command::Pong => 0,
+    }
+}
+
+fn id_to_fb(id: &MessageId) -> fb::MessageIdData {
+    fb::MessageIdData::new(id.ledger, id.entry, id.partition, id.batch_index)
+}
+
+fn id_from_fb(id: &fb::MessageIdData) -> MessageId {
+    MessageId::new(id.ledger(), id.entry(), id.partition(), id.batch_index())
+}
+
+fn error_code_to_fb(code: ErrorCode) -> fb::ErrorCode {
+    fb::ErrorCode(code as u16)
+}
+
+fn sub_type_to_fb(t: SubscriptionType) -> fb::SubscriptionType {
+    match t {
+        SubscriptionType::Exclusive => fb::SubscriptionType::Exclusive,
+        SubscriptionType::Failover => fb::SubscriptionType::Failover,
+        SubscriptionType::Shared => fb::SubscriptionType::Shared,
+        SubscriptionType::KeyShared => fb::SubscriptionType::KeyShared,
+    }
+}
+
+fn sub_type_from_fb(t: fb::SubscriptionType) -> Result<SubscriptionType, WireError> {
+    match t {
+        fb::SubscriptionType::Exclusive => Ok(SubscriptionType::Exclusive),
+        fb::SubscriptionType::Failover => Ok(SubscriptionType::Failover),
+        fb::SubscriptionType::Shared => Ok(SubscriptionType::Shared),
+        fb::SubscriptionType::KeyShared => Ok(SubscriptionType::KeyShared),
+        other => Err(WireError::BadEnum { field: "Subscribe.sub_type", value: u64::from(other.0) }),
+    }
+}
+
+fn initial_position_to_fb(p: InitialPosition) -> fb::InitialPosition {
+    match p {
+        InitialPosition::Latest => fb::InitialPosition::Latest,
+        InitialPosition::Earliest => fb::InitialPosition::Earliest,
+    }
+}
+
+fn initial_position_from_fb(p: fb::InitialPosition) -> Result<InitialPosition, WireError> {
+    match p {
+        fb::InitialPosition::Latest => Ok(InitialPosition::Latest),
+        fb::InitialPosition::Earliest => Ok(InitialPosition::Earliest),
+        other => Err(WireError::BadEnum { field: "Subscribe.initial_position", value: u64::from(other.0) }),
+    }
+}
+
+fn ack_type_to_fb(t: AckType) -> fb::AckType {
+    match t {
+        AckType::Individual => fb::AckType::Individual,
+        AckType::Cumulative => fb::AckType::Cumulative,
+    }
+}
+
+fn ack_type_from_fb(t: fb::AckType) -> Result<AckType, WireError> {
+    match t {
+        fb::AckType::Individual => Ok(AckType::Individual),
+        fb::AckType::Cumulative => Ok(AckType::Cumulative),
+        other => Err(WireError::BadEnum { field: "Ack.ack_type", value: u64::from(other.0) }),
+    }
+}
+
+pub(crate) fn string(value: Option<&str>, field: &'static str) -> Result<String, WireError> {
+    value.map(str::to_owned).ok_or(WireError::MissingField(field))
+}
+
+fn build_command<'b>(fbb: &mut FlatBufferBuilder<'b>, command: &Command) -> WIPOffset<fb::BaseCommand<'b>> {
+    let (command_type, table) = match command {
+        Command::Connect { client_version, protocol_version } => {
+            let client_version = Some(fbb.create_string(client_version));
+            let args = fb::ConnectArgs { client_version, protocol_version: *protocol_version };
+            (fb::AnyCommand::Connect, fb::Connect::create(fbb, &args).as_union_value())
+        }
+        Command::Connected { server_version, protocol_version, max_frame_bytes, shard } => {
+            let server_version = Some(fbb.create_string(server_version));
+            let args = fb::ConnectedArgs {
+                server_version,
+                protocol_version: *protocol_version,
+                max_frame_bytes: *max_frame_bytes,
+                shard: *shard,
+            };
+            (fb::AnyCommand::Connected, fb::Connected::create(fbb, &args).as_union_value())
+        }
+        Command::Producer { request_id, producer_id, topic, producer_name } => {
+            let topic = Some(fbb.create_string(topic));
+            let producer_name = Some(fbb.create_string(producer_name));
+            let args = fb::ProducerArgs { request_id: *request_id, producer_id: *producer_id, topic, producer_name };
+            (fb::AnyCommand::Producer, fb::Producer::create(fbb, &args).as_union_value())
+        }
+        Command::ProducerSuccess { request_id, producer_name, last_sequence_id } => {
+            let producer_name = Some(fbb.create_string(producer_name));
+            let args =
+                fb::ProducerSuccessArgs { request_id: *request_id, producer_name, last_sequence_id: *last_sequence_id };
+            let table = fb::ProducerSuccess::create(fbb, &args);
+            (fb::AnyCommand::ProducerSuccess, table.as_union_value())
+        }
+        Command::Send { producer_id, sequence_id, num_messages } => {
+            let args =
+                fb::SendArgs { producer_id: *producer_id, sequence_id: *sequence_id, num_messages: *num_messages };
+            (fb::AnyCommand::Send, fb::Send::create(fbb, &args).as_union_value())
+        }
+        Command::SendReceipt { producer_id, sequence_id, message_id } => {
+            let message_id = id_to_fb(message_id);
+            let args = fb::SendReceiptArgs {
+                producer_id: *producer_id,
+                sequence_id: *sequence_id,
+                message_id: Some(&message_id),
+            };
+            (fb::AnyCommand::SendReceipt, fb::SendReceipt::create(fbb, &args).as_union_value())
+        }
+        Command::SendError { producer_id, sequence_id, code, message } => {
+            let message = Some(fbb.create_string(message));
+            let args = fb::SendErrorArgs {
+                producer_id: *producer_id,
+                sequence_id: *sequence_id,
+                code: error_code_to_fb(*code),
+                message,
+            };
+            (fb::AnyCommand::SendError, fb::SendError::create(fbb, &args).as_union_value())
+        }
+        Command::Subscribe {
+            request_id,
+            consumer_id,
+            topic,
+            subscription,
+            sub_type,
+            consumer_name,
+            initial_position,
+            durable,
+            priority_level,
+        } => {
+            let topic = Some(fbb.create_string(topic));
+            let subscription = Some(fbb.create_string(subscription));
+            let consumer_name = Some(fbb.create_string(consumer_name));
+            let args = fb::SubscribeArgs {
+                request_id: *request_id,
+                consumer_id: *consumer_id,
+                topic,
+                subscription,
+                sub_type: sub_type_to_fb(*sub_type),
+                consumer_name,
+                initial_position: initial_position_to_fb(*initial_position),
+                durable: *durable,
+                priority_level: *priority_level,
+            };
+            (fb::AnyCommand::Subscribe, fb::Subscribe::create(fbb, &args).as_union_value())
+        }
+        Command::Success { request_id } => {
+            let args = fb::SuccessArgs { request_id: *request_id };
+            (fb::AnyCommand::Success, fb::Success::create(fbb, &args).as_union_value())
+        }
+        Command::Flow { consumer_id, permits } => {
+            let args = fb::FlowArgs { consumer_id: *consumer_id, permits: *permits };
+            (fb::AnyCommand::Flow, fb::Flow::create(fbb, &args).as_union_value())
+        }
+        Command::Message { consumer_id, message_id, redelivery_count } => {
+            let message_id = id_to_fb(message_id);
+            let args = fb::MessageArgs {
+                consumer_id: *consumer_id,
+                message_id: Some(&message_id),
+                redelivery_count: *redelivery_count,
+            };
+            (fb::AnyCommand::Message, fb::Message::create(fbb, &args).as_union_value())
+        }
+        Command::Ack { consumer_id, ack_type, message_ids, request_id } => {
+            fbb.start_vector::<fb::MessageIdData>(message_ids.len());
+            for id in message_ids.iter().rev() {
+                fbb.push(id_to_fb(id));
+            }
+            let message_ids = Some(fbb.end_vector(message_ids.len()));
+            let args = fb::AckArgs {
+                consumer_id: *consumer_id,
+                ack_type: ack_type_to_fb(*ack_type),
+                message_ids,
+                request_id: *request_id,
+            };
+            (fb::AnyCommand::Ack, fb::Ack::create(fbb, &args).as_union_value())
+        }
+        Command::CloseProducer { request_id, producer_id } => {
+            let args = fb::CloseProducerArgs { request_id: *request_id, producer_id: *producer_id };
+            let table = fb::CloseProducer::create(fbb, &args);
+            (fb::AnyCommand::CloseProducer, table.as_union_value())
+        }
+        Command::CloseConsumer { request_id, consumer_id } => {
+            let args = fb::CloseConsumerArgs { request_id: *request_id, consumer_id: *consumer_id };
+            let table = fb::CloseConsumer::create(fbb, &args);
+            (fb::AnyCommand::CloseConsumer, table.as_union_value())
+        }
+        Command::Ping => (fb::AnyCommand::Ping, fb::Ping::create(fbb, &fb::PingArgs {}).as_union_value()),
+        Command::Pong => (fb::AnyCommand::Pong, fb::Pong::create(fbb, &fb::PongArgs {}).as_union_value()),
+        Command::Error { request_id, code, message } => {
+            let message = Some(fbb.create_string(message));
+            let args = fb::ErrorArgs { request_id: *request_id, code: error_code_to_fb(*code), message };
+            (fb::AnyCommand::Error, fb::Error::create(fbb, &args).as_union_value())
+        }
+    };
+    fb::BaseCommand::create(fbb, &fb::BaseCommandArgs { command_type, command: Some(table) })
+}
+
+/// Verify `bytes` as a BaseCommand flatbuffer and convert it to a `Command`.
+pub fn decode_command(bytes: &[u8]) -> Result<Command, WireError> {
+    let opts = verifier_options(bytes.len());
+    let base = fb::root_as_base_command_with_opts(&opts, bytes)
+        .map_err(|source| WireError::InvalidFlatbuffer { what: "BaseCommand", source })?;
+    command_from_fb(&base)
+}
+
+fn command_from_fb(base: &fb::BaseCommand<'_>) -> Result<Command, WireError> {
+    const MISSING: WireError = WireError::MissingField("BaseCommand.command");
+    let command = match base.command_type() {
+        fb::AnyCommand::Connect => {
+            let c = base.command_as_connect().ok_or(MISSING)?;
+            Command::Connect {
+                client_version: string(c.client_version(), "Connect.client_version")?,
+                protocol_version: c.protocol_version(),
+            }
+        }
+        fb::AnyCommand::Connected => {
+            let c = base.command_as_connected().ok_or(MISSING)?;
+            Command::Connected {
+                server_version: string(c.server_version(), "Connected.server_version")?,
+                protocol_version: c.protocol_version(),
+                max_frame_bytes: c.max_frame_bytes(),
+                shard: c.shard(),
+            }
+        }
+        fb::AnyCommand::Producer => {
+            let c = base.command_as_producer().ok_or(MISSING)?;
+            Command::Producer {
+                request_id: c.request_id(),
+                producer_id: c.producer_id(),
+                topic: string(c.topic(), "Producer.topic")?,
+                producer_name: string(c.producer_name(), "Producer.producer_name")?,
+            }
+        }
+        fb::AnyCommand::ProducerSuccess => {
+            let c = base.command_as_producer_success().ok_or(MISSING)?;
+            Command::ProducerSuccess {
+                request_id: c.request_id(),
+                producer_name: string(c.producer_name(), "ProducerSuccess.producer_name")?,
+                last_sequence_id: c.last_sequence_id(),
+            }
+        }
+        fb::AnyCommand::Send => {
+            let c = base.command_as_send().ok_or(MISSING)?;
+            Command::Send { producer_id: c.producer_id(), sequence_id: c.sequence_id(), num_messages: c.num_messages() }
+        }
+        fb::AnyCommand::SendReceipt => {
+            let c = base.command_as_send_receipt().ok_or(MISSING)?;
+            let message_id = c.message_id().ok_or(WireError::MissingField("SendReceipt.message_id"))?;
+            Command::SendReceipt {
+                producer_id: c.producer_id(),
+                sequence_id: c.sequence_id(),
+                message_id: id_from_fb(message_id),
+            }
+        }
+        fb::AnyCommand::SendError => {
+            let c = base.command_as_send_error().ok_or(MISSING)?;
+            Command::SendError {
+                producer_id: c.producer_id(),
+                sequence_id: c.sequence_id(),
+                // Unknown codes from a newer peer degrade to UnknownError.
+                code: ErrorCode::from_u16(c.code().0),
+                message: string(c.message(), "SendError.message")?,
+            }
+        }
+        fb::AnyCommand::Subscribe => {
+            let c = base.command_as_subscribe().ok_or(MISSING)?;
+            Command::Subscribe {
+                request_id: c.request_id(),
+                consumer_id: c.consumer_id(),
+                topic: string(c.topic(), "Subscribe.topic")?,
+                subscription: string(c.subscription(), "Subscribe.subscription")?,
+                sub_type: sub_type_from_fb(c.sub_type())?,
+                consumer_name: string(c.consumer_name(), "Subscribe.consumer_name")?,
+                initial_position: initial_position_from_fb(c.initial_position())?,
+                durable: c.durable(),
+                priority_level: c.priority_level(),
+            }
+        }
+        fb::AnyCommand::Success => {
+            let c = base.command_as_success().ok_or(MISSING)?;
+            Command::Success { request_id: c.request_id() }
+        }
+        fb::AnyCommand::Flow => {
+            let c = base.command_as_flow().ok_or(MISSING)?;
+            Command::Flow { consumer_id: c.consumer_id(), permits: c.permits() }
+        }
+        fb::AnyCommand::Message => {
+            let c = base.command_as_message().ok_or(MISSING)?;
+            let message_id = c.message_id().ok_or(WireError::MissingField("Message.message_id"))?;
+            Command::Message {
+                consumer_id: c.consumer_id(),
+                message_id: id_from_fb(message_id),
+                redelivery_count: c.redelivery_count(),
+            }
+        }
+        fb::AnyCommand::Ack => {
+            let c = base.command_as_ack().ok_or(MISSING)?;
+            let ids = c.message_ids().ok_or(WireError::MissingField("Ack.message_ids"))?;
+            Command::Ack {
+                consumer_id: c.consumer_id(),
+                ack_type: ack_type_from_fb(c.ack_type())?,
+                message_ids: ids.iter().map(id_from_fb).collect(),
+                request_id: c.request_id(),
+            }
+        }
+        fb::AnyCommand::CloseProducer => {
+            let c = base.command_as_close_producer().ok_or(MISSING)?;
+            Command::CloseProducer { request_id: c.request_id(), producer_id: c.producer_id() }
+        }
+        fb::AnyCommand::CloseConsumer => {
+            let c = base.command_as_close_consumer().ok_or(MISSING)?;
+            Command::CloseConsumer { request_id: c.request_id(), consumer_id: c.consumer_id() }
+        }
+        fb::AnyCommand::Ping => {
+            base.command_as_ping().ok_or(MISSING)?;
+            Command::Ping
+        }
+        fb::AnyCommand::Pong => {
+            base.command_as_pong().ok_or(MISSING)?;
+            Command::Pong
+        }
+        fb::AnyCommand::Error => {
+            let c = base.command_as_error().ok_or(MISSING)?;
+            Command::Error {
+                request_id: c.request_id(),
+                code: ErrorCode::from_u16(c.code().0),
+                message: string(c.message(), "Error.message")?,
+            }
+        }
+        other => return Err(WireError::UnknownCommand(other.0)),
+    };
+    Ok(command)
+}

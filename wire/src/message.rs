@@ -1,0 +1,271 @@
+//! The message blob: what one entry stores and what `Send`/`Message` frames
+//! carry as payload.
+//!
+//! Layout, all integers little-endian (also in `docs/format.md`):
+//!
+//! ```text
+//! offset             size           field
+//! 0                  4              metadata_len
+//! 4                  metadata_len   MessageMetadata flatbuffer
+//! 4 + metadata_len   rest           payload (opaque to the broker)
+//! ```
+//!
+//! The blob has no checksum of its own: on the wire the frame's CRC covers
+//! it, on disk the entry log's. The broker stores it byte for byte, so its
+//! layout is an on-disk format too.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use flatbuffers::FlatBufferBuilder;
+
+use crate::error::WireError;
+use crate::frame::{len_u64, read_u32_le, string, with_builder};
+use crate::types::{ChunkInfo, CompressionType, MessageMetadata};
+use crate::{fb, verifier_options, ENCODE_VARIABLE_BYTES_MAX};
+
+/// Bytes before the metadata flatbuffer: `metadata_len`.
+pub const MESSAGE_HEADER_BYTES: usize = 4;
+
+/// Encode `meta` and `payload` as one message blob.
+///
+/// Panics (an `assert!`: a caller bug, not bad input) if the metadata's
+/// strings and vectors total more than [`ENCODE_VARIABLE_BYTES_MAX`]; bound
+/// message sizes by the frame limit long before that.
+pub fn encode_message(meta: &MessageMetadata, payload: &[u8]) -> Bytes {
+    let mut dst = BytesMut::new();
+    encode_message_into(meta, payload, &mut dst);
+    dst.freeze()
+}
+
+/// Append one message blob to `dst`. Same contract as [`encode_message`].
+pub fn encode_message_into(meta: &MessageMetadata, payload: &[u8], dst: &mut BytesMut) {
+    let variable_bytes = metadata_variable_bytes(meta);
+    assert!(
+        variable_bytes <= ENCODE_VARIABLE_BYTES_MAX,
+        "message metadata of {variable_bytes} variable bytes exceeds {ENCODE_VARIABLE_BYTES_MAX}"
+    );
+    with_builder(|fbb| {
+        let root = build_metadata(fbb, meta);
+        fbb.finish_minimal(root);
+        let bytes = fbb.finished_data();
+        // Below 2 GiB by the assert above (flatbuffers cannot build more).
+        let metadata_len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
+        assert_eq!(len_u64(bytes.len()), u64::from(metadata_len));
+        dst.reserve(MESSAGE_HEADER_BYTES.saturating_add(bytes.len()).saturating_add(payload.len()));
+        dst.put_u32_le(metadata_len);
+        dst.extend_from_slice(bytes);
+        dst.extend_from_slice(payload);
+    });
+}
+
+/// Decode a message blob into its metadata and payload. The payload (and the
+/// ordering key) are slices of `blob`: no copy.
+pub fn decode_message(blob: &Bytes) -> Result<(MessageMetadata, Bytes), WireError> {
+    let (meta_bytes, payload_offset) = split_blob(blob)?;
+    let meta = verify_metadata(meta_bytes)?;
+    let metadata = metadata_from_fb(&meta, blob)?;
+    Ok((metadata, blob.slice(payload_offset..)))
+}
+
+/// The fields the broker reads from a blob on its hot paths (index keys,
+/// dedup, delayed delivery), borrowed from the blob: verified, but nothing is
+/// allocated or copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MessagePeek<'a> {
+    pub producer_name: &'a str,
+    pub sequence_id: u64,
+    pub publish_time_ms: u64,
+    pub event_time_ms: u64,
+    pub partition_key: Option<&'a str>,
+    pub ordering_key: Option<&'a [u8]>,
+    pub num_messages: u32,
+    pub deliver_at_ms: u64,
+    pub tag: Option<&'a str>,
+    /// The payload: the bytes after the metadata.
+    pub payload: &'a [u8],
+}
+
+/// Verify a blob and borrow its hot fields; see [`MessagePeek`].
+pub fn peek_message(blob: &[u8]) -> Result<MessagePeek<'_>, WireError> {
+    let (meta_bytes, payload_offset) = split_blob(blob)?;
+    let meta = verify_metadata(meta_bytes)?;
+    let payload = blob.get(payload_offset..).ok_or(WireError::Truncated {
+        what: "message payload",
+        offset: len_u64(payload_offset),
+        need: 0,
+        have: 0,
+    })?;
+    Ok(MessagePeek {
+        producer_name: meta.producer_name().ok_or(WireError::MissingField("MessageMetadata.producer_name"))?,
+        sequence_id: meta.sequence_id(),
+        publish_time_ms: meta.publish_time_ms(),
+        event_time_ms: meta.event_time_ms(),
+        partition_key: meta.partition_key(),
+        ordering_key: meta.ordering_key().map(|v| v.bytes()),
+        num_messages: meta.num_messages(),
+        deliver_at_ms: meta.deliver_at_ms(),
+        tag: meta.tag(),
+        payload,
+    })
+}
+
+/// Publish time and partition key of a blob, for the broker's time and key
+/// indexes.
+pub fn peek_publish_time_and_key(blob: &[u8]) -> Result<(u64, Option<&str>), WireError> {
+    let peek = peek_message(blob)?;
+    Ok((peek.publish_time_ms, peek.partition_key))
+}
+
+/// Split a blob into its metadata bytes and the offset of its payload.
+fn split_blob(blob: &[u8]) -> Result<(&[u8], usize), WireError> {
+    let metadata_len = read_u32_le(blob, 0).ok_or(WireError::Truncated {
+        what: "message metadata_len",
+        offset: 0,
+        need: len_u64(MESSAGE_HEADER_BYTES),
+        have: len_u64(blob.len()),
+    })?;
+    let have = blob.len().saturating_sub(MESSAGE_HEADER_BYTES);
+    let truncated = WireError::Truncated {
+        what: "message metadata",
+        offset: len_u64(MESSAGE_HEADER_BYTES),
+        need: u64::from(metadata_len),
+        have: len_u64(have),
+    };
+    let end = usize::try_from(metadata_len)
+        .ok()
+        .and_then(|len| len.checked_add(MESSAGE_HEADER_BYTES))
+        .ok_or_else(|| truncated.clone())?;
+    let meta_bytes = blob.get(MESSAGE_HEADER_BYTES..end).ok_or(truncated)?;
+    Ok((meta_bytes, end))
+}
+
+fn verify_metadata(bytes: &[u8]) -> Result<fb::MessageMetadata<'_>, WireError> {
+    let opts = verifier_options(bytes.len());
+    flatbuffers::root_with_opts::<fb::MessageMetadata<'_>>(&opts, bytes)
+        .map_err(|source| WireError::InvalidFlatbuffer { what: "MessageMetadata", source })
+}
+
+fn metadata_variable_bytes(meta: &MessageMetadata) -> u64 {
+    let s = |v: &str| len_u64(v.len());
+    // Each property also costs a table and two offsets; 32 bytes is generous.
+    let properties = meta
+        .properties
+        .iter()
+        .fold(0u64, |acc, (k, v)| acc.saturating_add(s(k)).saturating_add(s(v)).saturating_add(32));
+    s(&meta.producer_name)
+        .saturating_add(meta.partition_key.as_deref().map_or(0, s))
+        .saturating_add(meta.ordering_key.as_ref().map_or(0, |k| len_u64(k.len())))
+        .saturating_add(properties)
+        .saturating_add(meta.chunk.as_ref().map_or(0, |c| s(&c.uuid)))
+        .saturating_add(meta.tag.as_deref().map_or(0, s))
+}
+
+fn compression_to_fb(c: CompressionType) -> fb::CompressionType {
+    match c {
+        CompressionType::None => fb::CompressionType::None,
+        CompressionType::Lz4 => fb::CompressionType::Lz4,
+        CompressionType::Zlib => fb::CompressionType::Zlib,
+        CompressionType::Zstd => fb::CompressionType::Zstd,
+        CompressionType::Snappy => fb::CompressionType::Snappy,
+    }
+}
+
+fn compression_from_fb(c: fb::CompressionType) -> Result<CompressionType, WireError> {
+    match c {
+        fb::CompressionType::None => Ok(CompressionType::None),
+        fb::CompressionType::Lz4 => Ok(CompressionType::Lz4),
+        fb::CompressionType::Zlib => Ok(CompressionType::Zlib),
+        fb::CompressionType::Zstd => Ok(CompressionType::Zstd),
+        fb::CompressionType::Snappy => Ok(CompressionType::Snappy),
+        other => Err(WireError::BadEnum { field: "MessageMetadata.compression", value: u64::from(other.0) }),
+    }
+}
+
+fn build_metadata<'b>(
+    fbb: &mut FlatBufferBuilder<'b>,
+    meta: &MessageMetadata,
+) -> flatbuffers::WIPOffset<fb::MessageMetadata<'b>> {
+    let producer_name = Some(fbb.create_string(&meta.producer_name));
+    let partition_key = meta.partition_key.as_deref().map(|k| fbb.create_string(k));
+    let ordering_key = meta.ordering_key.as_deref().map(|k| fbb.create_vector(k));
+    let properties = if meta.properties.is_empty() {
+        None
+    } else {
+        let tables: Vec<_> = meta
+            .properties
+            .iter()
+            .map(|(k, v)| {
+                let key = Some(fbb.create_string(k));
+                let value = Some(fbb.create_string(v));
+                fb::KeyValue::create(fbb, &fb::KeyValueArgs { key, value })
+            })
+            .collect();
+        Some(fbb.create_vector(&tables))
+    };
+    let chunk = meta.chunk.as_ref().map(|c| {
+        let uuid = Some(fbb.create_string(&c.uuid));
+        fb::ChunkInfo::create(
+            fbb,
+            &fb::ChunkInfoArgs {
+                uuid,
+                chunk_id: c.chunk_id,
+                num_chunks: c.num_chunks,
+                total_chunk_msg_size: c.total_chunk_msg_size,
+            },
+        )
+    });
+    let tag = meta.tag.as_deref().map(|t| fbb.create_string(t));
+    fb::MessageMetadata::create(
+        fbb,
+        &fb::MessageMetadataArgs {
+            producer_name,
+            sequence_id: meta.sequence_id,
+            publish_time_ms: meta.publish_time_ms,
+            event_time_ms: meta.event_time_ms,
+            partition_key,
+            ordering_key,
+            properties,
+            num_messages: meta.num_messages,
+            deliver_at_ms: meta.deliver_at_ms,
+            compression: compression_to_fb(meta.compression),
+            uncompressed_size: meta.uncompressed_size,
+            chunk,
+            tag,
+        },
+    )
+}
+
+/// `blob` is the buffer `meta` was verified in; byte fields are sliced from it.
+fn metadata_from_fb(meta: &fb::MessageMetadata<'_>, blob: &Bytes) -> Result<MessageMetadata, WireError> {
+    let properties = match meta.properties() {
+        None => Vec::new(),
+        Some(props) => props
+            .iter()
+            .map(|kv| Ok((string(kv.key(), "KeyValue.key")?, string(kv.value(), "KeyValue.value")?)))
+            .collect::<Result<Vec<_>, WireError>>()?,
+    };
+    let chunk = match meta.chunk() {
+        None => None,
+        Some(c) => Some(ChunkInfo {
+            uuid: string(c.uuid(), "ChunkInfo.uuid")?,
+            chunk_id: c.chunk_id(),
+            num_chunks: c.num_chunks(),
+            total_chunk_msg_size: c.total_chunk_msg_size(),
+        }),
+    };
+    Ok(MessageMetadata {
+        producer_name: string(meta.producer_name(), "MessageMetadata.producer_name")?,
+        sequence_id: meta.sequence_id(),
+        publish_time_ms: meta.publish_time_ms(),
+        event_time_ms: meta.event_time_ms(),
+        partition_key: meta.partition_key().map(str::to_owned),
+        // The verified vector lies inside `blob`, so slice_ref cannot fail.
+        ordering_key: meta.ordering_key().map(|k| blob.slice_ref(k.bytes())),
+        properties,
+        num_messages: meta.num_messages(),
+        deliver_at_ms: meta.deliver_at_ms(),
+        compression: compression_from_fb(meta.compression())?,
+        uncompressed_size: meta.uncompressed_size(),
+        chunk,
+        tag: meta.tag().map(str::to_owned),
+    })
+}
