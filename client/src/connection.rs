@@ -206,7 +206,8 @@ impl Connection {
     pub(crate) async fn open(host: &str, port: u16, options: ClientOptions) -> Result<Connection> {
         let stream = tokio::time::timeout(options.connect_timeout, TcpStream::connect((host, port)))
             .await
-            .map_err(|_| ClientError::Timeout { operation: "connect", after: options.connect_timeout })??;
+            .map_err(|_| ClientError::Timeout { operation: "connect", after: options.connect_timeout })?
+            .map_err(|source| ClientError::Connect { addr: format!("{host}:{port}"), source })?;
         // Latency matters more than packet count: the writer already batches.
         stream.set_nodelay(true)?;
         let (mut rd, mut wr) = stream.into_split();
@@ -303,6 +304,28 @@ impl Connection {
     pub(crate) async fn send_command(&self, command: &Command) -> Result<()> {
         let frame = self.encode(command, &[])?;
         self.write(frame).await
+    }
+
+    /// Queue a command without blocking the caller: directly if the write
+    /// queue has room, else from a spawned task (needs a tokio runtime).
+    /// For callers that must stay cancel-safe, like `Consumer::receive`.
+    pub(crate) fn send_command_nowait(self: &Arc<Self>, command: &Command) -> Result<()> {
+        let frame = self.encode(command, &[])?;
+        match self.write.try_send(frame) {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(self.disconnected()),
+            Err(mpsc::error::TrySendError::Full(frame)) => {
+                let handle = tokio::runtime::Handle::try_current().map_err(|_| ClientError::InvalidOption {
+                    option: "runtime",
+                    reason: "the client must be used inside a tokio runtime",
+                })?;
+                let conn = self.clone();
+                handle.spawn(async move {
+                    let _ = conn.write(frame).await;
+                });
+                Ok(())
+            }
+        }
     }
 
     /// Queue a command without waiting (for `Drop` paths); dropped if the queue is full.

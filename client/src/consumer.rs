@@ -189,12 +189,15 @@ impl Consumer {
     /// `Disconnected` (or `ConsumerClosed`). A message whose blob cannot be
     /// decoded is returned as `Err(ClientError::Wire(..))` and the next call
     /// goes on with the following one. No timeout: wrap it in
-    /// `tokio::time::timeout` to bound the wait.
+    /// `tokio::time::timeout` to bound the wait. Cancel-safe: a `receive`
+    /// dropped before it completes loses no message.
     pub async fn receive(&self) -> Result<Message> {
         let mut receiving = self.rx.lock().await;
         match receiving.rx.recv().await {
+            // Nothing below awaits, so a message taken off the queue is
+            // always returned (cancel safety).
             Some(delivery) => {
-                self.after_receive(&mut receiving).await?;
+                self.after_receive(&mut receiving);
                 delivery
             }
             None => Err(self.closed_error()),
@@ -203,11 +206,11 @@ impl Consumer {
 
     /// The next message if one is already here, without waiting. `Ok(None)`
     /// also when another task is inside `receive`.
-    pub async fn try_receive(&self) -> Result<Option<Message>> {
+    pub fn try_receive(&self) -> Result<Option<Message>> {
         let Ok(mut receiving) = self.rx.try_lock() else { return Ok(None) };
         match receiving.rx.try_recv() {
             Ok(delivery) => {
-                self.after_receive(&mut receiving).await?;
+                self.after_receive(&mut receiving);
                 delivery.map(Some)
             }
             Err(TryRecvError::Empty) => Ok(None),
@@ -217,13 +220,16 @@ impl Consumer {
 
     /// Grant more permits once half the queue has been handed out, so the
     /// broker always has room to keep sending without a Flow per message.
-    async fn after_receive(&self, receiving: &mut Receiving) -> Result<()> {
+    /// A failure to send the Flow is not the message's failure: it only
+    /// happens when the connection is gone, and then permits are moot.
+    fn after_receive(&self, receiving: &mut Receiving) {
         receiving.unflowed += 1;
         if receiving.unflowed >= self.flow_threshold {
             let permits = std::mem::take(&mut receiving.unflowed);
-            self.conn.send_command(&Command::Flow { consumer_id: self.consumer_id, permits }).await?;
+            if let Err(e) = self.conn.send_command_nowait(&Command::Flow { consumer_id: self.consumer_id, permits }) {
+                tracing::debug!(error = %e, "flow not sent");
+            }
         }
-        Ok(())
     }
 
     async fn send_ack(&self, ack_type: AckType, id: &MessageId) -> Result<()> {

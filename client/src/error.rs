@@ -19,7 +19,11 @@ pub enum ClientError {
     #[error("invalid option {option}: {reason}")]
     InvalidOption { option: &'static str, reason: &'static str },
 
-    /// Connecting, reading or writing the socket failed.
+    /// The TCP connection to the broker could not be opened.
+    #[error("cannot connect to {addr}: {source}")]
+    Connect { addr: String, source: std::io::Error },
+
+    /// Reading or writing the socket failed.
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
 
@@ -64,7 +68,7 @@ impl ClientError {
     pub fn is_retriable(&self) -> bool {
         match self {
             Self::Broker { code, .. } => code.is_retriable(),
-            Self::Io(_) | Self::Disconnected { .. } | Self::Timeout { .. } => true,
+            Self::Io(_) | Self::Connect { .. } | Self::Disconnected { .. } | Self::Timeout { .. } => true,
             _ => false,
         }
     }

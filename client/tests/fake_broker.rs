@@ -417,7 +417,7 @@ async fn consume_flow_replenishment_and_acks() {
                 consumer.ack(&msg.id).await.unwrap();
             }
         }
-        assert!(consumer.try_receive().await.unwrap().is_none());
+        assert!(consumer.try_receive().unwrap().is_none());
         consumer.close().await.unwrap();
         assert!(matches!(consumer.ack(&MessageId::new(9, 0, -1, -1)).await, Err(ClientError::ConsumerClosed { .. })));
         broker.await.unwrap();
@@ -584,7 +584,10 @@ async fn connect_failures() {
         assert!(matches!(Client::connect("http://x:1").await, Err(ClientError::InvalidUrl { .. })));
         // Bind then drop to get a port with (very likely) nobody listening.
         let port = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
-        assert!(matches!(Client::connect(&format!("127.0.0.1:{port}")).await, Err(ClientError::Io(_))));
+        match Client::connect(&format!("127.0.0.1:{port}")).await {
+            Err(ClientError::Connect { addr, .. }) => assert_eq!(addr, format!("127.0.0.1:{port}")),
+            other => panic!("expected Connect, got {other:?}"),
+        }
 
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

@@ -1,0 +1,285 @@
+//! `magnetar consume`: receive, print and acknowledge messages of one
+//! subscription until `--count` messages, `--timeout-s` seconds without a
+//! message, or Ctrl-C.
+//!
+//! Output contract (issue #2, relied on by scripts): with `--output jsonl`,
+//! stdout gets one object per received message:
+//! `{"id":"L:E:P:B","key":…,"properties":{…},"publish_time_ms":…,
+//! "receive_time_ms":…,"redelivery_count":…,"payload":"…"}`, with
+//! `"payload_base64"` instead of `"payload"` when the payload is not UTF-8.
+//! Status lines go to stderr.
+
+use crate::produce::{OutputFormat, DEFAULT_URL};
+use base64::Engine as _;
+use magnetar_client::{Client, ClientError, InitialPosition, Message, SubscriptionType};
+use std::collections::BTreeMap;
+use std::error::Error;
+use std::io::Write;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Position {
+    Earliest,
+    Latest,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SubType {
+    Exclusive,
+    Failover,
+    Shared,
+    KeyShared,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ConsumeArgs {
+    /// Topic: `persistent://tenant/ns/topic`, `tenant/ns/topic`, or `topic`
+    /// (= `persistent://public/default/topic`).
+    pub topic: String,
+
+    /// Subscription name.
+    #[arg(long, short = 's')]
+    pub subscription: String,
+
+    /// Stop after this many messages; 0 = until --timeout-s or Ctrl-C.
+    #[arg(long, short = 'n', default_value_t = 0)]
+    pub count: u64,
+
+    /// Where a new subscription starts.
+    #[arg(long, value_enum, default_value_t = Position::Latest)]
+    pub initial_position: Position,
+
+    /// Stop after this many seconds without a message (fractions allowed).
+    #[arg(long)]
+    pub timeout_s: Option<f64>,
+
+    /// Subscription type.
+    #[arg(long, value_enum, default_value_t = SubType::Exclusive)]
+    pub subscription_type: SubType,
+
+    /// Messages the broker may push ahead of processing.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub receiver_queue_size: u32,
+
+    /// Consumer name (default: chosen by the broker).
+    #[arg(long)]
+    pub consumer_name: Option<String>,
+
+    /// Broker: `magnetar://HOST:PORT` or `HOST:PORT`.
+    #[arg(long, default_value = DEFAULT_URL)]
+    pub url: String,
+
+    /// `text`: one readable line per message. `jsonl`: one JSON object per
+    /// message on stdout (see the module docs for the fields).
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+pub fn run(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(consume(args))
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)).unwrap_or(0)
+}
+
+/// One line of `--output jsonl`. Field order follows the documented contract.
+#[derive(serde::Serialize)]
+struct ReceiveRecord<'a> {
+    id: String,
+    key: Option<&'a str>,
+    /// Duplicate property names: the last value wins (a JSON object has unique keys).
+    properties: BTreeMap<&'a str, &'a str>,
+    publish_time_ms: u64,
+    receive_time_ms: u64,
+    redelivery_count: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload_base64: Option<String>,
+}
+
+fn record(msg: &Message, receive_time_ms: u64) -> ReceiveRecord<'_> {
+    let (payload, payload_base64) = match std::str::from_utf8(&msg.payload) {
+        Ok(text) => (Some(text), None),
+        Err(_) => (None, Some(base64::engine::general_purpose::STANDARD.encode(&msg.payload))),
+    };
+    ReceiveRecord {
+        id: msg.id.to_string(),
+        key: msg.key(),
+        properties: msg.properties().iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
+        publish_time_ms: msg.publish_time_ms(),
+        receive_time_ms,
+        redelivery_count: msg.redelivery_count,
+        payload,
+        payload_base64,
+    }
+}
+
+/// Longest payload shown in text mode, in characters.
+const TEXT_PAYLOAD_SHOWN_MAX: usize = 200;
+
+fn text_line(msg: &Message) -> String {
+    let props: Vec<String> = msg.properties().iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let shown = match std::str::from_utf8(&msg.payload) {
+        Ok(text) => {
+            let head: String = text.chars().take(TEXT_PAYLOAD_SHOWN_MAX).collect();
+            let more = text.chars().count().saturating_sub(TEXT_PAYLOAD_SHOWN_MAX);
+            if more > 0 {
+                format!("{head:?} (+{more} chars)")
+            } else {
+                format!("{head:?}")
+            }
+        }
+        Err(_) => format!("<{} bytes, not UTF-8>", msg.payload.len()),
+    };
+    format!(
+        "{} key={} props={{{}}} publish_time_ms={} redelivery={} payload={}",
+        msg.id,
+        msg.key().unwrap_or("-"),
+        props.join(","),
+        msg.publish_time_ms(),
+        msg.redelivery_count,
+        shown
+    )
+}
+
+enum Stop {
+    CountReached,
+    Timeout(Duration),
+    Interrupted,
+}
+
+async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
+    let idle_timeout = match args.timeout_s {
+        Some(s) if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
+        Some(s) => return Err(format!("--timeout-s must be a positive number of seconds, got {s}").into()),
+        None => None,
+    };
+    let client = Client::connect(&args.url).await?;
+    let mut builder = client
+        .subscribe(args.topic.as_str(), args.subscription.as_str())
+        .sub_type(match args.subscription_type {
+            SubType::Exclusive => SubscriptionType::Exclusive,
+            SubType::Failover => SubscriptionType::Failover,
+            SubType::Shared => SubscriptionType::Shared,
+            SubType::KeyShared => SubscriptionType::KeyShared,
+        })
+        .initial_position(match args.initial_position {
+            Position::Earliest => InitialPosition::Earliest,
+            Position::Latest => InitialPosition::Latest,
+        })
+        .receiver_queue_size(args.receiver_queue_size);
+    if let Some(name) = &args.consumer_name {
+        builder = builder.consumer_name(name.as_str());
+    }
+    let consumer = builder.subscribe().await?;
+
+    let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let mut received = 0u64;
+    let stop = loop {
+        if args.count > 0 && received >= args.count {
+            break Stop::CountReached;
+        }
+        let ready = match consumer.try_receive() {
+            Ok(ready) => ready,
+            Err(e) => return Err(format!("receive failed after {received} messages: {e}").into()),
+        };
+        let msg = match ready {
+            Some(msg) => msg,
+            None => {
+                // About to wait: flush, so a reader of the pipe sees every
+                // message promptly; while messages stream in, the buffer
+                // batches the writes.
+                stdout.flush()?;
+                // `receive` is cancel-safe, so the timeout and Ctrl-C lose nothing.
+                let next = async {
+                    match idle_timeout {
+                        Some(t) => tokio::time::timeout(t, consumer.receive()).await.ok(),
+                        None => Some(consumer.receive().await),
+                    }
+                };
+                tokio::select! {
+                    next = next => match next {
+                        None => break Stop::Timeout(idle_timeout.unwrap_or_default()),
+                        Some(Ok(msg)) => msg,
+                        Some(Err(e)) => {
+                            stdout.flush()?;
+                            return Err(format!("receive failed after {received} messages: {e}").into());
+                        }
+                    },
+                    _ = &mut ctrl_c => break Stop::Interrupted,
+                }
+            }
+        };
+        let receive_time_ms = now_ms();
+        match args.output {
+            OutputFormat::Jsonl => {
+                serde_json::to_writer(&mut stdout, &record(&msg, receive_time_ms))?;
+                stdout.write_all(b"\n")?;
+            }
+            OutputFormat::Text => writeln!(stdout, "{}", text_line(&msg))?,
+        }
+        consumer.ack(&msg.id).await?;
+        received += 1;
+    };
+    stdout.flush()?;
+    drop(stdout);
+
+    // Close so the broker has every ack before we go (acks precede the close
+    // on the connection).
+    match consumer.close().await {
+        Ok(()) | Err(ClientError::Disconnected { .. }) => {}
+        Err(e) => tracing::warn!(error = %e, "closing the consumer"),
+    }
+    client.close();
+    match stop {
+        Stop::CountReached => eprintln!("received {received} messages: count reached"),
+        Stop::Timeout(t) => eprintln!("received {received} messages: timeout, no message for {:.1} s", t.as_secs_f64()),
+        Stop::Interrupted => eprintln!("received {received} messages: interrupted"),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use magnetar_client::{MessageId, MessageMetadata};
+
+    fn message(payload: &'static [u8]) -> Message {
+        Message {
+            id: MessageId::new(1, 2, -1, -1),
+            topic: "persistent://public/default/t".into(),
+            metadata: MessageMetadata {
+                partition_key: Some("k1".into()),
+                properties: vec![("b".into(), "2".into()), ("a".into(), "1".into())],
+                publish_time_ms: 10,
+                ..MessageMetadata::default()
+            },
+            payload: Bytes::from_static(payload),
+            redelivery_count: 0,
+        }
+    }
+
+    #[test]
+    fn jsonl_record_fields() {
+        let json = serde_json::to_string(&record(&message(b"hi"), 11)).unwrap();
+        assert_eq!(
+            json,
+            r#"{"id":"1:2:-1:-1","key":"k1","properties":{"a":"1","b":"2"},"publish_time_ms":10,"receive_time_ms":11,"redelivery_count":0,"payload":"hi"}"#
+        );
+        let json = serde_json::to_string(&record(&message(b"\xff\x00"), 11)).unwrap();
+        assert!(json.ends_with(r#""redelivery_count":0,"payload_base64":"/wA="}"#), "{json}");
+        assert!(!json.contains(r#""payload":"#));
+    }
+
+    #[test]
+    fn text_line_is_readable() {
+        let line = text_line(&message(b"hi"));
+        assert_eq!(line, r#"1:2:-1:-1 key=k1 props={b=2,a=1} publish_time_ms=10 redelivery=0 payload="hi""#);
+    }
+}
