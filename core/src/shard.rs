@@ -349,8 +349,14 @@ impl Shard {
             }
             // Validate the metadata now so that no consumer is ever handed an
             // entry it cannot decode.
-            magnetar_wire::decode_message(&blob)
+            let peek = magnetar_wire::peek_message(&blob)
                 .map_err(|e| CoreError::new(ErrorCode::ProtocolError, format!("bad message blob: {e}")))?;
+            if peek.num_messages != 0 && peek.num_messages != num_messages {
+                return Err(CoreError::new(
+                    ErrorCode::ProtocolError,
+                    format!("send says {num_messages} messages, its metadata {}", peek.num_messages),
+                ));
+            }
             let a = self.log.append(t.ledger, blob)?;
             assert_eq!(a.entry, t.next_entry.get(), "entry ids of a ledger are dense");
             t.next_entry.set(a.entry + 1);
