@@ -252,8 +252,11 @@ impl Connection {
         });
         let (write, write_rx) = mpsc::channel(WRITE_QUEUE_FRAMES_MAX);
         let pong = encode(&Command::Pong, &[])?;
-        let mut tasks = Vec::with_capacity(3);
-        tasks.push(tokio::spawn(writer_loop(shared.clone(), wr, write_rx)));
+        // The writer is not aborted on drop: it ends by itself once every
+        // sender is gone, after writing what was queued (e.g. the
+        // CloseProducer of a dropped producer).
+        tokio::spawn(writer_loop(shared.clone(), wr, write_rx));
+        let mut tasks = Vec::with_capacity(2);
         tasks.push(tokio::spawn(reader_loop(shared.clone(), rd, decoder, buf, write.downgrade(), pong)));
         if let Some(interval) = options.keepalive_interval {
             let ping = encode(&Command::Ping, &[])?;

@@ -107,3 +107,13 @@ impl Client {
         self.conn.shared.fail("closed by the client".to_string());
     }
 }
+
+// Handles are shared across tasks and threads; keep them Send + Sync.
+const _: fn() = || {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Client>();
+    assert_send_sync::<Producer>();
+    assert_send_sync::<Consumer>();
+    assert_send_sync::<SendFuture>();
+    assert_send_sync::<ClientError>();
+};

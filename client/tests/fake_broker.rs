@@ -609,3 +609,49 @@ async fn connect_failures() {
     })
     .await;
 }
+
+/// Goal: the keepalive declares a silent broker dead, and dropping every
+/// handle closes the socket. Method: a broker that reads but never answers
+/// Pings; then a second connection whose handles are dropped.
+#[tokio::test]
+async fn keepalive_and_drop() {
+    within(async {
+        let (url, accept) = listen(1 << 20).await;
+        let broker = tokio::spawn(async move {
+            let mut conn = accept.await;
+            let mut pings = 0;
+            while let Some(frame) = conn.recv().await {
+                assert_eq!(frame.command, Command::Ping);
+                pings += 1;
+            }
+            assert!(pings >= 1, "the client never pinged");
+        });
+        let opts = ClientOptions { keepalive_interval: Some(Duration::from_millis(100)), ..options() };
+        let client = Client::connect_with(&url, opts).await.unwrap();
+        let started = std::time::Instant::now();
+        while client.is_connected() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        assert!(client.disconnect_reason().unwrap().contains("keepalive"));
+        broker.await.unwrap();
+
+        let (url, accept) = listen(1 << 20).await;
+        let broker = tokio::spawn(async move {
+            let mut conn = accept.await;
+            conn.accept_producer("p").await;
+            // Producer drop: best-effort CloseProducer without a request id; then EOF.
+            match conn.recv_cmd().await.command {
+                Command::CloseProducer { request_id: 0, .. } => {}
+                other => panic!("expected CloseProducer, got {other:?}"),
+            }
+            assert!(conn.recv().await.is_none(), "expected EOF after the last handle was dropped");
+        });
+        let client = Client::connect_with(&url, options()).await.unwrap();
+        let producer = client.producer("t").create().await.unwrap();
+        drop(client);
+        drop(producer);
+        broker.await.unwrap();
+    })
+    .await;
+}
