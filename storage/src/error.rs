@@ -1,0 +1,79 @@
+//! Typed errors of the storage crate.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Everything the storage layer can report. Operating errors (I/O, bad input,
+/// damaged files) are returned as values; broken invariants are `assert!`ed.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// A system call failed. `op` names what we were doing ("write", "fdatasync", ...).
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// Bytes on disk failed verification. Never served, never silently dropped.
+    #[error("corrupt data in {} at offset {offset}: {reason}", file.display())]
+    Corrupt { file: PathBuf, offset: u64, reason: CorruptReason },
+    /// The log hit a write or fsync error earlier and is in fail-stop state until
+    /// the process restarts and recovers from disk. The cause was logged once.
+    #[error("storage failed earlier (fail-stop); restart to recover from disk")]
+    Failed,
+    /// The entry was never appended (or is not known to this log).
+    #[error("no entry {entry} in ledger {ledger}")]
+    NoSuchEntry { ledger: u64, entry: u64 },
+    /// An entry body or metadata record is larger than the configured limit.
+    #[error("record of {len} bytes exceeds the limit of {max} bytes")]
+    TooLarge { len: u64, max: u64 },
+    /// `close` was called; the log accepts nothing more.
+    #[error("log is closed")]
+    Closed,
+    /// The data directory is on tmpfs, which has no O_DIRECT and no durability.
+    #[error("{} is on tmpfs; set allow_tmpfs for development only", .0.display())]
+    Tmpfs(PathBuf),
+    /// The configuration cannot work (e.g. a segment smaller than one batch).
+    #[error("invalid storage configuration: {0}")]
+    Config(String),
+}
+
+/// Why a piece of disk data was rejected. Numbers are what was expected and found.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CorruptReason {
+    #[error("bad magic")]
+    BadMagic,
+    #[error("header checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
+    HeaderCrc { stored: u32, computed: u32 },
+    #[error("body checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
+    BodyCrc { stored: u32, computed: u32 },
+    #[error("record checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
+    RecordCrc { stored: u32, computed: u32 },
+    #[error("unsupported format version {0}")]
+    Version(u16),
+    #[error("field {field} is {found}, expected {expected}")]
+    Field { field: &'static str, expected: u64, found: u64 },
+    #[error("length {len} does not fit: {limit} bytes available")]
+    Length { len: u64, limit: u64 },
+    /// A damaged batch is followed by a valid batch: the damage is inside data
+    /// that was written (and probably acknowledged) before, not a torn tail.
+    #[error("damaged batch followed by valid batch seq {later_seq} at log position {later_position}")]
+    DamageBeforeValidBatch { later_seq: u64, later_position: u64 },
+    #[error("ledger {ledger}: entry {found} found where entry {expected} was expected")]
+    EntryOrder { ledger: u64, expected: u64, found: u64 },
+    #[error("file is {len} bytes, expected at least {need}")]
+    ShortFile { len: u64, need: u64 },
+}
+
+impl StorageError {
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
+        StorageError::Io { op, path: path.into(), source }
+    }
+
+    pub(crate) fn corrupt(file: impl Into<PathBuf>, offset: u64, reason: CorruptReason) -> Self {
+        StorageError::Corrupt { file: file.into(), offset, reason }
+    }
+}
+
+pub type Result<T, E = StorageError> = std::result::Result<T, E>;

@@ -1,0 +1,910 @@
+//! The entry log: group commit, reads, metadata, checkpoints, fail-stop.
+//! Recovery (`open`) lives in `recovery.rs`.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::future::poll_fn;
+use std::path::{Path, PathBuf};
+use std::rc::{Rc, Weak};
+use std::task::{Poll, Waker};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tracing::{debug, error, info};
+
+use crate::disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
+use crate::error::{CorruptReason, Result, StorageError};
+use crate::format::{
+    encode_index_page, pad_to_page, BatchHeader, Checkpoint, CheckpointLedger, CleanMarker, IndexEntry, IndexExtras,
+    RecordHeader, BATCH_HEADER_BYTES, INDEX_ENTRIES_PER_PAGE, KIND_ENTRY, KIND_META, META_KEY_BYTES_MAX,
+    RECORD_HEADER_BYTES,
+};
+
+/// Configuration of one shard's entry log.
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    /// The shard's directory, e.g. `data/shard-0` (created if missing).
+    pub dir: PathBuf,
+    /// Size of each preallocated entry-log segment file. Default 256 MiB.
+    pub segment_bytes: u64,
+    /// Most bytes in one group-commit write (a single larger entry still goes
+    /// alone in one batch). Default 4 MiB.
+    pub flush_bytes_max: usize,
+    /// Bound on recently appended entries kept in memory. Entries not yet
+    /// durable are never evicted, so the cache can exceed this by what is in
+    /// flight. Default 256 MiB.
+    pub write_cache_bytes: usize,
+    /// How often index pages and a checkpoint are written. Default 30 s.
+    pub checkpoint_interval: Duration,
+    /// Allow a data directory on tmpfs (no O_DIRECT, no durability): tests only.
+    pub allow_tmpfs: bool,
+    /// Largest entry body. Default 5 MiB (Pulsar's default max message size);
+    /// capped so that one entry always fits in one segment.
+    pub entry_bytes_max: usize,
+}
+
+impl LogConfig {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        LogConfig {
+            dir: dir.into(),
+            segment_bytes: 256 << 20,
+            flush_bytes_max: 4 << 20,
+            write_cache_bytes: 256 << 20,
+            checkpoint_interval: Duration::from_secs(30),
+            allow_tmpfs: false,
+            entry_bytes_max: 5 << 20,
+        }
+    }
+
+    /// The largest body `append` accepts with this configuration.
+    pub fn effective_entry_bytes_max(&self) -> u64 {
+        let overhead = PAGE_BYTES + (BATCH_HEADER_BYTES + RECORD_HEADER_BYTES) as u64;
+        (self.entry_bytes_max as u64).min(self.segment_bytes.saturating_sub(overhead)).min(u32::MAX as u64 - overhead)
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if !self.segment_bytes.is_multiple_of(PAGE_BYTES) || self.segment_bytes < 4 * PAGE_BYTES {
+            return Err(StorageError::Config(format!(
+                "segment_bytes {} must be a multiple of {PAGE_BYTES} and at least {}",
+                self.segment_bytes,
+                4 * PAGE_BYTES
+            )));
+        }
+        if self.flush_bytes_max as u64 > self.segment_bytes || self.flush_bytes_max > 1 << 30 {
+            return Err(StorageError::Config(format!(
+                "flush_bytes_max {} must be at most segment_bytes {} and 1 GiB",
+                self.flush_bytes_max, self.segment_bytes
+            )));
+        }
+        if self.flush_bytes_max < PAGE_BYTES as usize {
+            return Err(StorageError::Config(format!(
+                "flush_bytes_max {} must be at least {PAGE_BYTES}",
+                self.flush_bytes_max
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What `append` assigned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// The entry id within the ledger (dense, from 0).
+    pub entry: u64,
+    /// Pass to [`EntryLog::wait_durable`]. Monotonic within one open log; not
+    /// persisted, not comparable across restarts.
+    pub lsn: u64,
+}
+
+/// What `open` found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recovery {
+    /// A clean-shutdown marker matched the checkpoint: no scan was needed.
+    pub clean: bool,
+    /// Bytes of log read by the scan (0 when clean).
+    pub scanned_bytes: u64,
+    /// Bytes of torn tail zeroed.
+    pub truncated_bytes: u64,
+    /// Entry records replayed from the log into the index.
+    pub entries_replayed: u64,
+    pub elapsed: Duration,
+    /// Every ledger known to the log with its next entry id, sorted by ledger.
+    pub ledgers: Vec<(u64, u64)>,
+}
+
+/// One shard's entry log handle. Single-threaded: owned by the shard's glommio
+/// executor and never crosses cores. Cheap to clone (an `Rc` inside); all
+/// clones are the same log.
+///
+/// `D` is the disk backend; `EntryLog` (no parameter) is the production one on
+/// glommio DMA files. Tests use `EntryLog<SimDisk>`.
+pub struct EntryLog<D: Disk = DmaDisk> {
+    pub(crate) sh: Rc<Shared<D>>,
+}
+
+impl<D: Disk> Clone for EntryLog<D> {
+    fn clone(&self) -> Self {
+        EntryLog { sh: self.sh.clone() }
+    }
+}
+
+impl<D: Disk> std::fmt::Debug for EntryLog<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EntryLog").field("dir", &self.sh.cfg.dir).finish()
+    }
+}
+
+pub(crate) struct Paths {
+    pub dir: PathBuf,
+    pub log_dir: PathBuf,
+    pub index_dir: PathBuf,
+    pub checkpoint: PathBuf,
+    pub checkpoint_tmp: PathBuf,
+    pub clean: PathBuf,
+}
+
+impl Paths {
+    pub fn new(dir: &Path) -> Paths {
+        Paths {
+            dir: dir.to_path_buf(),
+            log_dir: dir.join("log"),
+            index_dir: dir.join("index"),
+            checkpoint: dir.join("checkpoint"),
+            checkpoint_tmp: dir.join("checkpoint.tmp"),
+            clean: dir.join("CLEAN"),
+        }
+    }
+    pub fn segment(&self, start: u64) -> PathBuf {
+        self.log_dir.join(format!("{start:020}.seg"))
+    }
+    pub fn index(&self, ledger: u64) -> PathBuf {
+        self.index_dir.join(format!("{ledger:020}.idx"))
+    }
+}
+
+pub(crate) struct Segment<F> {
+    pub start: u64,
+    pub len: u64,
+    pub path: PathBuf,
+    pub file: F,
+}
+
+impl<F> Segment<F> {
+    pub fn end(&self) -> u64 {
+        self.start + self.len
+    }
+}
+
+pub(crate) struct Ledger<F> {
+    pub next_entry: u64,
+    /// Entries laid out in a batch (written or in flight), by entry id.
+    pub index: Vec<IndexEntry>,
+    /// Entries 0..file_entries are in the index file, in file_pages pages.
+    pub file_entries: u64,
+    pub file_pages: u64,
+    pub index_file: Option<Rc<F>>,
+}
+
+impl<F> Ledger<F> {
+    pub fn new() -> Self {
+        Ledger { next_entry: 0, index: Vec::new(), file_entries: 0, file_pages: 0, index_file: None }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Open,
+    Closing,
+    Closed,
+    Failed,
+}
+
+enum PendingKind {
+    Entry { ledger: u64, entry: u64, body: Bytes, extras: IndexExtras },
+    Meta { key: Bytes, value: Bytes },
+}
+
+struct Pending {
+    lsn: u64,
+    kind: PendingKind,
+}
+
+impl Pending {
+    fn body_len(&self) -> usize {
+        match &self.kind {
+            PendingKind::Entry { body, .. } => body.len(),
+            PendingKind::Meta { key, value } => 2 + key.len() + value.len(),
+        }
+    }
+}
+
+pub(crate) struct State<F> {
+    pub mode: Mode,
+    next_lsn: u64,
+    durable_lsn: u64,
+    pending: VecDeque<Pending>,
+    pending_bytes: u64,
+    pub ledgers: HashMap<u64, Ledger<F>>,
+    cache: HashMap<(u64, u64), Bytes>,
+    /// (ledger, entry, lsn, bytes) in append order, for eviction.
+    cache_fifo: VecDeque<(u64, u64, u64, usize)>,
+    cache_bytes: usize,
+    /// Metadata including appends not yet durable (what readers see).
+    pub meta: BTreeMap<Vec<u8>, Bytes>,
+    /// Metadata as of the durable log position (what a checkpoint saves).
+    pub meta_durable: BTreeMap<Vec<u8>, Bytes>,
+    pub segments: BTreeMap<u64, Rc<Segment<F>>>,
+    /// Where the next batch goes; everything before it is durable.
+    pub tail: u64,
+    pub next_seq: u64,
+    pub ckpt_seq: u64,
+    pub ckpt_position: Option<u64>,
+    durable_waiters: BTreeMap<u64, Vec<Waker>>,
+    flusher_waker: Option<Waker>,
+    flusher_done: bool,
+    close_waker: Option<Waker>,
+    ckpt_waker: Option<Waker>,
+}
+
+impl<F> State<F> {
+    pub fn new() -> Self {
+        State {
+            mode: Mode::Open,
+            next_lsn: 1,
+            durable_lsn: 0,
+            pending: VecDeque::new(),
+            pending_bytes: 0,
+            ledgers: HashMap::new(),
+            cache: HashMap::new(),
+            cache_fifo: VecDeque::new(),
+            cache_bytes: 0,
+            meta: BTreeMap::new(),
+            meta_durable: BTreeMap::new(),
+            segments: BTreeMap::new(),
+            tail: 0,
+            next_seq: 0,
+            ckpt_seq: 0,
+            ckpt_position: None,
+            durable_waiters: BTreeMap::new(),
+            flusher_waker: None,
+            flusher_done: false,
+            close_waker: None,
+            ckpt_waker: None,
+        }
+    }
+
+    fn wake_all(&mut self) {
+        for (_, ws) in std::mem::take(&mut self.durable_waiters) {
+            ws.into_iter().for_each(Waker::wake);
+        }
+        for w in [self.flusher_waker.take(), self.close_waker.take(), self.ckpt_waker.take()].into_iter().flatten() {
+            w.wake();
+        }
+    }
+
+    fn wake_flusher(&mut self) {
+        if let Some(w) = self.flusher_waker.take() {
+            w.wake();
+        }
+    }
+
+    /// Drops the oldest cached entries while over the bound, but never one
+    /// that is not durable yet: it exists nowhere else.
+    fn evict(&mut self, bound: usize) {
+        while self.cache_bytes > bound {
+            let Some(&(ledger, entry, lsn, len)) = self.cache_fifo.front() else {
+                break;
+            };
+            if lsn > self.durable_lsn {
+                break;
+            }
+            self.cache_fifo.pop_front();
+            self.cache.remove(&(ledger, entry));
+            self.cache_bytes -= len;
+        }
+    }
+
+    pub fn segment_at(&self, position: u64) -> Option<&Rc<Segment<F>>> {
+        self.segments.range(..=position).next_back().map(|(_, s)| s).filter(|s| position < s.end())
+    }
+}
+
+pub(crate) struct Shared<D: Disk> {
+    pub disk: D,
+    pub cfg: LogConfig,
+    pub entry_max: u64,
+    pub paths: Paths,
+    pub st: RefCell<State<D::File>>,
+    /// Serializes checkpoints (the periodic task and `close`).
+    pub ckpt_lock: glommio::sync::Semaphore,
+}
+
+impl<D: Disk> Drop for Shared<D> {
+    fn drop(&mut self) {
+        // Background tasks hold only Weak references and sleep on these
+        // wakers: wake them so they notice the log is gone and exit.
+        self.st.get_mut().wake_all();
+    }
+}
+
+impl<D: Disk> Shared<D> {
+    /// Enters fail-stop: every waiter and every later append gets an error.
+    /// Nothing is retried: after a failed write or fsync the kernel may have
+    /// dropped the dirty data, so acknowledging anything later would lie.
+    pub(crate) fn fail(&self, err: &StorageError) {
+        let mut st = self.st.borrow_mut();
+        if st.mode != Mode::Failed {
+            error!(dir = %self.cfg.dir.display(), error = %err, "entry log failed; fail-stop until restart");
+        }
+        st.mode = Mode::Failed;
+        st.wake_all();
+    }
+
+    fn io(&self, op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> StorageError {
+        let path = path.to_path_buf();
+        move |e| StorageError::io(op, path, e)
+    }
+
+    async fn create_segment(&self, start: u64) -> Result<Rc<Segment<D::File>>> {
+        let path = self.paths.segment(start);
+        let len = self.cfg.segment_bytes;
+        // Truncate: a file of this name can only be left over from a crash
+        // during an earlier creation, before any batch reached it.
+        let file = self.disk.open(&path, OpenMode::Truncate).await.map_err(self.io("create segment", &path))?;
+        file.allocate(len).await.map_err(self.io("preallocate segment", &path))?;
+        // Size and name must be durable before a batch in this segment is
+        // acknowledged, or recovery could not find the batch.
+        file.sync().await.map_err(self.io("fdatasync new segment", &path))?;
+        self.disk.sync_dir(&self.paths.log_dir).await.map_err(self.io("fsync log directory", &self.paths.log_dir))?;
+        debug!(path = %path.display(), start, len, "created segment");
+        Ok(Rc::new(Segment { start, len, path, file }))
+    }
+
+    /// Writes one group-commit batch: everything pending up to
+    /// flush_bytes_max, one write at the tail, one fdatasync.
+    async fn flush_one(&self) -> Result<()> {
+        // 1. Decide how many records go in, and whether they need a new segment.
+        let (count, batch_len, roll_at) = {
+            let st = self.st.borrow();
+            let mut size = BATCH_HEADER_BYTES;
+            let mut count = 0usize;
+            for p in &st.pending {
+                let rec = RECORD_HEADER_BYTES + p.body_len();
+                if count > 0 && size + rec > self.cfg.flush_bytes_max {
+                    break;
+                }
+                size += rec;
+                count += 1;
+            }
+            assert!(count > 0);
+            let batch_len = pad_to_page(size as u64);
+            let roll_at = match st.segments.values().next_back() {
+                None => Some(st.tail),
+                Some(seg) => {
+                    assert!(st.tail >= seg.start && st.tail <= seg.end());
+                    (st.tail + batch_len > seg.end()).then(|| seg.end())
+                }
+            };
+            (count, batch_len, roll_at)
+        };
+        assert!(batch_len <= self.cfg.segment_bytes);
+        if let Some(start) = roll_at {
+            let seg = self.create_segment(start).await?;
+            let mut st = self.st.borrow_mut();
+            st.segments.insert(start, seg);
+            // The rest of the previous segment stays zero; recovery knows a
+            // batch that did not fit moved to the next segment.
+            st.tail = start;
+        }
+
+        // 2. Lay the records out (pending only grows at the back meanwhile).
+        let (buf, seg, position, seq, last_lsn, metas) = {
+            let mut st = self.st.borrow_mut();
+            let st = &mut *st;
+            let position = st.tail;
+            let seq = st.next_seq;
+            let seg = st.segment_at(position).cloned().expect("tail segment exists after roll");
+            assert!(position + batch_len <= seg.end());
+            let mut buf = vec![0u8; batch_len as usize];
+            let mut off = BATCH_HEADER_BYTES;
+            let mut last_lsn = 0;
+            let mut metas = Vec::new();
+            for _ in 0..count {
+                let p = st.pending.pop_front().expect("counted above");
+                st.pending_bytes -= p.body_len() as u64;
+                assert!(p.lsn > last_lsn);
+                last_lsn = p.lsn;
+                let body_len = p.body_len();
+                let (hdr, body) = buf[off..].split_at_mut(RECORD_HEADER_BYTES);
+                match p.kind {
+                    PendingKind::Entry { ledger, entry, body: data, extras } => {
+                        body[..body_len].copy_from_slice(&data);
+                        let crc = RecordHeader::encode(hdr, KIND_ENTRY, ledger, entry, extras, &[&data]);
+                        let l = st.ledgers.get_mut(&ledger).expect("appended ledger exists");
+                        assert_eq!(l.index.len() as u64, entry, "entries laid out in order");
+                        l.index.push(IndexEntry {
+                            position: position + off as u64,
+                            body_len: body_len as u32,
+                            record_crc: crc,
+                            extras,
+                        });
+                    }
+                    PendingKind::Meta { key, value } => {
+                        let klen = (key.len() as u16).to_le_bytes();
+                        body[..2].copy_from_slice(&klen);
+                        body[2..2 + key.len()].copy_from_slice(&key);
+                        body[2 + key.len()..body_len].copy_from_slice(&value);
+                        RecordHeader::encode(hdr, KIND_META, 0, 0, IndexExtras::default(), &[&klen, &key, &value]);
+                        metas.push((key, value));
+                    }
+                }
+                off += RECORD_HEADER_BYTES + body_len;
+            }
+            let records_len = (off - BATCH_HEADER_BYTES) as u32;
+            let body_crc = crate::format::crc(&[&buf[BATCH_HEADER_BYTES..]]);
+            BatchHeader {
+                batch_len: batch_len as u32,
+                record_count: count as u32,
+                seq,
+                position,
+                records_len,
+                body_crc,
+            }
+            .encode(&mut buf);
+            (buf, seg, position, seq, last_lsn, metas)
+        };
+
+        // 3. One write, one fdatasync. Only this task writes the log, so at
+        // most this batch can be torn by a crash.
+        let off = position - seg.start;
+        seg.file.write_at(off, &buf).await.map_err(self.io("write batch", &seg.path))?;
+        seg.file.sync().await.map_err(self.io("fdatasync segment", &seg.path))?;
+
+        // 4. Durable: advance, apply metadata to the durable view, wake waiters.
+        let mut st = self.st.borrow_mut();
+        if st.mode == Mode::Failed {
+            // A checkpoint failed meanwhile: stay failed, acknowledge nothing.
+            return Err(StorageError::Failed);
+        }
+        assert_eq!(st.tail, position);
+        assert_eq!(st.next_seq, seq);
+        st.tail = position + batch_len;
+        st.next_seq = seq + 1;
+        st.durable_lsn = last_lsn;
+        for (k, v) in metas {
+            if v.is_empty() {
+                st.meta_durable.remove(&k[..]);
+            } else {
+                st.meta_durable.insert(k.to_vec(), v);
+            }
+        }
+        let later = st.durable_waiters.split_off(&(last_lsn + 1));
+        let ready = std::mem::replace(&mut st.durable_waiters, later);
+        for (_, ws) in ready {
+            ws.into_iter().for_each(Waker::wake);
+        }
+        st.evict(self.cfg.write_cache_bytes);
+        Ok(())
+    }
+
+    /// Writes index pages for everything durable and not yet in index files,
+    /// then the checkpoint file (temp, fsync, rename, directory fsync). With
+    /// `clean`, also the clean-shutdown marker naming this checkpoint.
+    pub(crate) async fn checkpoint(&self, clean: bool) -> Result<()> {
+        let _permit = self.ckpt_lock.acquire_permit(1).await.map_err(|_| StorageError::Closed)?;
+        struct Work<F> {
+            ledger: u64,
+            first: u64,
+            pages: u64,
+            entries: Vec<IndexEntry>,
+            file: Option<Rc<F>>,
+        }
+        let (position, next_seq, ckpt_seq, mut table, work, meta) = {
+            let st = self.st.borrow();
+            if st.mode == Mode::Failed {
+                return Err(StorageError::Failed);
+            }
+            let position = st.tail;
+            if !clean && st.ckpt_position == Some(position) {
+                return Ok(()); // nothing became durable since the last one
+            }
+            let mut ids: Vec<u64> = st.ledgers.keys().copied().collect();
+            ids.sort_unstable();
+            let mut table = Vec::new();
+            let mut work = Vec::new();
+            for id in ids {
+                let l = &st.ledgers[&id];
+                // Index entries are in log order: those before `position` are durable.
+                let k = l.index.partition_point(|e| e.position < position) as u64;
+                assert!(k >= l.file_entries);
+                if k == 0 {
+                    continue;
+                }
+                table.push(CheckpointLedger { ledger: id, indexed_entries: k, pages: l.file_pages });
+                if k > l.file_entries {
+                    work.push(Work {
+                        ledger: id,
+                        first: l.file_entries,
+                        pages: l.file_pages,
+                        entries: l.index[l.file_entries as usize..k as usize].to_vec(),
+                        file: l.index_file.clone(),
+                    });
+                }
+            }
+            let meta: Vec<(Vec<u8>, Vec<u8>)> = st.meta_durable.iter().map(|(k, v)| (k.clone(), v.to_vec())).collect();
+            (position, st.next_seq, st.ckpt_seq + 1, table, work, meta)
+        };
+
+        // Index pages, appended behind the log. A page is never rewritten:
+        // each checkpoint starts a new page, so a crash while writing can only
+        // damage pages no checkpoint refers to yet.
+        let mut created = false;
+        let mut opened = Vec::new();
+        for w in &work {
+            let path = self.paths.index(w.ledger);
+            let file = match &w.file {
+                Some(f) => f.clone(),
+                None => {
+                    created = true;
+                    Rc::new(self.disk.open(&path, OpenMode::Create).await.map_err(self.io("create index file", &path))?)
+                }
+            };
+            let mut pages = Vec::new();
+            let mut first = w.first;
+            for chunk in w.entries.chunks(INDEX_ENTRIES_PER_PAGE) {
+                pages.extend_from_slice(&encode_index_page(w.ledger, first, chunk));
+                first += chunk.len() as u64;
+            }
+            let new_pages = w.pages + pages.len() as u64 / PAGE_BYTES;
+            file.write_at(w.pages * PAGE_BYTES, &pages).await.map_err(self.io("write index pages", &path))?;
+            file.sync().await.map_err(self.io("fdatasync index file", &path))?;
+            if let Some(t) = table.iter_mut().find(|t| t.ledger == w.ledger) {
+                t.pages = new_pages;
+            }
+            opened.push((w.ledger, first, new_pages, file));
+        }
+        if created {
+            self.disk
+                .sync_dir(&self.paths.index_dir)
+                .await
+                .map_err(self.io("fsync index directory", &self.paths.index_dir))?;
+        }
+
+        let ckpt = Checkpoint { ckpt_seq, position, next_batch_seq: next_seq, ledgers: table, meta };
+        self.write_atomically(&self.paths.checkpoint_tmp, &self.paths.checkpoint, &ckpt.encode()).await?;
+
+        {
+            let mut st = self.st.borrow_mut();
+            for (id, entries, pages, file) in opened {
+                let l = st.ledgers.get_mut(&id).expect("ledgers are never removed");
+                l.file_entries = entries;
+                l.file_pages = pages;
+                l.index_file = Some(file);
+            }
+            st.ckpt_seq = ckpt_seq;
+            st.ckpt_position = Some(position);
+        }
+        if clean {
+            let marker = CleanMarker { ckpt_seq, position, next_batch_seq: next_seq };
+            let path = &self.paths.clean;
+            let f = self.disk.open(path, OpenMode::Truncate).await.map_err(self.io("create clean marker", path))?;
+            f.write_at(0, &marker.encode()).await.map_err(self.io("write clean marker", path))?;
+            f.sync().await.map_err(self.io("fdatasync clean marker", path))?;
+            self.disk.sync_dir(&self.paths.dir).await.map_err(self.io("fsync shard directory", &self.paths.dir))?;
+        }
+        debug!(ckpt_seq, position, clean, "checkpoint written");
+        Ok(())
+    }
+
+    /// temp file + fdatasync + rename + directory fsync: after a crash either
+    /// the old or the new file is found under `path`, complete.
+    async fn write_atomically(&self, tmp: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
+        let f = self.disk.open(tmp, OpenMode::Truncate).await.map_err(self.io("create", tmp))?;
+        f.write_at(0, bytes).await.map_err(self.io("write", tmp))?;
+        f.sync().await.map_err(self.io("fdatasync", tmp))?;
+        self.disk.rename(tmp, path).await.map_err(self.io("rename", tmp))?;
+        self.disk.sync_dir(&self.paths.dir).await.map_err(self.io("fsync directory", &self.paths.dir))
+    }
+}
+
+/// The group-commit task: one batch in flight at a time.
+pub(crate) async fn flusher<D: Disk>(weak: Weak<Shared<D>>) {
+    loop {
+        let work = poll_fn(|cx| {
+            let Some(sh) = weak.upgrade() else {
+                return Poll::Ready(None);
+            };
+            let mut st = sh.st.borrow_mut();
+            match st.mode {
+                Mode::Failed | Mode::Closed => return Poll::Ready(None),
+                Mode::Open | Mode::Closing => {}
+            }
+            if !st.pending.is_empty() {
+                drop(st);
+                return Poll::Ready(Some(sh));
+            }
+            if st.mode == Mode::Closing {
+                return Poll::Ready(None);
+            }
+            st.flusher_waker = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await;
+        let Some(sh) = work else { break };
+        if let Err(e) = sh.flush_one().await {
+            sh.fail(&e);
+            break;
+        }
+    }
+    if let Some(sh) = weak.upgrade() {
+        let mut st = sh.st.borrow_mut();
+        st.flusher_done = true;
+        if let Some(w) = st.close_waker.take() {
+            w.wake();
+        }
+    }
+}
+
+/// The periodic checkpoint task.
+pub(crate) async fn checkpointer<D: Disk>(weak: Weak<Shared<D>>, interval: Duration) {
+    loop {
+        let w2 = weak.clone();
+        let stop = poll_fn(move |cx| {
+            let Some(sh) = w2.upgrade() else {
+                return Poll::Ready(true);
+            };
+            let mut st = sh.st.borrow_mut();
+            if st.mode != Mode::Open {
+                return Poll::Ready(true);
+            }
+            st.ckpt_waker = Some(cx.waker().clone());
+            Poll::Pending
+        });
+        let stopped = futures_lite::future::or(stop, async {
+            glommio::timer::sleep(interval).await;
+            false
+        })
+        .await;
+        if stopped {
+            break;
+        }
+        let Some(sh) = weak.upgrade() else { break };
+        if let Err(e) = sh.checkpoint(false).await {
+            sh.fail(&e);
+            break;
+        }
+    }
+}
+
+impl<D: Disk> EntryLog<D> {
+    /// Appends one entry to `ledger` in memory; its id is the ledger's next id
+    /// (dense, from 0, in call order). Not durable until
+    /// [`wait_durable`](Self::wait_durable)`(lsn)` returns `Ok`.
+    pub fn append(&self, ledger: u64, body: Bytes) -> Result<Appended> {
+        self.append_with(ledger, body, IndexExtras::default())
+    }
+
+    /// [`append`](Self::append) with the values the index keeps beside the
+    /// position (publish time, key hash; 0 = none).
+    pub fn append_with(&self, ledger: u64, body: Bytes, extras: IndexExtras) -> Result<Appended> {
+        let mut st = self.sh.st.borrow_mut();
+        let st = &mut *st;
+        check_mode(st.mode)?;
+        if body.len() as u64 > self.sh.entry_max {
+            return Err(StorageError::TooLarge { len: body.len() as u64, max: self.sh.entry_max });
+        }
+        let l = st.ledgers.entry(ledger).or_insert_with(Ledger::new);
+        let entry = l.next_entry;
+        l.next_entry += 1;
+        let lsn = st.next_lsn;
+        st.next_lsn += 1;
+        st.cache.insert((ledger, entry), body.clone());
+        st.cache_fifo.push_back((ledger, entry, lsn, body.len()));
+        st.cache_bytes += body.len();
+        st.pending_bytes += body.len() as u64;
+        st.pending.push_back(Pending { lsn, kind: PendingKind::Entry { ledger, entry, body, extras } });
+        st.wake_flusher();
+        st.evict(self.sh.cfg.write_cache_bytes);
+        Ok(Appended { entry, lsn })
+    }
+
+    /// Appends a metadata record: the last write per key wins after recovery;
+    /// an empty value deletes the key. Group-committed like entries; visible
+    /// to [`meta`](Self::meta) at once, durable after `wait_durable(lsn)`.
+    pub fn put_meta(&self, key: &[u8], value: Bytes) -> Result<u64> {
+        let mut st = self.sh.st.borrow_mut();
+        let st = &mut *st;
+        check_mode(st.mode)?;
+        if key.len() > META_KEY_BYTES_MAX {
+            return Err(StorageError::TooLarge { len: key.len() as u64, max: META_KEY_BYTES_MAX as u64 });
+        }
+        let len = 2 + key.len() as u64 + value.len() as u64;
+        if len > self.sh.entry_max {
+            return Err(StorageError::TooLarge { len, max: self.sh.entry_max });
+        }
+        if value.is_empty() {
+            st.meta.remove(key);
+        } else {
+            st.meta.insert(key.to_vec(), value.clone());
+        }
+        let lsn = st.next_lsn;
+        st.next_lsn += 1;
+        st.pending_bytes += len;
+        st.pending.push_back(Pending { lsn, kind: PendingKind::Meta { key: Bytes::copy_from_slice(key), value } });
+        st.wake_flusher();
+        Ok(lsn)
+    }
+
+    /// Resolves once everything appended with an lsn <= `lsn` is written and
+    /// fdatasync'd. One fdatasync covers many appends (group commit). `Err`
+    /// if the log failed (fail-stop; the cause was logged) — then nothing
+    /// after the last `Ok` may be acknowledged.
+    pub async fn wait_durable(&self, lsn: u64) -> Result<()> {
+        poll_fn(|cx| {
+            let mut st = self.sh.st.borrow_mut();
+            if st.durable_lsn >= lsn {
+                return Poll::Ready(Ok(()));
+            }
+            if st.mode == Mode::Failed {
+                return Poll::Ready(Err(StorageError::Failed));
+            }
+            assert!(lsn < st.next_lsn, "wait_durable({lsn}) for an lsn never issued");
+            if st.mode == Mode::Closed {
+                return Poll::Ready(Err(StorageError::Closed));
+            }
+            st.durable_waiters.entry(lsn).or_default().push(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Reads one entry: from the write cache when present, otherwise from disk
+    /// with the record checksum verified (a mismatch is
+    /// [`StorageError::Corrupt`] naming file and offset; the bytes are never
+    /// returned).
+    pub async fn read(&self, ledger: u64, entry: u64) -> Result<Bytes> {
+        let (seg, ie) = {
+            let st = self.sh.st.borrow();
+            if let Some(b) = st.cache.get(&(ledger, entry)) {
+                return Ok(b.clone());
+            }
+            let no = StorageError::NoSuchEntry { ledger, entry };
+            let l = st.ledgers.get(&ledger).ok_or(no)?;
+            let Some(ie) = usize::try_from(entry).ok().and_then(|i| l.index.get(i)) else {
+                return Err(StorageError::NoSuchEntry { ledger, entry });
+            };
+            let Some(seg) = st.segment_at(ie.position) else {
+                return Err(StorageError::NoSuchEntry { ledger, entry });
+            };
+            (seg.clone(), *ie)
+        };
+        let off = ie.position - seg.start;
+        let len = RECORD_HEADER_BYTES + ie.body_len as usize;
+        let raw = seg.file.read_at(off, len).await.map_err(self.sh.io("read entry", &seg.path))?;
+        let corrupt = |reason| StorageError::corrupt(&seg.path, off, reason);
+        if raw.len() < len {
+            return Err(corrupt(CorruptReason::ShortFile {
+                len: seg.start + raw.len() as u64,
+                need: seg.start + len as u64,
+            }));
+        }
+        let h = RecordHeader::decode(&raw).map_err(corrupt)?;
+        h.verify(&raw, &raw[RECORD_HEADER_BYTES..]).map_err(corrupt)?;
+        for (field, expected, found) in [
+            ("record crc", ie.record_crc as u64, h.crc as u64),
+            ("record kind", KIND_ENTRY as u64, h.kind as u64),
+            ("record ledger", ledger, h.ledger),
+            ("record entry", entry, h.entry),
+            ("record length", ie.body_len as u64, h.body_len as u64),
+        ] {
+            if expected != found {
+                return Err(corrupt(CorruptReason::Field { field, expected, found }));
+            }
+        }
+        Ok(Bytes::from(raw).slice(RECORD_HEADER_BYTES..))
+    }
+
+    /// Next entry id that `append` would assign (0 for an unknown ledger).
+    pub fn next_entry(&self, ledger: u64) -> u64 {
+        self.sh.st.borrow().ledgers.get(&ledger).map_or(0, |l| l.next_entry)
+    }
+
+    /// Current value of a metadata key (including puts not yet durable).
+    pub fn meta(&self, key: &[u8]) -> Option<Bytes> {
+        self.sh.st.borrow().meta.get(key).cloned()
+    }
+
+    /// All metadata keys starting with `prefix`, sorted.
+    pub fn meta_prefix(&self, prefix: &[u8]) -> Vec<(Vec<u8>, Bytes)> {
+        let st = self.sh.st.borrow();
+        st.meta
+            .range(prefix.to_vec()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// Every ledger with its next entry id, sorted by ledger.
+    pub fn ledgers(&self) -> Vec<(u64, u64)> {
+        let st = self.sh.st.borrow();
+        let mut v: Vec<(u64, u64)> = st.ledgers.iter().map(|(id, l)| (*id, l.next_entry)).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The highest lsn known durable.
+    pub fn durable_lsn(&self) -> u64 {
+        self.sh.st.borrow().durable_lsn
+    }
+
+    /// Bytes appended but not yet handed to a batch write. The caller bounds
+    /// this (e.g. by waiting for receipts before accepting more produce).
+    pub fn pending_bytes(&self) -> u64 {
+        self.sh.st.borrow().pending_bytes
+    }
+
+    /// Whether the log is in fail-stop state.
+    pub fn is_failed(&self) -> bool {
+        self.sh.st.borrow().mode == Mode::Failed
+    }
+
+    /// Writes index pages and a checkpoint now (the periodic task does this
+    /// every `checkpoint_interval`). A failure puts the log in fail-stop.
+    pub async fn checkpoint(&self) -> Result<()> {
+        let r = self.sh.checkpoint(false).await;
+        if let Err(e) = &r {
+            self.sh.fail(e);
+        }
+        r
+    }
+
+    /// Clean shutdown: waits for pending appends, syncs, writes index pages,
+    /// a checkpoint and the clean-shutdown marker, stops the background
+    /// tasks. Later appends fail with `Closed`.
+    pub async fn close(&self) -> Result<()> {
+        {
+            let mut st = self.sh.st.borrow_mut();
+            match st.mode {
+                Mode::Failed => return Err(StorageError::Failed),
+                Mode::Closed => return Ok(()),
+                Mode::Open | Mode::Closing => {}
+            }
+            st.mode = Mode::Closing;
+            // Stop the periodic checkpoint task and let the flusher drain.
+            st.wake_flusher();
+            if let Some(w) = st.ckpt_waker.take() {
+                w.wake();
+            }
+        }
+        poll_fn(|cx| {
+            let mut st = self.sh.st.borrow_mut();
+            if st.flusher_done || st.mode == Mode::Failed {
+                Poll::Ready(())
+            } else {
+                st.close_waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await;
+        if self.sh.st.borrow().mode == Mode::Failed {
+            return Err(StorageError::Failed);
+        }
+        if let Err(e) = self.sh.checkpoint(true).await {
+            self.sh.fail(&e);
+            return Err(e);
+        }
+        let mut st = self.sh.st.borrow_mut();
+        st.mode = Mode::Closed;
+        st.wake_all();
+        info!(dir = %self.sh.cfg.dir.display(), position = st.tail, "entry log closed cleanly");
+        Ok(())
+    }
+}
+
+fn check_mode(mode: Mode) -> Result<()> {
+    match mode {
+        Mode::Open => Ok(()),
+        Mode::Failed => Err(StorageError::Failed),
+        Mode::Closing | Mode::Closed => Err(StorageError::Closed),
+    }
+}

@@ -1,0 +1,541 @@
+//! Opening a log: load the checkpoint, the index files and the metadata
+//! snapshot, then (unless a clean-shutdown marker matches) scan the log from
+//! the checkpoint position, verifying every batch and record, and truncate a
+//! torn tail. The case analysis is in `docs/format.md`, "What a crash leaves".
+
+use std::cell::RefCell;
+use std::io;
+use std::path::Path;
+use std::rc::Rc;
+use std::time::Instant;
+
+use tracing::{info, warn};
+
+use crate::disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
+use crate::error::{CorruptReason, Result, StorageError};
+use crate::format::{
+    crc, decode_index_page, split_meta, BatchHeader, Checkpoint, CleanMarker, IndexEntry, RecordHeader,
+    BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_ENTRY, RECORD_HEADER_BYTES,
+};
+use crate::log::{checkpointer, flusher, EntryLog, Ledger, LogConfig, Paths, Recovery, Segment, Shared, State};
+
+/// Read granularity of the recovery scan.
+const SCAN_CHUNK_BYTES: u64 = 1 << 20;
+const _: () = assert!(SCAN_CHUNK_BYTES.is_multiple_of(PAGE_BYTES));
+
+impl EntryLog<DmaDisk> {
+    /// Opens (creating if needed) and recovers the production log on glommio
+    /// DMA files. Must be called inside a glommio executor: it spawns the
+    /// group-commit flusher and the periodic checkpoint task on it.
+    pub async fn open(config: LogConfig) -> Result<(EntryLog, Recovery)> {
+        EntryLog::open_with(DmaDisk, config).await
+    }
+}
+
+fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StorageError {
+    let path = path.to_path_buf();
+    move |e| StorageError::io(op, path, e)
+}
+
+async fn read_whole<F: DiskFile>(file: &F, path: &Path) -> Result<Vec<u8>> {
+    let len = file.size().await.map_err(io_err("stat", path))?;
+    file.read_at(0, len as usize).await.map_err(io_err("read", path))
+}
+
+/// Reads a segment in large chunks and serves slices of it.
+struct SegReader<F> {
+    seg: Rc<Segment<F>>,
+    buf: Vec<u8>,
+    buf_off: u64,
+    scanned: u64,
+}
+
+impl<F: DiskFile> SegReader<F> {
+    fn new(seg: Rc<Segment<F>>) -> Self {
+        SegReader { seg, buf: Vec::new(), buf_off: 0, scanned: 0 }
+    }
+
+    /// Bytes [off, off+len) of the segment, shorter only at its end.
+    async fn get(&mut self, off: u64, len: usize) -> Result<&[u8]> {
+        let end = (off + len as u64).min(self.seg.len);
+        if off < self.buf_off || end > self.buf_off + self.buf.len() as u64 {
+            let want = (len as u64).max(SCAN_CHUNK_BYTES).min(self.seg.len.saturating_sub(off));
+            self.buf =
+                self.seg.file.read_at(off, want as usize).await.map_err(io_err("read segment", &self.seg.path))?;
+            self.buf_off = off;
+            self.scanned += self.buf.len() as u64;
+        }
+        let s = (off - self.buf_off) as usize;
+        let e = ((end.max(off) - self.buf_off) as usize).min(self.buf.len());
+        Ok(&self.buf[s.min(e)..e])
+    }
+
+    /// A fully valid batch at `off` (header and body checksums), or why not.
+    async fn batch(&mut self, off: u64) -> Result<Result<(BatchHeader, Vec<u8>), CorruptReason>> {
+        let seg_len = self.seg.len;
+        let page = self.get(off, PAGE_BYTES as usize).await?;
+        if page.len() < BATCH_HEADER_BYTES {
+            return Ok(Err(CorruptReason::ShortFile { len: seg_len, need: off + PAGE_BYTES }));
+        }
+        let h = match BatchHeader::decode(page) {
+            Ok(h) => h,
+            Err(r) => return Ok(Err(r)),
+        };
+        if off + h.batch_len as u64 > seg_len {
+            return Ok(Err(CorruptReason::Length { len: h.batch_len as u64, limit: seg_len - off }));
+        }
+        let b = self.get(off, h.batch_len as usize).await?;
+        if b.len() != h.batch_len as usize {
+            return Ok(Err(CorruptReason::ShortFile { len: seg_len, need: off + h.batch_len as u64 }));
+        }
+        let computed = crc(&[&b[BATCH_HEADER_BYTES..]]);
+        if computed != h.body_crc {
+            return Ok(Err(CorruptReason::BodyCrc { stored: h.body_crc, computed }));
+        }
+        Ok(Ok((h, b.to_vec())))
+    }
+}
+
+/// What the scan rebuilt.
+struct Scanned {
+    tail: u64,
+    next_seq: u64,
+    scanned: u64,
+    truncated: u64,
+    replayed: u64,
+}
+
+impl<D: Disk> EntryLog<D> {
+    /// Opens (creating if needed) and recovers a log on any [`Disk`] backend.
+    /// Must be called inside a glommio executor (it spawns the flusher and the
+    /// checkpoint task on the current one).
+    pub async fn open_with(disk: D, config: LogConfig) -> Result<(EntryLog<D>, Recovery)> {
+        let started = Instant::now();
+        config.validate()?;
+        let paths = Paths::new(&config.dir);
+        for d in [&paths.dir, &paths.log_dir, &paths.index_dir] {
+            disk.create_dir_all(d).await.map_err(io_err("create directory", d))?;
+        }
+        disk.prepare(&paths.dir).await.map_err(io_err("prepare", &paths.dir))?;
+        if !config.allow_tmpfs && disk.is_tmpfs(&paths.dir).map_err(io_err("statfs", &paths.dir))? {
+            return Err(StorageError::Tmpfs(paths.dir.clone()));
+        }
+        let mut st: State<D::File> = State::new();
+
+        // Checkpoint: written by rename after fsync, so it is complete or absent.
+        let ckpt = match disk.open(&paths.checkpoint, OpenMode::Existing).await {
+            Ok(f) => {
+                let b = read_whole(&f, &paths.checkpoint).await?;
+                Some(Checkpoint::decode(&b).map_err(|r| StorageError::corrupt(&paths.checkpoint, 0, r))?)
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(StorageError::io("open", &paths.checkpoint, e)),
+        };
+        let marker = match disk.open(&paths.clean, OpenMode::Existing).await {
+            Ok(f) => {
+                let b = read_whole(&f, &paths.clean).await?;
+                let m = CleanMarker::decode(&b);
+                if m.is_none() {
+                    warn!(path = %paths.clean.display(), "ignoring damaged clean-shutdown marker");
+                }
+                m
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(StorageError::io("open", &paths.clean, e)),
+        };
+        let clean = match (&ckpt, &marker) {
+            (Some(c), Some(m)) => {
+                m.ckpt_seq == c.ckpt_seq && m.position == c.position && m.next_batch_seq == c.next_batch_seq
+            }
+            _ => false,
+        };
+
+        // Segments, by start position.
+        let mut names = disk.list_dir(&paths.log_dir).await.map_err(io_err("list", &paths.log_dir))?;
+        names.sort();
+        let mut segs: Vec<Rc<Segment<D::File>>> = Vec::new();
+        for name in names {
+            let Some(start) = name.strip_suffix(".seg").filter(|s| s.len() == 20).and_then(|s| s.parse::<u64>().ok())
+            else {
+                warn!(name, "ignoring unexpected file in log directory");
+                continue;
+            };
+            let path = paths.log_dir.join(&name);
+            let file = disk.open(&path, OpenMode::Existing).await.map_err(io_err("open segment", &path))?;
+            let size = file.size().await.map_err(io_err("stat segment", &path))?;
+            segs.push(Rc::new(Segment { start, len: size - size % PAGE_BYTES, path, file }));
+        }
+        segs.sort_by_key(|s| s.start);
+
+        // Index files and metadata snapshot as of the checkpoint.
+        let (mut position, mut seq) = (segs.first().map_or(0, |s| s.start), 0);
+        if let Some(c) = &ckpt {
+            position = c.position;
+            seq = c.next_batch_seq;
+            st.ckpt_seq = c.ckpt_seq;
+            st.ckpt_position = Some(c.position);
+            for (k, v) in &c.meta {
+                let v = bytes::Bytes::copy_from_slice(v);
+                st.meta.insert(k.clone(), v.clone());
+                st.meta_durable.insert(k.clone(), v);
+            }
+            for cl in &c.ledgers {
+                let ledger = load_index(&disk, &paths, cl.ledger, cl.indexed_entries, cl.pages, c.position).await?;
+                st.ledgers.insert(cl.ledger, ledger);
+            }
+        }
+
+        let scanned = if clean {
+            Scanned { tail: position, next_seq: seq, scanned: 0, truncated: 0, replayed: 0 }
+        } else {
+            scan(&disk, &paths, &mut segs, &mut st, position, seq).await?
+        };
+        st.tail = scanned.tail;
+        st.next_seq = scanned.next_seq;
+        for s in segs {
+            st.segments.insert(s.start, s);
+        }
+
+        // Leftovers of an interrupted checkpoint, and the marker: once we
+        // accept appends, a later crash must not be mistaken for a clean stop.
+        let mut dir_changed = false;
+        for p in [&paths.checkpoint_tmp, &paths.clean] {
+            match disk.remove(p).await {
+                Ok(()) => dir_changed = true,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StorageError::io("remove", p, e)),
+            }
+        }
+        if dir_changed {
+            disk.sync_dir(&paths.dir).await.map_err(io_err("fsync directory", &paths.dir))?;
+        }
+
+        let mut ledgers: Vec<(u64, u64)> = st.ledgers.iter().map(|(id, l)| (*id, l.next_entry)).collect();
+        ledgers.sort_unstable();
+        let recovery = Recovery {
+            clean,
+            scanned_bytes: scanned.scanned,
+            truncated_bytes: scanned.truncated,
+            entries_replayed: scanned.replayed,
+            elapsed: started.elapsed(),
+            ledgers,
+        };
+        info!(
+            dir = %config.dir.display(),
+            clean,
+            scanned_bytes = scanned.scanned,
+            truncated_bytes = scanned.truncated,
+            entries_replayed = scanned.replayed,
+            tail = scanned.tail,
+            elapsed_ms = recovery.elapsed.as_millis() as u64,
+            "entry log opened"
+        );
+
+        let entry_max = config.effective_entry_bytes_max();
+        let interval = config.checkpoint_interval;
+        let sh = Rc::new(Shared {
+            disk,
+            cfg: config,
+            entry_max,
+            paths,
+            st: RefCell::new(st),
+            ckpt_lock: glommio::sync::Semaphore::new(1),
+        });
+        glommio::spawn_local(flusher(Rc::downgrade(&sh))).detach();
+        glommio::spawn_local(checkpointer(Rc::downgrade(&sh), interval)).detach();
+        Ok((EntryLog { sh }, recovery))
+    }
+}
+
+/// Loads pages 0..pages of a ledger's index file, which the checkpoint says
+/// hold entries 0..entries. They were fsynced before that checkpoint was
+/// written, so any damage is corruption, not a torn write.
+async fn load_index<D: Disk>(
+    disk: &D,
+    paths: &Paths,
+    ledger: u64,
+    entries: u64,
+    pages: u64,
+    ckpt_position: u64,
+) -> Result<Ledger<D::File>> {
+    let path = paths.index(ledger);
+    let file = disk.open(&path, OpenMode::Existing).await.map_err(io_err("open index file", &path))?;
+    let need = pages * PAGE_BYTES;
+    let b = file.read_at(0, need as usize).await.map_err(io_err("read index file", &path))?;
+    if (b.len() as u64) < need {
+        return Err(StorageError::corrupt(
+            &path,
+            b.len() as u64,
+            CorruptReason::ShortFile { len: b.len() as u64, need },
+        ));
+    }
+    let mut index: Vec<IndexEntry> = Vec::with_capacity(entries as usize);
+    for (i, page) in b.chunks(PAGE_BYTES as usize).enumerate() {
+        let off = i as u64 * PAGE_BYTES;
+        let (first, es) = decode_index_page(page, ledger).map_err(|r| StorageError::corrupt(&path, off, r))?;
+        if first != index.len() as u64 {
+            return Err(StorageError::corrupt(
+                &path,
+                off,
+                CorruptReason::Field { field: "index page first entry", expected: index.len() as u64, found: first },
+            ));
+        }
+        for e in es {
+            if e.position >= ckpt_position {
+                return Err(StorageError::corrupt(
+                    &path,
+                    off,
+                    CorruptReason::Field { field: "index entry position", expected: ckpt_position, found: e.position },
+                ));
+            }
+            index.push(e);
+        }
+    }
+    if index.len() as u64 != entries {
+        return Err(StorageError::corrupt(
+            &path,
+            0,
+            CorruptReason::Field { field: "index entries", expected: entries, found: index.len() as u64 },
+        ));
+    }
+    Ok(Ledger { next_entry: entries, index, file_entries: entries, file_pages: pages, index_file: Some(Rc::new(file)) })
+}
+
+/// Scans the log from `position` (batch `seq`), replaying records into `st`.
+async fn scan<D: Disk>(
+    disk: &D,
+    paths: &Paths,
+    segs: &mut Vec<Rc<Segment<D::File>>>,
+    st: &mut State<D::File>,
+    mut position: u64,
+    mut seq: u64,
+) -> Result<Scanned> {
+    let mut out = Scanned { tail: position, next_seq: seq, scanned: 0, truncated: 0, replayed: 0 };
+    let Some(first) = segs.iter().position(|s| s.end() > position) else {
+        return Ok(out); // nothing written after the checkpoint
+    };
+    // Data left by a previous process is trusted only after an fsync: it may
+    // still sit in a volatile cache.
+    for s in &segs[first..] {
+        s.file.sync().await.map_err(io_err("fdatasync segment on open", &s.path))?;
+    }
+    let mut i = first;
+    let mut reader: Option<(usize, SegReader<D::File>)> = None;
+    while i < segs.len() {
+        let seg = segs[i].clone();
+        if position < seg.start {
+            // Segments are contiguous and the scan enters each at its start;
+            // a gap means a segment file is missing.
+            return Err(StorageError::corrupt(
+                &seg.path,
+                0,
+                CorruptReason::Field {
+                    field: "segment start (expected log position)",
+                    expected: position,
+                    found: seg.start,
+                },
+            ));
+        }
+        if position + PAGE_BYTES > seg.end() {
+            i += 1;
+            continue;
+        }
+        let off = position - seg.start;
+        if reader.as_ref().is_none_or(|(ri, _)| *ri != i) {
+            if let Some((_, old)) = reader.take() {
+                out.scanned += old.scanned;
+            }
+            reader = Some((i, SegReader::new(seg.clone())));
+        }
+        let Some((_, r)) = reader.as_mut() else { unreachable!("reader set above") };
+        let found = r.batch(off).await?;
+        match found {
+            Ok((h, b)) => {
+                if h.seq != seq || h.position != position {
+                    // A complete, checksummed batch in the wrong place is not a
+                    // torn write: refuse rather than guess.
+                    let (field, expected, found) =
+                        if h.seq != seq { ("batch seq", seq, h.seq) } else { ("batch position", position, h.position) };
+                    return Err(StorageError::corrupt(&seg.path, off, CorruptReason::Field { field, expected, found }));
+                }
+                out.replayed += replay(st, &seg.path, off, position, &h, &b)?;
+                position += h.batch_len as u64;
+                seq += 1;
+            }
+            Err(reason) => {
+                let (later, nonzero_end, scanned) = search_valid(&segs[i..], position).await?;
+                out.scanned += scanned;
+                match later {
+                    Some((j, q, lh))
+                        if j == 1
+                            && lh.seq == seq
+                            && q == segs[i + 1].start
+                            && q == seg.end()
+                            && lh.batch_len as u64 > seg.end() - position =>
+                    {
+                        // The batch did not fit here and went to the next
+                        // segment; the rest of this one was never written.
+                        i += 1;
+                        position = q;
+                    }
+                    Some((_, q, lh)) => {
+                        warn!(file = %seg.path.display(), offset = off, %reason, "damaged batch before valid data");
+                        return Err(StorageError::corrupt(
+                            &seg.path,
+                            off,
+                            CorruptReason::DamageBeforeValidBatch { later_seq: lh.seq, later_position: q },
+                        ));
+                    }
+                    None => {
+                        // Torn tail: nothing valid after it, so it was the one
+                        // batch in flight, never acknowledged. Zero it so its
+                        // bytes can never parse later, and drop empty segments.
+                        if nonzero_end > position {
+                            info!(file = %seg.path.display(), offset = off, bytes = nonzero_end - position, %reason, "truncating torn tail");
+                            zero(&seg, off, nonzero_end - seg.start).await?;
+                            out.truncated += nonzero_end - position;
+                        }
+                        let removed: Vec<_> = segs.drain(i + 1..).collect();
+                        let drop_this = off == 0;
+                        if drop_this {
+                            segs.pop();
+                        }
+                        let mut dir_changed = false;
+                        for s in removed.iter().chain(drop_this.then_some(&seg)) {
+                            disk.remove(&s.path).await.map_err(io_err("remove empty segment", &s.path))?;
+                            dir_changed = true;
+                        }
+                        if dir_changed {
+                            disk.sync_dir(&paths.log_dir)
+                                .await
+                                .map_err(io_err("fsync log directory", &paths.log_dir))?;
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    if let Some((_, r)) = reader {
+        out.scanned += r.scanned;
+    }
+    out.tail = position;
+    out.next_seq = seq;
+    Ok(out)
+}
+
+/// Looks for a fully valid batch at any page after `from` (in `segs[0]`, then
+/// in the later segments). Returns it (segment index relative to `segs`,
+/// position, header), the end of the last non-zero page of `segs[0]` at or
+/// after `from`, and the bytes read.
+async fn search_valid<F: DiskFile>(
+    segs: &[Rc<Segment<F>>],
+    from: u64,
+) -> Result<(Option<(usize, u64, BatchHeader)>, u64, u64)> {
+    let mut nonzero_end = from;
+    let mut scanned = 0;
+    for (j, seg) in segs.iter().enumerate() {
+        let mut r = SegReader::new(seg.clone());
+        let mut q = from.max(seg.start);
+        while q + PAGE_BYTES <= seg.end() {
+            let off = q - seg.start;
+            let page = r.get(off, PAGE_BYTES as usize).await?;
+            if page.len() < PAGE_BYTES as usize {
+                break;
+            }
+            if j == 0 && page.iter().any(|&b| b != 0) {
+                nonzero_end = q + PAGE_BYTES;
+            }
+            if q > from && page[..8] == BATCH_MAGIC {
+                if let Ok((h, _)) = r.batch(off).await? {
+                    scanned += r.scanned;
+                    return Ok((Some((j, q, h)), nonzero_end, scanned));
+                }
+            }
+            q += PAGE_BYTES;
+        }
+        scanned += r.scanned;
+    }
+    Ok((None, nonzero_end, scanned))
+}
+
+/// Overwrites [from, to) of a segment with zeros and syncs it.
+async fn zero<F: DiskFile>(seg: &Segment<F>, from: u64, to: u64) -> Result<()> {
+    assert!(from.is_multiple_of(PAGE_BYTES) && to.is_multiple_of(PAGE_BYTES) && from <= to);
+    let zeros = vec![0u8; SCAN_CHUNK_BYTES as usize];
+    let mut p = from;
+    while p < to {
+        let n = (to - p).min(SCAN_CHUNK_BYTES);
+        seg.file.write_at(p, &zeros[..n as usize]).await.map_err(io_err("zero torn tail", &seg.path))?;
+        p += n;
+    }
+    seg.file.sync().await.map_err(io_err("fdatasync after truncation", &seg.path))
+}
+
+/// Applies the records of one verified batch; returns the entries replayed.
+fn replay<F>(st: &mut State<F>, path: &Path, batch_off: u64, position: u64, h: &BatchHeader, b: &[u8]) -> Result<u64> {
+    let records_end = BATCH_HEADER_BYTES + h.records_len as usize;
+    let mut o = BATCH_HEADER_BYTES;
+    let mut entries = 0;
+    for _ in 0..h.record_count {
+        let corrupt = |reason| StorageError::corrupt(path, batch_off + o as u64, reason);
+        if o + RECORD_HEADER_BYTES > records_end {
+            return Err(corrupt(CorruptReason::Length {
+                len: RECORD_HEADER_BYTES as u64,
+                limit: (records_end - o) as u64,
+            }));
+        }
+        let hdr = &b[o..o + RECORD_HEADER_BYTES];
+        let rh = RecordHeader::decode(hdr).map_err(corrupt)?;
+        let end = o + RECORD_HEADER_BYTES + rh.body_len as usize;
+        if end > records_end {
+            return Err(corrupt(CorruptReason::Length {
+                len: rh.body_len as u64,
+                limit: (records_end - o - RECORD_HEADER_BYTES) as u64,
+            }));
+        }
+        let body = &b[o + RECORD_HEADER_BYTES..end];
+        rh.verify(hdr, body).map_err(corrupt)?;
+        if rh.kind == KIND_ENTRY {
+            let l = st.ledgers.entry(rh.ledger).or_insert_with(Ledger::new);
+            if rh.entry != l.index.len() as u64 {
+                return Err(corrupt(CorruptReason::EntryOrder {
+                    ledger: rh.ledger,
+                    expected: l.index.len() as u64,
+                    found: rh.entry,
+                }));
+            }
+            l.index.push(IndexEntry {
+                position: position + o as u64,
+                body_len: rh.body_len,
+                record_crc: rh.crc,
+                extras: rh.extras,
+            });
+            l.next_entry = l.index.len() as u64;
+            entries += 1;
+        } else {
+            let (k, v) = split_meta(body).map_err(corrupt)?;
+            if v.is_empty() {
+                st.meta.remove(k);
+                st.meta_durable.remove(k);
+            } else {
+                let v = bytes::Bytes::copy_from_slice(v);
+                st.meta.insert(k.to_vec(), v.clone());
+                st.meta_durable.insert(k.to_vec(), v);
+            }
+        }
+        o = end;
+    }
+    if o != records_end {
+        return Err(StorageError::corrupt(
+            path,
+            batch_off + o as u64,
+            CorruptReason::Field {
+                field: "records length",
+                expected: h.records_len as u64,
+                found: (o - BATCH_HEADER_BYTES) as u64,
+            },
+        ));
+    }
+    Ok(entries)
+}

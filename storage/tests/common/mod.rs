@@ -1,0 +1,152 @@
+//! Helpers shared by the storage integration tests.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use magnetar_storage::sim::SimRng;
+use magnetar_storage::{Disk, EntryLog, LogConfig};
+
+/// Runs `f` on a fresh glommio executor and fails the test if it takes longer
+/// than `secs` (every test that awaits storage could otherwise hang).
+pub fn run<F, Fut>(secs: u64, f: F)
+where
+    F: FnOnce() -> Fut + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    let ex = glommio::LocalExecutorBuilder::default().make().expect("glommio executor");
+    ex.run(async move {
+        let finished = futures_lite::future::or(
+            async {
+                f().await;
+                true
+            },
+            async {
+                glommio::timer::sleep(Duration::from_secs(secs)).await;
+                false
+            },
+        )
+        .await;
+        assert!(finished, "test timed out after {secs} s");
+    });
+}
+
+/// The seed for a randomized test: `MAGNETAR_SEED` replays one.
+pub fn seed_from_env() -> Option<u64> {
+    std::env::var("MAGNETAR_SEED").ok().map(|s| s.parse().expect("MAGNETAR_SEED must be a u64"))
+}
+
+pub fn fresh_seed() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+}
+
+/// Small segments and batches so that rollover and many batches happen fast.
+pub fn small_config(dir: &str) -> LogConfig {
+    let mut c = LogConfig::new(dir);
+    c.segment_bytes = 64 << 10;
+    c.flush_bytes_max = 16 << 10;
+    c.write_cache_bytes = 8 << 10;
+    c.checkpoint_interval = Duration::from_secs(3600);
+    c.allow_tmpfs = true;
+    c
+}
+
+pub fn body(rng: &mut SimRng, tag: u64) -> Bytes {
+    let len = match rng.below(10) {
+        0 => 0,
+        1 => 5000 + rng.below(15000) as usize,
+        _ => rng.below(1500) as usize,
+    };
+    let mut v = Vec::with_capacity(len + 8);
+    v.extend_from_slice(&tag.to_le_bytes());
+    while v.len() < len {
+        v.push(rng.next_u64() as u8);
+    }
+    Bytes::from(v)
+}
+
+/// One appended record, in lsn order.
+#[derive(Debug, Clone)]
+pub enum Rec {
+    Entry { ledger: u64, entry: u64, body: Bytes },
+    Meta { key: Vec<u8>, value: Bytes },
+}
+
+/// What the test appended, and how much of it was acknowledged durable.
+#[derive(Debug, Clone, Default)]
+pub struct Model {
+    pub recs: Vec<Rec>,
+    /// recs[..acked] had wait_durable return Ok.
+    pub acked: usize,
+}
+
+impl Model {
+    pub fn next_entry(&self, ledger: u64) -> u64 {
+        self.recs.iter().filter(|r| matches!(r, Rec::Entry { ledger: l, .. } if *l == ledger)).count() as u64
+    }
+
+    /// Checks that the recovered log equals the state after some prefix of
+    /// `recs` no shorter than `acked`: everything acknowledged is there, in
+    /// order, exactly once, byte for byte, and nothing else. Returns the
+    /// model truncated to that prefix (everything in it now counts as acked).
+    pub async fn verify<D: Disk>(&self, log: &EntryLog<D>, context: &str) -> Model {
+        let recovered: BTreeMap<u64, u64> = log.ledgers().into_iter().filter(|(_, n)| *n > 0).collect();
+        let recovered_meta: BTreeMap<Vec<u8>, Bytes> = log.meta_prefix(b"").into_iter().collect();
+        let mut counts: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut meta: BTreeMap<Vec<u8>, Bytes> = BTreeMap::new();
+        let mut matched = None;
+        for m in 0..=self.recs.len() {
+            if m > 0 {
+                match &self.recs[m - 1] {
+                    Rec::Entry { ledger, .. } => *counts.entry(*ledger).or_default() += 1,
+                    Rec::Meta { key, value } => {
+                        if value.is_empty() {
+                            meta.remove(key);
+                        } else {
+                            meta.insert(key.clone(), value.clone());
+                        }
+                    }
+                }
+            }
+            if m >= self.acked && counts == recovered && meta == recovered_meta {
+                matched = Some(m);
+                break;
+            }
+        }
+        let Some(m) = matched else {
+            panic!(
+                "{context}: recovered state is no prefix >= acked {} of {} records\n recovered ledgers {recovered:?}\n recovered meta keys {:?}",
+                self.acked,
+                self.recs.len(),
+                recovered_meta.keys().collect::<Vec<_>>()
+            );
+        };
+        // Byte for byte, read back from disk (the write cache is empty after open).
+        let mut seen: HashMap<u64, u64> = HashMap::new();
+        for r in &self.recs[..m] {
+            if let Rec::Entry { ledger, entry, body } = r {
+                let n = seen.entry(*ledger).or_default();
+                assert_eq!(*n, *entry, "{context}: model entry ids dense");
+                *n += 1;
+                let got =
+                    log.read(*ledger, *entry).await.unwrap_or_else(|e| panic!("{context}: read {ledger}:{entry}: {e}"));
+                assert_eq!(&got, body, "{context}: entry {ledger}:{entry} differs");
+            }
+        }
+        for (ledger, n) in &recovered {
+            assert_eq!(log.next_entry(*ledger), *n);
+            assert!(log.read(*ledger, *n).await.is_err(), "{context}: entry past the end");
+        }
+        for (k, v) in &meta {
+            assert_eq!(log.meta(k).as_ref(), Some(v), "{context}: meta");
+        }
+        Model { recs: self.recs[..m].to_vec(), acked: m }
+    }
+}
+
+pub fn shard_dir() -> PathBuf {
+    PathBuf::from("/shard-0")
+}
