@@ -19,6 +19,10 @@ use crate::format::{
 };
 use crate::log::{checkpointer, flusher, EntryLog, Ledger, LogConfig, Paths, Recovery, Segment, Shared, State};
 
+/// The smallest unit a device writes atomically; a torn write leaves whole
+/// sectors old or new.
+const SECTOR_BYTES: usize = 512;
+
 /// Read granularity of the recovery scan.
 const SCAN_CHUNK_BYTES: u64 = 1 << 20;
 const _: () = assert!(SCAN_CHUNK_BYTES.is_multiple_of(PAGE_BYTES));
@@ -387,9 +391,43 @@ async fn scan<D: Disk>(
                         ));
                     }
                     None => {
-                        // Torn tail: nothing valid after it, so it was the one
-                        // batch in flight, never acknowledged. Zero it so its
-                        // bytes can never parse later, and drop empty segments.
+                        // Nothing valid after it, so this was the one batch in
+                        // flight. A torn write leaves some sectors as they were
+                        // (zero: segments are preallocated and torn regions are
+                        // zeroed before reuse), so a checksum failure caused by
+                        // a tear implies an all-zero sector among the records.
+                        // Without one, the batch was complete and has rotted:
+                        // it may have been acknowledged, so refuse, don't drop.
+                        // (Records that themselves hold 512 aligned zero bytes
+                        // make bit rot there look like a tear: documented.)
+                        if let CorruptReason::BodyCrc { stored, computed } = reason {
+                            if let Some((_, r)) = reader.as_mut() {
+                                let page = r.get(off, PAGE_BYTES as usize).await?.to_vec();
+                                if let Ok(h) = BatchHeader::decode(&page) {
+                                    let b = r.get(off, h.batch_len as usize).await?;
+                                    // Only sectors holding records count: a
+                                    // tear in the zero padding changes nothing.
+                                    let used = BATCH_HEADER_BYTES + h.records_len as usize;
+                                    if b.len() == h.batch_len as usize
+                                        && b[..used]
+                                            .chunks(SECTOR_BYTES)
+                                            .all(|c| c.iter().any(|&x| x != 0))
+                                    {
+                                        return Err(StorageError::corrupt(
+                                            &seg.path,
+                                            off,
+                                            CorruptReason::DamagedNotTorn {
+                                                batch_len: h.batch_len,
+                                                stored,
+                                                computed,
+                                            },
+                                        ));
+                                    }
+                                }
+                            }
+                        }
+                        // Torn tail, never acknowledged. Zero it so its bytes
+                        // can never parse later, and drop empty segments.
                         if nonzero_end > position {
                             info!(file = %seg.path.display(), offset = off, bytes = nonzero_end - position, %reason, "truncating torn tail");
                             zero(&seg, off, nonzero_end - seg.start).await?;

@@ -1,5 +1,7 @@
 //! Basic behaviour on the simulated disk and on a real directory (glommio DMA).
 
+#![allow(clippy::unwrap_used)] // tests may unwrap
+
 mod common;
 
 use bytes::Bytes;
