@@ -64,11 +64,7 @@ pub enum CorruptReason {
     /// unwritten (all zero): a torn write cannot look like that, so this is
     /// damage to data that was complete (and possibly acknowledged).
     #[error("complete batch of {batch_len} bytes fails its checksum (stored {stored:#010x}, computed {computed:#010x}); not a torn write")]
-    DamagedNotTorn {
-        batch_len: u32,
-        stored: u32,
-        computed: u32,
-    },
+    DamagedNotTorn { batch_len: u32, stored: u32, computed: u32 },
     #[error("ledger {ledger}: entry {found} found where entry {expected} was expected")]
     EntryOrder { ledger: u64, expected: u64, found: u64 },
     #[error("file is {len} bytes, expected at least {need}")]

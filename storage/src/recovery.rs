@@ -409,18 +409,12 @@ async fn scan<D: Disk>(
                                     // tear in the zero padding changes nothing.
                                     let used = BATCH_HEADER_BYTES + h.records_len as usize;
                                     if b.len() == h.batch_len as usize
-                                        && b[..used]
-                                            .chunks(SECTOR_BYTES)
-                                            .all(|c| c.iter().any(|&x| x != 0))
+                                        && b[..used].chunks(SECTOR_BYTES).all(|c| c.iter().any(|&x| x != 0))
                                     {
                                         return Err(StorageError::corrupt(
                                             &seg.path,
                                             off,
-                                            CorruptReason::DamagedNotTorn {
-                                                batch_len: h.batch_len,
-                                                stored,
-                                                computed,
-                                            },
+                                            CorruptReason::DamagedNotTorn { batch_len: h.batch_len, stored, computed },
                                         ));
                                     }
                                 }

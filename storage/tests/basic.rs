@@ -43,6 +43,8 @@ fn sim_append_read_close_reopen() {
         assert!(matches!(log.read(0, 100).await, Err(StorageError::NoSuchEntry { ledger: 0, entry: 100 })));
         log.close().await.unwrap();
         assert!(matches!(log.append(0, Bytes::new()), Err(StorageError::Closed)));
+        let segments = disk.names(std::path::Path::new("/s/log"));
+        assert!(segments.len() > 3, "segments rolled over: {segments:?}");
 
         let (log, rec) = EntryLog::open_with(disk.clone(), cfg.clone()).await.unwrap();
         assert!(rec.clean, "{rec:?}");
