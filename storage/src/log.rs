@@ -242,7 +242,7 @@ pub(crate) struct State<F> {
     durable_waiters: BTreeMap<u64, Vec<Waker>>,
     flusher_waker: Option<Waker>,
     flusher_done: bool,
-    close_waker: Option<Waker>,
+    close_wakers: Vec<Waker>,
     ckpt_waker: Option<Waker>,
 }
 
@@ -268,7 +268,7 @@ impl<F> State<F> {
             durable_waiters: BTreeMap::new(),
             flusher_waker: None,
             flusher_done: false,
-            close_waker: None,
+            close_wakers: Vec::new(),
             ckpt_waker: None,
         }
     }
@@ -277,7 +277,11 @@ impl<F> State<F> {
         for (_, ws) in std::mem::take(&mut self.durable_waiters) {
             ws.into_iter().for_each(Waker::wake);
         }
-        for w in [self.flusher_waker.take(), self.close_waker.take(), self.ckpt_waker.take()].into_iter().flatten() {
+        for w in [self.flusher_waker.take(), self.ckpt_waker.take()]
+            .into_iter()
+            .flatten()
+            .chain(std::mem::take(&mut self.close_wakers))
+        {
             w.wake();
         }
     }
@@ -639,9 +643,7 @@ pub(crate) async fn flusher<D: Disk>(weak: Weak<Shared<D>>) {
     if let Some(sh) = weak.upgrade() {
         let mut st = sh.st.borrow_mut();
         st.flusher_done = true;
-        if let Some(w) = st.close_waker.take() {
-            w.wake();
-        }
+        std::mem::take(&mut st.close_wakers).into_iter().for_each(Waker::wake);
     }
 }
 
@@ -881,7 +883,7 @@ impl<D: Disk> EntryLog<D> {
             if st.flusher_done || st.mode == Mode::Failed {
                 Poll::Ready(())
             } else {
-                st.close_waker = Some(cx.waker().clone());
+                st.close_wakers.push(cx.waker().clone());
                 Poll::Pending
             }
         })
