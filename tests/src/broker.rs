@@ -55,7 +55,11 @@ pub struct StartFailure {
 
 impl std::fmt::Display for StartFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "broker did not start: {} (exit: {:?})\n--- broker stderr (tail) ---\n{}", self.reason, self.status, self.stderr)
+        write!(
+            f,
+            "broker did not start: {} (exit: {:?})\n--- broker stderr (tail) ---\n{}",
+            self.reason, self.status, self.stderr
+        )
     }
 }
 
@@ -112,9 +116,13 @@ impl BrokerProcess {
         }
         cmd.args(&options.extra_args);
         let rust_log = std::env::var("MAGNETAR_TEST_RUST_LOG").unwrap_or_else(|_| options.rust_log.clone());
-        cmd.env("RUST_LOG", rust_log).env("NO_COLOR", "1").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        let mut child = ChildGuard::spawn(&mut cmd)
-            .unwrap_or_else(|e| panic!("spawning {}: {e}", magnetar_bin().display()));
+        cmd.env("RUST_LOG", rust_log)
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child =
+            ChildGuard::spawn(&mut cmd).unwrap_or_else(|e| panic!("spawning {}: {e}", magnetar_bin().display()));
         let label = format!("broker-{}", child.pid());
         let log = LogBuffer::default();
         let stderr = child.child_mut().stderr.take().expect("piped stderr");
@@ -246,7 +254,10 @@ impl BrokerProcess {
             }
             None => {
                 self.child.kill9();
-                panic!("broker did not exit within {timeout:?} of SIGTERM\n--- broker stderr (tail) ---\n{}", self.log.tail());
+                panic!(
+                    "broker did not exit within {timeout:?} of SIGTERM\n--- broker stderr (tail) ---\n{}",
+                    self.log.tail()
+                );
             }
         }
     }

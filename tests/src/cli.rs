@@ -124,7 +124,11 @@ impl CliProcess {
 
     fn timed_out(&mut self, timeout: Duration) -> ! {
         self.child.kill9();
-        panic!("magnetar {} did not finish within {timeout:?}\n--- stderr ---\n{}", self.args_text(), self.stderr.tail());
+        panic!(
+            "magnetar {} did not finish within {timeout:?}\n--- stderr ---\n{}",
+            self.args_text(),
+            self.stderr.tail()
+        );
     }
 
     /// SIGKILL and reap.

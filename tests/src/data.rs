@@ -149,7 +149,11 @@ pub fn check_topic_log(topic: &str, runs: &[ProducedRun], received: &[Received])
     let mut last_id: Option<MessageId> = None;
     for (i, m) in received.iter().enumerate() {
         let (producer, seq) = parse_generated(&m.payload).unwrap_or_else(|| {
-            panic!("{topic}: message #{i} at {} has a payload that is not a generated one: {:?}", m.id, String::from_utf8_lossy(&m.payload))
+            panic!(
+                "{topic}: message #{i} at {} has a payload that is not a generated one: {:?}",
+                m.id,
+                String::from_utf8_lossy(&m.payload)
+            )
         });
         let size = *sizes
             .get(producer.as_str())

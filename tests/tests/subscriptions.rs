@@ -7,7 +7,9 @@
 //! connections on different shards, for a topic owned by each shard.
 
 use magnetar_client::{AckType, Client, ClientError, Consumer, ErrorCode, InitialPosition, Message, OutgoingMessage};
-use magnetar_tests::{connect_on_shard, run_async_with_timeout, run_cli, test_dir, topics_per_shard, BrokerProcess, ConsumeCmd};
+use magnetar_tests::{
+    connect_on_shard, run_async_with_timeout, run_cli, test_dir, topics_per_shard, BrokerProcess, ConsumeCmd,
+};
 use std::time::Duration;
 
 const SHARDS: u32 = 2;
