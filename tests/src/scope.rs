@@ -135,3 +135,46 @@ where
         rt.block_on(body());
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::process::ChildGuard;
+    use std::sync::mpsc;
+
+    fn state(pid: u32) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // "pid (comm) S ...": the state follows the last ')'.
+        stat.rsplit_once(')')?.1.trim_start().chars().next()
+    }
+
+    #[test]
+    fn a_timed_out_body_has_its_processes_killed() {
+        let (pid_tx, pid_rx) = mpsc::channel();
+        let result = std::panic::catch_unwind(|| {
+            run_with_timeout(Duration::from_millis(500), move || {
+                let child = ChildGuard::spawn(std::process::Command::new("sleep").arg("60")).unwrap();
+                pid_tx.send(child.pid()).unwrap();
+                // Hang, holding the child: only the timeout path can end it.
+                std::thread::sleep(Duration::from_secs(60));
+                drop(child);
+            });
+        });
+        assert!(result.is_err(), "the body should have timed out");
+        let pid = pid_rx.recv().unwrap();
+        // Killed but not reaped (the hung body still owns the Child): a zombie.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while state(pid) != Some('Z') {
+            assert!(std::time::Instant::now() < deadline, "pid {pid} is in state {:?}", state(pid));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn a_finished_body_returns_and_a_panicking_one_fails() {
+        run_with_timeout(Duration::from_secs(5), || {});
+        let r = std::panic::catch_unwind(|| run_with_timeout(Duration::from_secs(5), || panic!("boom")));
+        let msg = r.unwrap_err();
+        assert_eq!(msg.downcast_ref::<&str>(), Some(&"boom"));
+    }
+}

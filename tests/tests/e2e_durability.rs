@@ -15,17 +15,18 @@
 //! the recovered topics take appends after the recovered entries.
 
 use magnetar_tests::{
-    check_topic_log, run_with_timeout, test_dir, test_seed, topics_per_shard, BrokerProcess, ConsumeCmd, Line,
-    ProduceCmd, ProducedRun, Receipt, SplitMix64,
+    check_topic_log, run_with_timeout, test_dir, test_seed, topics_per_shard, BrokerOptions, BrokerProcess, ConsumeCmd,
+    Line, ProduceCmd, ProducedRun, Receipt, SplitMix64,
 };
 use std::time::{Duration, Instant};
 
 const SHARDS: u32 = 2;
 const TOPICS_PER_SHARD: usize = 2;
 const FIRST_RUN_MESSAGES: u64 = 10_000;
-/// Payload sizes per topic: tiny, odd, about a page, more than a page, so
-/// entries straddle 4 KiB boundaries in different ways.
-const SIZES: [usize; 4] = [16, 333, 4000, 9000];
+/// Payload sizes per topic (shard 0's two topics first): tiny, about a page,
+/// odd, more than two pages, so entries straddle 4 KiB boundaries in
+/// different ways and each shard gets a small and a large one.
+const SIZES: [usize; 4] = [16, 4000, 333, 9000];
 /// Receipts every second-run producer must have printed before the kill.
 const RECEIPTS_BEFORE_KILL: usize = 200;
 /// Random extra delay before the kill, at most.
@@ -33,13 +34,27 @@ const KILL_JITTER_MS_MAX: u64 = 300;
 
 #[test]
 fn acknowledged_messages_survive_kill_9() {
-    run_with_timeout(Duration::from_secs(180), || {
-        let seed = test_seed("acknowledged_messages_survive_kill_9");
+    let seed = test_seed("acknowledged_messages_survive_kill_9");
+    run_with_timeout(Duration::from_secs(180), move || scenario(seed, BrokerOptions::new(SHARDS), "durability"));
+}
+
+/// The same with 4 MiB segments (the smallest the default group-commit size
+/// allows), so the runs roll many segments and the kill may land near a
+/// roll, and a 1 MiB write cache, so most reads go to disk.
+#[test]
+fn acknowledged_messages_survive_kill_9_with_small_segments() {
+    let seed = test_seed("acknowledged_messages_survive_kill_9_with_small_segments");
+    let options = BrokerOptions { segment_mib: Some(4), write_cache_mib: Some(1), ..BrokerOptions::new(SHARDS) };
+    run_with_timeout(Duration::from_secs(180), move || scenario(seed, options, "small-segments"));
+}
+
+fn scenario(seed: u64, options: BrokerOptions, label: &str) {
+    {
         let mut rng = SplitMix64(seed);
-        let dir = test_dir("durability");
-        let mut broker = BrokerProcess::start(dir.path(), SHARDS);
+        let dir = test_dir(label);
+        let mut broker = BrokerProcess::start_with(dir.path(), &options);
         let url = broker.url();
-        let topics = topics_per_shard("durability", SHARDS, TOPICS_PER_SHARD);
+        let topics = topics_per_shard(label, SHARDS, TOPICS_PER_SHARD);
         assert_eq!(topics.len(), SIZES.len());
         let mut runs: Vec<Vec<ProducedRun>> = vec![Vec::new(); topics.len()];
 
@@ -146,6 +161,12 @@ fn acknowledged_messages_survive_kill_9() {
             let want: Vec<_> = receipts.iter().map(|r| r.id).collect();
             assert_eq!(ids, want, "{topic}: the subscription after recovery");
         }
+        for shard in 0..SHARDS {
+            let d = dir.path().join(format!("shard-{shard}/log"));
+            let files: Vec<_> = std::fs::read_dir(&d).map(|r| r.flatten().collect()).unwrap_or_default();
+            let bytes: u64 = files.iter().filter_map(|f| f.metadata().ok()).map(|m| m.len()).sum();
+            eprintln!("{label}: {} holds {} files, {bytes} bytes", d.display(), files.len());
+        }
         drop(broker);
-    });
+    }
 }
