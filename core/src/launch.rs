@@ -54,7 +54,8 @@ fn check_format_file(dir: &Path, shards: u32) -> Result<(), StartError> {
     let path = dir.join(FORMAT_FILE);
     match std::fs::read_to_string(&path) {
         Ok(text) => {
-            let bad = |reason: &str| StartError::BadFormatFile { path: path.display().to_string(), reason: reason.into() };
+            let bad =
+                |reason: &str| StartError::BadFormatFile { path: path.display().to_string(), reason: reason.into() };
             let mut version = None;
             let mut found = None;
             for line in text.lines() {

@@ -61,9 +61,8 @@ impl Mesh {
     /// the handshakes wait for each other), starts the pumps, and returns the
     /// receivers to be drained by the shard.
     pub(crate) async fn connect(n: u32, ends: MeshEnds) -> (Mesh, Vec<(u32, ConnectedReceiver<MeshMsg>)>) {
-        let senders = futures::future::join_all(
-            ends.senders.into_iter().map(|(to, s)| async move { (to, s.connect().await) }),
-        );
+        let senders =
+            futures::future::join_all(ends.senders.into_iter().map(|(to, s)| async move { (to, s.connect().await) }));
         let receivers = futures::future::join_all(
             ends.receivers.into_iter().map(|(from, r)| async move { (from, r.connect().await) }),
         );

@@ -47,10 +47,19 @@ pub struct ConsumerRef {
 /// What a subscription sends to a consumer's connection.
 #[derive(Debug)]
 pub enum ConsumerEvent {
-    Message { consumer_id: u64, message_id: MessageId, redelivery_count: u32, blob: Bytes },
+    Message {
+        consumer_id: u64,
+        message_id: MessageId,
+        redelivery_count: u32,
+        blob: Bytes,
+    },
     /// The broker closed the consumer (e.g. unreadable data); the client should
     /// be told and may subscribe again.
-    Closed { consumer_id: u64, code: ErrorCode, message: String },
+    Closed {
+        consumer_id: u64,
+        code: ErrorCode,
+        message: String,
+    },
 }
 
 /// A producer attached to a topic, as seen by the connection that created it.
@@ -85,11 +94,30 @@ pub struct SubscribeRequest {
 /// A request executed on the owner shard.
 #[derive(Debug)]
 pub(crate) enum Op {
-    CreateProducer { topic: String, name: String },
-    Send { topic: String, sequence_id: u64, num_messages: u32, blob: Bytes },
-    CloseProducer { topic: String, name: String },
-    Subscribe { req: SubscribeRequest, consumer: ConsumerRef },
-    Flow { topic: String, subscription: String, consumer: ConsumerRef, permits: u32 },
+    CreateProducer {
+        topic: String,
+        name: String,
+    },
+    Send {
+        topic: String,
+        sequence_id: u64,
+        num_messages: u32,
+        blob: Bytes,
+    },
+    CloseProducer {
+        topic: String,
+        name: String,
+    },
+    Subscribe {
+        req: SubscribeRequest,
+        consumer: ConsumerRef,
+    },
+    Flow {
+        topic: String,
+        subscription: String,
+        consumer: ConsumerRef,
+        permits: u32,
+    },
     Ack {
         topic: String,
         subscription: String,
@@ -98,7 +126,11 @@ pub(crate) enum Op {
         ids: Vec<MessageId>,
         durable: bool,
     },
-    CloseConsumer { topic: String, subscription: String, consumer: ConsumerRef },
+    CloseConsumer {
+        topic: String,
+        subscription: String,
+        consumer: ConsumerRef,
+    },
 }
 
 #[derive(Debug)]
@@ -159,10 +191,7 @@ fn valid_subscription_name(s: &str) -> bool {
 }
 
 pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 impl Shard {
@@ -264,11 +293,8 @@ impl Shard {
 
     fn handle_op(self: &Rc<Self>, op: Op) -> LocalBoxFuture<'static, OpResult> {
         if self.closed.get() {
-            return futures::future::ready(Err(CoreError::new(
-                ErrorCode::ServiceNotReady,
-                "shard is shut down",
-            )))
-            .boxed_local();
+            return futures::future::ready(Err(CoreError::new(ErrorCode::ServiceNotReady, "shard is shut down")))
+                .boxed_local();
         }
         match op {
             Op::Send { topic, sequence_id, num_messages, blob } => {
@@ -450,7 +476,8 @@ impl Shard {
     }
 
     async fn handle_subscribe(self: Rc<Self>, req: SubscribeRequest, consumer: ConsumerRef) -> OpResult {
-        let tn = TopicName::parse(&req.topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+        let tn =
+            TopicName::parse(&req.topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
         if !valid_subscription_name(&req.subscription) {
             return Err(CoreError::new(
                 ErrorCode::NotAllowed,
@@ -575,7 +602,11 @@ impl Shard {
             glommio::timer::sleep(Duration::from_millis(5)).await;
         }
         if self.inflight.get() > 0 {
-            tracing::warn!(shard = self.id, inflight = self.inflight.get(), "shutdown: in-flight appends did not finish");
+            tracing::warn!(
+                shard = self.id,
+                inflight = self.inflight.get(),
+                "shutdown: in-flight appends did not finish"
+            );
         }
         if let Err(e) = self.flush_cursors() {
             tracing::error!(shard = self.id, "persisting cursors at shutdown failed: {e}");
@@ -702,7 +733,8 @@ impl Broker {
 
     /// Grants the consumer `permits` more messages.
     pub fn flow(&self, c: &ConsumerHandle, permits: u32) {
-        let op = Op::Flow { topic: c.topic.clone(), subscription: c.subscription.clone(), consumer: c.consumer, permits };
+        let op =
+            Op::Flow { topic: c.topic.clone(), subscription: c.subscription.clone(), consumer: c.consumer, permits };
         let fut = self.shard.call(c.owner, op);
         glommio::spawn_local(fut).detach();
     }
@@ -728,7 +760,8 @@ impl Broker {
     }
 
     pub async fn close_consumer(&self, c: &ConsumerHandle) -> Result<(), CoreError> {
-        let op = Op::CloseConsumer { topic: c.topic.clone(), subscription: c.subscription.clone(), consumer: c.consumer };
+        let op =
+            Op::CloseConsumer { topic: c.topic.clone(), subscription: c.subscription.clone(), consumer: c.consumer };
         self.shard.call(c.owner, op).await.map(|_| ())
     }
 }

@@ -142,7 +142,13 @@ impl Subscription {
 
     /// Applies acks against the topic's `ledger`, whose next entry is
     /// `next_entry`. Returns whether the cursor changed.
-    pub(crate) fn ack(&self, ledger: u64, next_entry: u64, ack_type: AckType, ids: &[MessageId]) -> Result<bool, CoreError> {
+    pub(crate) fn ack(
+        &self,
+        ledger: u64,
+        next_entry: u64,
+        ack_type: AckType,
+        ids: &[MessageId],
+    ) -> Result<bool, CoreError> {
         let mut cursor = self.cursor.borrow_mut();
         let mut changed = false;
         for id in ids {

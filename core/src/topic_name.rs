@@ -31,9 +31,7 @@ pub struct TopicNameError {
 }
 
 fn valid_part(s: &str) -> bool {
-    !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'=' | b':'))
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'=' | b':'))
 }
 
 impl TopicName {
@@ -53,11 +51,8 @@ impl TopicName {
         } else {
             (Domain::Persistent, name)
         };
-        let parts: Vec<&str> = if name.contains("://") {
-            rest.split('/').collect()
-        } else {
-            vec!["public", "default", rest]
-        };
+        let parts: Vec<&str> =
+            if name.contains("://") { rest.split('/').collect() } else { vec!["public", "default", rest] };
         if parts.len() != 3 {
             return Err(err("expected tenant/namespace/topic after the domain"));
         }
@@ -67,12 +62,7 @@ impl TopicName {
         if !valid_part(parts[2]) {
             return Err(err("the topic may hold only [A-Za-z0-9-_.=:] and must not be empty"));
         }
-        Ok(Self {
-            domain,
-            tenant: parts[0].to_string(),
-            namespace: parts[1].to_string(),
-            local: parts[2].to_string(),
-        })
+        Ok(Self { domain, tenant: parts[0].to_string(), namespace: parts[1].to_string(), local: parts[2].to_string() })
     }
 
     /// `tenant/namespace`.

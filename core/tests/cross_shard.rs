@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! Goal: the core routes produce, subscribe, flow and ack between shards
 //! without any socket. Method: start two shards on a temporary data directory;
 //! from shard 0, use topics owned by shard 0 and by shard 1; produce, consume

@@ -175,7 +175,11 @@ impl Conn {
             };
             buf.truncate(old + n);
             if n == 0 {
-                return if buf.is_empty() { End::PeerClosed } else { End::Protocol("connection closed mid-frame".into()) };
+                return if buf.is_empty() {
+                    End::PeerClosed
+                } else {
+                    End::Protocol("connection closed mid-frame".into())
+                };
             }
             loop {
                 let frame = match decoder.decode(&mut buf) {
@@ -223,12 +227,17 @@ impl Conn {
     async fn handle(self: &Rc<Self>, frame: Frame) -> Result<(), String> {
         let Frame { command, payload } = frame;
         match command {
-            Command::Send { producer_id, sequence_id, num_messages } => self.on_send(producer_id, sequence_id, num_messages, payload),
+            Command::Send { producer_id, sequence_id, num_messages } => {
+                self.on_send(producer_id, sequence_id, num_messages, payload)
+            }
             Command::Producer { request_id, producer_id, topic, producer_name } => {
                 if self.producers.borrow().contains_key(&producer_id) {
                     self.out.error(request_id, &CoreError::new(ErrorCode::ProducerBusy, "producer id already in use"));
                 } else if self.producers.borrow().len() >= self.limits.producers_max {
-                    self.out.error(request_id, &CoreError::new(ErrorCode::TooManyRequests, "too many producers on this connection"));
+                    self.out.error(
+                        request_id,
+                        &CoreError::new(ErrorCode::TooManyRequests, "too many producers on this connection"),
+                    );
                 } else {
                     match self.broker.create_producer(&topic, &producer_name).await {
                         Ok(handle) => {
@@ -260,7 +269,9 @@ impl Conn {
                             Err(e) => self.out.error(request_id, &e),
                         }
                     }
-                    None => self.out.error(request_id, &CoreError::new(ErrorCode::ProducerNotFound, "no such producer")),
+                    None => {
+                        self.out.error(request_id, &CoreError::new(ErrorCode::ProducerNotFound, "no such producer"))
+                    }
                 }
                 Ok(())
             }
@@ -280,11 +291,22 @@ impl Conn {
                     return Ok(());
                 }
                 if self.consumers.borrow().len() >= self.limits.consumers_max {
-                    self.out.error(request_id, &CoreError::new(ErrorCode::TooManyRequests, "too many consumers on this connection"));
+                    self.out.error(
+                        request_id,
+                        &CoreError::new(ErrorCode::TooManyRequests, "too many consumers on this connection"),
+                    );
                     return Ok(());
                 }
                 let sink = self.sink();
-                let req = SubscribeRequest { topic, subscription, consumer_id, sub_type, consumer_name, initial_position, durable };
+                let req = SubscribeRequest {
+                    topic,
+                    subscription,
+                    consumer_id,
+                    sub_type,
+                    consumer_name,
+                    initial_position,
+                    durable,
+                };
                 match self.broker.subscribe(req, sink).await {
                     Ok(handle) => {
                         self.consumers.borrow_mut().insert(consumer_id, handle);
@@ -330,7 +352,9 @@ impl Conn {
                         Ok(()) => self.out.push(&Command::Success { request_id }, &[]),
                         Err(e) => self.out.error(request_id, &e),
                     },
-                    None => self.out.error(request_id, &CoreError::new(ErrorCode::ConsumerNotFound, "no such consumer")),
+                    None => {
+                        self.out.error(request_id, &CoreError::new(ErrorCode::ConsumerNotFound, "no such consumer"))
+                    }
                 }
                 Ok(())
             }
@@ -344,7 +368,13 @@ impl Conn {
         }
     }
 
-    fn on_send(self: &Rc<Self>, producer_id: u64, sequence_id: u64, num_messages: u32, payload: Bytes) -> Result<(), String> {
+    fn on_send(
+        self: &Rc<Self>,
+        producer_id: u64,
+        sequence_id: u64,
+        num_messages: u32,
+        payload: Bytes,
+    ) -> Result<(), String> {
         let producers = self.producers.borrow();
         let Some(p) = producers.get(&producer_id) else {
             self.out.push(
@@ -379,10 +409,8 @@ impl Conn {
                 let (sequence_id, bytes, result) = receipt.await;
                 match result {
                     Ok(message_id) => out.push(&Command::SendReceipt { producer_id, sequence_id, message_id }, &[]),
-                    Err(e) => out.push(
-                        &Command::SendError { producer_id, sequence_id, code: e.code, message: e.message },
-                        &[],
-                    ),
+                    Err(e) => out
+                        .push(&Command::SendError { producer_id, sequence_id, code: e.code, message: e.message }, &[]),
                 }
                 inflight.set(inflight.get() - bytes);
                 drained.notify();

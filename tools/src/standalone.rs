@@ -41,8 +41,7 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     signal_hook::flag::register(signal_hook::consts::SIGTERM, shutdown.clone())?;
     signal_hook::flag::register(signal_hook::consts::SIGINT, shutdown.clone())?;
 
-    let reservation = PortReservation::new(args.listen)
-        .map_err(|e| format!("cannot bind {}: {e}", args.listen))?;
+    let reservation = PortReservation::new(args.listen).map_err(|e| format!("cannot bind {}: {e}", args.listen))?;
     let addr = reservation.addr();
     let mut config = BrokerConfig::new(&args.data_dir, shards);
     config.pin_cpus = !args.no_pin;
@@ -51,9 +50,8 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     config.allow_tmpfs = args.allow_tmpfs;
     tracing::info!(data_dir = %args.data_dir.display(), shards, %addr, "starting standalone broker");
     let net = NetConfig::default();
-    let running = magnetar_core::launch(config, shutdown.clone(), move |broker| {
-        magnetar_net::serve(broker, addr, net.clone())
-    })?;
+    let running =
+        magnetar_core::launch(config, shutdown.clone(), move |broker| magnetar_net::serve(broker, addr, net.clone()))?;
     // One line on stdout that scripts and tests wait for (the port matters
     // when --listen asked for port 0).
     println!("magnetar standalone listening on {addr}");
