@@ -224,3 +224,47 @@ fn a_data_directory_refuses_another_shard_count() {
         assert!(broker.terminate().success());
     });
 }
+
+#[test]
+fn confirmed_acks_survive_kill_9() {
+    run_async_with_timeout(Duration::from_secs(90), || async {
+        let dir = test_dir("acks-kill9");
+        let mut broker = BrokerProcess::start(dir.path(), SHARDS);
+        let topics = topics_per_shard("acks-kill9", SHARDS, 1);
+        let client = Client::connect(&broker.url()).await.expect("connect");
+        let mut ids: Vec<Vec<MessageId>> = Vec::new();
+        for (topic, _) in &topics {
+            let producer = client.producer(topic.as_str()).name("p").create().await.expect("producer");
+            let mut t_ids = Vec::new();
+            for i in 0..MESSAGES {
+                t_ids.push(producer.send(OutgoingMessage::new(body(i))).await.expect("send"));
+            }
+            let consumer = subscribe(&client, topic, "confirmed").await;
+            for id in &t_ids {
+                assert_eq!(receive(&consumer, topic).await.id, *id);
+            }
+            // Confirmed acks: the broker answers once the cursor is durable.
+            consumer.ack_confirmed(magnetar_client::AckType::Cumulative, &[t_ids[4]]).await.expect("cumulative ack");
+            consumer
+                .ack_confirmed(magnetar_client::AckType::Individual, &[t_ids[7], t_ids[9]])
+                .await
+                .expect("individual acks");
+            ids.push(t_ids);
+        }
+        broker.kill9();
+        client.close();
+
+        let broker = broker.restart();
+        assert_recovered_clean(&broker, false);
+        let client = Client::connect(&broker.url()).await.expect("connect after restart");
+        for ((topic, _), t_ids) in topics.iter().zip(&ids) {
+            let consumer = subscribe(&client, topic, "confirmed").await;
+            for i in unacked() {
+                let m = receive(&consumer, topic).await;
+                assert_eq!(m.id, t_ids[i as usize], "{topic}: after kill -9, expected message {i}");
+                assert_eq!(m.payload.as_ref(), body(i).as_bytes());
+            }
+            assert_quiet(&consumer, topic).await;
+        }
+    });
+}
