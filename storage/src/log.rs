@@ -366,7 +366,7 @@ impl<D: Disk> Shared<D> {
 
     /// Writes one group-commit batch: everything pending up to
     /// flush_bytes_max, one write at the tail, one fdatasync.
-    async fn flush_one(&self) -> Result<()> {
+    async fn flush_one(&self, spare: &mut Option<Spare<D::File>>) -> Result<()> {
         // 1. Decide how many records go in, and whether they need a new segment.
         let (count, batch_len, roll_at) = {
             let st = self.st.borrow();
@@ -382,18 +382,28 @@ impl<D: Disk> Shared<D> {
             }
             assert!(count > 0);
             let batch_len = pad_to_page(size as u64);
-            let roll_at = match st.segments.values().next_back() {
+            let roll_at = match st.segment_at(st.tail) {
                 None => Some(st.tail),
-                Some(seg) => {
-                    assert!(st.tail >= seg.start && st.tail <= seg.end());
-                    (st.tail + batch_len > seg.end()).then(|| seg.end())
-                }
+                Some(seg) => (st.tail + batch_len > seg.end()).then(|| seg.end()),
             };
             (count, batch_len, roll_at)
         };
         assert!(batch_len <= self.cfg.segment_bytes);
         if let Some(start) = roll_at {
-            let seg = self.create_segment(start).await?;
+            // Open removes every segment at or after the tail, so none exists here.
+            assert!(!self.st.borrow().segments.contains_key(&start));
+            let seg = match spare.take() {
+                // Usually made ahead of time, so the roll costs nothing.
+                Some((s, task)) if s == start => match task.await {
+                    Some(r) => r?,
+                    None => self.create_segment(start).await?,
+                },
+                other => {
+                    *spare = other;
+                    self.create_segment(start).await?
+                }
+            };
+            assert!(seg.len >= batch_len);
             let mut st = self.st.borrow_mut();
             st.segments.insert(start, seg);
             // The rest of the previous segment stays zero; recovery knows a
@@ -611,8 +621,36 @@ impl<D: Disk> Shared<D> {
     }
 }
 
+/// A segment being created ahead of need: (start position, creation task).
+type Spare<F> = (u64, glommio::task::JoinHandle<Result<Rc<Segment<F>>>>);
+
+/// Starts creating the next segment in the background once the current one
+/// is half full (or none exists), so that rolling over does not put a
+/// fallocate and two fsyncs in front of the next batch's receipt. An unused
+/// spare after a crash holds no valid batch and is removed by recovery.
+fn make_spare<D: Disk>(sh: &Rc<Shared<D>>, spare: &mut Option<Spare<D::File>>) {
+    if spare.is_some() {
+        return;
+    }
+    let start = {
+        let st = sh.st.borrow();
+        match st.segment_at(st.tail) {
+            None => st.tail,
+            Some(seg) if seg.end() - st.tail < sh.cfg.segment_bytes / 2 => seg.end(),
+            Some(_) => return,
+        }
+    };
+    if sh.st.borrow().segments.contains_key(&start) {
+        return;
+    }
+    let sh2 = sh.clone();
+    let task = glommio::spawn_local(async move { sh2.create_segment(start).await }).detach();
+    *spare = Some((start, task));
+}
+
 /// The group-commit task: one batch in flight at a time.
 pub(crate) async fn flusher<D: Disk>(weak: Weak<Shared<D>>) {
+    let mut spare: Option<Spare<D::File>> = None;
     loop {
         let work = poll_fn(|cx| {
             let Some(sh) = weak.upgrade() else {
@@ -635,9 +673,20 @@ pub(crate) async fn flusher<D: Disk>(weak: Weak<Shared<D>>) {
         })
         .await;
         let Some(sh) = work else { break };
-        if let Err(e) = sh.flush_one().await {
+        make_spare(&sh, &mut spare);
+        if let Err(e) = sh.flush_one(&mut spare).await {
             sh.fail(&e);
             break;
+        }
+        make_spare(&sh, &mut spare);
+    }
+    // Let a spare being created finish, so that close() returns with no
+    // file operation of this log still running.
+    if let Some((_, task)) = spare.take() {
+        if let Some(Err(e)) = task.await {
+            if let Some(sh) = weak.upgrade() {
+                sh.fail(&e);
+            }
         }
     }
     if let Some(sh) = weak.upgrade() {

@@ -196,8 +196,20 @@ impl<D: Disk> EntryLog<D> {
         };
         st.tail = scanned.tail;
         st.next_seq = scanned.next_seq;
+        // Segments at or after the tail hold no batch: spares made ahead of
+        // need, or leftovers of a creation a crash interrupted (whose size or
+        // name may not be durable). Remove them; the flusher makes fresh ones.
+        let mut removed_segment = false;
         for s in segs {
-            st.segments.insert(s.start, s);
+            if s.start >= scanned.tail {
+                disk.remove(&s.path).await.map_err(io_err("remove unused segment", &s.path))?;
+                removed_segment = true;
+            } else {
+                st.segments.insert(s.start, s);
+            }
+        }
+        if removed_segment {
+            disk.sync_dir(&paths.log_dir).await.map_err(io_err("fsync log directory", &paths.log_dir))?;
         }
 
         // Leftovers of an interrupted checkpoint, and the marker: once we
