@@ -120,6 +120,15 @@ impl<D: Disk> EntryLog<D> {
         for d in [&paths.dir, &paths.log_dir, &paths.index_dir] {
             disk.create_dir_all(d).await.map_err(io_err("create directory", d))?;
         }
+        // The directories themselves must be durable before anything in them
+        // is acknowledged: fsync the shard directory (holding log/ and index/)
+        // and its parent (holding the shard directory).
+        let parent = paths.dir.parent().filter(|p| !p.as_os_str().is_empty());
+        for d in std::iter::once(paths.dir.as_path()).chain(parent) {
+            disk.sync_dir(d)
+                .await
+                .map_err(io_err("fsync directory", d))?;
+        }
         disk.prepare(&paths.dir).await.map_err(io_err("prepare", &paths.dir))?;
         if !config.allow_tmpfs && disk.is_tmpfs(&paths.dir).map_err(io_err("statfs", &paths.dir))? {
             return Err(StorageError::Tmpfs(paths.dir.clone()));

@@ -237,3 +237,36 @@ fn dma_backend_real_directory() {
         log.close().await.unwrap();
     });
 }
+
+/// Goal: a data directory on tmpfs (no O_DIRECT, no durability) is refused
+/// unless `allow_tmpfs` is set.
+#[test]
+fn tmpfs_is_refused_unless_allowed() {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    let Some(tmpfs) = ["/dev/shm", "/run", "/tmp"]
+        .into_iter()
+        .find(|m| mounts.lines().any(|l| l.split(' ').nth(1) == Some(m) && l.split(' ').nth(2) == Some("tmpfs")))
+    else {
+        println!("skipped: no writable tmpfs mount (/dev/shm, /run, /tmp) on this machine");
+        return;
+    };
+    let Ok(tmp) = tempfile::tempdir_in(tmpfs) else {
+        println!("skipped: cannot create a directory in {tmpfs}");
+        return;
+    };
+    let dir = tmp.path().join("shard-0");
+    run(30, move || async move {
+        let mut cfg = LogConfig::new(&dir);
+        cfg.segment_bytes = 1 << 20;
+        cfg.flush_bytes_max = 64 << 10;
+        match EntryLog::open(cfg.clone()).await {
+            Err(StorageError::Tmpfs(p)) => assert_eq!(p, dir),
+            other => panic!("expected Tmpfs, got {other:?}"),
+        }
+        cfg.allow_tmpfs = true;
+        let (log, _) = EntryLog::open(cfg).await.unwrap();
+        let a = log.append(1, Bytes::from_static(b"dev only")).unwrap();
+        log.wait_durable(a.lsn).await.unwrap();
+        log.close().await.unwrap();
+    });
+}
