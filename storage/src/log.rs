@@ -70,9 +70,10 @@ impl LogConfig {
                 4 * PAGE_BYTES
             )));
         }
-        if self.flush_bytes_max as u64 > self.segment_bytes || self.flush_bytes_max > 1 << 30 {
+        // A full batch, padded to a page, must fit in an empty segment.
+        if pad_to_page(self.flush_bytes_max as u64) > self.segment_bytes || self.flush_bytes_max > 1 << 30 {
             return Err(StorageError::Config(format!(
-                "flush_bytes_max {} must be at most segment_bytes {} and 1 GiB",
+                "flush_bytes_max {} (padded to {PAGE_BYTES}) must be at most segment_bytes {} and 1 GiB",
                 self.flush_bytes_max, self.segment_bytes
             )));
         }

@@ -125,9 +125,7 @@ impl<D: Disk> EntryLog<D> {
         // and its parent (holding the shard directory).
         let parent = paths.dir.parent().filter(|p| !p.as_os_str().is_empty());
         for d in std::iter::once(paths.dir.as_path()).chain(parent) {
-            disk.sync_dir(d)
-                .await
-                .map_err(io_err("fsync directory", d))?;
+            disk.sync_dir(d).await.map_err(io_err("fsync directory", d))?;
         }
         disk.prepare(&paths.dir).await.map_err(io_err("prepare", &paths.dir))?;
         if !config.allow_tmpfs && disk.is_tmpfs(&paths.dir).map_err(io_err("statfs", &paths.dir))? {

@@ -270,3 +270,34 @@ fn tmpfs_is_refused_unless_allowed() {
         log.close().await.unwrap();
     });
 }
+
+/// Goal: configurations that cannot work are typed errors at open, not panics.
+#[test]
+fn bad_config_is_rejected() {
+    run(30, || async {
+        let mut bad = Vec::new();
+        let mut c = small_config("/s");
+        c.segment_bytes = 10_000; // not page-aligned
+        bad.push(c);
+        let mut c = small_config("/s");
+        c.flush_bytes_max = c.segment_bytes as usize + 1; // pads past the segment
+        bad.push(c);
+        let mut c = small_config("/s");
+        c.flush_bytes_max = 100;
+        bad.push(c);
+        for c in bad {
+            match EntryLog::open_with(SimDisk::new(), c.clone()).await {
+                Err(StorageError::Config(_)) => {}
+                other => panic!("{c:?}: expected Config error, got {other:?}"),
+            }
+        }
+        let mut c = small_config("/s");
+        c.flush_bytes_max = c.segment_bytes as usize;
+        let (log, _) = EntryLog::open_with(SimDisk::new(), c).await.unwrap();
+        let mut last = 0;
+        for _ in 0..100 {
+            last = log.append(1, Bytes::from(vec![1u8; 3000])).unwrap().lsn;
+        }
+        log.wait_durable(last).await.unwrap();
+    });
+}
