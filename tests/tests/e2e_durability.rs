@@ -4,20 +4,22 @@
 //!
 //! Method: a 2-shard broker as a real process. First run: 10,000 generated
 //! messages over 4 topics (2 owned by each shard), one `magnetar produce`
-//! process per topic, receipts from `--output jsonl`. Second run: one
-//! producer per topic with a count too large to finish; once every producer
-//! has printed some receipts (plus a seeded random delay, so the kill lands at
-//! varying points of the group-commit cycle), `kill -9` the broker. The
-//! producers then fail; every receipt they printed is an acknowledged message.
-//! Restart on the same data directory and read every topic from `earliest`
-//! with a fresh subscription (`magnetar consume --output jsonl`), then check
-//! each topic with `check_topic_log`. Finally produce a little more to show
-//! the recovered topics take appends after the recovered entries.
+//! process per topic, receipts from `--output jsonl`. Then, twice (so that a
+//! recovered log also crashes): one producer per topic with a count too large
+//! to finish; once every producer has printed some receipts (plus a seeded
+//! random delay, so the kill lands at varying points of the group-commit
+//! cycle), `kill -9` the broker. The producers then fail; every receipt they
+//! printed is an acknowledged message. Restart on the same data directory and
+//! read every topic from `earliest` with a fresh subscription
+//! (`magnetar consume --output jsonl`), checking each topic with
+//! `check_topic_log` against every run so far. Finally produce a little more
+//! to show the recovered topics take appends after the recovered entries.
 
 use magnetar_tests::{
     check_topic_log, run_with_timeout, test_dir, test_seed, topics_per_shard, BrokerOptions, BrokerProcess, ConsumeCmd,
-    Line, ProduceCmd, ProducedRun, Receipt, SplitMix64,
+    Line, ProduceCmd, ProducedRun, Receipt, Received, SplitMix64,
 };
+use magnetar_wire::MessageId;
 use std::time::{Duration, Instant};
 
 const SHARDS: u32 = 2;
@@ -29,6 +31,8 @@ const FIRST_RUN_MESSAGES: u64 = 10_000;
 const SIZES: [usize; 4] = [16, 4000, 333, 9000];
 /// Receipts every second-run producer must have printed before the kill.
 const RECEIPTS_BEFORE_KILL: usize = 200;
+/// Produce runs ended by `kill -9`, each followed by a restart and a check.
+const CRASH_ROUNDS: u32 = 2;
 /// Random extra delay before the kill, at most.
 const KILL_JITTER_MS_MAX: u64 = 300;
 
@@ -49,124 +53,137 @@ fn acknowledged_messages_survive_kill_9_with_small_segments() {
 }
 
 fn scenario(seed: u64, options: BrokerOptions, label: &str) {
-    {
-        let mut rng = SplitMix64(seed);
-        let dir = test_dir(label);
-        let mut broker = BrokerProcess::start_with(dir.path(), &options);
-        let url = broker.url();
-        let topics = topics_per_shard(label, SHARDS, TOPICS_PER_SHARD);
-        assert_eq!(topics.len(), SIZES.len());
-        let mut runs: Vec<Vec<ProducedRun>> = vec![Vec::new(); topics.len()];
+    let mut rng = SplitMix64(seed);
+    let dir = test_dir(label);
+    let mut broker = BrokerProcess::start_with(dir.path(), &options);
+    let topics = topics_per_shard(label, SHARDS, TOPICS_PER_SHARD);
+    assert_eq!(topics.len(), SIZES.len());
+    let mut runs: Vec<Vec<ProducedRun>> = vec![Vec::new(); topics.len()];
 
-        // First run: every message acknowledged, the producers exit 0.
+    first_run(&broker.url(), &topics, &mut runs);
+    let mut last_ids = Vec::new();
+    for round in 1..=CRASH_ROUNDS {
+        crash_run(&mut broker, &topics, round, &mut rng, &mut runs);
         let started = Instant::now();
-        let per_topic = FIRST_RUN_MESSAGES / topics.len() as u64;
-        let first: Vec<_> = topics
-            .iter()
-            .enumerate()
-            .map(|(i, (topic, _))| {
-                let cmd = ProduceCmd::new(&url, topic, &format!("first-{i}"), per_topic, SIZES[i]);
-                (cmd.clone(), cmd.spawn())
-            })
-            .collect();
-        for (i, (cmd, proc_)) in first.into_iter().enumerate() {
-            let run = proc_.finish(Duration::from_secs(90));
-            run.assert_success();
-            let receipts: Vec<Receipt> = run.stdout_lines.iter().map(|l| Receipt::parse(l)).collect();
-            assert_eq!(receipts.len() as u64, per_topic, "first run on {}: {}", cmd.topic, run.stderr);
-            runs[i].push(ProducedRun { producer: cmd.producer_name.clone(), size: cmd.size, receipts });
-        }
-        eprintln!("first run: {FIRST_RUN_MESSAGES} messages in {:.1} s", started.elapsed().as_secs_f64());
-
-        // Second run: kill -9 the broker in the middle of it.
-        let mut second: Vec<_> = topics
-            .iter()
-            .enumerate()
-            .map(|(i, (topic, _))| {
-                let cmd = ProduceCmd::new(&url, topic, &format!("second-{i}"), 100_000_000, SIZES[i]);
-                let p = cmd.spawn();
-                (cmd, p, Vec::<String>::new(), false)
-            })
-            .collect();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while second.iter().any(|(_, _, lines, _)| lines.len() < RECEIPTS_BEFORE_KILL) {
-            assert!(Instant::now() < deadline, "second-run producers printed too few receipts within 60 s");
-            for (cmd, p, lines, eof) in second.iter_mut() {
-                if *eof {
-                    continue;
-                }
-                match p.next_line(Duration::from_millis(20)) {
-                    Line::Line(l) => lines.push(l),
-                    Line::Timeout => {}
-                    Line::Eof => {
-                        *eof = true;
-                        panic!("producer on {} ended before the kill:\n{}", cmd.topic, p.stderr());
-                    }
-                }
-            }
-        }
-        let jitter = rng.below(KILL_JITTER_MS_MAX + 1);
-        std::thread::sleep(Duration::from_millis(jitter));
-        broker.kill9();
-        eprintln!("killed the broker {jitter} ms after every producer had {RECEIPTS_BEFORE_KILL} receipts");
-        for (i, (cmd, p, mut lines, _)) in second.into_iter().enumerate() {
-            let run = p.finish(Duration::from_secs(30));
-            // The producer cannot finish its count: the broker died under it.
-            assert!(!run.status.success(), "producer on {} exited 0 after the kill", cmd.topic);
-            lines.extend(run.stdout_lines);
-            let receipts: Vec<Receipt> = lines.iter().map(|l| Receipt::parse(l)).collect();
-            for (j, r) in receipts.iter().enumerate() {
-                assert_eq!(r.seq, j as u64, "second-run receipts on {} out of seq order", cmd.topic);
-            }
-            eprintln!("second run on {}: {} receipts before the kill", cmd.topic, receipts.len());
-            runs[i].push(ProducedRun { producer: cmd.producer_name.clone(), size: cmd.size, receipts });
-        }
-
-        // Restart and read everything back.
-        let started = Instant::now();
-        let broker = broker.restart();
-        eprintln!("restarted in {:.1} s", started.elapsed().as_secs_f64());
-        let url = broker.url();
-        let consumers: Vec<_> =
-            topics.iter().map(|(topic, _)| ConsumeCmd::new(&url, topic, "verify-after-crash").spawn()).collect();
-        let mut last_ids = Vec::new();
-        for (i, c) in consumers.into_iter().enumerate() {
-            let run = c.finish(Duration::from_secs(90));
-            run.assert_success();
-            let received: Vec<_> = run.stdout_lines.iter().map(|l| magnetar_tests::Received::parse(l)).collect();
-            let (topic, owner) = &topics[i];
-            let check = check_topic_log(topic, &runs[i], &received);
-            eprintln!(
-                "{topic} (shard {owner}): {} received, {} acknowledged, {} present without receipt",
-                check.received, check.acknowledged, check.unacknowledged_present
-            );
-            for m in &received {
-                assert_eq!(m.redelivery_count, 0, "{topic}: a fresh subscription saw a redelivery: {m:?}");
-            }
-            last_ids.push(received.last().map(|m| m.id));
-        }
-
-        // The recovered topics take new appends after what was recovered.
-        for (i, (topic, _)) in topics.iter().enumerate() {
-            let receipts = ProduceCmd::new(&url, topic, &format!("third-{i}"), 10, 100).run(Duration::from_secs(30));
-            let last = last_ids[i].expect("every topic has messages");
-            let first = receipts[0].id;
-            assert!(
-                (first.ledger, first.entry) > (last.ledger, last.entry),
-                "{topic}: new message {first} is not after the recovered {last}"
-            );
-            let more = ConsumeCmd { count: 10, ..ConsumeCmd::new(&url, topic, "verify-after-crash") }
-                .run(Duration::from_secs(30));
-            let ids: Vec<_> = more.iter().map(|m| m.id).collect();
-            let want: Vec<_> = receipts.iter().map(|r| r.id).collect();
-            assert_eq!(ids, want, "{topic}: the subscription after recovery");
-        }
-        for shard in 0..SHARDS {
-            let d = dir.path().join(format!("shard-{shard}/log"));
-            let files: Vec<_> = std::fs::read_dir(&d).map(|r| r.flatten().collect()).unwrap_or_default();
-            let bytes: u64 = files.iter().filter_map(|f| f.metadata().ok()).map(|m| m.len()).sum();
-            eprintln!("{label}: {} holds {} files, {bytes} bytes", d.display(), files.len());
-        }
-        drop(broker);
+        broker = broker.restart();
+        eprintln!("restart {round} took {:.1} s", started.elapsed().as_secs_f64());
+        last_ids = verify(&broker.url(), &topics, &runs, &format!("verify-{round}"));
     }
+
+    // The recovered topics take new appends after what was recovered, and
+    // the last verifying subscription (everything acked) gets just those.
+    let url = broker.url();
+    for (i, (topic, _)) in topics.iter().enumerate() {
+        let receipts = ProduceCmd::new(&url, topic, &format!("after-{i}"), 10, 100).run(Duration::from_secs(30));
+        let last = last_ids[i];
+        let first = receipts[0].id;
+        assert!(
+            (first.ledger, first.entry) > (last.ledger, last.entry),
+            "{topic}: new message {first} is not after the recovered {last}"
+        );
+        let more = ConsumeCmd { count: 10, ..ConsumeCmd::new(&url, topic, &format!("verify-{CRASH_ROUNDS}")) }
+            .run(Duration::from_secs(30));
+        let ids: Vec<_> = more.iter().map(|m| m.id).collect();
+        let want: Vec<_> = receipts.iter().map(|r| r.id).collect();
+        assert_eq!(ids, want, "{topic}: the subscription after recovery");
+    }
+    for shard in 0..SHARDS {
+        let d = dir.path().join(format!("shard-{shard}/log"));
+        let files: Vec<_> = std::fs::read_dir(&d).map(|r| r.flatten().collect()).unwrap_or_default();
+        let bytes: u64 = files.iter().filter_map(|f| f.metadata().ok()).map(|m| m.len()).sum();
+        eprintln!("{label}: {} holds {} files, {bytes} bytes", d.display(), files.len());
+    }
+}
+
+/// Every message acknowledged, the producers exit 0.
+fn first_run(url: &str, topics: &[(String, u32)], runs: &mut [Vec<ProducedRun>]) {
+    let started = Instant::now();
+    let per_topic = FIRST_RUN_MESSAGES / topics.len() as u64;
+    let procs: Vec<_> = topics
+        .iter()
+        .enumerate()
+        .map(|(i, (topic, _))| {
+            let cmd = ProduceCmd::new(url, topic, &format!("first-{i}"), per_topic, SIZES[i]);
+            (cmd.clone(), cmd.spawn())
+        })
+        .collect();
+    for (i, (cmd, p)) in procs.into_iter().enumerate() {
+        let run = p.finish(Duration::from_secs(90));
+        run.assert_success();
+        let receipts: Vec<Receipt> = run.stdout_lines.iter().map(|l| Receipt::parse(l)).collect();
+        assert_eq!(receipts.len() as u64, per_topic, "first run on {}: {}", cmd.topic, run.stderr);
+        runs[i].push(ProducedRun { producer: cmd.producer_name.clone(), size: cmd.size, receipts });
+    }
+    eprintln!("first run: {FIRST_RUN_MESSAGES} messages in {:.1} s", started.elapsed().as_secs_f64());
+}
+
+/// One producer per topic with a count it cannot finish; `kill -9` the broker
+/// once each has printed `RECEIPTS_BEFORE_KILL` receipts (plus jitter).
+fn crash_run(
+    broker: &mut BrokerProcess,
+    topics: &[(String, u32)],
+    round: u32,
+    rng: &mut SplitMix64,
+    runs: &mut [Vec<ProducedRun>],
+) {
+    let url = broker.url();
+    let mut procs: Vec<_> = topics
+        .iter()
+        .enumerate()
+        .map(|(i, (topic, _))| {
+            let cmd = ProduceCmd::new(&url, topic, &format!("crash{round}-{i}"), 100_000_000, SIZES[i]);
+            let p = cmd.spawn();
+            (cmd, p, Vec::<String>::new())
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while procs.iter().any(|(_, _, lines)| lines.len() < RECEIPTS_BEFORE_KILL) {
+        assert!(Instant::now() < deadline, "round {round}: producers printed too few receipts within 60 s");
+        for (cmd, p, lines) in procs.iter_mut() {
+            match p.next_line(Duration::from_millis(20)) {
+                Line::Line(l) => lines.push(l),
+                Line::Timeout => {}
+                Line::Eof => panic!("producer on {} ended before the kill:\n{}", cmd.topic, p.stderr()),
+            }
+        }
+    }
+    let jitter = rng.below(KILL_JITTER_MS_MAX + 1);
+    std::thread::sleep(Duration::from_millis(jitter));
+    broker.kill9();
+    eprintln!("round {round}: killed the broker {jitter} ms after every producer had {RECEIPTS_BEFORE_KILL} receipts");
+    for (i, (cmd, p, mut lines)) in procs.into_iter().enumerate() {
+        let run = p.finish(Duration::from_secs(30));
+        // The producer cannot finish its count: the broker died under it.
+        assert!(!run.status.success(), "producer on {} exited 0 after the kill", cmd.topic);
+        lines.extend(run.stdout_lines);
+        let receipts: Vec<Receipt> = lines.iter().map(|l| Receipt::parse(l)).collect();
+        for (j, r) in receipts.iter().enumerate() {
+            assert_eq!(r.seq, j as u64, "round {round}: receipts on {} out of seq order", cmd.topic);
+        }
+        eprintln!("round {round} on {}: {} receipts before the kill", cmd.topic, receipts.len());
+        runs[i].push(ProducedRun { producer: cmd.producer_name.clone(), size: cmd.size, receipts });
+    }
+}
+
+/// Reads every topic from `earliest` with a fresh subscription and checks it
+/// against all runs so far. Returns the last id of each topic.
+fn verify(url: &str, topics: &[(String, u32)], runs: &[Vec<ProducedRun>], subscription: &str) -> Vec<MessageId> {
+    let consumers: Vec<_> = topics.iter().map(|(topic, _)| ConsumeCmd::new(url, topic, subscription).spawn()).collect();
+    let mut last_ids = Vec::new();
+    for (i, c) in consumers.into_iter().enumerate() {
+        let run = c.finish(Duration::from_secs(90));
+        run.assert_success();
+        let received: Vec<_> = run.stdout_lines.iter().map(|l| Received::parse(l)).collect();
+        let (topic, owner) = &topics[i];
+        let check = check_topic_log(topic, &runs[i], &received);
+        eprintln!(
+            "{subscription} {topic} (shard {owner}): {} received, {} acknowledged, {} present without receipt",
+            check.received, check.acknowledged, check.unacknowledged_present
+        );
+        for m in &received {
+            assert_eq!(m.redelivery_count, 0, "{topic}: a fresh subscription saw a redelivery: {m:?}");
+        }
+        last_ids.push(received.last().map(|m| m.id).expect("every topic has messages"));
+    }
+    last_ids
 }
