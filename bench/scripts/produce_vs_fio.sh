@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Side-by-side, on the same disk and in one run: fio's O_DIRECT sequential write
+# with an fdatasync after every write (the disk's own limit for durable appends),
+# then `magnetar produce` of 1 KiB messages from one producer against a fresh
+# standalone broker whose data directory is on that disk. Prints the broker's
+# MB/s as a ratio of fio's at each block size.
+#
+# Usage: bench/scripts/produce_vs_fio.sh [DIR_ON_DISK] [COUNT] [MAX_PENDING]
+# Needs fio (apt-get install fio). Takes about a minute.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+DIR=${1:-$PWD/target/bench-disk}
+COUNT=${2:-200000}
+PENDING=${3:-1000}
+command -v fio >/dev/null || { echo "fio is not installed: apt-get install fio" >&2; exit 2; }
+cargo build --release --bin magnetar >&2
+M=$PWD/target/release/magnetar
+mkdir -p "$DIR"
+WORK=$(mktemp -d "$DIR/run.XXXXXX")
+BROKER_PID=
+cleanup() { [ -n "$BROKER_PID" ] && kill "$BROKER_PID" 2>/dev/null; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+fio_mbps() { # block size -> "MB/s sync_p50_us"
+  local bs=$1
+  fio --name=w --filename="$WORK/fio.dat" --size=256m --bs="$bs" --rw=write --direct=1 \
+      --fdatasync=1 --ioengine=sync --output-format=json 2>/dev/null |
+    python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; w=j["write"]; s=j["sync"]["lat_ns"]
+p=s.get("percentile",{}).get("50.000000", s["mean"]); print("%.1f %.0f" % (w["bw_bytes"]/1e6, p/1e3))'
+}
+
+# Lay the file out first so every measured run overwrites allocated blocks,
+# as the broker does with its preallocated segments.
+fio --name=prep --filename="$WORK/fio.dat" --size=256m --bs=1m --rw=write --direct=1 --ioengine=sync >/dev/null 2>&1
+declare -A FIO
+for bs in 4k 64k 1m; do
+  FIO[$bs]=$(fio_mbps $bs)
+  echo "fio O_DIRECT seq write + fdatasync, bs=$bs: ${FIO[$bs]% *} MB/s (fdatasync p50 ${FIO[$bs]#* } us)"
+done
+rm -f "$WORK/fio.dat"
+
+"$M" standalone --data-dir "$WORK/data" --listen 127.0.0.1:0 >"$WORK/broker.out" 2>"$WORK/broker.err" &
+BROKER_PID=$!
+for _ in $(seq 1 100); do grep -q listening "$WORK/broker.out" 2>/dev/null && break; sleep 0.1; done
+ADDR=$(sed -n 's/.*listening on //p' "$WORK/broker.out")
+[ -n "$ADDR" ] || { cat "$WORK/broker.err" >&2; exit 1; }
+SUMMARY=$("$M" produce persistent://public/default/bench --url "$ADDR" --count "$COUNT" --size 1024 \
+  --max-pending "$PENDING" 2>&1 >/dev/null | tail -1)
+echo "magnetar produce 1 KiB x $COUNT, max-pending $PENDING: $SUMMARY"
+MBPS=$(echo "$SUMMARY" | sed -n 's/.* \([0-9.]*\) MB\/s.*/\1/p')
+for bs in 4k 64k 1m; do
+  python3 -c "print('ratio to fio bs=$bs: %.3f' % ($MBPS / ${FIO[$bs]% *}))"
+done
+
+# One message in flight at a time: publish latency against the disk's own
+# 4 KiB write + fdatasync.
+SUMMARY1=$("$M" produce persistent://public/default/bench-1 --url "$ADDR" --count 5000 --size 1024 \
+  --max-pending 1 2>&1 >/dev/null | tail -1)
+echo "magnetar produce 1 KiB x 5000, max-pending 1: $SUMMARY1"
+P50=$(echo "$SUMMARY1" | sed -n 's/.*p50 \([0-9.]*\).*/\1/p')
+python3 -c "print('publish p50 %.0f us vs fio 4k write+fdatasync p50 ${FIO[4k]#* } us' % ($P50*1000))"
