@@ -10,6 +10,7 @@
 //!   under a deadline; on timeout its processes and directories are removed.
 //! - [`test_dir`], [`topics_per_shard`], [`expected_payload`],
 //!   [`check_topic_log`], [`connect_on_shard`]: data helpers.
+//! - [`RawConnection`]: a blocking raw-protocol connection for exact frames.
 //!
 //! See `README.md` for how it works and how to run one test.
 
@@ -17,6 +18,7 @@ mod broker;
 mod cli;
 mod data;
 mod process;
+mod raw;
 mod scope;
 
 pub use broker::{BrokerOptions, BrokerProcess, StartFailure, LISTENING_PREFIX, START_TIMEOUT, TERMINATE_TIMEOUT};
@@ -26,6 +28,7 @@ pub use data::{
     LogCheck, ProducedRun, TestDir, BUNDLES_PER_NAMESPACE,
 };
 pub use process::{magnetar_bin, ChildGuard, LogBuffer};
+pub use raw::{connect_frame, frame_bytes, Ending, RawConnection, RawFrame, RAW_TIMEOUT};
 pub use scope::{run_async_with_timeout, run_with_timeout, Scope};
 
 use magnetar_client::Client;

@@ -15,121 +15,17 @@
 //! still produce and consume, and the broker is still running with no panic
 //! in its log.
 
-use bytes::BytesMut;
 use magnetar_client::{Client, Consumer, InitialPosition, OutgoingMessage, Producer};
-use magnetar_tests::{connect_on_shard, run_async_with_timeout, test_dir, test_seed, BrokerProcess, SplitMix64};
-use magnetar_wire::{encode_frame, Command, ErrorCode, FrameDecoder, PROTOCOL_VERSION};
-use std::io::{ErrorKind, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use magnetar_tests::{
+    connect_frame, connect_on_shard, frame_bytes, run_async_with_timeout, test_dir, test_seed, BrokerProcess, Ending,
+    RawConnection, SplitMix64, RAW_TIMEOUT,
+};
+use magnetar_wire::{Command, ErrorCode};
+use std::net::{Shutdown, SocketAddr};
+use std::time::Duration;
 
 const SHARDS: u32 = 2;
-/// How long the broker may take to answer or close a bad connection.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 const RANDOM_CONNECTIONS: usize = 40;
-
-fn frame(command: &Command, payload: &[u8]) -> Vec<u8> {
-    let mut buf = BytesMut::new();
-    encode_frame(command, payload, &mut buf).expect("encode");
-    buf.to_vec()
-}
-
-fn connect_frame() -> Vec<u8> {
-    frame(&Command::Connect { client_version: "bad-input-test".into(), protocol_version: PROTOCOL_VERSION }, &[])
-}
-
-/// A raw protocol connection.
-struct Raw {
-    stream: TcpStream,
-    buf: BytesMut,
-    decoder: FrameDecoder,
-    closed: bool,
-}
-
-/// How a raw connection ended.
-#[derive(Debug)]
-struct Ending {
-    /// Frames the broker sent before closing.
-    frames: Vec<Command>,
-    /// Bytes after the last whole frame (should be none).
-    trailing: usize,
-}
-
-impl Raw {
-    fn connect(addr: SocketAddr) -> Raw {
-        let stream = TcpStream::connect(addr).expect("raw connect");
-        stream.set_read_timeout(Some(Duration::from_millis(200))).expect("read timeout");
-        Raw { stream, buf: BytesMut::new(), decoder: FrameDecoder::default(), closed: false }
-    }
-
-    /// Writes bytes; a broker that already closed makes this fail, which is fine.
-    fn send_bytes(&mut self, bytes: &[u8]) {
-        let _ = self.stream.write_all(bytes);
-    }
-
-    fn send(&mut self, command: &Command, payload: &[u8]) {
-        self.send_bytes(&frame(command, payload));
-    }
-
-    /// Reads whatever arrives within 200 ms; notes EOF / reset.
-    fn read_some(&mut self) {
-        let mut chunk = [0u8; 64 * 1024];
-        match self.stream.read(&mut chunk) {
-            Ok(0) => self.closed = true,
-            Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
-            // A close with unread data in the broker's socket arrives as a reset.
-            Err(e) if matches!(e.kind(), ErrorKind::ConnectionReset | ErrorKind::BrokenPipe) => self.closed = true,
-            Err(e) => panic!("raw read: {e}"),
-        }
-    }
-
-    fn pop_frame(&mut self) -> Option<Command> {
-        match self.decoder.decode(&mut self.buf) {
-            Ok(Some(f)) => Some(f.command),
-            Ok(None) => None,
-            Err(e) => panic!("the broker sent a bad frame: {e}"),
-        }
-    }
-
-    /// The next frame from the broker; panics on EOF or timeout.
-    fn next_frame(&mut self, what: &str) -> Command {
-        let deadline = Instant::now() + CLOSE_TIMEOUT;
-        loop {
-            if let Some(c) = self.pop_frame() {
-                return c;
-            }
-            assert!(!self.closed, "{what}: connection closed while waiting for an answer");
-            assert!(Instant::now() < deadline, "{what}: no answer within {CLOSE_TIMEOUT:?}");
-            self.read_some();
-        }
-    }
-
-    fn handshake(&mut self) -> u32 {
-        self.send_bytes(&connect_frame());
-        match self.next_frame("handshake") {
-            Command::Connected { shard, .. } => shard,
-            other => panic!("handshake answered with {other:?}"),
-        }
-    }
-
-    /// Waits until the broker closes the connection; returns what it sent.
-    fn expect_closed(mut self, what: &str) -> Ending {
-        let deadline = Instant::now() + CLOSE_TIMEOUT;
-        while !self.closed {
-            assert!(
-                Instant::now() < deadline,
-                "{what}: the broker did not close the connection within {CLOSE_TIMEOUT:?}"
-            );
-            self.read_some();
-        }
-        let mut frames = Vec::new();
-        while let Some(c) = self.pop_frame() {
-            frames.push(c);
-        }
-        Ending { frames, trailing: self.buf.len() }
-    }
-}
 
 /// A connection closed for a protocol violation: any frame the broker managed
 /// to send before closing must be its `Error(ProtocolError)`.
@@ -174,7 +70,7 @@ impl Witness {
     async fn round_trip(&self, when: &str) {
         let body = format!("{} {when}", self.topic);
         let id = self.producer.send(OutgoingMessage::new(body.clone())).await.unwrap_or_else(|e| panic!("{when}: {e}"));
-        let m = tokio::time::timeout(CLOSE_TIMEOUT, self.consumer.receive())
+        let m = tokio::time::timeout(RAW_TIMEOUT, self.consumer.receive())
             .await
             .unwrap_or_else(|_| panic!("{}: no message {when}", self.topic))
             .unwrap_or_else(|e| panic!("{}: receive {when}: {e}", self.topic));
@@ -188,40 +84,40 @@ impl Witness {
 /// The raw cases; each runs on its own connection.
 fn bad_connections(addr: SocketAddr) {
     // Text (an HTTP request): its first four bytes read as a ~540 MB length.
-    let mut c = Raw::connect(addr);
+    let mut c = RawConnection::connect(addr);
     c.send_bytes(b"GET / HTTP/1.1\r\nHost: magnetar\r\n\r\n");
     assert_protocol_close(&c.expect_closed("http request"), "http request");
 
     // A length far over the frame limit, and nothing else: refused from the
     // four length bytes alone, without waiting for (or allocating) the rest.
-    let mut c = Raw::connect(addr);
+    let mut c = RawConnection::connect(addr);
     c.send_bytes(&0x7fff_ffffu32.to_le_bytes());
     assert_protocol_close(&c.expect_closed("oversized length"), "oversized length");
 
     // The same after a good handshake.
-    let mut c = Raw::connect(addr);
+    let mut c = RawConnection::connect(addr);
     c.handshake();
     c.send_bytes(&(magnetar_wire::FRAME_BYTES_MAX_DEFAULT + 1).to_le_bytes());
     c.send_bytes(&[0u8; 64]);
     assert_protocol_close(&c.expect_closed("oversized length after connect"), "oversized length after connect");
 
     // A length below the header size.
-    let mut c = Raw::connect(addr);
+    let mut c = RawConnection::connect(addr);
     c.send_bytes(&3u32.to_le_bytes());
     c.send_bytes(&[0u8; 16]);
     assert_protocol_close(&c.expect_closed("too-small length"), "too-small length");
 
     // A Connect frame with one checksum bit flipped.
-    let mut c = Raw::connect(addr);
+    let mut c = RawConnection::connect(addr);
     let mut f = connect_frame();
     f[4] ^= 0x01;
     c.send_bytes(&f);
     assert_protocol_close(&c.expect_closed("bad checksum on connect"), "bad checksum on connect");
 
     // A good handshake, then a Producer frame with a flipped command byte.
-    let mut c = Raw::connect(addr);
+    let mut c = RawConnection::connect(addr);
     c.handshake();
-    let mut f = frame(
+    let mut f = frame_bytes(
         &Command::Producer {
             request_id: 1,
             producer_id: 1,
@@ -236,12 +132,12 @@ fn bad_connections(addr: SocketAddr) {
     assert_protocol_close(&c.expect_closed("bad checksum after connect"), "bad checksum after connect");
 
     // A valid frame, but not Connect, first.
-    let mut c = Raw::connect(addr);
+    let mut c = RawConnection::connect(addr);
     c.send(&Command::Ping, &[]);
     assert_protocol_close(&c.expect_closed("ping before connect"), "ping before connect");
 
     // Correct framing and checksum around a command that is not a flatbuffer.
-    let mut c = Raw::connect(addr);
+    let mut c = RawConnection::connect(addr);
     c.handshake();
     let junk = [0xabu8; 40];
     let cmd_len = junk.len() as u32;
@@ -257,7 +153,7 @@ fn bad_connections(addr: SocketAddr) {
     assert_protocol_close(&c.expect_closed("undecodable command"), "undecodable command");
 
     // Half a frame, then the client hangs up.
-    let mut c = Raw::connect(addr);
+    let mut c = RawConnection::connect(addr);
     let f = connect_frame();
     c.send_bytes(&f[..f.len() / 2]);
     let _ = c.stream.shutdown(Shutdown::Write);
@@ -265,10 +161,10 @@ fn bad_connections(addr: SocketAddr) {
 
     // Request-level errors keep the connection: a Send for a producer that
     // does not exist, then a Send whose blob is not a message.
-    let mut c = Raw::connect(addr);
+    let mut c = RawConnection::connect(addr);
     c.handshake();
     c.send(&Command::Send { producer_id: 42, sequence_id: 0, num_messages: 1 }, b"not a message blob");
-    match c.next_frame("send without producer") {
+    match c.next_command("send without producer") {
         Command::SendError { producer_id: 42, code: ErrorCode::ProducerNotFound, .. } => {}
         other => panic!("send without producer answered with {other:?}"),
     }
@@ -276,19 +172,19 @@ fn bad_connections(addr: SocketAddr) {
         &Command::Producer { request_id: 7, producer_id: 1, topic: "bad-blob".into(), producer_name: String::new() },
         &[],
     );
-    match c.next_frame("create producer") {
+    match c.next_command("create producer") {
         Command::ProducerSuccess { request_id: 7, .. } => {}
         other => panic!("create producer answered with {other:?}"),
     }
     c.send(&Command::Send { producer_id: 1, sequence_id: 0, num_messages: 1 }, b"\xff\xff\xff\xffnot a message blob");
-    match c.next_frame("bad blob") {
+    match c.next_command("bad blob") {
         Command::SendError { producer_id: 1, sequence_id: 0, code, message } => {
             assert_ne!(code, ErrorCode::UnknownError, "bad blob: {message}");
         }
         other => panic!("a bad blob was answered with {other:?}"),
     }
     c.send(&Command::Ping, &[]);
-    assert!(matches!(c.next_frame("ping after errors"), Command::Pong), "the connection should still work");
+    assert!(matches!(c.next_command("ping after errors"), Command::Pong), "the connection should still work");
 }
 
 /// Seeded random byte strings, some after a good handshake. The client
@@ -297,7 +193,7 @@ fn bad_connections(addr: SocketAddr) {
 fn random_connections(addr: SocketAddr, seed: u64) {
     let mut rng = SplitMix64(seed);
     for i in 0..RANDOM_CONNECTIONS {
-        let mut c = Raw::connect(addr);
+        let mut c = RawConnection::connect(addr);
         let handshake = rng.below(2) == 0;
         if handshake {
             c.handshake();

@@ -5,11 +5,18 @@
 //!
 //! Method: a 2-shard broker process; the two competing consumers sit on
 //! connections on different shards, for a topic owned by each shard.
+//!
+//! Also here: a consumer whose connection drops without closing frees the
+//! subscription and its unacknowledged messages come again; and the broker
+//! dispatches exactly within the flow permits a consumer grants (checked on
+//! a raw connection, which grants permits one `Flow` frame at a time).
 
 use magnetar_client::{AckType, Client, ClientError, Consumer, ErrorCode, InitialPosition, Message, OutgoingMessage};
 use magnetar_tests::{
     connect_on_shard, run_async_with_timeout, run_cli, test_dir, topics_per_shard, BrokerProcess, ConsumeCmd,
+    RawConnection,
 };
+use magnetar_wire::{Command, SubscriptionType};
 use std::time::Duration;
 
 const SHARDS: u32 = 2;
@@ -91,6 +98,130 @@ fn an_exclusive_subscription_refuses_a_second_consumer() {
             other.close().await.expect("close");
             producer.close().await.expect("close");
         }
+        drop(broker);
+    });
+}
+
+#[test]
+fn a_dropped_connection_frees_the_subscription_and_its_messages() {
+    run_async_with_timeout(Duration::from_secs(60), || async {
+        let dir = test_dir("dropped");
+        let broker = BrokerProcess::start(dir.path(), SHARDS);
+        let url = broker.url();
+        for (topic, owner) in topics_per_shard("dropped", SHARDS, 1) {
+            let what = format!("{topic} (owner shard {owner})");
+            let other = (owner + 1) % SHARDS;
+            let a = connect_on_shard(&url, other, 64).await;
+            let producer = a.producer(topic.as_str()).create().await.expect("producer");
+            let mut ids = Vec::new();
+            for i in 0..5 {
+                ids.push(producer.send(OutgoingMessage::new(format!("m{i}"))).await.expect("send"));
+            }
+            let first = subscribe(&a, &topic, "drop").await.expect("subscribe");
+            for id in &ids {
+                assert_eq!(receive(&first, &what).await.id, *id);
+            }
+            // Hang up without closing anything.
+            a.close();
+
+            // The broker notices the closed connection soon; until then the
+            // subscription is still taken.
+            let b = Client::connect(&url).await.expect("connect");
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            let second = loop {
+                match subscribe(&b, &topic, "drop").await {
+                    Ok(c) => break c,
+                    Err(ClientError::Broker { code: ErrorCode::ConsumerBusy, .. })
+                        if tokio::time::Instant::now() < deadline =>
+                    {
+                        tokio::time::sleep(Duration::from_millis(50)).await
+                    }
+                    Err(e) => panic!("{what}: subscribing after the first consumer's connection dropped: {e}"),
+                }
+            };
+            for id in &ids {
+                let m = receive(&second, &what).await;
+                assert_eq!(m.id, *id, "{what}: redelivery after a dropped connection");
+                assert_eq!(m.redelivery_count(), 1, "{what}");
+            }
+            second.close().await.expect("close");
+        }
+        drop(broker);
+    });
+}
+
+#[test]
+fn dispatch_stays_within_the_flow_permits() {
+    run_async_with_timeout(Duration::from_secs(60), || async {
+        let dir = test_dir("permits");
+        let broker = BrokerProcess::start(dir.path(), SHARDS);
+        let url = broker.url();
+        let addr = broker.addr();
+        let client = Client::connect(&url).await.expect("connect");
+        let topics = topics_per_shard("permits", SHARDS, 1);
+        let mut all_ids = Vec::new();
+        for (topic, _) in &topics {
+            let producer = client.producer(topic.as_str()).name("p").create().await.expect("producer");
+            let mut ids = Vec::new();
+            for i in 0..10 {
+                ids.push(producer.send(OutgoingMessage::new(format!("m{i}"))).await.expect("send"));
+            }
+            all_ids.push(ids);
+        }
+        tokio::task::spawn_blocking(move || {
+            for ((topic, owner), ids) in topics.iter().zip(&all_ids) {
+                let what = format!("{topic} (owner shard {owner})");
+                let mut c = RawConnection::connect(addr);
+                let shard = c.handshake();
+                eprintln!("{what}: raw connection on shard {shard}");
+                c.send(
+                    &Command::Subscribe {
+                        request_id: 1,
+                        consumer_id: 9,
+                        topic: topic.clone(),
+                        subscription: "permits".into(),
+                        sub_type: SubscriptionType::Exclusive,
+                        consumer_name: String::new(),
+                        initial_position: magnetar_wire::InitialPosition::Earliest,
+                        durable: true,
+                        priority_level: 0,
+                    },
+                    &[],
+                );
+                match c.next_command(&what) {
+                    Command::Success { request_id: 1 } => {}
+                    other => panic!("{what}: subscribe answered with {other:?}"),
+                }
+                let quiet = |c: &mut RawConnection, after: &str| {
+                    if let Some(f) = c.try_next(Duration::from_millis(300), &what) {
+                        panic!("{what}: a frame beyond the permits after {after}: {:?}", f.command);
+                    }
+                };
+                quiet(&mut c, "subscribing (no permits yet)");
+                let mut next = 0usize;
+                for permits in [3u32, 2, 100] {
+                    c.send(&Command::Flow { consumer_id: 9, permits }, &[]);
+                    let expect = (permits as usize).min(ids.len() - next);
+                    for _ in 0..expect {
+                        let f = c.next(&what);
+                        match f.command {
+                            Command::Message { consumer_id: 9, message_id, redelivery_count: 0 } => {
+                                assert_eq!(message_id, ids[next], "{what}: dispatch order");
+                                let (meta, payload) = magnetar_wire::decode_message(&f.payload).expect("blob");
+                                assert_eq!(meta.sequence_id, next as u64);
+                                assert_eq!(payload.as_ref(), format!("m{next}").as_bytes());
+                            }
+                            other => panic!("{what}: expected a message, got {other:?}"),
+                        }
+                        next += 1;
+                    }
+                    quiet(&mut c, &format!("{permits} permits"));
+                }
+                assert_eq!(next, ids.len());
+            }
+        })
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
         drop(broker);
     });
 }

@@ -1,0 +1,150 @@
+//! A raw native-protocol connection (blocking std TCP), for tests that must
+//! send exactly the frames they choose: malformed input, or permits counted
+//! one by one.
+
+use bytes::BytesMut;
+use magnetar_wire::{encode_frame, Command, FrameDecoder, PROTOCOL_VERSION};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+/// How long [`RawConnection`] waits for an answer or for the broker to close.
+pub const RAW_TIMEOUT: Duration = Duration::from_secs(10);
+/// One blocking read waits at most this long.
+const READ_SLICE: Duration = Duration::from_millis(100);
+
+/// One frame from the broker.
+#[derive(Debug, Clone)]
+pub struct RawFrame {
+    pub command: Command,
+    pub payload: bytes::Bytes,
+}
+
+/// How a connection ended (see [`RawConnection::expect_closed`]).
+#[derive(Debug)]
+pub struct Ending {
+    /// Frames the broker sent before closing.
+    pub frames: Vec<Command>,
+    /// Bytes after the last whole frame (a well-behaved broker leaves none).
+    pub trailing: usize,
+}
+
+/// Encodes one frame.
+pub fn frame_bytes(command: &Command, payload: &[u8]) -> Vec<u8> {
+    let mut buf = BytesMut::new();
+    encode_frame(command, payload, &mut buf).unwrap_or_else(|e| panic!("encoding {command:?}: {e}"));
+    buf.to_vec()
+}
+
+/// The `Connect` frame of protocol version [`PROTOCOL_VERSION`].
+pub fn connect_frame() -> Vec<u8> {
+    frame_bytes(&Command::Connect { client_version: "magnetar-tests".into(), protocol_version: PROTOCOL_VERSION }, &[])
+}
+
+/// A raw TCP connection speaking frames. Not async: use it from a blocking
+/// thread (`tokio::task::spawn_blocking`) inside async tests.
+pub struct RawConnection {
+    pub stream: TcpStream,
+    buf: BytesMut,
+    decoder: FrameDecoder,
+    closed: bool,
+}
+
+impl RawConnection {
+    pub fn connect(addr: SocketAddr) -> RawConnection {
+        let stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("raw connect to {addr}: {e}"));
+        stream.set_read_timeout(Some(READ_SLICE)).expect("set_read_timeout");
+        let _ = stream.set_nodelay(true);
+        RawConnection { stream, buf: BytesMut::new(), decoder: FrameDecoder::default(), closed: false }
+    }
+
+    /// Writes bytes; if the broker already closed, the error is ignored (the
+    /// test then checks how the connection ended).
+    pub fn send_bytes(&mut self, bytes: &[u8]) {
+        let _ = self.stream.write_all(bytes);
+    }
+
+    pub fn send(&mut self, command: &Command, payload: &[u8]) {
+        self.send_bytes(&frame_bytes(command, payload));
+    }
+
+    /// Reads what arrives within one read slice; notes EOF or reset.
+    fn read_some(&mut self) {
+        let mut chunk = [0u8; 64 * 1024];
+        match self.stream.read(&mut chunk) {
+            Ok(0) => self.closed = true,
+            Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
+            // A close with unread data in the broker's socket arrives as a reset.
+            Err(e) if matches!(e.kind(), ErrorKind::ConnectionReset | ErrorKind::BrokenPipe) => self.closed = true,
+            Err(e) => panic!("raw read: {e}"),
+        }
+    }
+
+    fn pop_frame(&mut self) -> Option<RawFrame> {
+        match self.decoder.decode(&mut self.buf) {
+            Ok(Some(f)) => Some(RawFrame { command: f.command, payload: f.payload }),
+            Ok(None) => None,
+            Err(e) => panic!("the broker sent a bad frame: {e}"),
+        }
+    }
+
+    /// The next frame within `timeout`; `None` on timeout. Panics if the
+    /// connection closes first.
+    pub fn try_next(&mut self, timeout: Duration, what: &str) -> Option<RawFrame> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(f) = self.pop_frame() {
+                return Some(f);
+            }
+            assert!(!self.closed, "{what}: the broker closed the connection");
+            if Instant::now() >= deadline {
+                return None;
+            }
+            self.read_some();
+        }
+    }
+
+    /// The next frame; panics on close or after [`RAW_TIMEOUT`].
+    pub fn next(&mut self, what: &str) -> RawFrame {
+        self.try_next(RAW_TIMEOUT, what).unwrap_or_else(|| panic!("{what}: no frame within {RAW_TIMEOUT:?}"))
+    }
+
+    /// Skips `Ping`s from the broker (answering them).
+    pub fn next_command(&mut self, what: &str) -> Command {
+        loop {
+            let f = self.next(what);
+            match f.command {
+                Command::Ping => self.send(&Command::Pong, &[]),
+                c => return c,
+            }
+        }
+    }
+
+    /// Sends `Connect`, expects `Connected`; returns the shard.
+    pub fn handshake(&mut self) -> u32 {
+        self.send_bytes(&connect_frame());
+        match self.next_command("handshake") {
+            Command::Connected { shard, .. } => shard,
+            other => panic!("handshake answered with {other:?}"),
+        }
+    }
+
+    /// Waits (up to [`RAW_TIMEOUT`]) until the broker closes the connection;
+    /// returns what it sent first.
+    pub fn expect_closed(mut self, what: &str) -> Ending {
+        let deadline = Instant::now() + RAW_TIMEOUT;
+        while !self.closed {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: the broker did not close the connection within {RAW_TIMEOUT:?}"
+            );
+            self.read_some();
+        }
+        let mut frames = Vec::new();
+        while let Some(f) = self.pop_frame() {
+            frames.push(f.command);
+        }
+        Ending { frames, trailing: self.buf.len() }
+    }
+}
