@@ -9,7 +9,7 @@
 use magnetar_client::{Client, Consumer, InitialPosition, Message, MessageId, OutgoingMessage};
 use magnetar_tests::{
     check_topic_log, run_async_with_timeout, run_with_timeout, test_dir, topics_per_shard, BrokerProcess, ConsumeCmd,
-    Line, ProduceCmd, ProducedRun, Receipt,
+    Line, ProduceCmd, ProducedRun, Receipt, Received,
 };
 use std::time::{Duration, Instant};
 
@@ -265,6 +265,50 @@ fn confirmed_acks_survive_kill_9() {
                 assert_eq!(m.payload.as_ref(), body(i).as_bytes());
             }
             assert_quiet(&consumer, topic).await;
+        }
+    });
+}
+
+/// A clean shutdown leaves a marker; a start must not trust it once new data
+/// was written after it. Clean stop, start, more acknowledged messages,
+/// `kill -9`, start: the log must be recovered as unclean, with everything.
+#[test]
+fn a_crash_after_a_clean_restart_is_recovered_as_a_crash() {
+    run_with_timeout(Duration::from_secs(90), || {
+        let dir = test_dir("clean-then-crash");
+        let mut broker = BrokerProcess::start(dir.path(), SHARDS);
+        let topics = topics_per_shard("clean-then-crash", SHARDS, 1);
+        let mut runs: Vec<Vec<ProducedRun>> = vec![Vec::new(); topics.len()];
+        for (step, (kill, clean_after)) in [(false, true), (true, false), (true, false)].into_iter().enumerate() {
+            for (i, (topic, _)) in topics.iter().enumerate() {
+                let cmd = ProduceCmd::new(&broker.url(), topic, &format!("step{step}"), 300, 700);
+                let receipts = cmd.run(Duration::from_secs(60));
+                runs[i].push(ProducedRun { producer: cmd.producer_name.clone(), size: cmd.size, receipts });
+            }
+            if kill {
+                broker.kill9();
+            } else {
+                assert!(broker.terminate().success());
+            }
+            broker = broker.restart();
+            assert_recovered_clean(&broker, clean_after);
+            // Every run finished, so the exact count is known: stop there
+            // rather than wait for an idle timeout (a duplicate or a stray
+            // message would take the place of an expected one and fail the check).
+            let consumers: Vec<_> = topics
+                .iter()
+                .enumerate()
+                .map(|(i, (topic, _))| {
+                    let count = runs[i].iter().map(|r| r.receipts.len() as u64).sum();
+                    ConsumeCmd { count, ..ConsumeCmd::new(&broker.url(), topic, &format!("check{step}")) }.spawn()
+                })
+                .collect();
+            for (i, c) in consumers.into_iter().enumerate() {
+                let run = c.finish(Duration::from_secs(60));
+                run.assert_success();
+                let received: Vec<_> = run.stdout_lines.iter().map(|l| Received::parse(l)).collect();
+                check_topic_log(&topics[i].0, &runs[i], &received);
+            }
         }
     });
 }
