@@ -550,16 +550,23 @@ impl Shard {
         if changed {
             self.mark_cursor_dirty(&t, &sub);
         }
-        if persist_now && sub.durable && sub.dirty.get() {
+        if !(persist_now && sub.durable) {
+            return Ok(None);
+        }
+        if sub.dirty.get() {
             return Ok(Some(self.persist_cursor(&t, &sub)?));
         }
-        Ok(None)
+        // Nothing new, but the last cursor record may not be on disk yet:
+        // the answer waits for it all the same.
+        Ok(Some(sub.persisted_lsn.get()))
     }
 
     pub(crate) fn persist_cursor(&self, topic: &Topic, sub: &Subscription) -> Result<u64, CoreError> {
         sub.dirty.set(false);
         let bytes = sub.cursor.borrow().encode();
-        Ok(self.log.put_meta(&cursor_meta_key(&topic.key, &sub.name), Bytes::from(bytes))?)
+        let lsn = self.log.put_meta(&cursor_meta_key(&topic.key, &sub.name), Bytes::from(bytes))?;
+        sub.persisted_lsn.set(lsn);
+        Ok(lsn)
     }
 
     pub(crate) fn mark_cursor_dirty(&self, topic: &Rc<Topic>, sub: &Rc<Subscription>) {

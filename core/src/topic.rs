@@ -78,6 +78,8 @@ pub(crate) struct Subscription {
     deliveries: RefCell<HashMap<u64, u32>>,
     pub(crate) wake: Signal,
     pub(crate) dirty: Cell<bool>,
+    /// Log position of the last cursor record written (0: none this run).
+    pub(crate) persisted_lsn: Cell<u64>,
 }
 
 impl Subscription {
@@ -94,6 +96,7 @@ impl Subscription {
             deliveries: RefCell::new(HashMap::new()),
             wake: Signal::new(),
             dirty: Cell::new(false),
+            persisted_lsn: Cell::new(0),
         })
     }
 
