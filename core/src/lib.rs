@@ -21,7 +21,7 @@ pub use config::BrokerConfig;
 pub use error::{CoreError, StartError};
 pub use launch::{launch, Running};
 pub use shard::{
-    Broker, ConsumerEvent, ConsumerHandle, ConsumerRef, ProducerHandle, SubscribeRequest, LEDGER_ID_SHARD_STRIDE,
-    SHARDS_MAX,
+    decode_topic_meta, Broker, ConsumerEvent, ConsumerHandle, ConsumerRef, ProducerHandle, SubscribeRequest,
+    LEDGER_ID_SHARD_STRIDE, SHARDS_MAX,
 };
 pub use topic_name::TopicName;

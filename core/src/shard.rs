@@ -638,7 +638,9 @@ fn encode_topic_meta(ledger: u64) -> Vec<u8> {
     v
 }
 
-fn decode_topic_meta(v: &[u8]) -> Option<u64> {
+/// Decodes a topic record (`t/<topic>` metadata value): the topic's ledger
+/// id. `None` for a value in an unknown format. Public for offline tools.
+pub fn decode_topic_meta(v: &[u8]) -> Option<u64> {
     match v {
         [TOPIC_META_VERSION, rest @ ..] if rest.len() == 8 => {
             let mut b = [0u8; 8];

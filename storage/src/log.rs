@@ -15,9 +15,9 @@ use tracing::{debug, error, info};
 use crate::disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
 use crate::error::{CorruptReason, Result, StorageError};
 use crate::format::{
-    encode_index_page, pad_to_page, BatchHeader, Checkpoint, CheckpointLedger, CleanMarker, IndexEntry, IndexExtras,
-    RecordHeader, BATCH_HEADER_BYTES, INDEX_ENTRIES_PER_PAGE, KIND_ENTRY, KIND_META, META_KEY_BYTES_MAX,
-    RECORD_HEADER_BYTES,
+    check_entry_record, encode_index_page, pad_to_page, BatchHeader, Checkpoint, CheckpointLedger, CleanMarker,
+    IndexEntry, IndexExtras, RecordHeader, BATCH_HEADER_BYTES, INDEX_ENTRIES_PER_PAGE, KIND_ENTRY, KIND_META,
+    META_KEY_BYTES_MAX, RECORD_HEADER_BYTES,
 };
 
 /// Configuration of one shard's entry log.
@@ -840,19 +840,7 @@ impl<D: Disk> EntryLog<D> {
                 need: seg.start + len as u64,
             }));
         }
-        let h = RecordHeader::decode(&raw).map_err(corrupt)?;
-        h.verify(&raw, &raw[RECORD_HEADER_BYTES..]).map_err(corrupt)?;
-        for (field, expected, found) in [
-            ("record crc", ie.record_crc as u64, h.crc as u64),
-            ("record kind", KIND_ENTRY as u64, h.kind as u64),
-            ("record ledger", ledger, h.ledger),
-            ("record entry", entry, h.entry),
-            ("record length", ie.body_len as u64, h.body_len as u64),
-        ] {
-            if expected != found {
-                return Err(corrupt(CorruptReason::Field { field, expected, found }));
-            }
-        }
+        check_entry_record(&raw, &ie, ledger, entry).map_err(corrupt)?;
         Ok(Bytes::from(raw).slice(RECORD_HEADER_BYTES..))
     }
 

@@ -342,6 +342,24 @@ impl SimDisk {
         apply(&mut inode.durable, &op);
     }
 
+    /// Writes the written image of every file under `root` (a sim path
+    /// `/a/b` becomes `root/a/b`), so tools that read real files (the
+    /// offline inspector) can be tested on what a crash left.
+    pub fn export(&self, root: &Path) -> io::Result<()> {
+        let st = self.st.borrow();
+        for (dir, d) in &st.dirs {
+            let rel = dir.strip_prefix("/").unwrap_or(dir);
+            let out = root.join(rel);
+            std::fs::create_dir_all(&out)?;
+            for (name, ino) in &d.written {
+                if let Some(inode) = st.inodes.get(ino) {
+                    std::fs::write(out.join(name), &inode.written)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Sets a file's length in both images (test hook).
     pub fn set_len(&self, path: &Path, len: u64) {
         let mut st = self.st.borrow_mut();

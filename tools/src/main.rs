@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 mod consume;
+mod inspect;
 mod produce;
 mod standalone;
 
@@ -22,6 +23,9 @@ enum Cmd {
     Produce(produce::ProduceArgs),
     /// Receive and acknowledge messages from a subscription.
     Consume(consume::ConsumeArgs),
+    /// Examine a data directory offline (no broker running): shards, segments,
+    /// ledgers, topics, cursors; verify checksums; dump entries.
+    Inspect(inspect::InspectArgs),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +41,7 @@ fn main() -> ExitCode {
         Cmd::Standalone(args) => standalone::run(args),
         Cmd::Produce(args) => produce::run(args),
         Cmd::Consume(args) => consume::run(args),
+        Cmd::Inspect(args) => inspect::run(args).map_err(Into::into),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
