@@ -6,7 +6,7 @@ mod common;
 
 use bytes::Bytes;
 use common::{run, small_config};
-use magnetar_storage::sim::{FaultKind, SimDisk, SimRng};
+use magnetar_storage::sim::{FaultError, FaultKind, SimDisk, SimRng};
 use magnetar_storage::{EntryLog, IndexExtras, LogConfig, StorageError};
 
 /// Goal: append, group commit, read from cache and disk, close, reopen clean
@@ -96,13 +96,18 @@ fn too_large_is_rejected() {
 /// acknowledged after it, and a restart recovers what was acknowledged.
 #[test]
 fn fail_stop_on_write_and_sync_errors() {
-    for kind in [FaultKind::Write, FaultKind::Sync] {
+    for (kind, error) in [
+        (FaultKind::Write, FaultError::Io),
+        (FaultKind::Sync, FaultError::Io),
+        (FaultKind::Write, FaultError::NoSpace),
+        (FaultKind::Sync, FaultError::NoSpace),
+    ] {
         run(30, move || async move {
             let disk = SimDisk::new();
             let (log, _) = EntryLog::open_with(disk.clone(), small_config("/s")).await.unwrap();
             let a = log.append(1, Bytes::from_static(b"acked")).unwrap();
             log.wait_durable(a.lsn).await.unwrap();
-            disk.fail_nth(kind, disk.count(kind));
+            disk.fail_nth_with(kind, disk.count(kind), error);
             let b = log.append(1, Bytes::from_static(b"lost")).unwrap();
             let c = log.append(2, Bytes::from_static(b"lost too")).unwrap();
             assert!(matches!(log.wait_durable(b.lsn).await, Err(StorageError::Failed)));
@@ -124,14 +129,22 @@ fn fail_stop_on_write_and_sync_errors() {
 /// Goal: a failed segment preallocation (e.g. ENOSPC) is fail-stop too.
 #[test]
 fn fail_stop_on_allocate_error() {
-    run(30, || async {
-        let disk = SimDisk::new();
-        disk.fail_nth(FaultKind::Allocate, 0);
-        let (log, _) = EntryLog::open_with(disk.clone(), small_config("/s")).await.unwrap();
-        let a = log.append(1, Bytes::from_static(b"x")).unwrap();
-        assert!(log.wait_durable(a.lsn).await.is_err());
-        assert!(log.append(1, Bytes::from_static(b"y")).is_err());
-    });
+    for error in [FaultError::Io, FaultError::NoSpace] {
+        run(30, move || async move {
+            let disk = SimDisk::new();
+            disk.fail_nth_with(FaultKind::Allocate, 0, error);
+            let (log, _) = EntryLog::open_with(disk.clone(), small_config("/s")).await.unwrap();
+            let a = log.append(1, Bytes::from_static(b"x")).unwrap();
+            assert!(log.wait_durable(a.lsn).await.is_err());
+            assert!(log.append(1, Bytes::from_static(b"y")).is_err());
+            assert_eq!(disk.faults_fired(), 1);
+            // Restart: nothing was acknowledged, and the log works again.
+            let (log2, _) = EntryLog::open_with(disk.crash(3), small_config("/s")).await.unwrap();
+            let b = log2.append(1, Bytes::from_static(b"z")).unwrap();
+            log2.wait_durable(b.lsn).await.unwrap();
+            drop(log);
+        });
+    }
 }
 
 /// Goal: an entry evicted from the write cache is read from disk with its

@@ -12,8 +12,13 @@
 //! compared with the model. `crash_at_every_step` tries every n of one
 //! workload; `random_crashes` draws workload, crash point and tear pattern
 //! from a seed, also crashes during recovery itself, and chains rounds of
-//! append/crash/recover on the same data. Every seed is printed;
-//! `MAGNETAR_SEED=<seed>` replays one, `MAGNETAR_SEEDS=<n>` sets how many.
+//! append/crash/recover on the same data. In a third of the rounds an EIO or
+//! ENOSPC is injected on a write, sync or allocate: the log must fail-stop
+//! (no receipt after it; a failed sync also loses its writes in the
+//! simulator, so a retried sync that acknowledged would lose acknowledged
+//! data and fail the oracle), and the restart recovers. 2,000 seeds by
+//! default. Every seed is printed; `MAGNETAR_SEED=<seed>` replays one,
+//! `MAGNETAR_SEEDS=<n>` sets how many.
 
 #![allow(clippy::unwrap_used)] // tests may unwrap
 
@@ -24,7 +29,7 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 use common::{run, small_config, Model, Rec};
-use magnetar_storage::sim::{SimDisk, SimRng};
+use magnetar_storage::sim::{FaultError, FaultKind, SimDisk, SimRng};
 use magnetar_storage::{EntryLog, LogConfig, StorageError};
 
 /// Runs `steps` random operations on `log`, extending `model`. Returns when
@@ -125,6 +130,8 @@ thread_local! {
     /// (recoveries, with a torn tail truncated, crashes inside recovery,
     ///  unacknowledged records lost, unacknowledged records recovered)
     static STATS: Cell<(u64, u64, u64, u64, u64)> = const { Cell::new((0, 0, 0, 0, 0)) };
+    /// Injected faults that fired, by (kind, error).
+    static FAULTS: std::cell::RefCell<std::collections::BTreeMap<String, u64>> = Default::default();
 }
 
 fn stat(f: impl FnOnce(&mut (u64, u64, u64, u64, u64))) {
@@ -141,6 +148,11 @@ fn print_stats(name: &str) {
         "{name}: {n} recoveries, {torn} truncated a torn tail, {in_rec} crashed inside recovery, \
          unacknowledged records: {lost} lost, {kept} recovered"
     );
+    FAULTS.with(|f| {
+        if !f.borrow().is_empty() {
+            println!("{name}: injected faults that fired: {:?}", f.borrow());
+        }
+    });
 }
 
 /// Verifies and counts what happened to unacknowledged records.
@@ -207,7 +219,29 @@ async fn one_seed(seed: u64) {
     let (mut log, _) = EntryLog::open_with(disk.clone(), cfg()).await.unwrap();
     for round in 0..3 {
         let ctx = format!("seed {seed} round {round} (replay: MAGNETAR_SEED={seed})");
+        let fault = rng.chance(1, 3).then(|| {
+            let kind = [FaultKind::Write, FaultKind::Sync, FaultKind::Allocate][rng.below(3) as usize];
+            let error = if rng.chance(1, 2) { FaultError::Io } else { FaultError::NoSpace };
+            let ahead = if kind == FaultKind::Allocate { 2 } else { 12 };
+            disk.fail_nth_with(kind, disk.count(kind) + rng.below(ahead), error);
+            (kind, error)
+        });
+        let fired_before = disk.faults_fired();
         workload(&log, &mut model, &mut rng, steps, true).await;
+        if let Some((kind, error)) = fault {
+            if disk.faults_fired() > fired_before {
+                FAULTS.with(|f| *f.borrow_mut().entry(format!("{kind:?}/{error:?}")).or_default() += 1);
+                // Fail-stop: whatever the log did since, it is failed by the
+                // time close returns, and refuses new work. (A failed spare
+                // preallocation surfaces when the spare is needed or at close.)
+                assert!(log.close().await.is_err(), "{ctx}: close succeeded after an injected {kind:?} {error:?}");
+                assert!(log.is_failed(), "{ctx}: not failed after an injected {kind:?} {error:?}");
+                assert!(
+                    matches!(log.append(0, Bytes::from_static(b"no")), Err(StorageError::Failed)),
+                    "{ctx}: append accepted after fail-stop"
+                );
+            }
+        }
         let image = disk.crash(rng.next_u64());
         drop(log);
         let in_recovery = rng.chance(1, 3).then(|| (rng.below(12), rng.next_u64()));
@@ -236,7 +270,7 @@ fn random_crashes() {
     let seeds: Vec<u64> = match common::seed_from_env() {
         Some(s) => vec![s],
         None => {
-            let n: u64 = std::env::var("MAGNETAR_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
+            let n: u64 = std::env::var("MAGNETAR_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(2000);
             let base = common::fresh_seed();
             println!("random_crashes: {n} seeds from base {base}");
             (0..n).map(|i| base.wrapping_add(i.wrapping_mul(0x9E37_79B9))).collect()
