@@ -28,6 +28,9 @@ pub struct BrokerConfig {
     pub allow_tmpfs: bool,
     /// How long shutdown waits for in-flight produce requests.
     pub shutdown_drain_timeout: Duration,
+    /// Data-disk watermarks: warn levels, the level at which produce is
+    /// refused with `StorageFull`, and where usage comes from.
+    pub disk_watermarks: crate::disk_watch::DiskWatermarks,
 }
 
 impl BrokerConfig {
@@ -44,6 +47,7 @@ impl BrokerConfig {
             flush_bytes_max: 4 * 1024 * 1024,
             allow_tmpfs: false,
             shutdown_drain_timeout: Duration::from_secs(5),
+            disk_watermarks: crate::disk_watch::DiskWatermarks::default(),
         }
     }
 }

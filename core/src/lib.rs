@@ -8,6 +8,7 @@
 
 pub mod config;
 pub mod cursor;
+pub mod disk_watch;
 pub mod error;
 pub mod launch;
 mod mesh;

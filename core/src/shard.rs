@@ -162,6 +162,10 @@ pub(crate) struct Shard {
     dirty_cursors: RefCell<Vec<(Rc<Topic>, Rc<Subscription>)>>,
     cursor_flush: Signal,
     pub(crate) started_ms: u64,
+    /// Data disk usage in percent at the last check, and whether produce is
+    /// refused because it reached the refusal watermark.
+    disk_pct: Cell<u8>,
+    storage_full: Cell<bool>,
 }
 
 /// The handle a connection uses to reach the broker; one per shard, cheap to
@@ -222,6 +226,8 @@ impl Shard {
             dirty_cursors: RefCell::new(Vec::new()),
             cursor_flush: Signal::new(),
             started_ms: now_ms(),
+            disk_pct: Cell::new(0),
+            storage_full: Cell::new(false),
         })
     }
 
@@ -364,6 +370,18 @@ impl Shard {
                 .get(topic)
                 .cloned()
                 .ok_or_else(|| CoreError::new(ErrorCode::ProducerNotFound, "topic not loaded on its owner"))?;
+            if self.storage_full.get() {
+                // Retriable: consumers keep reading, and produce resumes by
+                // itself once usage drops below the watermark.
+                return Err(CoreError::new(
+                    ErrorCode::StorageFull,
+                    format!(
+                        "data disk is {}% full; produce is refused at {}% until space is freed",
+                        self.disk_pct.get(),
+                        self.config.disk_watermarks.refuse_pct
+                    ),
+                ));
+            }
             if blob.len() > self.config.message_bytes_max as usize {
                 return Err(CoreError::new(
                     ErrorCode::MessageTooLarge,
@@ -595,6 +613,43 @@ impl Shard {
             glommio::timer::sleep(interval).await;
             if let Err(e) = self.flush_cursors() {
                 tracing::error!(shard = self.id, "persisting cursors failed: {e}");
+            }
+        }
+    }
+
+    /// Background task: measures the data disk every `check_interval`, logs
+    /// when usage rises past a warning level, and refuses produce at or
+    /// above the refusal level (resuming below it).
+    pub(crate) async fn disk_watch(self: Rc<Self>) {
+        let wm = self.config.disk_watermarks.clone();
+        let dir = self.config.data_dir.clone();
+        while !self.closed.get() {
+            match wm.measure(&dir) {
+                Ok(pct) => self.on_disk_usage(pct, &wm),
+                Err(e) => tracing::warn!(shard = self.id, dir = %dir.display(), "cannot measure disk usage: {e}"),
+            }
+            glommio::timer::sleep(wm.check_interval).await;
+        }
+    }
+
+    fn on_disk_usage(&self, pct: u8, wm: &crate::disk_watch::DiskWatermarks) {
+        let before = self.disk_pct.replace(pct);
+        for &level in &wm.warn_pcts {
+            if before < level && pct >= level {
+                tracing::warn!(shard = self.id, used_pct = pct, level, "data disk usage passed a warning level");
+            }
+        }
+        let full = pct >= wm.refuse_pct;
+        if full != self.storage_full.replace(full) {
+            if full {
+                tracing::error!(
+                    shard = self.id,
+                    used_pct = pct,
+                    refuse_pct = wm.refuse_pct,
+                    "data disk full: refusing produce requests (StorageFull) until space is freed"
+                );
+            } else {
+                tracing::info!(shard = self.id, used_pct = pct, "data disk below the refusal level: accepting produce again");
             }
         }
     }
