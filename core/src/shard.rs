@@ -401,7 +401,13 @@ impl Shard {
                     format!("send says {num_messages} messages, its metadata {}", peek.num_messages),
                 ));
             }
-            let a = self.log.append(t.ledger, blob)?;
+            // The index keeps publish time and key hash beside the position,
+            // for seek by time and lookup by key without reading payloads.
+            let extras = magnetar_storage::IndexExtras {
+                publish_time_ms: peek.publish_time_ms,
+                key_hash: peek.partition_key.map_or(0, |k| magnetar_storage::key_hash(k.as_bytes())),
+            };
+            let a = self.log.append_with(t.ledger, blob, extras)?;
             assert_eq!(a.entry, t.next_entry.get(), "entry ids of a ledger are dense");
             t.next_entry.set(a.entry + 1);
             Ok((t, a))
@@ -649,7 +655,11 @@ impl Shard {
                     "data disk full: refusing produce requests (StorageFull) until space is freed"
                 );
             } else {
-                tracing::info!(shard = self.id, used_pct = pct, "data disk below the refusal level: accepting produce again");
+                tracing::info!(
+                    shard = self.id,
+                    used_pct = pct,
+                    "data disk below the refusal level: accepting produce again"
+                );
             }
         }
     }

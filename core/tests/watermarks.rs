@@ -15,8 +15,14 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 fn blob(seq: u64) -> Bytes {
-    let meta =
-        MessageMetadata { producer_name: "p".into(), sequence_id: seq, publish_time_ms: 1, num_messages: 1, ..Default::default() };
+    let meta = MessageMetadata {
+        producer_name: "p".into(),
+        sequence_id: seq,
+        publish_time_ms: 1000 + seq,
+        partition_key: Some(format!("k{seq}")),
+        num_messages: 1,
+        ..Default::default()
+    };
     encode_message(&meta, format!("m{seq}").as_bytes())
 }
 
@@ -88,6 +94,20 @@ fn produce_refused_at_the_watermark_while_consumers_read() {
     shutdown.store(true, Ordering::SeqCst);
     running.join().unwrap();
     r.expect("scenario timed out or failed (see panic above)");
+
+    // The core passed publish time and key hash to the index.
+    let img = magnetar_storage::inspect::ShardImage::load(
+        &dir.path().join("shard-0"),
+        magnetar_storage::inspect::ScanMode::Verify,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let (_, l) = img.ledgers.iter().next().unwrap();
+    assert_eq!(l.index.len(), 4);
+    for (seq, e) in l.index.iter().enumerate() {
+        assert_eq!(e.extras.publish_time_ms, 1000 + seq as u64);
+        assert_eq!(e.extras.key_hash, magnetar_storage::key_hash(format!("k{seq}").as_bytes()));
+    }
 }
 
 #[test]

@@ -182,6 +182,16 @@ pub struct IndexExtras {
     pub key_hash: u32,
 }
 
+/// The key hash stored in the index for a message key: CRC-32 of the key
+/// bytes, with 0 (which means "no key") mapped to 1. One function, so that
+/// writers and lookups agree.
+pub fn key_hash(key: &[u8]) -> u32 {
+    match crc(&[key]) {
+        0 => 1,
+        h => h,
+    }
+}
+
 /// The 48-byte header of one record inside a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecordHeader {

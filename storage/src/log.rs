@@ -864,6 +864,25 @@ impl<D: Disk> EntryLog<D> {
             .collect()
     }
 
+    /// The first entry of `ledger` whose publish time (as appended with
+    /// [`append_with`](Self::append_with)) is at least `time_ms`, by binary
+    /// search over the ledger's index without reading payloads; the ledger's
+    /// laid-out entry count when there is none. Exact when publish times are
+    /// non-decreasing in the ledger (one producer, or clocks in step);
+    /// otherwise a partition point of the index, as in Pulsar's seek by time.
+    /// Entries appended but not yet handed to a batch are not searched.
+    pub fn seek_time(&self, ledger: u64, time_ms: u64) -> u64 {
+        let st = self.sh.st.borrow();
+        st.ledgers.get(&ledger).map_or(0, |l| l.index.partition_point(|e| e.extras.publish_time_ms < time_ms) as u64)
+    }
+
+    /// The index entry of `ledger:entry` (position, length, checksum,
+    /// publish time, key hash), if it was laid out in a batch.
+    pub fn index_entry(&self, ledger: u64, entry: u64) -> Option<IndexEntry> {
+        let st = self.sh.st.borrow();
+        st.ledgers.get(&ledger).and_then(|l| usize::try_from(entry).ok().and_then(|i| l.index.get(i)).copied())
+    }
+
     /// Every ledger with its next entry id, sorted by ledger.
     pub fn ledgers(&self) -> Vec<(u64, u64)> {
         let st = self.sh.st.borrow();

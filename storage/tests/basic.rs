@@ -314,3 +314,37 @@ fn bad_config_is_rejected() {
         log.wait_durable(last).await.unwrap();
     });
 }
+
+/// Goal: seek by publish time finds the first entry at or after a time by
+/// binary search over the index, before and after a restart (index files
+/// and the scan both keep the extras), and the key hash is kept too.
+#[test]
+fn seek_by_publish_time_and_key_hash_survive_restart() {
+    run(30, || async {
+        let disk = SimDisk::new();
+        let (log, _) = EntryLog::open_with(disk.clone(), small_config("/s")).await.unwrap();
+        let mut last = 0;
+        for i in 0..300u64 {
+            let extras =
+                IndexExtras { publish_time_ms: 1000 + i * 10, key_hash: magnetar_storage::key_hash(&i.to_le_bytes()) };
+            last = log.append_with(3, Bytes::from(vec![1u8; 100]), extras).unwrap().lsn;
+            if i == 150 {
+                log.wait_durable(last).await.unwrap();
+                log.checkpoint().await.unwrap();
+            }
+        }
+        log.wait_durable(last).await.unwrap();
+        for log in [log.clone(), EntryLog::open_with(disk.crash(1), small_config("/s")).await.unwrap().0] {
+            assert_eq!(log.seek_time(3, 0), 0);
+            assert_eq!(log.seek_time(3, 1000), 0);
+            assert_eq!(log.seek_time(3, 1001), 1);
+            assert_eq!(log.seek_time(3, 1000 + 2990), 299);
+            assert_eq!(log.seek_time(3, 5000), 300);
+            assert_eq!(log.seek_time(99, 5000), 0);
+            let e = log.index_entry(3, 42).unwrap();
+            assert_eq!(e.extras.publish_time_ms, 1420);
+            assert_eq!(e.extras.key_hash, magnetar_storage::key_hash(&42u64.to_le_bytes()));
+        }
+        assert_ne!(magnetar_storage::key_hash(b""), 0);
+    });
+}
