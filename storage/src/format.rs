@@ -24,6 +24,9 @@ pub const CLEAN_BYTES: usize = 64;
 
 pub const KIND_ENTRY: u8 = 1;
 pub const KIND_META: u8 = 2;
+/// A ledger deletion: `ledger` set, no body; every entry of the ledger
+/// before it in log order is dead.
+pub const KIND_DELETE: u8 = 3;
 
 /// Largest metadata key (its length is stored in a u16).
 pub const META_KEY_BYTES_MAX: usize = u16::MAX as usize;
@@ -232,7 +235,7 @@ impl RecordHeader {
     pub fn decode(b: &[u8]) -> Result<RecordHeader, CorruptReason> {
         assert!(b.len() >= RECORD_HEADER_BYTES);
         let kind = b[4];
-        if kind != KIND_ENTRY && kind != KIND_META {
+        if kind != KIND_ENTRY && kind != KIND_META && kind != KIND_DELETE {
             return Err(CorruptReason::Field { field: "record kind", expected: KIND_ENTRY as u64, found: kind as u64 });
         }
         Ok(RecordHeader {

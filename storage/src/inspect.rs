@@ -37,7 +37,7 @@ use crate::disk::PAGE_BYTES;
 use crate::error::{CorruptReason, Result, StorageError};
 use crate::format::{
     check_entry_record, could_be_torn, decode_index_page, records, split_meta, BatchHeader, Checkpoint, CleanMarker,
-    IndexEntry, BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_ENTRY, RECORD_HEADER_BYTES,
+    IndexEntry, BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_DELETE, KIND_ENTRY, RECORD_HEADER_BYTES,
 };
 
 /// Bytes read per `pread` while scanning.
@@ -132,6 +132,12 @@ pub struct ShardImage {
     pub checked: Checked,
     /// Files in `log/` or `index/` that do not belong to the format.
     pub stray_files: Vec<PathBuf>,
+    ckpt_pos: u64,
+    ckpt_ledgers: std::collections::HashSet<u64>,
+    /// Deleted ledgers met with gaps during a full scan.
+    dead: std::collections::HashSet<u64>,
+    /// Indexes of ledgers whose deletion record the scan replayed.
+    deleted_after: BTreeMap<u64, Vec<IndexEntry>>,
 }
 
 fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StorageError {
@@ -285,6 +291,10 @@ impl ShardImage {
             tail: Tail::End { position: 0 },
             checked: Checked::default(),
             stray_files,
+            ckpt_pos: checkpoint.as_ref().map_or(0, |c| c.position),
+            ckpt_ledgers: checkpoint.as_ref().map(|c| c.ledgers.iter().map(|l| l.ledger).collect()).unwrap_or_default(),
+            dead: Default::default(),
+            deleted_after: BTreeMap::new(),
         };
 
         // Index files and metadata as of the checkpoint.
@@ -321,6 +331,10 @@ impl ShardImage {
                 // (0 unless earlier segments were ever removed).
                 let start = img.segments.first().map_or(0, |s| s.start);
                 img.scan(start, None, false, total, progress)?;
+                // Ledgers not in the checkpoint with every entry before it
+                // were deleted before it.
+                let (cp, cl) = (img.ckpt_pos, img.ckpt_ledgers.clone());
+                img.ledgers.retain(|id, l| cl.contains(id) || l.index.last().is_some_and(|e| e.position >= cp));
                 if start > ckpt_pos {
                     return Err(corrupt(
                         &log_dir,
@@ -335,7 +349,12 @@ impl ShardImage {
                 // Every index entry in the files must equal what the log says.
                 for (id, es) in &from_files {
                     let path = index_dir.join(format!("{id:020}.idx"));
-                    let scanned = img.ledgers.get(id).map(|l| &l.index[..]).unwrap_or(&[]);
+                    let scanned = img
+                        .ledgers
+                        .get(id)
+                        .map(|l| &l.index[..])
+                        .or_else(|| img.deleted_after.get(id).map(|v| &v[..]))
+                        .unwrap_or(&[]);
                     for (i, e) in es.iter().enumerate() {
                         if scanned.get(i) != Some(e) {
                             let page = (i / crate::format::INDEX_ENTRIES_PER_PAGE) as u64 * PAGE_BYTES;
@@ -411,6 +430,12 @@ impl ShardImage {
         }
         'segments: while i < segs.len() {
             let (start, len, path) = segs[i].clone();
+            if position < start && !tail_only && start <= ckpt_pos {
+                // Segments removed by garbage collection (all before the
+                // checkpoint): continue with the next batch present.
+                position = start;
+                seq = None;
+            }
             if position < start {
                 return Err(corrupt(
                     &path,
@@ -449,10 +474,12 @@ impl ShardImage {
                     Err(reason) => {
                         // Damaged or absent: the same case analysis as recovery.
                         let (later, nonzero_end) = search_valid(&segs[i..], position, &mut r)?;
-                        if nonzero_end == position
-                            && later.is_some()
-                            && segs.get(i + 1).is_some_and(|n| n.0 == start + len)
-                        {
+                        // The next segment follows: contiguous, or after
+                        // segments that garbage collection removed (all
+                        // before the checkpoint).
+                        let next_follows =
+                            |n: &(u64, u64, PathBuf)| n.0 == start + len || (!tail_only && n.0 <= ckpt_pos);
+                        if nonzero_end == position && later.is_some() && segs.get(i + 1).is_some_and(next_follows) {
                             // Never written here: the batch went to the next
                             // segment (as in recovery).
                             position = start + len;
@@ -533,7 +560,26 @@ impl ShardImage {
             let r = r.map_err(|(o, reason)| corrupt(path, off + o as u64, reason))?;
             self.checked.records += 1;
             let rh = r.header;
-            if rh.kind == KIND_ENTRY {
+            if rh.kind == KIND_DELETE {
+                if let Some(l) = self.ledgers.remove(&rh.ledger) {
+                    // Kept so that a full verify can still compare the
+                    // ledger's index file (the checkpoint may list it).
+                    self.deleted_after.insert(rh.ledger, l.index);
+                }
+            } else if rh.kind == KIND_ENTRY {
+                // Before the checkpoint, a ledger the checkpoint does not list
+                // was deleted; garbage collection may have removed some of
+                // its segments, so its entries need not be dense. Skip it.
+                let dead = |me: &Self| position < me.ckpt_pos && !me.ckpt_ledgers.contains(&rh.ledger);
+                if self.dead.contains(&rh.ledger) && dead(self) {
+                    continue;
+                }
+                let l = self.ledgers.entry(rh.ledger).or_default();
+                if rh.entry != l.index.len() as u64 && dead(self) {
+                    self.ledgers.remove(&rh.ledger);
+                    self.dead.insert(rh.ledger);
+                    continue;
+                }
                 let l = self.ledgers.entry(rh.ledger).or_default();
                 if rh.entry != l.index.len() as u64 {
                     return Err(corrupt(

@@ -16,8 +16,8 @@ use crate::disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
 use crate::error::{CorruptReason, Result, StorageError};
 use crate::format::{
     check_entry_record, encode_index_page, pad_to_page, BatchHeader, Checkpoint, CheckpointLedger, CleanMarker,
-    IndexEntry, IndexExtras, RecordHeader, BATCH_HEADER_BYTES, INDEX_ENTRIES_PER_PAGE, KIND_ENTRY, KIND_META,
-    META_KEY_BYTES_MAX, RECORD_HEADER_BYTES,
+    IndexEntry, IndexExtras, RecordHeader, BATCH_HEADER_BYTES, INDEX_ENTRIES_PER_PAGE, KIND_DELETE, KIND_ENTRY,
+    KIND_META, META_KEY_BYTES_MAX, RECORD_HEADER_BYTES,
 };
 
 /// Configuration of one shard's entry log.
@@ -184,11 +184,16 @@ pub(crate) struct Ledger<F> {
     pub file_entries: u64,
     pub file_pages: u64,
     pub index_file: Option<Rc<F>>,
+    /// `delete_ledger` was called: `Some(None)` until its record is laid out
+    /// in a batch, then `Some(Some(position))`. The ledger stays in the
+    /// checkpoint (and its segments stay) until a checkpoint covers that
+    /// position, so a crash before the deletion is durable loses nothing.
+    pub deleted: Option<Option<u64>>,
 }
 
 impl<F> Ledger<F> {
     pub fn new() -> Self {
-        Ledger { next_entry: 0, index: Vec::new(), file_entries: 0, file_pages: 0, index_file: None }
+        Ledger { next_entry: 0, index: Vec::new(), file_entries: 0, file_pages: 0, index_file: None, deleted: None }
     }
 }
 
@@ -203,6 +208,7 @@ pub(crate) enum Mode {
 enum PendingKind {
     Entry { ledger: u64, entry: u64, body: Bytes, extras: IndexExtras },
     Meta { key: Bytes, value: Bytes },
+    Delete { ledger: u64 },
 }
 
 struct Pending {
@@ -215,6 +221,7 @@ impl Pending {
         match &self.kind {
             PendingKind::Entry { body, .. } => body.len(),
             PendingKind::Meta { key, value } => 2 + key.len() + value.len(),
+            PendingKind::Delete { .. } => 0,
         }
     }
 }
@@ -235,6 +242,12 @@ pub(crate) struct State<F> {
     /// Metadata as of the durable log position (what a checkpoint saves).
     pub meta_durable: BTreeMap<Vec<u8>, Bytes>,
     pub segments: BTreeMap<u64, Rc<Segment<F>>>,
+    /// Live (not deleted) entries per segment start, from the index: a
+    /// segment at zero before the checkpoint position is garbage.
+    pub seg_live: BTreeMap<u64, u64>,
+    /// Ledgers whose deletion record was laid out at this log position;
+    /// their index files go once a checkpoint covers the position.
+    pub deleted_at: Vec<(u64, u64)>,
     /// Where the next batch goes; everything before it is durable.
     pub tail: u64,
     pub next_seq: u64,
@@ -262,6 +275,8 @@ impl<F> State<F> {
             meta: BTreeMap::new(),
             meta_durable: BTreeMap::new(),
             segments: BTreeMap::new(),
+            seg_live: BTreeMap::new(),
+            deleted_at: Vec::new(),
             tail: 0,
             next_seq: 0,
             ckpt_seq: 0,
@@ -443,6 +458,7 @@ impl<D: Disk> Shared<D> {
                             record_crc: crc,
                             extras,
                         });
+                        *st.seg_live.entry(seg.start).or_default() += 1;
                     }
                     PendingKind::Meta { key, value } => {
                         let klen = (key.len() as u16).to_le_bytes();
@@ -451,6 +467,14 @@ impl<D: Disk> Shared<D> {
                         body[2 + key.len()..body_len].copy_from_slice(&value);
                         RecordHeader::encode(hdr, KIND_META, 0, 0, IndexExtras::default(), &[&klen, &key, &value]);
                         metas.push((key, value));
+                    }
+                    PendingKind::Delete { ledger } => {
+                        RecordHeader::encode(hdr, KIND_DELETE, ledger, 0, IndexExtras::default(), &[]);
+                        let at = position + off as u64;
+                        if let Some(l) = st.ledgers.get_mut(&ledger) {
+                            l.deleted = Some(Some(at));
+                        }
+                        st.deleted_at.push((ledger, at));
                     }
                 }
                 off += RECORD_HEADER_BYTES + body_len;
@@ -529,6 +553,9 @@ impl<D: Disk> Shared<D> {
             let mut work = Vec::new();
             for id in ids {
                 let l = &st.ledgers[&id];
+                if matches!(l.deleted, Some(Some(p)) if p < position) {
+                    continue; // its deletion is durable and covered by this checkpoint
+                }
                 // Index entries are in log order: those before `position` are durable.
                 let k = l.index.partition_point(|e| e.position < position) as u64;
                 assert!(k >= l.file_entries);
@@ -607,7 +634,82 @@ impl<D: Disk> Shared<D> {
             f.sync().await.map_err(self.io("fdatasync clean marker", path))?;
             self.disk.sync_dir(&self.paths.dir).await.map_err(self.io("fsync shard directory", &self.paths.dir))?;
         }
+        // Garbage goes only now that a durable checkpoint no longer needs it.
+        self.collect_garbage(position).await?;
         debug!(ckpt_seq, position, clean, "checkpoint written");
+        Ok(())
+    }
+
+    /// Removes the index files of ledgers whose deletion record lies before
+    /// `position` (the durable checkpoint's), and every segment that ends
+    /// at or before it and holds no live entry: its metadata records are in
+    /// the checkpoint's snapshot and its entries belong to deleted ledgers.
+    /// A crash before the directory fsync may bring a name back; it is
+    /// unreferenced, and removed again (index files at open, segments at the
+    /// next checkpoint).
+    async fn collect_garbage(&self, position: u64) -> Result<()> {
+        let (index_files, segments) = {
+            let mut st = self.st.borrow_mut();
+            let st = &mut *st;
+            let (done, keep): (Vec<_>, Vec<_>) = st.deleted_at.drain(..).partition(|(_, p)| *p < position);
+            st.deleted_at = keep;
+            // A ledger id appended to again after its (empty) deletion is a
+            // new ledger: leave it and its index file alone.
+            let done: Vec<(u64, u64)> = done
+                .into_iter()
+                .filter(|(ledger, _)| {
+                    st.ledgers.get(ledger).is_none_or(|l| matches!(l.deleted, Some(Some(q)) if q < position))
+                })
+                .collect();
+            // Deleted ledgers this checkpoint no longer lists: forget them,
+            // and their entries no longer keep segments alive.
+            for (ledger, _) in &done {
+                if let Some(l) = st.ledgers.remove(ledger) {
+                    for e in &l.index {
+                        if let Some((&start, _)) = st.segments.range(..=e.position).next_back() {
+                            if let Some(n) = st.seg_live.get_mut(&start) {
+                                *n = n.saturating_sub(1);
+                            }
+                        }
+                    }
+                }
+            }
+            let dead: Vec<Rc<Segment<D::File>>> = st
+                .segments
+                .values()
+                .filter(|s| s.end() <= position && st.seg_live.get(&s.start).copied().unwrap_or(0) == 0)
+                .cloned()
+                .collect();
+            for s in &dead {
+                st.segments.remove(&s.start);
+                st.seg_live.remove(&s.start);
+            }
+            (done, dead)
+        };
+        if !index_files.is_empty() {
+            for (ledger, _) in &index_files {
+                let path = self.paths.index(*ledger);
+                match self.disk.remove(&path).await {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(StorageError::io("remove index file", path, e)),
+                }
+            }
+            self.disk
+                .sync_dir(&self.paths.index_dir)
+                .await
+                .map_err(self.io("fsync index directory", &self.paths.index_dir))?;
+        }
+        if !segments.is_empty() {
+            for s in &segments {
+                self.disk.remove(&s.path).await.map_err(self.io("remove dead segment", &s.path))?;
+            }
+            self.disk
+                .sync_dir(&self.paths.log_dir)
+                .await
+                .map_err(self.io("fsync log directory", &self.paths.log_dir))?;
+            info!(dir = %self.cfg.dir.display(), segments = segments.len(), "removed segments holding no live entry");
+        }
         Ok(())
     }
 
@@ -746,6 +848,9 @@ impl<D: Disk> EntryLog<D> {
             return Err(StorageError::TooLarge { len: body.len() as u64, max: self.sh.entry_max });
         }
         let l = st.ledgers.entry(ledger).or_insert_with(Ledger::new);
+        if l.deleted.is_some() {
+            return Err(StorageError::LedgerDeleted { ledger });
+        }
         let entry = l.next_entry;
         l.next_entry += 1;
         let lsn = st.next_lsn;
@@ -787,6 +892,39 @@ impl<D: Disk> EntryLog<D> {
         Ok(lsn)
     }
 
+    /// Deletes `ledger`: its entries become unreadable at once, a deletion
+    /// record is group-committed like an append (durable after
+    /// `wait_durable(lsn)`; replayed by recovery), and once a checkpoint
+    /// covers it the ledger's index file and every segment left without a
+    /// live entry are removed, freeing the space. Ledger ids must never be
+    /// reused after a deletion. `LedgerBusy` while appends to the ledger are
+    /// not yet laid out in a batch.
+    pub fn delete_ledger(&self, ledger: u64) -> Result<u64> {
+        let mut st = self.sh.st.borrow_mut();
+        let st = &mut *st;
+        check_mode(st.mode)?;
+        if let Some(l) = st.ledgers.get_mut(&ledger) {
+            if (l.index.len() as u64) < l.next_entry {
+                return Err(StorageError::LedgerBusy { ledger });
+            }
+            if l.deleted.is_some() {
+                return Err(StorageError::LedgerDeleted { ledger });
+            }
+            l.deleted = Some(None);
+        }
+        let lsn = st.next_lsn;
+        st.next_lsn += 1;
+        st.pending.push_back(Pending { lsn, kind: PendingKind::Delete { ledger } });
+        st.wake_flusher();
+        Ok(lsn)
+    }
+
+    /// Segments with their count of live entries, by start position.
+    pub fn segments(&self) -> Vec<(u64, u64)> {
+        let st = self.sh.st.borrow();
+        st.segments.keys().map(|s| (*s, st.seg_live.get(s).copied().unwrap_or(0))).collect()
+    }
+
     /// Resolves once everything appended with an lsn <= `lsn` is written and
     /// fdatasync'd. One fdatasync covers many appends (group commit). `Err`
     /// if the log failed (fail-stop; the cause was logged) — then nothing
@@ -817,11 +955,15 @@ impl<D: Disk> EntryLog<D> {
     pub async fn read(&self, ledger: u64, entry: u64) -> Result<Bytes> {
         let (seg, ie) = {
             let st = self.sh.st.borrow();
+            let no = StorageError::NoSuchEntry { ledger, entry };
+            // The ledger first: a deleted ledger's entries may linger in the cache.
+            let l = st.ledgers.get(&ledger).ok_or(no)?;
+            if entry >= l.next_entry || l.deleted.is_some() {
+                return Err(StorageError::NoSuchEntry { ledger, entry });
+            }
             if let Some(b) = st.cache.get(&(ledger, entry)) {
                 return Ok(b.clone());
             }
-            let no = StorageError::NoSuchEntry { ledger, entry };
-            let l = st.ledgers.get(&ledger).ok_or(no)?;
             let Some(ie) = usize::try_from(entry).ok().and_then(|i| l.index.get(i)) else {
                 return Err(StorageError::NoSuchEntry { ledger, entry });
             };
@@ -886,7 +1028,8 @@ impl<D: Disk> EntryLog<D> {
     /// Every ledger with its next entry id, sorted by ledger.
     pub fn ledgers(&self) -> Vec<(u64, u64)> {
         let st = self.sh.st.borrow();
-        let mut v: Vec<(u64, u64)> = st.ledgers.iter().map(|(id, l)| (*id, l.next_entry)).collect();
+        let mut v: Vec<(u64, u64)> =
+            st.ledgers.iter().filter(|(_, l)| l.deleted.is_none()).map(|(id, l)| (*id, l.next_entry)).collect();
         v.sort_unstable();
         v
     }

@@ -15,7 +15,7 @@ use crate::disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
 use crate::error::{CorruptReason, Result, StorageError};
 use crate::format::{
     could_be_torn, decode_index_page, records, split_meta, BatchHeader, Checkpoint, CleanMarker, IndexEntry,
-    BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_ENTRY,
+    BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_DELETE, KIND_ENTRY,
 };
 use crate::log::{checkpointer, flusher, EntryLog, Ledger, LogConfig, Paths, Recovery, Segment, Shared, State};
 
@@ -213,6 +213,38 @@ impl<D: Disk> EntryLog<D> {
         if removed_segment {
             disk.sync_dir(&paths.log_dir).await.map_err(io_err("fsync log directory", &paths.log_dir))?;
         }
+        // Live entries per segment, for garbage collection of segments.
+        for l in st.ledgers.values() {
+            for e in &l.index {
+                if let Some((&start, _)) = st.segments.range(..=e.position).next_back() {
+                    *st.seg_live.entry(start).or_default() += 1;
+                }
+            }
+        }
+        for start in st.segments.keys() {
+            st.seg_live.entry(*start).or_default();
+        }
+        // Index files no checkpoint refers to: of deleted ledgers whose
+        // removal a crash interrupted, or written by a checkpoint that never
+        // completed. Nothing reads them; a later checkpoint recreates a file
+        // for a live ledger from page 0.
+        let referenced: std::collections::HashSet<u64> =
+            ckpt.as_ref().map(|c| c.ledgers.iter().map(|l| l.ledger).collect()).unwrap_or_default();
+        let mut removed_index = false;
+        for name in disk.list_dir(&paths.index_dir).await.map_err(io_err("list", &paths.index_dir))? {
+            let Some(ledger) = name.strip_suffix(".idx").filter(|s| s.len() == 20).and_then(|s| s.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            if !referenced.contains(&ledger) {
+                let p = paths.index(ledger);
+                disk.remove(&p).await.map_err(io_err("remove unreferenced index file", &p))?;
+                removed_index = true;
+            }
+        }
+        if removed_index {
+            disk.sync_dir(&paths.index_dir).await.map_err(io_err("fsync index directory", &paths.index_dir))?;
+        }
 
         // Leftovers of an interrupted checkpoint, and the marker: once we
         // accept appends, a later crash must not be mistaken for a clean stop.
@@ -316,7 +348,14 @@ async fn load_index<D: Disk>(
             CorruptReason::Field { field: "index entries", expected: entries, found: index.len() as u64 },
         ));
     }
-    Ok(Ledger { next_entry: entries, index, file_entries: entries, file_pages: pages, index_file: Some(Rc::new(file)) })
+    Ok(Ledger {
+        next_entry: entries,
+        index,
+        file_entries: entries,
+        file_pages: pages,
+        index_file: Some(Rc::new(file)),
+        deleted: None,
+    })
 }
 
 /// Scans the log from `position` (batch `seq`), replaying records into `st`.
@@ -523,7 +562,10 @@ fn replay<F>(st: &mut State<F>, path: &Path, batch_off: u64, position: u64, h: &
         let r = r.map_err(|(o, reason)| StorageError::corrupt(path, batch_off + o as u64, reason))?;
         let corrupt = |reason| StorageError::corrupt(path, batch_off + r.offset as u64, reason);
         let rh = r.header;
-        if rh.kind == KIND_ENTRY {
+        if rh.kind == KIND_DELETE {
+            st.ledgers.remove(&rh.ledger);
+            st.deleted_at.push((rh.ledger, position + r.offset as u64));
+        } else if rh.kind == KIND_ENTRY {
             let l = st.ledgers.entry(rh.ledger).or_insert_with(Ledger::new);
             if rh.entry != l.index.len() as u64 {
                 return Err(corrupt(CorruptReason::EntryOrder {

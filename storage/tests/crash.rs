@@ -41,13 +41,18 @@ async fn workload(log: &EntryLog<SimDisk>, model: &mut Model, rng: &mut SimRng, 
     let mut tasks = Vec::new();
     let mut stopped = false;
     for step in 0..steps {
-        match rng.below(20) {
+        match rng.below(24) {
             0..=11 => {
-                let ledger = rng.below(4);
+                let ledger = model.ledger_of(rng.below(4));
                 let body = common::body(rng, step as u64);
                 match log.append(ledger, body.clone()) {
                     Ok(a) => {
-                        assert_eq!(a.entry, model.next_entry(ledger));
+                        assert_eq!(
+                            a.entry,
+                            model.next_entry(ledger),
+                            "ledger {ledger} (replay: MAGNETAR_SEED={})",
+                            SEED.with(|s| s.get())
+                        );
                         model.recs.push(Rec::Entry { ledger, entry: a.entry, body });
                         lsns.push(a.lsn);
                     }
@@ -97,6 +102,20 @@ async fn workload(log: &EntryLog<SimDisk>, model: &mut Model, rng: &mut SimRng, 
                     futures_lite::future::yield_now().await;
                 }
             }
+            20..=22 => {
+                let ledger = model.ledger_of(rng.below(4));
+                match log.delete_ledger(ledger) {
+                    Ok(lsn) => {
+                        model.recs.push(Rec::Delete { ledger });
+                        lsns.push(lsn);
+                    }
+                    Err(StorageError::LedgerBusy { .. }) => {}
+                    Err(_) => {
+                        stopped = true;
+                        break;
+                    }
+                }
+            }
             _ => {
                 if rng.chance(1, 2) && log.checkpoint().await.is_err() {
                     stopped = true;
@@ -130,6 +149,10 @@ thread_local! {
     /// (recoveries, with a torn tail truncated, crashes inside recovery,
     ///  unacknowledged records lost, unacknowledged records recovered)
     static STATS: Cell<(u64, u64, u64, u64, u64)> = const { Cell::new((0, 0, 0, 0, 0)) };
+    /// Recoveries that found segments removed by garbage collection.
+    static GC_SEEN: Cell<u64> = const { Cell::new(0) };
+    /// The seed being run, for messages from inside the workload.
+    static SEED: Cell<u64> = const { Cell::new(0) };
     /// Injected faults that fired, by (kind, error).
     static FAULTS: std::cell::RefCell<std::collections::BTreeMap<String, u64>> = Default::default();
 }
@@ -148,6 +171,7 @@ fn print_stats(name: &str) {
         "{name}: {n} recoveries, {torn} truncated a torn tail, {in_rec} crashed inside recovery, \
          unacknowledged records: {lost} lost, {kept} recovered"
     );
+    println!("{name}: {} recoveries found segments removed by garbage collection", GC_SEEN.with(|g| g.get()));
     FAULTS.with(|f| {
         if !f.borrow().is_empty() {
             println!("{name}: injected faults that fired: {:?}", f.borrow());
@@ -158,6 +182,11 @@ fn print_stats(name: &str) {
 /// Verifies and counts what happened to unacknowledged records.
 async fn check(model: &Model, log: &EntryLog<SimDisk>, ctx: &str) -> Model {
     let m = model.verify(log, ctx).await;
+    // Holes in the segment sequence: garbage collection removed segments.
+    let segs = log.segments();
+    if segs.windows(2).any(|w| w[1].0 != w[0].0 + (64 << 10)) || segs.first().is_some_and(|s| s.0 > 0) {
+        GC_SEEN.with(|g| g.set(g.get() + 1));
+    }
     stat(|s| {
         s.3 += (model.recs.len() - m.recs.len()) as u64;
         s.4 += (m.recs.len() - model.acked) as u64;
@@ -198,6 +227,7 @@ async fn reopen(disk: SimDisk, crash_in_recovery: Option<(u64, u64)>, ctx: &str)
 /// One seed: three rounds of workload, crash, recovery (sometimes crashing
 /// again inside recovery), verification; then a clean close and reopen.
 async fn one_seed(seed: u64) {
+    SEED.with(|s| s.set(seed));
     let mut rng = SimRng::new(seed);
     let steps = 20 + rng.below(100) as usize;
     let mut model = Model::default();

@@ -31,9 +31,20 @@ fn load(root: &Path, mode: ScanMode) -> Result<ShardImage, StorageError> {
 /// Appends, puts and checkpoints chosen by `rng` until done or the disk dies.
 async fn workload(log: &EntryLog<SimDisk>, rng: &mut SimRng, steps: usize) {
     let mut last = None;
+    let mut generation = [0u64; 5];
     for step in 0..steps {
-        let r = match rng.below(10) {
-            0..=6 => log.append(rng.below(3), common::body(rng, step as u64)).map(|a| a.lsn),
+        // Ledger ids are never reused after a deletion (the storage contract).
+        let slot = rng.below(5) as usize;
+        let ledger = slot as u64 + 5 * generation[slot];
+        let r = match rng.below(12) {
+            0..=6 => log.append(ledger, common::body(rng, step as u64)).map(|a| a.lsn),
+            10 | 11 => match log.delete_ledger(ledger) {
+                Err(StorageError::LedgerBusy { .. }) => continue,
+                r => {
+                    generation[slot] += 1;
+                    r
+                }
+            },
             7 => log.put_meta(format!("k{}", rng.below(4)).as_bytes(), Bytes::from(format!("v{step}"))),
             8 => match last {
                 Some(l) => log.wait_durable(l).await.map(|_| l),
