@@ -418,3 +418,23 @@ fn deleted_ledger_frees_its_segments() {
         drop(log);
     });
 }
+
+/// Goal: a relative data directory works with the DMA backend (glommio's
+/// directory open needs an absolute path; `magnetar standalone` defaults to
+/// `./data`).
+#[test]
+fn dma_backend_relative_directory() {
+    let tmp = tempfile::tempdir_in(".").unwrap();
+    let cwd = std::env::current_dir().unwrap();
+    let rel = tmp.path().strip_prefix(&cwd).unwrap().join("shard-0");
+    assert!(rel.is_relative());
+    run(30, move || async move {
+        let (log, _) = EntryLog::open(LogConfig::new(&rel)).await.unwrap();
+        let a = log.append(1, Bytes::from_static(b"relative")).unwrap();
+        log.wait_durable(a.lsn).await.unwrap();
+        log.close().await.unwrap();
+        let (log, rec) = EntryLog::open(LogConfig::new(&rel)).await.unwrap();
+        assert!(rec.clean);
+        assert_eq!(&log.read(1, 0).await.unwrap()[..], b"relative");
+    });
+}
