@@ -32,6 +32,10 @@ pub const LEDGER_ID_SHARD_STRIDE: u64 = 1024;
 /// Most shards a broker may run (ledger ids reserve room for this many).
 pub const SHARDS_MAX: u32 = LEDGER_ID_SHARD_STRIDE as u32;
 
+/// Shares of the dispatchers' task queue; the default queue (flusher,
+/// produce path) has 1000.
+const DISPATCH_SHARES: usize = 250;
+
 const META_TOPIC_PREFIX: &[u8] = b"t/";
 const META_CURSOR_PREFIX: &[u8] = b"c/";
 const TOPIC_META_VERSION: u8 = 1;
@@ -166,6 +170,10 @@ pub(crate) struct Shard {
     /// refused because it reached the refusal watermark.
     disk_pct: Cell<u8>,
     storage_full: Cell<bool>,
+    /// Task queue of the dispatchers, whose catch-up reads go to disk: fewer
+    /// shares than the default queue, where the log's flusher (the fsync
+    /// path of every receipt) runs.
+    pub(crate) dispatch_tq: glommio::TaskQueueHandle,
 }
 
 /// The handle a connection uses to reach the broker; one per shard, cheap to
@@ -228,6 +236,11 @@ impl Shard {
             started_ms: now_ms(),
             disk_pct: Cell::new(0),
             storage_full: Cell::new(false),
+            dispatch_tq: glommio::executor().create_task_queue(
+                glommio::Shares::Static(DISPATCH_SHARES),
+                glommio::Latency::NotImportant,
+                "dispatch",
+            ),
         })
     }
 

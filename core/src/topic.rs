@@ -175,8 +175,18 @@ impl Subscription {
 }
 
 /// Starts the dispatcher of `sub`: it runs until the shard closes.
+/// It runs in the shard's dispatch task queue (fewer shares than the
+/// flusher's), so catch-up reads from disk do not slow the fsync path.
 pub(crate) fn spawn_dispatcher(shard: Rc<Shard>, topic: Rc<Topic>, sub: Rc<Subscription>) {
-    glommio::spawn_local(async move { dispatch_loop(shard, topic, sub).await }).detach();
+    let tq = shard.dispatch_tq;
+    let fut = async move { dispatch_loop(shard, topic, sub).await };
+    match glommio::spawn_local_into(fut, tq) {
+        Ok(t) => {
+            t.detach();
+        }
+        // Only if the queue were gone: it lives as long as the shard.
+        Err(e) => tracing::error!("cannot spawn a dispatcher in its task queue: {e}"),
+    }
 }
 
 async fn dispatch_loop(shard: Rc<Shard>, topic: Rc<Topic>, sub: Rc<Subscription>) {

@@ -41,6 +41,14 @@ pub struct LogConfig {
     /// Largest entry body. Default 5 MiB (Pulsar's default max message size);
     /// capped so that one entry always fits in one segment.
     pub entry_bytes_max: usize,
+    /// Bound on entries kept after a disk read (catch-up readers), separate
+    /// from the write cache so that catch-up cannot evict the tail. 0
+    /// disables the read cache and read-ahead. Default 64 MiB.
+    pub read_cache_bytes: usize,
+    /// A read from disk that continues a sequential read of the same ledger
+    /// also reads the ledger's following entries in that segment, up to this
+    /// many bytes, in one request, into the read cache. Default 1 MiB.
+    pub read_ahead_bytes: usize,
 }
 
 impl LogConfig {
@@ -53,6 +61,8 @@ impl LogConfig {
             checkpoint_interval: Duration::from_secs(30),
             allow_tmpfs: false,
             entry_bytes_max: 5 << 20,
+            read_cache_bytes: 64 << 20,
+            read_ahead_bytes: 1 << 20,
         }
     }
 
@@ -237,6 +247,15 @@ pub(crate) struct State<F> {
     /// (ledger, entry, lsn, bytes) in append order, for eviction.
     cache_fifo: VecDeque<(u64, u64, u64, usize)>,
     cache_bytes: usize,
+    /// Read cache: entries read from disk (and read ahead), FIFO-evicted.
+    rcache: HashMap<(u64, u64), Bytes>,
+    rcache_fifo: VecDeque<((u64, u64), usize)>,
+    rcache_bytes: usize,
+    /// Last entry read from disk per ledger, to detect sequential reads.
+    last_disk_read: HashMap<u64, u64>,
+    /// Reads served from the read cache, and disk reads issued (counters).
+    pub rcache_hits: u64,
+    pub disk_reads: u64,
     /// Metadata including appends not yet durable (what readers see).
     pub meta: BTreeMap<Vec<u8>, Bytes>,
     /// Metadata as of the durable log position (what a checkpoint saves).
@@ -272,6 +291,12 @@ impl<F> State<F> {
             cache: HashMap::new(),
             cache_fifo: VecDeque::new(),
             cache_bytes: 0,
+            rcache: HashMap::new(),
+            rcache_fifo: VecDeque::new(),
+            rcache_bytes: 0,
+            last_disk_read: HashMap::new(),
+            rcache_hits: 0,
+            disk_reads: 0,
             meta: BTreeMap::new(),
             meta_durable: BTreeMap::new(),
             segments: BTreeMap::new(),
@@ -322,6 +347,23 @@ impl<F> State<F> {
             self.cache.remove(&(ledger, entry));
             self.cache_bytes -= len;
         }
+    }
+
+    /// Keeps an entry read from disk, within `bound` bytes (oldest first out).
+    fn rcache_put(&mut self, key: (u64, u64), body: Bytes, bound: usize) {
+        if body.len() > bound || self.rcache.contains_key(&key) {
+            return;
+        }
+        self.rcache_bytes += body.len();
+        self.rcache_fifo.push_back((key, body.len()));
+        self.rcache.insert(key, body);
+        while self.rcache_bytes > bound {
+            let Some((k, len)) = self.rcache_fifo.pop_front() else { break };
+            if self.rcache.remove(&k).is_some() {
+                self.rcache_bytes -= len;
+            }
+        }
+        assert!(self.rcache_bytes <= bound);
     }
 
     pub fn segment_at(&self, position: u64) -> Option<&Rc<Segment<F>>> {
@@ -953,8 +995,9 @@ impl<D: Disk> EntryLog<D> {
     /// [`StorageError::Corrupt`] naming file and offset; the bytes are never
     /// returned).
     pub async fn read(&self, ledger: u64, entry: u64) -> Result<Bytes> {
-        let (seg, ie) = {
-            let st = self.sh.st.borrow();
+        let (seg, ie, ahead) = {
+            let mut st = self.sh.st.borrow_mut();
+            let st = &mut *st;
             let no = StorageError::NoSuchEntry { ledger, entry };
             // The ledger first: a deleted ledger's entries may linger in the cache.
             let l = st.ledgers.get(&ledger).ok_or(no)?;
@@ -964,17 +1007,46 @@ impl<D: Disk> EntryLog<D> {
             if let Some(b) = st.cache.get(&(ledger, entry)) {
                 return Ok(b.clone());
             }
+            if let Some(b) = st.rcache.get(&(ledger, entry)) {
+                st.rcache_hits += 1;
+                let b = b.clone();
+                st.last_disk_read.insert(ledger, entry);
+                return Ok(b);
+            }
             let Some(ie) = usize::try_from(entry).ok().and_then(|i| l.index.get(i)) else {
                 return Err(StorageError::NoSuchEntry { ledger, entry });
             };
             let Some(seg) = st.segment_at(ie.position) else {
                 return Err(StorageError::NoSuchEntry { ledger, entry });
             };
-            (seg.clone(), *ie)
+            let seg = seg.clone();
+            // Sequential catch-up: also fetch the following entries of this
+            // ledger that are durable (before the tail) and in this segment,
+            // up to read_ahead_bytes, in the same request.
+            let sequential = entry.checked_sub(1).is_some_and(|p| st.last_disk_read.get(&ledger) == Some(&p));
+            let mut ahead = Vec::new();
+            if sequential && self.sh.cfg.read_cache_bytes > 0 {
+                let limit = ie.position + self.sh.cfg.read_ahead_bytes as u64;
+                for (i, e) in l.index.iter().enumerate().skip(entry as usize + 1) {
+                    let end = e.position + (RECORD_HEADER_BYTES as u64) + e.body_len as u64;
+                    if end > limit || end > st.tail || end > seg.end() {
+                        break;
+                    }
+                    ahead.push((i as u64, *e));
+                }
+            }
+            st.last_disk_read.insert(ledger, entry);
+            st.disk_reads += 1;
+            (seg, *ie, ahead)
         };
         let off = ie.position - seg.start;
         let len = RECORD_HEADER_BYTES + ie.body_len as usize;
-        let raw = seg.file.read_at(off, len).await.map_err(self.sh.io("read entry", &seg.path))?;
+        let span_end = ahead.last().map_or(off + len as u64, |(_, e)| {
+            e.position - seg.start + (RECORD_HEADER_BYTES as u64) + e.body_len as u64
+        });
+        let raw =
+            seg.file.read_at(off, (span_end - off) as usize).await.map_err(self.sh.io("read entry", &seg.path))?;
+        let raw = Bytes::from(raw);
         let corrupt = |reason| StorageError::corrupt(&seg.path, off, reason);
         if raw.len() < len {
             return Err(corrupt(CorruptReason::ShortFile {
@@ -982,8 +1054,33 @@ impl<D: Disk> EntryLog<D> {
                 need: seg.start + len as u64,
             }));
         }
-        check_entry_record(&raw, &ie, ledger, entry).map_err(corrupt)?;
-        Ok(Bytes::from(raw).slice(RECORD_HEADER_BYTES..))
+        check_entry_record(&raw[..len], &ie, ledger, entry).map_err(corrupt)?;
+        let body = raw.slice(RECORD_HEADER_BYTES..len);
+        let bound = self.sh.cfg.read_cache_bytes;
+        let mut st = self.sh.st.borrow_mut();
+        // Each entry read ahead is verified on its own; one that fails is
+        // simply not cached (reading it later reports the damage).
+        for (i, e) in ahead {
+            let s = (e.position - ie.position) as usize;
+            let n = RECORD_HEADER_BYTES + e.body_len as usize;
+            if let Some(rec) = raw.get(s..s + n) {
+                if check_entry_record(rec, &e, ledger, i).is_ok() {
+                    // A copy, so the cache's bound counts the memory it holds
+                    // (a slice would pin the whole read-ahead buffer).
+                    st.rcache_put((ledger, i), Bytes::copy_from_slice(&rec[RECORD_HEADER_BYTES..]), bound);
+                }
+            }
+        }
+        if bound > 0 {
+            st.rcache_put((ledger, entry), Bytes::copy_from_slice(&body), bound);
+        }
+        Ok(body)
+    }
+
+    /// Read-cache counters: (reads served from the read cache, disk reads).
+    pub fn read_stats(&self) -> (u64, u64) {
+        let st = self.sh.st.borrow();
+        (st.rcache_hits, st.disk_reads)
     }
 
     /// Next entry id that `append` would assign (0 for an unknown ledger).
