@@ -9,11 +9,13 @@
 //! - [`report`]: the JSON result (a contract), history, summary, `--compare`.
 //! - [`plot`]: the SVG picture.
 //! - [`broker`]: a `magnetar standalone` the bench starts itself.
+//! - [`cpu`]: CPU time of client and broker per message.
 //! - [`dist`]: seeded size and key distributions (uniform, weighted, Zipf).
 //!
 //! See `README.md` for the flags and the figures measured with it.
 
 pub mod broker;
+pub mod cpu;
 pub mod dist;
 pub mod plot;
 pub mod report;

@@ -195,6 +195,7 @@ fn main_inner(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut options = RunOptions::new(w.clone(), url.clone());
     options.progress = !args.quiet;
+    options.broker_pid = broker.as_ref().map(|b| b.pid());
     let outcome = runtime.block_on(run(options))?;
     let mut broker_args = args.broker_args.clone();
     if let Some(s) = args.shards {

@@ -69,6 +69,9 @@ pub struct Report {
     pub backlog: Option<BacklogResult>,
     /// Every acknowledged message reached every subscription by the end.
     pub drained: bool,
+    /// CPU seconds of the client and (self-started) broker over the run,
+    /// and per message (warm-up and drain included).
+    pub cpu: crate::cpu::CpuUse,
     pub timeline: Vec<Tick>,
     pub histograms: Histograms,
 }
@@ -167,6 +170,7 @@ pub fn build(workload: &Workload, outcome: &RunOutcome, environment: Environment
         e2e_latency_ms: Percentiles::of(&t.e2e),
         backlog: outcome.backlog.clone(),
         drained: outcome.drained,
+        cpu: outcome.cpu,
         timeline: t.ticks.clone(),
         histograms: Histograms { unit: "ns", publish: buckets(&t.publish), e2e: buckets(&t.e2e) },
     }
@@ -226,6 +230,12 @@ pub fn summary(r: &Report) -> String {
     s.push('\n');
     s += &lat_line("end-to-end latency", &r.e2e_latency_ms);
     s.push('\n');
+    s += &format!(
+        "cpu per message: client {:.2} us, broker {} ({} msgs, warm-up and drain included)\n",
+        r.cpu.client_us_per_msg,
+        r.cpu.broker_us_per_msg.map(|v| format!("{v:.2} us")).unwrap_or_else(|| "unknown (external)".into()),
+        r.cpu.messages
+    );
     if let Some(e) = &r.last_error {
         s += &format!("last publish error: {e}\n");
     }
@@ -253,6 +263,8 @@ pub const COMPARED: &[(&str, bool)] = &[
     ("e2e_latency_ms.p999", false),
     ("e2e_latency_ms.p9999", false),
     ("e2e_latency_ms.max", false),
+    ("cpu.broker_us_per_msg", false),
+    ("cpu.client_us_per_msg", false),
     ("backlog.consume_msgs_per_s", true),
     ("backlog.consume_mb_per_s", true),
 ];

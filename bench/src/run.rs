@@ -64,6 +64,8 @@ pub struct RunOptions {
     pub progress: bool,
     pub tick: Duration,
     pub client_options: ClientOptions,
+    /// Pid of a broker on this machine, to report its CPU per message.
+    pub broker_pid: Option<u32>,
 }
 
 impl RunOptions {
@@ -74,6 +76,7 @@ impl RunOptions {
             progress: true,
             tick: Duration::from_secs(1),
             client_options: ClientOptions::default(),
+            broker_pid: None,
         }
     }
 }
@@ -101,6 +104,8 @@ pub struct RunOutcome {
     pub backlog: Option<BacklogResult>,
     /// True when every acknowledged message was received by every subscription.
     pub drained: bool,
+    /// CPU of client and broker from the first send to the end of the drain.
+    pub cpu: crate::cpu::CpuUse,
 }
 
 fn sub_type(t: SubType) -> SubscriptionType {
@@ -420,6 +425,7 @@ pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
     let producers_total = producer_ctxs.len() as u64;
 
     let ticker = spawn_ticker(&rec, opts.tick, opts.progress, stop_rx.clone());
+    let cpu_mark = crate::cpu::CpuMark::start(opts.broker_pid);
     let start = Instant::now();
     let (stop_at, count_each) = if backlog_mode {
         rec.start_window(start);
@@ -486,6 +492,7 @@ pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
     let drained = !has_consumers
         || wait_quiet(move || r2.consumed_all() >= r2.produced_all() * subs, move || r3.consumed_all(), DRAIN_IDLE_MAX)
             .await;
+    let cpu = cpu_mark.finish(rec.produced_all());
     let _ = stop_tx.send(true);
     let _ = ticker.await;
     for t in consumer_tasks {
@@ -497,5 +504,5 @@ pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
     drop(clients);
     let totals = rec.totals();
     let flat_topics = topics.into_iter().flatten().collect();
-    Ok(RunOutcome { run_id, topics: flat_topics, server_version, totals, backlog, drained })
+    Ok(RunOutcome { run_id, topics: flat_topics, server_version, totals, backlog, drained, cpu })
 }
