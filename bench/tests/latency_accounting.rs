@@ -156,10 +156,13 @@ async fn below_capacity_latency_is_the_broker_delay() {
         // so 25/s leaves every message on schedule.
         let (publish, e2e, produced) = measure(25, 1).await;
         assert!((24..=26).contains(&produced), "{produced} messages in 1 s at 25/s");
+        // Bounds leave room for a loaded machine (timer and scheduling
+        // slop of a few ms per round trip), and still tell "the delay" from
+        // the hundreds of ms of the above-capacity case.
         let d = DELAY.as_secs_f64() * 1e3;
-        assert!(publish.p50 >= d && publish.p50 < d + 8.0, "publish p50 {} vs delay {d}", publish.p50);
-        assert!(publish.max < d + 25.0, "publish max {}", publish.max);
-        assert!(e2e.p50 >= d && e2e.p50 < d + 8.0, "e2e p50 {} vs delay {d}", e2e.p50);
+        assert!(publish.p50 >= d && publish.p50 < 2.0 * d, "publish p50 {} vs delay {d}", publish.p50);
+        assert!(publish.max < 10.0 * d, "publish max {}", publish.max);
+        assert!(e2e.p50 >= d && e2e.p50 < 2.0 * d, "e2e p50 {} vs delay {d}", e2e.p50);
         assert_eq!(publish.count, produced);
         assert_eq!(e2e.count, produced);
     })
@@ -168,19 +171,28 @@ async fn below_capacity_latency_is_the_broker_delay() {
 }
 
 /// Above capacity: 100 msg/s scheduled, but one in flight and a 20 ms delay
-/// allow only 50/s, so message i (intended at 10·i ms) completes at about
-/// 20·(i+1) ms: its latency is about 20 + 10·i ms. Over the 100 messages
-/// intended in the 1 s window the median is about 515 ms and the maximum
-/// about 1010 ms. A closed-loop tool would report 20 ms.
+/// allow at most 50/s, so message i (intended at 10·i ms) completes at about
+/// 20·(i+1) ms or later: its latency is at least 20 + 10·i ms and grows
+/// linearly with i. Over the 100 messages intended in the 1 s window the
+/// median is about half the maximum and the maximum at least ~1 s. A
+/// closed-loop tool would report 20 ms. The upper bound is the run's own
+/// wall-clock time (a loaded machine makes every round trip slower).
 #[tokio::test]
 async fn above_capacity_latency_counts_from_the_intended_time() {
     tokio::time::timeout(TEST_TIMEOUT, async {
+        let started = Instant::now();
         let (publish, e2e, produced) = measure(100, 1).await;
+        let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
         assert_eq!(produced, 100, "every message intended in the window is sent, late");
-        assert!((430.0..650.0).contains(&publish.p50), "publish p50 {}", publish.p50);
-        assert!((950.0..1250.0).contains(&publish.max), "publish max {}", publish.max);
-        assert!(publish.p50 > 10.0 * DELAY.as_secs_f64() * 1e3);
-        assert!((430.0..650.0).contains(&e2e.p50), "e2e p50 {}", e2e.p50);
+        assert!(
+            publish.max >= 1000.0 && publish.max <= elapsed_ms,
+            "publish max {} (run {elapsed_ms} ms)",
+            publish.max
+        );
+        let half = publish.p50 / publish.max;
+        assert!((0.35..0.65).contains(&half), "latency grows linearly: p50 {} vs max {}", publish.p50, publish.max);
+        assert!(publish.p50 > 10.0 * DELAY.as_secs_f64() * 1e3, "not the closed-loop 20 ms");
+        assert!(e2e.p50 >= publish.p50 * 0.9 && e2e.max >= 1000.0, "e2e {e2e:?}");
     })
     .await
     .expect("test timed out");
