@@ -30,7 +30,7 @@ fn default_relative_data_dir_works() {
         }
         let addr = line.trim().rsplit(' ').next().expect("address").to_string();
         let run =
-            run_cli(&["produce", "relative-dir-topic", "--message", "hello", "--url", &addr], Duration::from_secs(30));
+            run_cli(["produce", "relative-dir-topic", "--message", "hello", "--url", &addr], Duration::from_secs(30));
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM)
             .expect("SIGTERM");
         let status = child.wait().expect("wait");
