@@ -307,6 +307,7 @@ async fn consume_flow_replenishment_and_acks() {
                     initial_position,
                     durable,
                     priority_level,
+                    filter_tag: _,
                 } => {
                     assert_eq!(topic, "persistent://public/default/orders");
                     assert_eq!(subscription, "s1");
