@@ -8,6 +8,8 @@
 
 pub mod config;
 pub mod cursor;
+mod delayed;
+mod dispatcher;
 pub mod error;
 pub mod launch;
 mod mesh;

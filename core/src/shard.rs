@@ -12,7 +12,7 @@ use crate::error::{CoreError, ErrorCode};
 use crate::mesh::{Mesh, MeshMsg};
 use crate::ownership;
 use crate::signal::Signal;
-use crate::topic::{Subscription, Topic};
+use crate::topic::{NewConsumer, Subscription, Topic};
 use crate::topic_name::{Domain, TopicName};
 use bytes::Bytes;
 use futures::channel::oneshot;
@@ -60,6 +60,11 @@ pub enum ConsumerEvent {
         code: ErrorCode,
         message: String,
     },
+    /// Failover: the consumer became (or stopped being) the active one.
+    ActiveChange {
+        consumer_id: u64,
+        is_active: bool,
+    },
 }
 
 /// A producer attached to a topic, as seen by the connection that created it.
@@ -89,6 +94,10 @@ pub struct SubscribeRequest {
     pub consumer_name: String,
     pub initial_position: InitialPosition,
     pub durable: bool,
+    /// Failover: lower is preferred (Pulsar's priority level).
+    pub priority_level: i32,
+    /// Deliver only messages with this tag; empty = all.
+    pub filter_tag: String,
 }
 
 /// A request executed on the owner shard.
@@ -130,6 +139,12 @@ pub(crate) enum Op {
         topic: String,
         subscription: String,
         consumer: ConsumerRef,
+    },
+    Redeliver {
+        topic: String,
+        subscription: String,
+        consumer: ConsumerRef,
+        ids: Vec<MessageId>,
     },
 }
 
@@ -336,7 +351,20 @@ impl Shard {
             }
             Op::CloseConsumer { topic, subscription, consumer } => {
                 if let Some(sub) = self.subscription(&topic, &subscription) {
-                    sub.remove_consumer(consumer);
+                    sub.remove_consumer(self, consumer);
+                }
+                futures::future::ready(Ok(Reply::Done)).boxed_local()
+            }
+            Op::Redeliver { topic, subscription, consumer, ids } => {
+                if let (Some(t), Some(sub)) =
+                    (self.topics.borrow().get(&topic).cloned(), self.subscription(&topic, &subscription))
+                {
+                    let entries: Vec<u64> = ids.iter().filter(|id| id.ledger == t.ledger).map(|id| id.entry).collect();
+                    // Ids of another ledger are none of ours: nothing to do
+                    // for them, but an all-foreign list must not mean "all".
+                    if ids.is_empty() || !entries.is_empty() {
+                        sub.redeliver(consumer, &entries);
+                    }
                 }
                 futures::future::ready(Ok(Reply::Done)).boxed_local()
             }
@@ -438,9 +466,11 @@ impl Shard {
             let Ok(sub_name) = std::str::from_utf8(&k[prefix.len()..]) else { continue };
             match crate::cursor::Cursor::decode(&v) {
                 Ok(cursor) if cursor.ledger == ledger => {
-                    let sub = Subscription::new(sub_name.to_string(), SubscriptionType::Exclusive, true, cursor);
+                    // The type is not persisted: the first consumer sets it.
+                    let sub =
+                        Subscription::new(sub_name.to_string(), SubscriptionType::Exclusive, true, cursor, partition);
                     topic.subs.borrow_mut().insert(sub_name.to_string(), sub.clone());
-                    crate::topic::spawn_dispatcher(self.clone(), topic.clone(), sub);
+                    crate::dispatcher::task::spawn(self.clone(), topic.clone(), sub);
                 }
                 Ok(_) => tracing::warn!(topic = %key, sub = sub_name, "cursor of another ledger ignored"),
                 Err(e) => tracing::error!(topic = %key, sub = sub_name, "unreadable cursor record: {e}"),
@@ -484,12 +514,6 @@ impl Shard {
                 "subscription names must be 1 to 256 characters without control characters",
             ));
         }
-        if req.sub_type != SubscriptionType::Exclusive {
-            return Err(CoreError::new(
-                ErrorCode::NotAllowed,
-                format!("subscription type {:?} is not supported yet; use Exclusive", req.sub_type),
-            ));
-        }
         let (t, created_lsn) = self.get_or_create_topic(&tn)?;
         let existing = t.subs.borrow().get(&req.subscription).cloned();
         let (sub, sub_lsn) = match existing {
@@ -500,17 +524,31 @@ impl Shard {
                     InitialPosition::Latest => t.next_entry.get(),
                 };
                 let cursor = crate::cursor::Cursor::new(t.ledger, floor);
-                let sub = Subscription::new(req.subscription.clone(), req.sub_type, req.durable, cursor);
+                let sub = Subscription::new(req.subscription.clone(), req.sub_type, req.durable, cursor, t.partition);
                 t.subs.borrow_mut().insert(req.subscription.clone(), sub.clone());
-                crate::topic::spawn_dispatcher(self.clone(), t.clone(), sub.clone());
+                crate::dispatcher::task::spawn(self.clone(), t.clone(), sub.clone());
                 let lsn = if req.durable { Some(self.persist_cursor(&t, &sub)?) } else { None };
                 (sub, lsn)
             }
         };
-        sub.add_consumer(consumer)?;
+        let name = if req.consumer_name.is_empty() {
+            format!("consumer-{}-{}-{}", consumer.shard, consumer.sink, consumer.consumer_id)
+        } else {
+            req.consumer_name.clone()
+        };
+        sub.add_consumer(
+            &self,
+            NewConsumer {
+                consumer,
+                sub_type: req.sub_type,
+                name,
+                priority: req.priority_level,
+                filter_tag: req.filter_tag.clone(),
+            },
+        )?;
         for lsn in [created_lsn, sub_lsn].into_iter().flatten() {
             if let Err(e) = self.log.wait_durable(lsn).await {
-                sub.remove_consumer(consumer);
+                sub.remove_consumer(&self, consumer);
                 return Err(e.into());
             }
         }
@@ -764,6 +802,19 @@ impl Broker {
         };
         let fut = self.shard.call(c.owner, op);
         async move { fut.await.map(|_| ()) }.boxed_local()
+    }
+
+    /// Delivers again the given unacknowledged messages of this consumer
+    /// (all of them when `ids` is empty), to any consumer of the subscription.
+    pub fn redeliver_unacknowledged(&self, c: &ConsumerHandle, ids: Vec<MessageId>) {
+        let op = Op::Redeliver {
+            topic: c.topic.clone(),
+            subscription: c.subscription.clone(),
+            consumer: c.consumer,
+            ids,
+        };
+        let fut = self.shard.call(c.owner, op);
+        glommio::spawn_local(fut).detach();
     }
 
     pub async fn close_consumer(&self, c: &ConsumerHandle) -> Result<(), CoreError> {

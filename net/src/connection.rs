@@ -284,7 +284,8 @@ impl Conn {
                 consumer_name,
                 initial_position,
                 durable,
-                priority_level: _,
+                priority_level,
+                filter_tag,
             } => {
                 if self.consumers.borrow().contains_key(&consumer_id) {
                     self.out.error(request_id, &CoreError::new(ErrorCode::ConsumerBusy, "consumer id already in use"));
@@ -306,6 +307,8 @@ impl Conn {
                     consumer_name,
                     initial_position,
                     durable,
+                    priority_level,
+                    filter_tag,
                 };
                 match self.broker.subscribe(req, sink).await {
                     Ok(handle) => {
@@ -343,6 +346,12 @@ impl Conn {
                     }
                 })
                 .detach();
+                Ok(())
+            }
+            Command::RedeliverUnacknowledged { consumer_id, message_ids } => {
+                if let Some(c) = self.consumers.borrow().get(&consumer_id) {
+                    self.broker.redeliver_unacknowledged(c, message_ids);
+                }
                 Ok(())
             }
             Command::CloseConsumer { request_id, consumer_id } => {
@@ -442,6 +451,9 @@ impl Conn {
                         }
                         out.push(&Command::Error { request_id: 0, code, message }, &[]);
                     }
+                    ConsumerEvent::ActiveChange { consumer_id, is_active } => {
+                        out.push(&Command::ActiveConsumerChange { consumer_id, is_active }, &[]);
+                    }
                 }
             }
         })
@@ -486,5 +498,7 @@ fn command_name(c: &Command) -> &'static str {
         Command::Ping => "Ping",
         Command::Pong => "Pong",
         Command::Error { .. } => "Error",
+        Command::RedeliverUnacknowledged { .. } => "RedeliverUnacknowledged",
+        Command::ActiveConsumerChange { .. } => "ActiveConsumerChange",
     }
 }
