@@ -2,11 +2,14 @@
 
 use crate::connection::{Connection, ConsumerSlot, Delivery};
 use crate::error::{ClientError, Result};
-use crate::message::Message;
+use crate::message::{Message, OutgoingMessage};
 use crate::names::normalize_topic;
+use crate::producer::{Producer, ProducerBuilder, DEFAULT_MAX_PENDING};
+use crate::tracker::{NackBackoff, Tracker, NACK_TICK};
 use magnetar_wire::{AckType, Command, InitialPosition, MessageId, SubscriptionType};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TryRecvError;
 
@@ -38,7 +41,29 @@ pub struct ConsumerBuilder {
     pub(crate) initial_position: InitialPosition,
     pub(crate) receiver_queue_size: u32,
     pub(crate) consumer_name: String,
+    pub(crate) priority_level: i32,
+    pub(crate) filter_tag: String,
+    pub(crate) nack_backoff: NackBackoff,
+    pub(crate) ack_timeout: Option<Duration>,
+    pub(crate) dead_letter: Option<DeadLetterPolicy>,
 }
+
+/// Where messages go after too many deliveries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterPolicy {
+    /// A message delivered this many times again (redelivery count above it)
+    /// goes to the dead-letter topic instead of the application.
+    pub max_redeliveries: u32,
+    /// Default `<topic>-<subscription>-DLQ`.
+    pub topic: Option<String>,
+}
+
+/// Property naming the topic a dead-lettered or retried message came from.
+pub const PROPERTY_REAL_TOPIC: &str = "REAL_TOPIC";
+/// Property holding the original message id (`L:E:P:B`).
+pub const PROPERTY_ORIGIN_MESSAGE_ID: &str = "ORIGIN_MESSAGE_ID";
+/// Property counting how often `reconsume_later` sent a message around.
+pub const PROPERTY_RECONSUME_TIMES: &str = "RECONSUMETIMES";
 
 impl ConsumerBuilder {
     /// Default `Exclusive`.
@@ -68,6 +93,42 @@ impl ConsumerBuilder {
         self
     }
 
+    /// Failover: the active consumer is one with the lowest level (default 0),
+    /// then the first by name.
+    pub fn priority_level(mut self, level: i32) -> Self {
+        self.priority_level = level;
+        self
+    }
+
+    /// Only messages with this tag are delivered; the others count as
+    /// acknowledged for the subscription (evaluated by the broker). Set by
+    /// the first consumer of an idle subscription.
+    pub fn filter_tag(mut self, tag: impl Into<String>) -> Self {
+        self.filter_tag = tag.into();
+        self
+    }
+
+    /// Delay before a negatively acknowledged message comes back:
+    /// `min × 2^redelivery_count`, at most `max` (default 1 s .. 60 s).
+    pub fn negative_ack_backoff(mut self, min: Duration, max: Duration) -> Self {
+        self.nack_backoff = NackBackoff { min, max };
+        self
+    }
+
+    /// Messages not acknowledged this long after `receive` are redelivered
+    /// (default: never).
+    pub fn ack_timeout(mut self, timeout: Duration) -> Self {
+        self.ack_timeout = Some(timeout);
+        self
+    }
+
+    /// Send messages redelivered more than `policy.max_redeliveries` times
+    /// to a dead-letter topic (then acknowledge them) instead of returning them.
+    pub fn dead_letter_policy(mut self, policy: DeadLetterPolicy) -> Self {
+        self.dead_letter = Some(policy);
+        self
+    }
+
     /// Subscribe, then grant the broker the initial flow permits.
     pub async fn subscribe(self) -> Result<Consumer> {
         if self.receiver_queue_size == 0 || self.receiver_queue_size > RECEIVER_QUEUE_SIZE_MAX {
@@ -78,7 +139,11 @@ impl ConsumerBuilder {
         }
         let topic = normalize_topic(&self.topic)?;
         let consumer_id = self.conn.next_handle_id();
+        if self.ack_timeout.is_some_and(|t| t < Duration::from_millis(100)) {
+            return Err(ClientError::InvalidOption { option: "ack_timeout", reason: "must be at least 100 ms" });
+        }
         let closed = Arc::new(AtomicBool::new(false));
+        let active = Arc::new(AtomicBool::new(false));
         let queue = self.receiver_queue_size;
         let (deliver, rx) = mpsc::channel(queue as usize);
         // Registered before subscribing: the broker may push messages right
@@ -91,6 +156,7 @@ impl ConsumerBuilder {
                 subscription: self.subscription.clone(),
                 closed: closed.clone(),
                 deliver,
+                active: active.clone(),
             },
         )?;
         let answer = self
@@ -104,7 +170,8 @@ impl ConsumerBuilder {
                 consumer_name: self.consumer_name.clone(),
                 initial_position: self.initial_position,
                 durable: true,
-                priority_level: 0,
+                priority_level: self.priority_level,
+                filter_tag: self.filter_tag.clone(),
             })
             .await;
         match answer {
@@ -118,6 +185,12 @@ impl ConsumerBuilder {
                 return Err(e);
             }
         }
+        let tracker = Arc::new(Tracker::new(self.ack_timeout));
+        spawn_tracker_task(self.conn.clone(), consumer_id, tracker.clone(), closed.clone());
+        let dead_letter = self.dead_letter.map(|p| {
+            let dlq_topic = p.topic.clone().unwrap_or_else(|| format!("{topic}-{}-DLQ", self.subscription));
+            Arc::new(DeadLetter { max_redeliveries: p.max_redeliveries, topic: dlq_topic, producer: Default::default() })
+        });
         let consumer = Consumer {
             conn: self.conn,
             consumer_id,
@@ -126,6 +199,11 @@ impl ConsumerBuilder {
             rx: tokio::sync::Mutex::new(Receiving { rx, unflowed: 0 }),
             flow_threshold: (queue / 2).max(1),
             closed,
+            active,
+            tracker,
+            nack_backoff: self.nack_backoff,
+            dead_letter,
+            retry_producer: Default::default(),
         };
         consumer.conn.send_command(&Command::Flow { consumer_id, permits: queue }).await?;
         Ok(consumer)
@@ -148,6 +226,81 @@ pub struct Consumer {
     rx: tokio::sync::Mutex<Receiving>,
     flow_threshold: u32,
     closed: Arc<AtomicBool>,
+    active: Arc<AtomicBool>,
+    tracker: Arc<Tracker>,
+    nack_backoff: NackBackoff,
+    dead_letter: Option<Arc<DeadLetter>>,
+    retry_producer: tokio::sync::Mutex<Option<Producer>>,
+}
+
+struct DeadLetter {
+    max_redeliveries: u32,
+    topic: String,
+    producer: tokio::sync::Mutex<Option<Producer>>,
+}
+
+/// Ticks the consumer's nack timers and ack-timeout wheel, asking the
+/// broker back for due messages; ends when the consumer closes.
+fn spawn_tracker_task(conn: Arc<Connection>, consumer_id: u64, tracker: Arc<Tracker>, closed: Arc<AtomicBool>) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else { return };
+    handle.spawn(async move {
+        let mut tick = tokio::time::interval(NACK_TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if closed.load(Ordering::Acquire) || !crate::connection::is_open(&conn.shared) {
+                return;
+            }
+            let due = tracker.tick(Instant::now());
+            if !due.is_empty() {
+                // Several frames for many ids keep each frame small.
+                for ids in due.chunks(1000) {
+                    let command = Command::RedeliverUnacknowledged { consumer_id, message_ids: ids.to_vec() };
+                    if let Err(e) = conn.send_command(&command).await {
+                        tracing::debug!(error = %e, "redelivery request not sent");
+                        return;
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Publishes `msg` to `topic` with its origin as properties, on a producer
+/// created on first use.
+async fn republish(
+    conn: &Arc<Connection>,
+    slot: &tokio::sync::Mutex<Option<Producer>>,
+    topic: &str,
+    msg: &Message,
+    extra: Vec<(String, String)>,
+    deliver_at_ms: Option<u64>,
+) -> Result<MessageId> {
+    let mut slot = slot.lock().await;
+    if slot.as_ref().is_none_or(|p| p.is_closed()) {
+        let builder =
+            ProducerBuilder { conn: conn.clone(), topic: topic.to_string(), name: None, max_pending: DEFAULT_MAX_PENDING };
+        *slot = Some(builder.create().await?);
+    }
+    let Some(producer) = slot.as_ref() else { return Err(ClientError::InvalidOption { option: "producer", reason: "not created" }) };
+    let mut out = OutgoingMessage::new(msg.payload.clone());
+    out.key = msg.metadata.partition_key.clone();
+    out.tag = msg.metadata.tag.clone();
+    out.event_time_ms = msg.event_time_ms();
+    out.deliver_at_ms = deliver_at_ms;
+    out.properties = msg
+        .metadata
+        .properties
+        .iter()
+        .filter(|(k, _)| k != PROPERTY_REAL_TOPIC && k != PROPERTY_ORIGIN_MESSAGE_ID && k != PROPERTY_RECONSUME_TIMES)
+        .cloned()
+        .collect();
+    let real_topic = msg.property(PROPERTY_REAL_TOPIC).unwrap_or(&msg.topic).to_string();
+    let origin = msg.property(PROPERTY_ORIGIN_MESSAGE_ID).map(str::to_string).unwrap_or_else(|| msg.id.to_string());
+    out.properties.push((PROPERTY_REAL_TOPIC.into(), real_topic));
+    out.properties.push((PROPERTY_ORIGIN_MESSAGE_ID.into(), origin));
+    out.properties.extend(extra);
+    producer.send(out).await
 }
 
 impl std::fmt::Debug for Consumer {
@@ -193,29 +346,131 @@ impl Consumer {
     /// dropped before it completes loses no message.
     pub async fn receive(&self) -> Result<Message> {
         let mut receiving = self.rx.lock().await;
-        match receiving.rx.recv().await {
-            // Nothing below awaits, so a message taken off the queue is
-            // always returned (cancel safety).
-            Some(delivery) => {
-                self.after_receive(&mut receiving);
-                delivery
+        loop {
+            match receiving.rx.recv().await {
+                // Nothing below awaits, so a message taken off the queue is
+                // always returned or handed to the dead-letter task (cancel safety).
+                Some(delivery) => {
+                    self.after_receive(&mut receiving);
+                    if let Some(delivery) = self.screen(delivery) {
+                        return delivery;
+                    }
+                }
+                None => return Err(self.closed_error()),
             }
-            None => Err(self.closed_error()),
         }
+    }
+
+    /// Up to `max` messages: waits for the first, then takes what is already
+    /// here without waiting.
+    pub async fn receive_batch(&self, max: usize) -> Result<Vec<Message>> {
+        let mut out = vec![self.receive().await?];
+        while out.len() < max {
+            match self.try_receive()? {
+                Some(m) => out.push(m),
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+
+    /// The consumer as a `Stream` of messages (ends when the consumer is
+    /// closed or the connection ends).
+    pub fn stream(&self) -> impl futures::Stream<Item = Result<Message>> + '_ {
+        futures_util_unfold(self)
+    }
+
+    /// Tracks a delivered message, or sends it to the dead-letter topic
+    /// (returning `None`) when it came too often.
+    fn screen(&self, delivery: Delivery) -> Option<Delivery> {
+        let msg = match delivery {
+            Ok(msg) => msg,
+            Err(e) => return Some(Err(e)),
+        };
+        if let Some(dl) = &self.dead_letter {
+            if msg.redelivery_count > dl.max_redeliveries {
+                let dl = dl.clone();
+                let conn = self.conn.clone();
+                let consumer_id = self.consumer_id;
+                // A task, so `receive` stays cancel-safe; the message is
+                // acknowledged only once the dead-letter topic has it.
+                if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                    handle.spawn(async move {
+                        match republish(&conn, &dl.producer, &dl.topic, &msg, Vec::new(), None).await {
+                            Ok(_) => {
+                                let ack = Command::Ack {
+                                    consumer_id,
+                                    ack_type: AckType::Individual,
+                                    message_ids: vec![msg.id],
+                                    request_id: 0,
+                                };
+                                let _ = conn.send_command(&ack).await;
+                            }
+                            Err(e) => tracing::warn!(error = %e, id = %msg.id, "dead-letter publish failed"),
+                        }
+                    });
+                    return None;
+                }
+            }
+        }
+        self.tracker.received(msg.id);
+        Some(Ok(msg))
     }
 
     /// The next message if one is already here, without waiting. `Ok(None)`
     /// also when another task is inside `receive`.
     pub fn try_receive(&self) -> Result<Option<Message>> {
         let Ok(mut receiving) = self.rx.try_lock() else { return Ok(None) };
-        match receiving.rx.try_recv() {
-            Ok(delivery) => {
-                self.after_receive(&mut receiving);
-                delivery.map(Some)
+        loop {
+            match receiving.rx.try_recv() {
+                Ok(delivery) => {
+                    self.after_receive(&mut receiving);
+                    if let Some(delivery) = self.screen(delivery) {
+                        return delivery.map(Some);
+                    }
+                }
+                Err(TryRecvError::Empty) => return Ok(None),
+                Err(TryRecvError::Disconnected) => return Err(self.closed_error()),
             }
-            Err(TryRecvError::Empty) => Ok(None),
-            Err(TryRecvError::Disconnected) => Err(self.closed_error()),
         }
+    }
+
+    /// Failover: whether the broker last said this consumer is the active one.
+    pub fn is_active(&self) -> bool {
+        self.active.load(Ordering::Acquire)
+    }
+
+    /// Negative acknowledgement: the message comes back (to this or another
+    /// consumer) after the backoff delay for its redelivery count.
+    pub fn negative_acknowledge(&self, msg: &Message) {
+        let delay = self.nack_backoff.delay(msg.redelivery_count);
+        self.tracker.nacked(msg.id, delay, Instant::now());
+    }
+
+    /// Ask the broker to deliver again every message this consumer holds
+    /// unacknowledged, at once.
+    pub async fn redeliver_unacknowledged(&self) -> Result<()> {
+        if self.is_closed() {
+            return Err(self.closed_error());
+        }
+        let command = Command::RedeliverUnacknowledged { consumer_id: self.consumer_id, message_ids: Vec::new() };
+        self.conn.send_command(&command).await
+    }
+
+    /// Consume `msg` again after `delay`: it is published to
+    /// `<topic>-<subscription>-RETRY` with a delivery time, then acknowledged
+    /// here. Subscribe to that topic (with the same subscription name) to get
+    /// it back; its `RECONSUMETIMES` property counts the rounds.
+    pub async fn reconsume_later(&self, msg: &Message, delay: Duration) -> Result<MessageId> {
+        let base = msg.property(PROPERTY_REAL_TOPIC).unwrap_or(&self.topic).to_string();
+        let retry_topic = format!("{base}-{}-RETRY", self.subscription);
+        let times = msg.property(PROPERTY_RECONSUME_TIMES).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0) + 1;
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let at = u64::try_from(now.saturating_add(delay).as_millis()).unwrap_or(u64::MAX);
+        let extra = vec![(PROPERTY_RECONSUME_TIMES.to_string(), times.to_string())];
+        let id = republish(&self.conn, &self.retry_producer, &retry_topic, msg, extra, Some(at)).await?;
+        self.ack(&msg.id).await?;
+        Ok(id)
     }
 
     /// Grant more permits once half the queue has been handed out, so the
@@ -235,6 +490,10 @@ impl Consumer {
     async fn send_ack(&self, ack_type: AckType, id: &MessageId) -> Result<()> {
         if self.is_closed() {
             return Err(self.closed_error());
+        }
+        match ack_type {
+            AckType::Individual => self.tracker.acked(id),
+            AckType::Cumulative => self.tracker.acked_cumulative(id),
         }
         let command = Command::Ack { consumer_id: self.consumer_id, ack_type, message_ids: vec![*id], request_id: 0 };
         self.conn.send_command(&command).await
@@ -263,6 +522,12 @@ impl Consumer {
                 option: "ids",
                 reason: "one id or more; exactly one for a cumulative ack",
             });
+        }
+        for id in ids {
+            match ack_type {
+                AckType::Individual => self.tracker.acked(id),
+                AckType::Cumulative => self.tracker.acked_cumulative(id),
+            }
         }
         let consumer_id = self.consumer_id;
         let answer = self
@@ -299,4 +564,14 @@ impl Drop for Consumer {
             self.conn.remove_consumer(self.consumer_id);
         }
     }
+}
+
+fn futures_util_unfold(consumer: &Consumer) -> impl futures::Stream<Item = Result<Message>> + '_ {
+    futures::stream::unfold(consumer, |c| async move {
+        match c.receive().await {
+            Ok(m) => Some((Ok(m), c)),
+            Err(ClientError::ConsumerClosed { .. } | ClientError::Disconnected { .. }) => None,
+            Err(e) => Some((Err(e), c)),
+        }
+    })
 }

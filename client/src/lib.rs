@@ -21,9 +21,14 @@ mod error;
 mod message;
 mod names;
 mod producer;
+mod tracker;
 
 pub use connection::{ClientOptions, ServerInfo};
-pub use consumer::{Consumer, ConsumerBuilder, DEFAULT_RECEIVER_QUEUE_SIZE, RECEIVER_QUEUE_SIZE_MAX};
+pub use consumer::{
+    Consumer, ConsumerBuilder, DeadLetterPolicy, DEFAULT_RECEIVER_QUEUE_SIZE, PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_REAL_TOPIC, PROPERTY_RECONSUME_TIMES, RECEIVER_QUEUE_SIZE_MAX,
+};
+pub use tracker::{NackBackoff, ACK_TIMEOUT_BUCKETS};
 pub use error::{ClientError, Result};
 pub use message::{Message, OutgoingMessage};
 pub use names::{normalize_topic, parse_service_url, ServiceUrl, DEFAULT_PORT};
@@ -78,6 +83,11 @@ impl Client {
             initial_position: InitialPosition::default(),
             receiver_queue_size: DEFAULT_RECEIVER_QUEUE_SIZE,
             consumer_name: String::new(),
+            priority_level: 0,
+            filter_tag: String::new(),
+            nack_backoff: NackBackoff::default(),
+            ack_timeout: None,
+            dead_letter: None,
         }
     }
 
