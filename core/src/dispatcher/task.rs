@@ -155,7 +155,9 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
         }
         if peeked.deliver_at_ms > now_ms() {
             sub.read_pos.set(pos + 1);
-            sub.delayed.borrow_mut().insert(peeked.deliver_at_ms, pos, peeked.key_hash);
+            let mut delayed = sub.delayed.borrow_mut();
+            delayed.insert(peeked.deliver_at_ms, pos, peeked.key_hash);
+            tracing::trace!(topic = %topic.key, sub = %sub.name, entry = pos, delayed = delayed.len(), "delayed");
             continue;
         }
         let pick =

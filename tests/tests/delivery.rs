@@ -1,0 +1,497 @@
+//! Goal: the consumption model of issue #4 holds with real broker processes:
+//! Failover takeover order, Shared exactly-once across consumers, Key_Shared
+//! per-key order across a join and a leave, cumulative acks, negative acks
+//! with a growing redelivery count, dead letters, the ack timeout, delayed
+//! delivery, tag filters and the unacked bound of a stalled consumer; where
+//! it makes sense, also across a `kill -9` of the broker.
+//!
+//! Method: a 2-shard broker process; the topic is owned by one shard and the
+//! consumers sit on connections of both shards, so dispatch crosses the mesh.
+//! The CLI is used where the issue fixes its flags (nack, DLQ, delay, tags).
+
+use magnetar_client::{
+    AckType, Client, ClientError, Consumer, ErrorCode, InitialPosition, Message, MessageId, OutgoingMessage,
+    SubscriptionType,
+};
+use magnetar_tests::{
+    connect_on_shard, run_async_with_timeout, test_dir, topics_per_shard, BrokerOptions, BrokerProcess, ConsumeCmd,
+    ProduceCmd,
+};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const SHARDS: u32 = 2;
+const RECEIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+async fn receive(consumer: &Consumer, what: &str) -> Message {
+    tokio::time::timeout(RECEIVE_TIMEOUT, consumer.receive())
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no message within {RECEIVE_TIMEOUT:?}"))
+        .unwrap_or_else(|e| panic!("{what}: receive failed: {e}"))
+}
+
+/// Asserts nothing arrives within `wait`.
+async fn assert_quiet(consumer: &Consumer, wait: Duration, what: &str) {
+    if let Ok(m) = tokio::time::timeout(wait, consumer.receive()).await {
+        panic!("{what}: expected nothing, got {:?}", m.map(|m| (m.id, m.redelivery_count)));
+    }
+}
+
+async fn consumer(
+    client: &Client,
+    topic: &str,
+    sub: &str,
+    sub_type: SubscriptionType,
+    name: &str,
+    priority: i32,
+    queue: u32,
+) -> Consumer {
+    client
+        .subscribe(topic, sub)
+        .sub_type(sub_type)
+        .consumer_name(name)
+        .priority_level(priority)
+        .receiver_queue_size(queue)
+        .initial_position(InitialPosition::Earliest)
+        .subscribe()
+        .await
+        .unwrap_or_else(|e| panic!("subscribe {name}: {e}"))
+}
+
+async fn produce(client: &Client, topic: &str, n: usize, key: impl Fn(usize) -> Option<String>) -> Vec<MessageId> {
+    let producer = client.producer(topic).create().await.expect("producer");
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let mut m = OutgoingMessage::new(format!("m{i}"));
+        m.key = key(i);
+        ids.push(producer.send(m).await.expect("send"));
+    }
+    producer.close().await.expect("close producer");
+    ids
+}
+
+async fn wait_until(what: &str, f: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + RECEIVE_TIMEOUT;
+    while !f() {
+        assert!(tokio::time::Instant::now() < deadline, "{what}: not within {RECEIVE_TIMEOUT:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Failover: the active consumer is the lowest priority level, then the
+/// first name; consumers are told; on close the next takes over and gets the
+/// unacknowledged messages again; after a kill -9 the confirmed acks hold.
+#[test]
+fn failover_takeover_follows_priority_then_name() {
+    run_async_with_timeout(Duration::from_secs(90), || async {
+        let dir = test_dir("failover");
+        let mut broker = BrokerProcess::start(dir.path(), SHARDS);
+        let (topic, owner) = topics_per_shard("failover", SHARDS, 1).remove(0);
+        let url = broker.url();
+        let a = connect_on_shard(&url, owner, 64).await;
+        let b = connect_on_shard(&url, (owner + 1) % SHARDS, 64).await;
+        let ft = SubscriptionType::Failover;
+        let c_low = consumer(&a, &topic, "fo", ft, "a-low", 1, 100).await;
+        let c_b = consumer(&b, &topic, "fo", ft, "b", 0, 100).await;
+        let c_c = consumer(&a, &topic, "fo", ft, "c", 0, 100).await;
+        wait_until("b becomes active", || c_b.is_active() && !c_c.is_active() && !c_low.is_active()).await;
+
+        let ids = produce(&a, &topic, 6, |_| None).await;
+        for id in &ids {
+            assert_eq!(receive(&c_b, "active b").await.id, *id);
+        }
+        assert_quiet(&c_c, Duration::from_millis(300), "standby c").await;
+        assert_quiet(&c_low, Duration::from_millis(100), "standby a-low").await;
+        c_b.ack_confirmed(AckType::Cumulative, &[ids[1]]).await.expect("cumulative ack on failover");
+
+        // b leaves: c (same level, next name) takes over and gets 2.. again.
+        c_b.close().await.expect("close b");
+        wait_until("c becomes active", || c_c.is_active()).await;
+        for id in &ids[2..] {
+            let m = receive(&c_c, "c after takeover").await;
+            assert_eq!(m.id, *id);
+            assert_eq!(m.redelivery_count(), 1, "redelivery count after takeover");
+        }
+        c_c.ack_confirmed(AckType::Individual, &[ids[2]]).await.expect("ack");
+
+        // kill -9: confirmed acks survive; the lowest-priority consumer,
+        // alone now, gets every other message again.
+        broker.kill9();
+        let broker = broker.restart();
+        let url = broker.url();
+        let a = Client::connect(&url).await.expect("connect after restart");
+        let c_low = consumer(&a, &topic, "fo", ft, "a-low", 1, 100).await;
+        for id in &ids[3..] {
+            assert_eq!(receive(&c_low, "a-low after kill -9").await.id, *id);
+        }
+        assert_quiet(&c_low, Duration::from_millis(300), "a-low after kill -9").await;
+        wait_until("a-low is active", || c_low.is_active()).await;
+    });
+}
+
+/// Shared: 3 consumers get every message exactly once while nobody leaves;
+/// the unacknowledged messages of a consumer that closes go to the others;
+/// cumulative acks are refused.
+#[test]
+fn shared_delivers_every_message_once_across_three_consumers() {
+    run_async_with_timeout(Duration::from_secs(90), || async {
+        let dir = test_dir("shared");
+        let broker = BrokerProcess::start(dir.path(), SHARDS);
+        let (topic, owner) = topics_per_shard("shared", SHARDS, 1).remove(0);
+        let url = broker.url();
+        let a = connect_on_shard(&url, owner, 64).await;
+        let b = connect_on_shard(&url, (owner + 1) % SHARDS, 64).await;
+        let st = SubscriptionType::Shared;
+        let consumers =
+            [consumer(&a, &topic, "sh", st, "x", 0, 5).await, consumer(&b, &topic, "sh", st, "y", 0, 5).await];
+        let leaver = consumer(&b, &topic, "sh", st, "z", 0, 5).await;
+        let n = 150;
+        let ids = produce(&a, &topic, n, |_| None).await;
+
+        // The leaver takes a few and never acks them; then it closes.
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            let m = receive(&leaver, "leaver").await;
+            assert_eq!(m.redelivery_count(), 0);
+            held.push(m.id);
+        }
+        let refused = leaver.ack_confirmed(AckType::Cumulative, &[held[0]]).await;
+        assert!(
+            matches!(refused, Err(ClientError::Broker { code: ErrorCode::NotAllowed, .. })),
+            "cumulative ack on Shared: {refused:?}"
+        );
+        leaver.close().await.expect("close leaver");
+
+        let mut got: BTreeMap<MessageId, u32> = BTreeMap::new();
+        let mut per_consumer = [0usize; 2];
+        while got.len() < n {
+            let mut progressed = false;
+            for (i, c) in consumers.iter().enumerate() {
+                if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(50), c.receive()).await {
+                    progressed = true;
+                    per_consumer[i] += 1;
+                    let expected = u32::from(held.contains(&m.id));
+                    assert_eq!(m.redelivery_count(), expected, "redelivery count of {}", m.id);
+                    assert!(got.insert(m.id, m.redelivery_count()).is_none(), "{} delivered twice", m.id);
+                    c.ack(&m.id).await.expect("ack");
+                }
+            }
+            if !progressed {
+                panic!("stalled after {} of {n} messages: {per_consumer:?}", got.len());
+            }
+        }
+        assert_eq!(got.keys().copied().collect::<Vec<_>>(), ids, "every message, once");
+        assert!(per_consumer.iter().all(|&k| k > 10), "round robin spreads messages: {per_consumer:?}");
+        for c in &consumers {
+            assert_quiet(c, Duration::from_millis(300), "after everything was acked").await;
+        }
+    });
+}
+
+#[derive(Debug, Clone)]
+struct Event {
+    consumer: &'static str,
+    key: String,
+    seq: usize,
+    acked: bool,
+}
+
+/// Receives until `stop`, recording every message in `log` (in receive
+/// order across consumers) and acking it unless `ack` says no.
+fn spawn_recorder(
+    c: Arc<Consumer>,
+    name: &'static str,
+    log: Arc<Mutex<Vec<Event>>>,
+    ack: Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(1500), c.receive()).await {
+            let seq: usize = std::str::from_utf8(&m.payload).unwrap()[1..].parse().unwrap();
+            let acked = ack.load(std::sync::atomic::Ordering::SeqCst);
+            log.lock().unwrap().push(Event { consumer: name, key: m.key().unwrap().to_string(), seq, acked });
+            if acked {
+                c.ack(&m.id).await.expect("ack");
+            }
+        }
+    })
+}
+
+/// Key_Shared: a key stays with one consumer while the set is stable, and
+/// the acknowledged deliveries of each key come in publish order across a
+/// consumer joining and another leaving with unacknowledged messages.
+#[test]
+fn key_shared_keeps_per_key_order_across_join_and_leave() {
+    run_async_with_timeout(Duration::from_secs(90), || async {
+        let dir = test_dir("key-shared");
+        let broker = BrokerProcess::start(dir.path(), SHARDS);
+        let (topic, owner) = topics_per_shard("keyshared", SHARDS, 1).remove(0);
+        let url = broker.url();
+        let a = connect_on_shard(&url, owner, 64).await;
+        let b = connect_on_shard(&url, (owner + 1) % SHARDS, 64).await;
+        let kt = SubscriptionType::KeyShared;
+        let keys = 16;
+        let key = move |i: usize| Some(format!("k{}", i % keys));
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let yes = || Arc::new(std::sync::atomic::AtomicBool::new(true));
+
+        let first = Arc::new(consumer(&a, &topic, "ks", kt, "first", 0, 20).await);
+        let first_acks = yes();
+        let t1 = spawn_recorder(first.clone(), "first", log.clone(), first_acks.clone());
+        let producer = a.producer(topic.as_str()).create().await.expect("producer");
+        let mut seq = 0;
+        let mut send = |count: usize| {
+            let start = seq;
+            seq += count;
+            let producer = &producer;
+            async move {
+                for i in start..start + count {
+                    let mut m = OutgoingMessage::new(format!("m{i}"));
+                    m.key = key(i);
+                    producer.send(m).await.expect("send");
+                }
+            }
+        };
+        send(100).await;
+        // A second consumer joins while the first is busy.
+        let second = Arc::new(consumer(&b, &topic, "ks", kt, "second", 0, 20).await);
+        let t2 = spawn_recorder(second.clone(), "second", log.clone(), yes());
+        send(100).await;
+        // The first stops acking, receives some more, then leaves.
+        first_acks.store(false, std::sync::atomic::Ordering::SeqCst);
+        send(100).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        first.close().await.expect("close first");
+        send(100).await;
+        t1.await.unwrap();
+        t2.await.unwrap();
+        let total = seq;
+
+        let log = log.lock().unwrap().clone();
+        let mut per_key: HashMap<String, Vec<usize>> = HashMap::new();
+        for e in log.iter().filter(|e| e.acked) {
+            per_key.entry(e.key.clone()).or_default().push(e.seq);
+        }
+        let mut all = BTreeSet::new();
+        for (k, seqs) in &per_key {
+            assert!(seqs.windows(2).all(|w| w[0] < w[1]), "key {k}: acked deliveries out of order: {seqs:?}");
+            all.extend(seqs.iter().copied());
+        }
+        assert_eq!(all.len(), total, "every message acknowledged exactly once");
+        assert!(log.iter().any(|e| e.consumer == "second" && e.seq < 200), "the second consumer got keys");
+        // Stickiness: between the join and the first's last ack, each key
+        // went to one consumer.
+        let mut owner_of: HashMap<&str, &str> = HashMap::new();
+        for e in log.iter().filter(|e| e.seq >= 100 && e.seq < 200) {
+            let o = owner_of.entry(e.key.as_str()).or_insert(e.consumer);
+            assert_eq!(*o, e.consumer, "key {} moved between consumers while both were attached", e.key);
+        }
+    });
+}
+
+/// Cumulative ack, then a new consumer: nothing old comes back, also after
+/// a kill -9 (the ack was confirmed, so it is durable).
+#[test]
+fn cumulative_ack_then_reconnect_gets_nothing_old() {
+    run_async_with_timeout(Duration::from_secs(60), || async {
+        let dir = test_dir("cumulative");
+        let mut broker = BrokerProcess::start(dir.path(), SHARDS);
+        let (topic, _) = topics_per_shard("cumulative", SHARDS, 1).remove(0);
+        let client = Client::connect(&broker.url()).await.expect("connect");
+        let ids = produce(&client, &topic, 10, |_| None).await;
+        let c = consumer(&client, &topic, "cu", SubscriptionType::Exclusive, "c", 0, 100).await;
+        for id in &ids {
+            assert_eq!(receive(&c, "first").await.id, *id);
+        }
+        c.ack_confirmed(AckType::Cumulative, &[ids[6]]).await.expect("cumulative ack");
+        c.close().await.expect("close");
+        let c = consumer(&client, &topic, "cu", SubscriptionType::Exclusive, "c", 0, 100).await;
+        for id in &ids[7..] {
+            assert_eq!(receive(&c, "after reconnect").await.id, *id);
+        }
+        c.ack_confirmed(AckType::Cumulative, &[ids[9]]).await.expect("cumulative ack");
+        assert_quiet(&c, Duration::from_millis(300), "after reconnect").await;
+        broker.kill9();
+        let broker = broker.restart();
+        let client = Client::connect(&broker.url()).await.expect("connect");
+        let c = consumer(&client, &topic, "cu", SubscriptionType::Exclusive, "c", 0, 100).await;
+        assert_quiet(&c, Duration::from_millis(500), "after kill -9").await;
+    });
+}
+
+/// `--nack-every 1`: every message comes back with a growing redelivery
+/// count, no sooner than the (doubling) delay; with
+/// `--dlq-max-redeliveries 2` it then goes to `<topic>-<sub>-DLQ` with its
+/// origin as properties.
+#[test]
+fn nack_redelivers_with_growing_count_then_dead_letters() {
+    run_async_with_timeout(Duration::from_secs(60), || async {
+        let dir = test_dir("nack");
+        let broker = BrokerProcess::start(dir.path(), SHARDS);
+        let url = broker.url();
+        let (topic, _) = topics_per_shard("nack", SHARDS, 1).remove(0);
+        let receipts = ProduceCmd::new(&url, &topic, "p", 3, 16).run(Duration::from_secs(30));
+        let mut cmd = ConsumeCmd::new(&url, &topic, "nk");
+        cmd.idle_timeout_s = 2.0;
+        cmd.extra_args = ["--type", "shared", "--nack-every", "1", "--nack-delay-ms", "100", "--dlq-max-redeliveries", "2"]
+            .map(String::from)
+            .to_vec();
+        let got = cmd.run(Duration::from_secs(30));
+        for r in &receipts {
+            let mine: Vec<_> = got.iter().filter(|m| m.id == r.id).collect();
+            let counts: Vec<u64> = mine.iter().map(|m| m.redelivery_count).collect();
+            assert_eq!(counts, vec![0, 1, 2], "deliveries of {}", r.id);
+            for w in mine.windows(2) {
+                let gap = w[1].receive_time_ms - w[0].receive_time_ms;
+                let min = 100 << w[0].redelivery_count;
+                assert!(gap + 15 >= min, "{}: came back after {gap} ms, backoff is {min} ms", r.id);
+            }
+        }
+        let mut dlq = ConsumeCmd::new(&url, &format!("{topic}-nk-DLQ"), "d");
+        dlq.count = 3;
+        let dead = dlq.run(Duration::from_secs(30));
+        let origins: BTreeSet<String> = dead
+            .iter()
+            .map(|m| {
+                let p: HashMap<_, _> = m.properties.iter().cloned().collect();
+                assert_eq!(p.get("REAL_TOPIC").map(String::as_str), Some(format!("persistent://public/default/{topic}").as_str()));
+                p.get("ORIGIN_MESSAGE_ID").cloned().expect("ORIGIN_MESSAGE_ID")
+            })
+            .collect();
+        let sent: BTreeSet<String> = receipts.iter().map(|r| r.id.to_string()).collect();
+        assert_eq!(origins, sent, "every message dead-lettered once");
+        // They were acked on the original subscription: nothing comes again.
+        let mut again = ConsumeCmd::new(&url, &topic, "nk");
+        again.idle_timeout_s = 1.0;
+        again.extra_args = vec!["--type".into(), "shared".into()];
+        assert!(again.run(Duration::from_secs(30)).is_empty(), "dead-lettered messages came back");
+    });
+}
+
+/// Ack timeout (client timing wheel): an unacknowledged message comes back.
+#[test]
+fn ack_timeout_redelivers_unacked_messages() {
+    run_async_with_timeout(Duration::from_secs(60), || async {
+        let dir = test_dir("ack-timeout");
+        let broker = BrokerProcess::start(dir.path(), SHARDS);
+        let (topic, _) = topics_per_shard("acktimeout", SHARDS, 1).remove(0);
+        let client = Client::connect(&broker.url()).await.expect("connect");
+        let ids = produce(&client, &topic, 2, |_| None).await;
+        let c = client
+            .subscribe(topic.as_str(), "at")
+            .initial_position(InitialPosition::Earliest)
+            .ack_timeout(Duration::from_millis(300))
+            .subscribe()
+            .await
+            .expect("subscribe");
+        let first = receive(&c, "first").await;
+        let started = std::time::Instant::now();
+        let second = receive(&c, "second").await;
+        c.ack(&second.id).await.expect("ack");
+        assert_eq!((first.id, second.id), (ids[0], ids[1]));
+        let again = receive(&c, "after the ack timeout").await;
+        assert_eq!((again.id, again.redelivery_count()), (ids[0], 1));
+        assert!(started.elapsed() >= Duration::from_millis(250), "came back after {:?}", started.elapsed());
+        c.ack(&again.id).await.expect("ack");
+        assert_quiet(&c, Duration::from_millis(600), "acked").await;
+    });
+}
+
+/// Delayed delivery: never before its time, on time, and not lost across
+/// a kill -9 right after the send.
+#[test]
+fn delayed_messages_are_never_early_and_survive_kill9() {
+    run_async_with_timeout(Duration::from_secs(60), || async {
+        let dir = test_dir("delayed");
+        let mut broker = BrokerProcess::start(dir.path(), SHARDS);
+        let url = broker.url();
+        let (topic, _) = topics_per_shard("delayed", SHARDS, 1).remove(0);
+        let delay_ms = 1500u64;
+        let mut delayed = ProduceCmd::new(&url, &topic, "late", 5, 16);
+        delayed.extra_args = vec!["--deliver-after-ms".into(), delay_ms.to_string()];
+        let late = delayed.run(Duration::from_secs(30));
+        let now = ProduceCmd::new(&url, &topic, "now", 5, 16).run(Duration::from_secs(30));
+        let mut cmd = ConsumeCmd::new(&url, &topic, "dl");
+        cmd.count = 10;
+        cmd.extra_args = vec!["--type".into(), "shared".into()];
+        let got = cmd.run(Duration::from_secs(30));
+        let by_id: HashMap<MessageId, &magnetar_tests::Received> = got.iter().map(|m| (m.id, m)).collect();
+        for r in &now {
+            assert!(by_id.contains_key(&r.id), "undelayed {} missing", r.id);
+        }
+        for r in &late {
+            let m = by_id.get(&r.id).unwrap_or_else(|| panic!("delayed {} missing", r.id));
+            let waited = m.receive_time_ms - m.publish_time_ms;
+            assert!(waited >= delay_ms, "{} delivered {waited} ms after publish, before its {delay_ms} ms", r.id);
+            assert!(waited < delay_ms + 1000, "{} delivered {waited} ms after publish: late", r.id);
+        }
+
+        // Across kill -9: sent, broker killed at once, restarted.
+        let mut delayed = ProduceCmd::new(&url, &topic, "crash", 5, 16);
+        delayed.extra_args = vec!["--deliver-after-ms".into(), delay_ms.to_string()];
+        let crash = delayed.run(Duration::from_secs(30));
+        broker.kill9();
+        let broker = broker.restart();
+        let mut cmd = ConsumeCmd::new(&broker.url(), &topic, "dl");
+        cmd.count = 5;
+        cmd.extra_args = vec!["--type".into(), "shared".into()];
+        let got = cmd.run(Duration::from_secs(30));
+        let ids: BTreeSet<MessageId> = got.iter().map(|m| m.id).collect();
+        assert_eq!(ids, crash.iter().map(|r| r.id).collect::<BTreeSet<_>>(), "delayed messages after kill -9");
+        for m in &got {
+            assert!(m.receive_time_ms >= m.publish_time_ms + delay_ms, "{} early after restart", m.id);
+        }
+    });
+}
+
+/// Tag filter: only matching messages are delivered; the others count as
+/// acknowledged for the subscription.
+#[test]
+fn a_tag_filter_delivers_only_its_tag() {
+    run_async_with_timeout(Duration::from_secs(60), || async {
+        let dir = test_dir("tags");
+        let broker = BrokerProcess::start(dir.path(), SHARDS);
+        let url = broker.url();
+        let (topic, _) = topics_per_shard("tags", SHARDS, 1).remove(0);
+        let mut a = ProduceCmd::new(&url, &topic, "a", 4, 16);
+        a.extra_args = vec!["--tag".into(), "red".into()];
+        let mut b = ProduceCmd::new(&url, &topic, "b", 4, 16);
+        b.extra_args = vec!["--tag".into(), "blue".into()];
+        let blue = b.run(Duration::from_secs(30));
+        let red = a.run(Duration::from_secs(30));
+        let mut cmd = ConsumeCmd::new(&url, &topic, "f");
+        cmd.idle_timeout_s = 1.0;
+        cmd.extra_args = vec!["--filter-tag".into(), "red".into()];
+        let got: Vec<MessageId> = cmd.run(Duration::from_secs(30)).iter().map(|m| m.id).collect();
+        assert_eq!(got, red.iter().map(|r| r.id).collect::<Vec<_>>());
+        assert!(blue.iter().all(|r| !got.contains(&r.id)));
+    });
+}
+
+/// A consumer that never acks stops receiving at its unacked bound, however
+/// many permits it grants; acks let dispatch go on.
+#[test]
+fn a_stalled_consumer_stops_at_its_unacked_bound() {
+    run_async_with_timeout(Duration::from_secs(60), || async {
+        let dir = test_dir("stalled");
+        let mut options = BrokerOptions::new(SHARDS);
+        options.extra_args = vec!["--unacked-per-consumer-max".into(), "50".into()];
+        let broker = BrokerProcess::start_with(dir.path(), &options);
+        let (topic, _) = topics_per_shard("stalled", SHARDS, 1).remove(0);
+        let client = Client::connect(&broker.url()).await.expect("connect");
+        produce(&client, &topic, 200, |_| None).await;
+        let c = consumer(&client, &topic, "st", SubscriptionType::Shared, "c", 0, 1000).await;
+        let mut got = Vec::new();
+        for _ in 0..50 {
+            got.push(receive(&c, "below the bound").await.id);
+        }
+        assert_quiet(&c, Duration::from_millis(500), "at the bound").await;
+        for id in &got[..10] {
+            c.ack(id).await.expect("ack");
+        }
+        for _ in 0..10 {
+            receive(&c, "after acks").await;
+        }
+        assert_quiet(&c, Duration::from_millis(300), "at the bound again").await;
+    });
+}
