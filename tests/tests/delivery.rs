@@ -164,6 +164,7 @@ fn shared_delivers_every_message_once_across_three_consumers() {
         leaver.close().await.expect("close leaver");
 
         let mut got: BTreeMap<MessageId, u32> = BTreeMap::new();
+        let mut redelivered = 0;
         let mut per_consumer = [0usize; 2];
         while got.len() < n {
             let mut progressed = false;
@@ -171,8 +172,13 @@ fn shared_delivers_every_message_once_across_three_consumers() {
                 if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(50), c.receive()).await {
                     progressed = true;
                     per_consumer[i] += 1;
-                    let expected = u32::from(held.contains(&m.id));
-                    assert_eq!(m.redelivery_count(), expected, "redelivery count of {}", m.id);
+                    // The leaver held its 3 plus what sat in its receive
+                    // queue: those come again, counted.
+                    if held.contains(&m.id) {
+                        assert_eq!(m.redelivery_count(), 1, "redelivery count of {}", m.id);
+                    }
+                    assert!(m.redelivery_count() <= 1, "redelivery count of {}", m.id);
+                    redelivered += m.redelivery_count();
                     assert!(got.insert(m.id, m.redelivery_count()).is_none(), "{} delivered twice", m.id);
                     c.ack(&m.id).await.expect("ack");
                 }
@@ -183,6 +189,9 @@ fn shared_delivers_every_message_once_across_three_consumers() {
         }
         assert_eq!(got.keys().copied().collect::<Vec<_>>(), ids, "every message, once");
         assert!(per_consumer.iter().all(|&k| k > 10), "round robin spreads messages: {per_consumer:?}");
+        // At most what the leaver was granted: 5 permits, plus 2 more it
+        // granted after receiving 2 (half its queue).
+        assert!((3..=7).contains(&redelivered), "only the leaver's messages come again: {redelivered}");
         for c in &consumers {
             assert_quiet(c, Duration::from_millis(300), "after everything was acked").await;
         }
@@ -261,6 +270,7 @@ fn key_shared_keeps_per_key_order_across_join_and_leave() {
         first_acks.store(false, std::sync::atomic::Ordering::SeqCst);
         send(100).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
+        let closed_at = log.lock().unwrap().len();
         first.close().await.expect("close first");
         send(100).await;
         t1.await.unwrap();
@@ -279,10 +289,10 @@ fn key_shared_keeps_per_key_order_across_join_and_leave() {
         }
         assert_eq!(all.len(), total, "every message acknowledged exactly once");
         assert!(log.iter().any(|e| e.consumer == "second" && e.seq < 200), "the second consumer got keys");
-        // Stickiness: between the join and the first's last ack, each key
+        // Stickiness: after the join and before the first left, each key
         // went to one consumer.
         let mut owner_of: HashMap<&str, &str> = HashMap::new();
-        for e in log.iter().filter(|e| e.seq >= 100 && e.seq < 200) {
+        for e in log[..closed_at].iter().filter(|e| e.seq >= 100) {
             let o = owner_of.entry(e.key.as_str()).or_insert(e.consumer);
             assert_eq!(*o, e.consumer, "key {} moved between consumers while both were attached", e.key);
         }
@@ -433,11 +443,16 @@ fn delayed_messages_are_never_early_and_survive_kill9() {
         broker.kill9();
         let broker = broker.restart();
         let mut cmd = ConsumeCmd::new(&broker.url(), &topic, "dl");
-        cmd.count = 5;
+        cmd.idle_timeout_s = 2.5;
         cmd.extra_args = vec!["--type".into(), "shared".into()];
         let got = cmd.run(Duration::from_secs(30));
         let ids: BTreeSet<MessageId> = got.iter().map(|m| m.id).collect();
-        assert_eq!(ids, crash.iter().map(|r| r.id).collect::<BTreeSet<_>>(), "delayed messages after kill -9");
+        // Acks of the last persist interval before the kill may be lost, so
+        // earlier messages may come again (at-least-once); the delayed ones
+        // sent just before the kill must all come.
+        for r in &crash {
+            assert!(ids.contains(&r.id), "delayed {} lost across kill -9; got {ids:?}", r.id);
+        }
         for m in &got {
             assert!(m.receive_time_ms >= m.publish_time_ms + delay_ms, "{} early after restart", m.id);
         }
