@@ -510,3 +510,47 @@ fn a_stalled_consumer_stops_at_its_unacked_bound() {
         assert_quiet(&c, Duration::from_millis(300), "at the bound again").await;
     });
 }
+
+/// Key_Shared, the join rule itself: a consumer that joins gets nothing of
+/// the keys it takes over until the messages sent before it joined are
+/// acknowledged, then gets them in order.
+#[test]
+fn key_shared_newcomer_waits_for_older_messages_to_be_acked() {
+    run_async_with_timeout(Duration::from_secs(60), || async {
+        let dir = test_dir("key-shared-join");
+        let broker = BrokerProcess::start(dir.path(), SHARDS);
+        let (topic, owner) = topics_per_shard("ksjoin", SHARDS, 1).remove(0);
+        let url = broker.url();
+        let a = connect_on_shard(&url, owner, 64).await;
+        let b = connect_on_shard(&url, (owner + 1) % SHARDS, 64).await;
+        let kt = SubscriptionType::KeyShared;
+        let keys = 16;
+        let first = consumer(&a, &topic, "ks", kt, "first", 0, 100).await;
+        let old = produce(&a, &topic, keys, |i| Some(format!("k{i}"))).await;
+        let mut held = Vec::new();
+        for _ in 0..keys {
+            held.push(receive(&first, "first, before the join").await);
+        }
+        let second = consumer(&b, &topic, "ks", kt, "second", 0, 100).await;
+        let new = produce(&a, &topic, keys, |i| Some(format!("k{i}"))).await;
+        // The first still gets new messages of the keys it kept.
+        let mut kept = BTreeSet::new();
+        while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(500), first.receive()).await {
+            assert!(new.contains(&m.id), "first got {} again", m.id);
+            kept.insert(m.key().unwrap().to_string());
+        }
+        assert!(kept.len() < keys, "the second consumer took no keys");
+        assert_quiet(&second, Duration::from_millis(300), "second, before the older messages are acked").await;
+        for m in &held {
+            first.ack(&m.id).await.expect("ack");
+        }
+        let mut moved = Vec::new();
+        for _ in 0..keys - kept.len() {
+            let m = receive(&second, "second, after the acks").await;
+            assert!(!kept.contains(m.key().unwrap()), "key {} went to both", m.key().unwrap());
+            moved.push(m.id);
+        }
+        assert!(moved.windows(2).all(|w| w[0] < w[1]), "in log order: {moved:?}");
+        assert_eq!(old.len(), keys);
+    });
+}
