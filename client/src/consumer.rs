@@ -189,7 +189,11 @@ impl ConsumerBuilder {
         spawn_tracker_task(self.conn.clone(), consumer_id, tracker.clone(), closed.clone());
         let dead_letter = self.dead_letter.map(|p| {
             let dlq_topic = p.topic.clone().unwrap_or_else(|| format!("{topic}-{}-DLQ", self.subscription));
-            Arc::new(DeadLetter { max_redeliveries: p.max_redeliveries, topic: dlq_topic, producer: Default::default() })
+            Arc::new(DeadLetter {
+                max_redeliveries: p.max_redeliveries,
+                topic: dlq_topic,
+                producer: Default::default(),
+            })
         });
         let consumer = Consumer {
             conn: self.conn,
@@ -278,11 +282,17 @@ async fn republish(
 ) -> Result<MessageId> {
     let mut slot = slot.lock().await;
     if slot.as_ref().is_none_or(|p| p.is_closed()) {
-        let builder =
-            ProducerBuilder { conn: conn.clone(), topic: topic.to_string(), name: None, max_pending: DEFAULT_MAX_PENDING };
+        let builder = ProducerBuilder {
+            conn: conn.clone(),
+            topic: topic.to_string(),
+            name: None,
+            max_pending: DEFAULT_MAX_PENDING,
+        };
         *slot = Some(builder.create().await?);
     }
-    let Some(producer) = slot.as_ref() else { return Err(ClientError::InvalidOption { option: "producer", reason: "not created" }) };
+    let Some(producer) = slot.as_ref() else {
+        return Err(ClientError::InvalidOption { option: "producer", reason: "not created" });
+    };
     let mut out = OutgoingMessage::new(msg.payload.clone());
     out.key = msg.metadata.partition_key.clone();
     out.tag = msg.metadata.tag.clone();

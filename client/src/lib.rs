@@ -28,11 +28,11 @@ pub use consumer::{
     Consumer, ConsumerBuilder, DeadLetterPolicy, DEFAULT_RECEIVER_QUEUE_SIZE, PROPERTY_ORIGIN_MESSAGE_ID,
     PROPERTY_REAL_TOPIC, PROPERTY_RECONSUME_TIMES, RECEIVER_QUEUE_SIZE_MAX,
 };
-pub use tracker::{NackBackoff, ACK_TIMEOUT_BUCKETS};
 pub use error::{ClientError, Result};
 pub use message::{Message, OutgoingMessage};
 pub use names::{normalize_topic, parse_service_url, ServiceUrl, DEFAULT_PORT};
 pub use producer::{Producer, ProducerBuilder, SendFuture, DEFAULT_MAX_PENDING, MAX_PENDING_MAX};
+pub use tracker::{NackBackoff, ACK_TIMEOUT_BUCKETS};
 
 // The protocol types an application needs, so it does not have to depend on
 // magnetar-wire itself.

@@ -807,12 +807,8 @@ impl Broker {
     /// Delivers again the given unacknowledged messages of this consumer
     /// (all of them when `ids` is empty), to any consumer of the subscription.
     pub fn redeliver_unacknowledged(&self, c: &ConsumerHandle, ids: Vec<MessageId>) {
-        let op = Op::Redeliver {
-            topic: c.topic.clone(),
-            subscription: c.subscription.clone(),
-            consumer: c.consumer,
-            ids,
-        };
+        let op =
+            Op::Redeliver { topic: c.topic.clone(), subscription: c.subscription.clone(), consumer: c.consumer, ids };
         let fut = self.shard.call(c.owner, op);
         glommio::spawn_local(fut).detach();
     }

@@ -9,6 +9,9 @@
 //! consumers sit on connections of both shards, so dispatch crosses the mesh.
 //! The CLI is used where the issue fixes its flags (nack, DLQ, delay, tags).
 
+// Tests may unwrap (the project's rule): a failure names its line.
+#![allow(clippy::unwrap_used)]
+
 use magnetar_client::{
     AckType, Client, ClientError, Consumer, ErrorCode, InitialPosition, Message, MessageId, OutgoingMessage,
     SubscriptionType,
@@ -343,9 +346,10 @@ fn nack_redelivers_with_growing_count_then_dead_letters() {
         let receipts = ProduceCmd::new(&url, &topic, "p", 3, 16).run(Duration::from_secs(30));
         let mut cmd = ConsumeCmd::new(&url, &topic, "nk");
         cmd.idle_timeout_s = 2.0;
-        cmd.extra_args = ["--type", "shared", "--nack-every", "1", "--nack-delay-ms", "100", "--dlq-max-redeliveries", "2"]
-            .map(String::from)
-            .to_vec();
+        cmd.extra_args =
+            ["--type", "shared", "--nack-every", "1", "--nack-delay-ms", "100", "--dlq-max-redeliveries", "2"]
+                .map(String::from)
+                .to_vec();
         let got = cmd.run(Duration::from_secs(30));
         for r in &receipts {
             let mine: Vec<_> = got.iter().filter(|m| m.id == r.id).collect();
@@ -364,7 +368,10 @@ fn nack_redelivers_with_growing_count_then_dead_letters() {
             .iter()
             .map(|m| {
                 let p: HashMap<_, _> = m.properties.iter().cloned().collect();
-                assert_eq!(p.get("REAL_TOPIC").map(String::as_str), Some(format!("persistent://public/default/{topic}").as_str()));
+                assert_eq!(
+                    p.get("REAL_TOPIC").map(String::as_str),
+                    Some(format!("persistent://public/default/{topic}").as_str())
+                );
                 p.get("ORIGIN_MESSAGE_ID").cloned().expect("ORIGIN_MESSAGE_ID")
             })
             .collect();

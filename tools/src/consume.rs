@@ -268,7 +268,7 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
             OutputFormat::Text => writeln!(stdout, "{}", text_line(&msg))?,
         }
         received += 1;
-        if args.nack_every.is_some_and(|n| received % n == 0) {
+        if args.nack_every.is_some_and(|n| received.is_multiple_of(n)) {
             consumer.negative_acknowledge(&msg);
         } else {
             consumer.ack(&msg.id).await?;

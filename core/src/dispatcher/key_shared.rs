@@ -137,7 +137,8 @@ mod tests {
             joined_at: Some(10),
         }];
         let blocked = Default::default();
-        let ask = |entry, ack_floor| Ask { entry, key_hash: 7, ack_floor, unacked_per_consumer_max: 5, blocked: &blocked };
+        let ask =
+            |entry, ack_floor| Ask { entry, key_hash: 7, ack_floor, unacked_per_consumer_max: 5, blocked: &blocked };
         assert_eq!(h.pick(&cs, &ask(9, 0)), Pick::Deliver(0));
         assert_eq!(h.pick(&cs, &ask(10, 9)), Pick::SetAside(r(1)));
         assert_eq!(h.pick(&cs, &ask(10, 10)), Pick::Deliver(0));

@@ -160,8 +160,7 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
             tracing::trace!(topic = %topic.key, sub = %sub.name, entry = pos, delayed = delayed.len(), "delayed");
             continue;
         }
-        let pick =
-            sub.policy.borrow().pick(&sub.consumers.borrow(), &ask(shard, sub, pos, peeked.key_hash, &blocked));
+        let pick = sub.policy.borrow().pick(&sub.consumers.borrow(), &ask(shard, sub, pos, peeked.key_hash, &blocked));
         match pick {
             Pick::Stop => return,
             Pick::SetAside(c) => {
@@ -220,5 +219,8 @@ fn deliver(shard: &Shard, topic: &Topic, sub: &Subscription, i: usize, entry: u6
     let previous = sub.pending.borrow_mut().insert(entry, Pending { consumer, key_hash });
     assert!(previous.is_none(), "entry {entry} delivered while another consumer holds it");
     let message_id = MessageId::new(topic.ledger, entry, topic.partition, -1);
-    shard.deliver(consumer, ConsumerEvent::Message { consumer_id: consumer.consumer_id, message_id, redelivery_count, blob });
+    shard.deliver(
+        consumer,
+        ConsumerEvent::Message { consumer_id: consumer.consumer_id, message_id, redelivery_count, blob },
+    );
 }
