@@ -373,7 +373,7 @@ impl Conn {
             }
             Command::Pong => Ok(()),
             Command::Connect { .. } => Err("Connect sent twice".into()),
-            other => Err(format!("unexpected command from a client: {}", command_name(&other))),
+            other => Err(format!("unexpected command from a client: {}", other.name())),
         }
     }
 
@@ -476,29 +476,5 @@ impl Conn {
         if let Some(sink) = self.sink.take() {
             self.broker.unregister_sink(sink);
         }
-    }
-}
-
-fn command_name(c: &Command) -> &'static str {
-    match c {
-        Command::Connect { .. } => "Connect",
-        Command::Connected { .. } => "Connected",
-        Command::Producer { .. } => "Producer",
-        Command::ProducerSuccess { .. } => "ProducerSuccess",
-        Command::Send { .. } => "Send",
-        Command::SendReceipt { .. } => "SendReceipt",
-        Command::SendError { .. } => "SendError",
-        Command::Subscribe { .. } => "Subscribe",
-        Command::Success { .. } => "Success",
-        Command::Flow { .. } => "Flow",
-        Command::Message { .. } => "Message",
-        Command::Ack { .. } => "Ack",
-        Command::CloseProducer { .. } => "CloseProducer",
-        Command::CloseConsumer { .. } => "CloseConsumer",
-        Command::Ping => "Ping",
-        Command::Pong => "Pong",
-        Command::Error { .. } => "Error",
-        Command::RedeliverUnacknowledged { .. } => "RedeliverUnacknowledged",
-        Command::ActiveConsumerChange { .. } => "ActiveConsumerChange",
     }
 }
