@@ -561,3 +561,58 @@ fn key_shared_newcomer_waits_for_older_messages_to_be_acked() {
         assert_eq!(old.len(), keys);
     });
 }
+
+/// Shared across a kill -9: what was acked with confirmation never comes
+/// again; everything else comes again, each message to one consumer.
+#[test]
+fn shared_after_kill9_redelivers_only_unconfirmed_messages() {
+    run_async_with_timeout(Duration::from_secs(90), || async {
+        let dir = test_dir("shared-kill");
+        let mut broker = BrokerProcess::start(dir.path(), SHARDS);
+        let (topic, owner) = topics_per_shard("sharedkill", SHARDS, 1).remove(0);
+        let url = broker.url();
+        let a = connect_on_shard(&url, owner, 64).await;
+        let b = connect_on_shard(&url, (owner + 1) % SHARDS, 64).await;
+        let st = SubscriptionType::Shared;
+        let cs = [consumer(&a, &topic, "sk", st, "x", 0, 10).await, consumer(&b, &topic, "sk", st, "y", 0, 10).await];
+        let ids = produce(&a, &topic, 60, |_| None).await;
+        let mut confirmed = BTreeSet::new();
+        let mut seen = BTreeSet::new();
+        'outer: loop {
+            for c in &cs {
+                if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(50), c.receive()).await {
+                    assert!(seen.insert(m.id), "{} delivered twice before the crash", m.id);
+                    // Confirm every other one; leave the rest unacked.
+                    if m.id.entry % 2 == 0 {
+                        c.ack_confirmed(AckType::Individual, &[m.id]).await.expect("ack");
+                        confirmed.insert(m.id);
+                    }
+                    if seen.len() == 30 {
+                        break 'outer;
+                    }
+                }
+            }
+        }
+        broker.kill9();
+        let broker = broker.restart();
+        let url = broker.url();
+        let a = connect_on_shard(&url, owner, 64).await;
+        let b = connect_on_shard(&url, (owner + 1) % SHARDS, 64).await;
+        let cs = [consumer(&a, &topic, "sk", st, "x", 0, 10).await, consumer(&b, &topic, "sk", st, "y", 0, 10).await];
+        let mut after = BTreeSet::new();
+        let expected: BTreeSet<MessageId> = ids.iter().copied().filter(|id| !confirmed.contains(id)).collect();
+        while after.len() < expected.len() {
+            let mut progressed = false;
+            for c in &cs {
+                if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(100), c.receive()).await {
+                    progressed = true;
+                    assert!(!confirmed.contains(&m.id), "confirmed ack of {} lost", m.id);
+                    assert!(after.insert(m.id), "{} delivered twice after the restart", m.id);
+                    c.ack(&m.id).await.expect("ack");
+                }
+            }
+            assert!(progressed, "stalled after {} of {} messages", after.len(), expected.len());
+        }
+        assert_eq!(after, expected);
+    });
+}
