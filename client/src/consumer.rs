@@ -458,10 +458,18 @@ impl Consumer {
     }
 
     /// Ask the broker to deliver again every message this consumer holds
-    /// unacknowledged, at once.
+    /// unacknowledged, at once. Messages waiting in the local queue are
+    /// dropped first (they come again), as Pulsar does.
     pub async fn redeliver_unacknowledged(&self) -> Result<()> {
         if self.is_closed() {
             return Err(self.closed_error());
+        }
+        {
+            let mut receiving = self.rx.lock().await;
+            while receiving.rx.try_recv().is_ok() {
+                // Their permits are granted again, as if received.
+                self.after_receive(&mut receiving);
+            }
         }
         let command = Command::RedeliverUnacknowledged { consumer_id: self.consumer_id, message_ids: Vec::new() };
         self.conn.send_command(&command).await

@@ -311,13 +311,26 @@ impl Subscription {
             };
         }
         if changed {
-            self.deliveries.borrow_mut().retain(|e, _| !cursor.is_acked(*e));
-            self.replay.borrow_mut().retain(|e, _| !cursor.is_acked(*e));
+            let mut deliveries = self.deliveries.borrow_mut();
+            let mut replay = self.replay.borrow_mut();
             let mut pending = self.pending.borrow_mut();
             let mut consumers = self.consumers.borrow_mut();
+            // Individual acks touch only their entries (an ack costs O(log n),
+            // not a scan of everything unacknowledged); a cumulative one
+            // sweeps below the new floor.
             let acked: Vec<u64> = match ack_type {
-                AckType::Individual => ids.iter().map(|i| i.entry).filter(|e| pending.contains_key(e)).collect(),
-                AckType::Cumulative => pending.keys().copied().filter(|e| cursor.is_acked(*e)).collect(),
+                AckType::Individual => {
+                    for id in ids {
+                        deliveries.remove(&id.entry);
+                        replay.remove(&id.entry);
+                    }
+                    ids.iter().map(|i| i.entry).filter(|e| pending.contains_key(e)).collect()
+                }
+                AckType::Cumulative => {
+                    deliveries.retain(|e, _| !cursor.is_acked(*e));
+                    replay.retain(|e, _| !cursor.is_acked(*e));
+                    pending.keys().copied().filter(|e| cursor.is_acked(*e)).collect()
+                }
             };
             for e in acked {
                 if let Some(p) = pending.remove(&e) {
