@@ -251,6 +251,7 @@ fn command_variable_bytes(command: &Command) -> u64 {
         Command::Producer { topic, producer_name, .. } => s(topic).saturating_add(s(producer_name)),
         Command::ProducerSuccess { producer_name, .. } => s(producer_name),
         Command::SendError { message, .. } | Command::Error { message, .. } => s(message),
+        Command::TopicStats { topic, json, .. } => s(topic).saturating_add(s(json)),
         Command::Subscribe { topic, subscription, consumer_name, filter_tag, .. } => {
             s(topic).saturating_add(s(subscription)).saturating_add(s(consumer_name)).saturating_add(s(filter_tag))
         }
@@ -265,6 +266,7 @@ fn command_variable_bytes(command: &Command) -> u64 {
         | Command::CloseProducer { .. }
         | Command::CloseConsumer { .. }
         | Command::ActiveConsumerChange { .. }
+        | Command::Seek { .. }
         | Command::Ping
         | Command::Pong => 0,
     }
@@ -483,6 +485,22 @@ fn build_command<'b>(fbb: &mut FlatBufferBuilder<'b>, command: &Command) -> WIPO
             let table = fb::ActiveConsumerChange::create(fbb, &args);
             (fb::AnyCommand::ActiveConsumerChange, table.as_union_value())
         }
+        Command::Seek { request_id, consumer_id, message_id, publish_time_ms } => {
+            let message_id = message_id.as_ref().map(id_to_fb);
+            let args = fb::SeekArgs {
+                request_id: *request_id,
+                consumer_id: *consumer_id,
+                message_id: message_id.as_ref(),
+                publish_time_ms: *publish_time_ms,
+            };
+            (fb::AnyCommand::Seek, fb::Seek::create(fbb, &args).as_union_value())
+        }
+        Command::TopicStats { request_id, topic, json } => {
+            let topic = Some(fbb.create_string(topic));
+            let json = Some(fbb.create_string(json));
+            let args = fb::TopicStatsArgs { request_id: *request_id, topic, json };
+            (fb::AnyCommand::TopicStats, fb::TopicStats::create(fbb, &args).as_union_value())
+        }
     };
     fb::BaseCommand::create(fbb, &fb::BaseCommandArgs { command_type, command: Some(table) })
 }
@@ -631,6 +649,23 @@ fn command_from_fb(base: &fb::BaseCommand<'_>) -> Result<Command, WireError> {
         fb::AnyCommand::ActiveConsumerChange => {
             let c = base.command_as_active_consumer_change().ok_or(MISSING)?;
             Command::ActiveConsumerChange { consumer_id: c.consumer_id(), is_active: c.is_active() }
+        }
+        fb::AnyCommand::Seek => {
+            let c = base.command_as_seek().ok_or(MISSING)?;
+            Command::Seek {
+                request_id: c.request_id(),
+                consumer_id: c.consumer_id(),
+                message_id: c.message_id().map(id_from_fb),
+                publish_time_ms: c.publish_time_ms(),
+            }
+        }
+        fb::AnyCommand::TopicStats => {
+            let c = base.command_as_topic_stats().ok_or(MISSING)?;
+            Command::TopicStats {
+                request_id: c.request_id(),
+                topic: string(c.topic(), "TopicStats.topic")?,
+                json: string(c.json(), "TopicStats.json")?,
+            }
         }
         other => return Err(WireError::UnknownCommand(other.0)),
     };

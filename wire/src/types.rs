@@ -273,6 +273,23 @@ pub enum Command {
         consumer_id: u64,
         is_active: bool,
     },
+    /// Move the subscription's cursor to `message_id` (the next message
+    /// delivered), or when `None` to the first message published at or after
+    /// `publish_time_ms`. Answered with `Success`; the consumer's permits are
+    /// reset to 0, so the client drops its queue and sends a new `Flow`.
+    Seek {
+        request_id: u64,
+        consumer_id: u64,
+        message_id: Option<MessageId>,
+        publish_time_ms: u64,
+    },
+    /// Admin: per-subscription statistics of `topic`. Sent with an empty
+    /// `json`; answered with the same command carrying a JSON object.
+    TopicStats {
+        request_id: u64,
+        topic: String,
+        json: String,
+    },
 }
 
 /// A decoded frame: the command plus its payload (empty for most commands).
@@ -339,6 +356,8 @@ impl Command {
             Self::Error { .. } => "Error",
             Self::RedeliverUnacknowledged { .. } => "RedeliverUnacknowledged",
             Self::ActiveConsumerChange { .. } => "ActiveConsumerChange",
+            Self::Seek { .. } => "Seek",
+            Self::TopicStats { .. } => "TopicStats",
         }
     }
 

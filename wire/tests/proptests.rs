@@ -152,6 +152,16 @@ fn arb_command() -> impl Strategy<Value = Command> {
             .prop_map(|(consumer_id, message_ids)| Command::RedeliverUnacknowledged { consumer_id, message_ids }),
         (any::<u64>(), any::<bool>())
             .prop_map(|(consumer_id, is_active)| Command::ActiveConsumerChange { consumer_id, is_active }),
+        (any::<u64>(), any::<u64>(), proptest::option::of(arb_id()), any::<u64>()).prop_map(
+            |(request_id, consumer_id, message_id, publish_time_ms)| Command::Seek {
+                request_id,
+                consumer_id,
+                message_id,
+                publish_time_ms
+            }
+        ),
+        (any::<u64>(), arb_string(), arb_string())
+            .prop_map(|(request_id, topic, json)| Command::TopicStats { request_id, topic, json }),
     ]
 }
 

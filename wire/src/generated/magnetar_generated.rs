@@ -511,10 +511,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for CompressionType {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_ANY_COMMAND: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_ANY_COMMAND: u8 = 19;
+pub const ENUM_MAX_ANY_COMMAND: u8 = 21;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ANY_COMMAND: [AnyCommand; 20] = [
+pub const ENUM_VALUES_ANY_COMMAND: [AnyCommand; 22] = [
   AnyCommand::NONE,
   AnyCommand::Connect,
   AnyCommand::Connected,
@@ -535,6 +535,8 @@ pub const ENUM_VALUES_ANY_COMMAND: [AnyCommand; 20] = [
   AnyCommand::Error,
   AnyCommand::RedeliverUnacknowledged,
   AnyCommand::ActiveConsumerChange,
+  AnyCommand::Seek,
+  AnyCommand::TopicStats,
 ];
 
 /// Add new commands only at the end.
@@ -563,9 +565,11 @@ impl AnyCommand {
   pub const Error: Self = Self(17);
   pub const RedeliverUnacknowledged: Self = Self(18);
   pub const ActiveConsumerChange: Self = Self(19);
+  pub const Seek: Self = Self(20);
+  pub const TopicStats: Self = Self(21);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 19;
+  pub const ENUM_MAX: u8 = 21;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::Connect,
@@ -587,6 +591,8 @@ impl AnyCommand {
     Self::Error,
     Self::RedeliverUnacknowledged,
     Self::ActiveConsumerChange,
+    Self::Seek,
+    Self::TopicStats,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -611,6 +617,8 @@ impl AnyCommand {
       Self::Error => Some("Error"),
       Self::RedeliverUnacknowledged => Some("RedeliverUnacknowledged"),
       Self::ActiveConsumerChange => Some("ActiveConsumerChange"),
+      Self::Seek => Some("Seek"),
+      Self::TopicStats => Some("TopicStats"),
       _ => None,
     }
   }
@@ -3286,6 +3294,290 @@ impl ::core::fmt::Debug for ActiveConsumerChange<'_> {
       ds.finish()
   }
 }
+pub enum SeekOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Move the subscription's cursor: to `message_id` when present (the next
+/// message delivered is that one), else to the first message published at
+/// or after `publish_time_ms`. Answered with Success or Error; the consumer's
+/// permits are reset to 0, so the client sends a new Flow.
+pub struct Seek<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for Seek<'a> {
+  type Inner = Seek<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> Seek<'a> {
+  pub const VT_REQUEST_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_CONSUMER_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_MESSAGE_ID: ::flatbuffers::VOffsetT = 8;
+  pub const VT_PUBLISH_TIME_MS: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    Seek { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args SeekArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<Seek<'bldr>> {
+    let mut builder = SeekBuilder::new(_fbb);
+    builder.add_publish_time_ms(args.publish_time_ms);
+    builder.add_consumer_id(args.consumer_id);
+    builder.add_request_id(args.request_id);
+    if let Some(x) = args.message_id { builder.add_message_id(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn request_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(Seek::VT_REQUEST_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn consumer_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(Seek::VT_CONSUMER_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn message_id(&self) -> Option<&'a MessageIdData> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<MessageIdData>(Seek::VT_MESSAGE_ID, None)}
+  }
+  #[inline]
+  pub fn publish_time_ms(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(Seek::VT_PUBLISH_TIME_MS, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for Seek<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("request_id", Self::VT_REQUEST_ID, false)?
+     .visit_field::<u64>("consumer_id", Self::VT_CONSUMER_ID, false)?
+     .visit_field::<MessageIdData>("message_id", Self::VT_MESSAGE_ID, false)?
+     .visit_field::<u64>("publish_time_ms", Self::VT_PUBLISH_TIME_MS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct SeekArgs<'a> {
+    pub request_id: u64,
+    pub consumer_id: u64,
+    pub message_id: Option<&'a MessageIdData>,
+    pub publish_time_ms: u64,
+}
+impl<'a> Default for SeekArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    SeekArgs {
+      request_id: 0,
+      consumer_id: 0,
+      message_id: None,
+      publish_time_ms: 0,
+    }
+  }
+}
+
+pub struct SeekBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> SeekBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_request_id(&mut self, request_id: u64) {
+    self.fbb_.push_slot::<u64>(Seek::VT_REQUEST_ID, request_id, 0);
+  }
+  #[inline]
+  pub fn add_consumer_id(&mut self, consumer_id: u64) {
+    self.fbb_.push_slot::<u64>(Seek::VT_CONSUMER_ID, consumer_id, 0);
+  }
+  #[inline]
+  pub fn add_message_id(&mut self, message_id: &MessageIdData) {
+    self.fbb_.push_slot_always::<&MessageIdData>(Seek::VT_MESSAGE_ID, message_id);
+  }
+  #[inline]
+  pub fn add_publish_time_ms(&mut self, publish_time_ms: u64) {
+    self.fbb_.push_slot::<u64>(Seek::VT_PUBLISH_TIME_MS, publish_time_ms, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> SeekBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    SeekBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<Seek<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for Seek<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("Seek");
+      ds.field("request_id", &self.request_id());
+      ds.field("consumer_id", &self.consumer_id());
+      ds.field("message_id", &self.message_id());
+      ds.field("publish_time_ms", &self.publish_time_ms());
+      ds.finish()
+  }
+}
+pub enum TopicStatsOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Admin: per-subscription statistics of a topic. The client sends it with
+/// an empty `json`; the broker answers with the same command carrying the
+/// statistics as a JSON object (see docs/semantics.md).
+pub struct TopicStats<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for TopicStats<'a> {
+  type Inner = TopicStats<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> TopicStats<'a> {
+  pub const VT_REQUEST_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_TOPIC: ::flatbuffers::VOffsetT = 6;
+  pub const VT_JSON: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    TopicStats { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args TopicStatsArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<TopicStats<'bldr>> {
+    let mut builder = TopicStatsBuilder::new(_fbb);
+    builder.add_request_id(args.request_id);
+    if let Some(x) = args.json { builder.add_json(x); }
+    if let Some(x) = args.topic { builder.add_topic(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn request_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(TopicStats::VT_REQUEST_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn topic(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(TopicStats::VT_TOPIC, None)}
+  }
+  #[inline]
+  pub fn json(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(TopicStats::VT_JSON, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for TopicStats<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("request_id", Self::VT_REQUEST_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("json", Self::VT_JSON, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct TopicStatsArgs<'a> {
+    pub request_id: u64,
+    pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub json: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for TopicStatsArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    TopicStatsArgs {
+      request_id: 0,
+      topic: None,
+      json: None,
+    }
+  }
+}
+
+pub struct TopicStatsBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> TopicStatsBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_request_id(&mut self, request_id: u64) {
+    self.fbb_.push_slot::<u64>(TopicStats::VT_REQUEST_ID, request_id, 0);
+  }
+  #[inline]
+  pub fn add_topic(&mut self, topic: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(TopicStats::VT_TOPIC, topic);
+  }
+  #[inline]
+  pub fn add_json(&mut self, json: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(TopicStats::VT_JSON, json);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> TopicStatsBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    TopicStatsBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<TopicStats<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for TopicStats<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("TopicStats");
+      ds.field("request_id", &self.request_id());
+      ds.field("topic", &self.topic());
+      ds.field("json", &self.json());
+      ds.finish()
+  }
+}
 pub enum BaseCommandOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -3621,6 +3913,36 @@ impl<'a> BaseCommand<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn command_as_seek(&self) -> Option<Seek<'a>> {
+    if self.command_type() == AnyCommand::Seek {
+      self.command().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Seek::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn command_as_topic_stats(&self) -> Option<TopicStats<'a>> {
+    if self.command_type() == AnyCommand::TopicStats {
+      self.command().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { TopicStats::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for BaseCommand<'_> {
@@ -3650,6 +3972,8 @@ impl ::flatbuffers::Verifiable for BaseCommand<'_> {
           AnyCommand::Error => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Error>>("AnyCommand::Error", pos),
           AnyCommand::RedeliverUnacknowledged => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<RedeliverUnacknowledged>>("AnyCommand::RedeliverUnacknowledged", pos),
           AnyCommand::ActiveConsumerChange => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ActiveConsumerChange>>("AnyCommand::ActiveConsumerChange", pos),
+          AnyCommand::Seek => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Seek>>("AnyCommand::Seek", pos),
+          AnyCommand::TopicStats => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<TopicStats>>("AnyCommand::TopicStats", pos),
           _ => Ok(()),
         }
      })?
@@ -3832,6 +4156,20 @@ impl ::core::fmt::Debug for BaseCommand<'_> {
         },
         AnyCommand::ActiveConsumerChange => {
           if let Some(x) = self.command_as_active_consumer_change() {
+            ds.field("command", &x)
+          } else {
+            ds.field("command", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        AnyCommand::Seek => {
+          if let Some(x) = self.command_as_seek() {
+            ds.field("command", &x)
+          } else {
+            ds.field("command", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        AnyCommand::TopicStats => {
+          if let Some(x) = self.command_as_topic_stats() {
             ds.field("command", &x)
           } else {
             ds.field("command", &"InvalidFlatbuffer: Union discriminant does not match value.")

@@ -84,6 +84,10 @@ pub fn all_commands() -> Vec<Command> {
         Command::RedeliverUnacknowledged { consumer_id: 0, message_ids: vec![] },
         Command::ActiveConsumerChange { consumer_id: 8, is_active: true },
         Command::ActiveConsumerChange { consumer_id: 0, is_active: false },
+        Command::Seek { request_id: 1, consumer_id: 2, message_id: Some(id_neg), publish_time_ms: 0 },
+        Command::Seek { request_id: 0, consumer_id: 0, message_id: None, publish_time_ms: u64::MAX },
+        Command::TopicStats { request_id: 3, topic: "persistent://public/default/t".into(), json: String::new() },
+        Command::TopicStats { request_id: 3, topic: String::new(), json: "{\"subscriptions\":{}}".into() },
     ]
 }
 
@@ -110,6 +114,8 @@ pub fn command_names() -> Vec<&'static str> {
         "Error",
         "RedeliverUnacknowledged",
         "ActiveConsumerChange",
+        "Seek",
+        "TopicStats",
     ]
 }
 
