@@ -536,7 +536,9 @@ async fn dispatch(
     pong: &Bytes,
 ) -> std::result::Result<(), String> {
     match command {
-        Command::ProducerSuccess { request_id, .. } | Command::Success { request_id } => {
+        Command::ProducerSuccess { request_id, .. }
+        | Command::Success { request_id }
+        | Command::TopicStats { request_id, .. } => {
             complete_request(shared, request_id, Ok(command));
         }
         Command::Error { request_id: 0, code, message } => {

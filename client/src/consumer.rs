@@ -202,6 +202,7 @@ impl ConsumerBuilder {
             subscription: self.subscription,
             rx: tokio::sync::Mutex::new(Receiving { rx, unflowed: 0 }),
             flow_threshold: (queue / 2).max(1),
+            receiver_queue_size: queue,
             closed,
             active,
             tracker,
@@ -229,6 +230,7 @@ pub struct Consumer {
     subscription: String,
     rx: tokio::sync::Mutex<Receiving>,
     flow_threshold: u32,
+    receiver_queue_size: u32,
     closed: Arc<AtomicBool>,
     active: Arc<AtomicBool>,
     tracker: Arc<Tracker>,
@@ -473,6 +475,44 @@ impl Consumer {
         }
         let command = Command::RedeliverUnacknowledged { consumer_id: self.consumer_id, message_ids: Vec::new() };
         self.conn.send_command(&command).await
+    }
+
+    /// Move the subscription's cursor so that `id` is the next message
+    /// delivered (earlier ones count as acknowledged, later ones as not).
+    /// Messages already in the local queue are dropped. Messages the broker
+    /// sent just before the seek may still arrive after it.
+    pub async fn seek(&self, id: MessageId) -> Result<()> {
+        self.seek_to(Some(id), 0).await
+    }
+
+    /// Move the cursor to the first message published at or after
+    /// `publish_time_ms` (milliseconds since the Unix epoch).
+    pub async fn seek_by_time(&self, publish_time_ms: u64) -> Result<()> {
+        self.seek_to(None, publish_time_ms).await
+    }
+
+    async fn seek_to(&self, message_id: Option<MessageId>, publish_time_ms: u64) -> Result<()> {
+        if self.is_closed() {
+            return Err(self.closed_error());
+        }
+        let consumer_id = self.consumer_id;
+        // Hold the queue while seeking so no `receive` hands out a message
+        // from before the seek once it is answered.
+        let mut receiving = self.rx.lock().await;
+        let answer = self
+            .conn
+            .request("seek", |request_id| Command::Seek { request_id, consumer_id, message_id, publish_time_ms })
+            .await?;
+        match answer {
+            Command::Success { .. } => {}
+            other => return Err(ClientError::UnexpectedResponse { request: "Seek", got: format!("{other:?}") }),
+        }
+        // The broker set our permits to 0: drop what is queued and grant
+        // the whole queue again.
+        while receiving.rx.try_recv().is_ok() {}
+        receiving.unflowed = 0;
+        self.tracker.clear();
+        self.conn.send_command(&Command::Flow { consumer_id, permits: self.receiver_queue_size }).await
     }
 
     /// Consume `msg` again after `delay`: it is published to

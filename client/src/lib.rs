@@ -91,6 +91,24 @@ impl Client {
         }
     }
 
+    /// Per-subscription statistics of `topic`, as the JSON object the broker
+    /// builds (layout in `docs/semantics.md`).
+    pub async fn topic_stats(&self, topic: &str) -> Result<String> {
+        let topic = normalize_topic(topic)?;
+        let answer = self
+            .conn
+            .request("topic stats", |request_id| magnetar_wire::Command::TopicStats {
+                request_id,
+                topic: topic.clone(),
+                json: String::new(),
+            })
+            .await?;
+        match answer {
+            magnetar_wire::Command::TopicStats { json, .. } => Ok(json),
+            other => Err(ClientError::UnexpectedResponse { request: "TopicStats", got: format!("{other:?}") }),
+        }
+    }
+
     /// What the broker announced in its `Connected` answer.
     pub fn server_info(&self) -> &ServerInfo {
         &self.conn.server

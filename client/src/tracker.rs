@@ -100,6 +100,15 @@ impl Tracker {
         st.nacks.entry(now + delay).or_default().push(id);
     }
 
+    /// Forgets every timer (after a seek, nothing held is outstanding).
+    pub(crate) fn clear(&self) {
+        let mut st = self.lock();
+        st.nacks.clear();
+        for b in st.wheel.iter_mut() {
+            b.clear();
+        }
+    }
+
     /// Ids due for redelivery at `now`.
     pub(crate) fn tick(&self, now: Instant) -> Vec<MessageId> {
         let mut st = self.lock();

@@ -100,6 +100,16 @@ pub struct SubscribeRequest {
     pub filter_tag: String,
 }
 
+/// Where a seek moves a subscription's cursor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeekTarget {
+    /// The next message delivered is this one.
+    Id(MessageId),
+    /// The next message delivered is the first published at or after this
+    /// time (milliseconds since the Unix epoch).
+    PublishTime(u64),
+}
+
 /// A request executed on the owner shard.
 #[derive(Debug)]
 pub(crate) enum Op {
@@ -146,6 +156,15 @@ pub(crate) enum Op {
         consumer: ConsumerRef,
         ids: Vec<MessageId>,
     },
+    Seek {
+        topic: String,
+        subscription: String,
+        consumer: ConsumerRef,
+        target: SeekTarget,
+    },
+    TopicStats {
+        topic: String,
+    },
 }
 
 #[derive(Debug)]
@@ -153,6 +172,7 @@ pub(crate) enum Reply {
     Producer { name: String, last_sequence_id: i64 },
     Sent(MessageId),
     Done,
+    Stats(String),
 }
 
 pub(crate) type OpResult = Result<Reply, CoreError>;
@@ -355,6 +375,26 @@ impl Shard {
                 }
                 futures::future::ready(Ok(Reply::Done)).boxed_local()
             }
+            Op::Seek { topic, subscription, consumer, target } => {
+                let me = self.clone();
+                async move { me.handle_seek(&topic, &subscription, consumer, target).await }.boxed_local()
+            }
+            Op::TopicStats { topic } => {
+                let r = (|| {
+                    let tn = TopicName::parse(&topic)
+                        .map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+                    // Loaded, or known from its metadata record (then loading
+                    // it creates nothing); an unknown topic is not created.
+                    let known =
+                        self.topics.borrow().contains_key(&topic) || self.log.meta(&topic_meta_key(&topic)).is_some();
+                    if !known {
+                        return Err(CoreError::new(ErrorCode::TopicNotFound, format!("no topic {topic}")));
+                    }
+                    let (t, _) = self.get_or_create_topic(&tn)?;
+                    Ok(Reply::Stats(crate::stats::topic_stats_json(&t)))
+                })();
+                futures::future::ready(r).boxed_local()
+            }
             Op::Redeliver { topic, subscription, consumer, ids } => {
                 if let (Some(t), Some(sub)) =
                     (self.topics.borrow().get(&topic).cloned(), self.subscription(&topic, &subscription))
@@ -553,6 +593,62 @@ impl Shard {
             }
         }
         Ok(Reply::Done)
+    }
+
+    async fn handle_seek(
+        self: Rc<Self>,
+        topic: &str,
+        subscription: &str,
+        consumer: ConsumerRef,
+        target: SeekTarget,
+    ) -> OpResult {
+        let t = self
+            .topics
+            .borrow()
+            .get(topic)
+            .cloned()
+            .ok_or_else(|| CoreError::new(ErrorCode::ConsumerNotFound, "topic not loaded"))?;
+        let sub = self
+            .subscription(topic, subscription)
+            .ok_or_else(|| CoreError::new(ErrorCode::ConsumerNotFound, "no such subscription"))?;
+        if !sub.has_consumer(consumer) {
+            return Err(CoreError::new(ErrorCode::ConsumerNotFound, "consumer is not attached"));
+        }
+        let entry = match target {
+            SeekTarget::Id(id) if id.ledger == t.ledger => id.entry.min(t.durable_next.get()),
+            SeekTarget::Id(id) => {
+                return Err(CoreError::new(ErrorCode::NotAllowed, format!("seek to {id}: not a message of {topic}")))
+            }
+            SeekTarget::PublishTime(ms) => self.first_entry_published_at(&t, ms).await?,
+        };
+        sub.reset_to(entry, consumer);
+        if sub.durable {
+            let lsn = self.persist_cursor(&t, &sub)?;
+            self.log.wait_durable(lsn).await?;
+        }
+        tracing::info!(topic, subscription, entry, ?target, "seek");
+        Ok(Reply::Done)
+    }
+
+    /// The first entry whose publish time is at or after `ms`, by binary
+    /// search over the durable entries' metadata. Publish times are set by
+    /// producers' clocks, so this assumes they grow with the entry id (a
+    /// time index is issue #3's); an unreadable entry fails the seek.
+    async fn first_entry_published_at(&self, t: &Topic, ms: u64) -> Result<u64, CoreError> {
+        let (mut lo, mut hi) = (0u64, t.durable_next.get());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let blob = self.log.read(t.ledger, mid).await?;
+            let published = magnetar_wire::peek_message(&blob)
+                .map_err(|e| CoreError::new(ErrorCode::PersistenceError, format!("entry {mid}: {e}")))?
+                .publish_time_ms;
+            if published < ms {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(lo)
     }
 
     /// Applies an ack. With `persist_now` the cursor record is written at once
@@ -811,6 +907,23 @@ impl Broker {
             Op::Redeliver { topic: c.topic.clone(), subscription: c.subscription.clone(), consumer: c.consumer, ids };
         let fut = self.shard.call(c.owner, op);
         glommio::spawn_local(fut).detach();
+    }
+
+    /// Moves the subscription's cursor (see [`SeekTarget`]); the consumer's
+    /// permits drop to 0.
+    pub async fn seek(&self, c: &ConsumerHandle, target: SeekTarget) -> Result<(), CoreError> {
+        let op =
+            Op::Seek { topic: c.topic.clone(), subscription: c.subscription.clone(), consumer: c.consumer, target };
+        self.shard.call(c.owner, op).await.map(|_| ())
+    }
+
+    /// Per-subscription statistics of `topic` as a JSON object.
+    pub async fn topic_stats(&self, topic: &str) -> Result<String, CoreError> {
+        let (topic, owner) = self.parse_topic(topic)?;
+        match self.shard.call(owner, Op::TopicStats { topic }).await? {
+            Reply::Stats(json) => Ok(json),
+            other => Err(unexpected(other)),
+        }
     }
 
     pub async fn close_consumer(&self, c: &ConsumerHandle) -> Result<(), CoreError> {

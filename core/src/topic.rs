@@ -87,6 +87,8 @@ pub(crate) struct Subscription {
     pub(crate) filter_tag: RefCell<Option<String>>,
     /// Partition index of the topic (Failover spreads partitions by it).
     pub(crate) partition: i32,
+    /// Messages sent to consumers since the subscription was loaded.
+    pub(crate) delivered_total: Cell<u64>,
     pub(crate) wake: Signal,
     pub(crate) dirty: Cell<bool>,
     /// Log position of the last cursor record written (0: none this run).
@@ -133,6 +135,7 @@ impl Subscription {
             deliveries: RefCell::new(HashMap::new()),
             filter_tag: RefCell::new(None),
             partition,
+            delivered_total: Cell::new(0),
             wake: Signal::new(),
             dirty: Cell::new(false),
             persisted_lsn: Cell::new(0),
@@ -277,6 +280,33 @@ impl Subscription {
             self.wake.notify();
         }
         n
+    }
+
+    /// Moves the cursor so that `entry` is the next one delivered: every
+    /// entry before it counts as acknowledged, none after it. Whatever was
+    /// delivered, set aside or delayed is forgotten. `seeker`'s permits drop
+    /// to 0 (its client drops its queue and grants them again); other
+    /// consumers keep theirs.
+    pub(crate) fn reset_to(&self, entry: u64, seeker: ConsumerRef) {
+        {
+            let mut cursor = self.cursor.borrow_mut();
+            cursor.ack_floor = entry;
+            cursor.acked.clear();
+        }
+        self.pending.borrow_mut().clear();
+        self.replay.borrow_mut().clear();
+        *self.delayed.borrow_mut() = DelayedIndex::default();
+        self.deliveries.borrow_mut().clear();
+        self.read_pos.set(entry);
+        for c in self.consumers.borrow_mut().iter_mut() {
+            c.unacked = 0;
+            if c.consumer == seeker {
+                c.permits = 0;
+            }
+            // Key_Shared: nothing is outstanding any more, so nobody waits.
+            c.joined_at = None;
+        }
+        self.wake.notify();
     }
 
     /// Applies acks against the topic's `ledger`, whose next entry is

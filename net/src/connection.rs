@@ -12,7 +12,7 @@ use futures::FutureExt;
 use glommio::channels::local_channel::{self, LocalSender};
 use glommio::net::TcpStream;
 use magnetar_core::signal::Signal;
-use magnetar_core::{Broker, ConsumerEvent, ConsumerHandle, CoreError, ProducerHandle, SubscribeRequest};
+use magnetar_core::{Broker, ConsumerEvent, ConsumerHandle, CoreError, ProducerHandle, SeekTarget, SubscribeRequest};
 use magnetar_wire::{encode_frame, AckType, Command, ErrorCode, Frame, FrameDecoder, MessageId, PROTOCOL_VERSION};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -346,6 +346,28 @@ impl Conn {
                     }
                 })
                 .detach();
+                Ok(())
+            }
+            Command::Seek { request_id, consumer_id, message_id, publish_time_ms } => {
+                let Some(c) = self.consumers.borrow().get(&consumer_id).cloned() else {
+                    self.out.error(request_id, &CoreError::new(ErrorCode::ConsumerNotFound, "no such consumer"));
+                    return Ok(());
+                };
+                let target = match message_id {
+                    Some(id) => SeekTarget::Id(id),
+                    None => SeekTarget::PublishTime(publish_time_ms),
+                };
+                match self.broker.seek(&c, target).await {
+                    Ok(()) => self.out.push(&Command::Success { request_id }, &[]),
+                    Err(e) => self.out.error(request_id, &e),
+                }
+                Ok(())
+            }
+            Command::TopicStats { request_id, topic, .. } => {
+                match self.broker.topic_stats(&topic).await {
+                    Ok(json) => self.out.push(&Command::TopicStats { request_id, topic, json }, &[]),
+                    Err(e) => self.out.error(request_id, &e),
+                }
                 Ok(())
             }
             Command::RedeliverUnacknowledged { consumer_id, message_ids } => {

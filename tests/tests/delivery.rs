@@ -616,3 +616,62 @@ fn shared_after_kill9_redelivers_only_unconfirmed_messages() {
         assert_eq!(after, expected);
     });
 }
+
+/// Seek by message id and by publish time; and the admin stats command
+/// reports the subscription's backlog, unacked and consumers.
+#[test]
+fn seek_and_subscription_stats() {
+    run_async_with_timeout(Duration::from_secs(60), || async {
+        let dir = test_dir("seek");
+        let broker = BrokerProcess::start(dir.path(), SHARDS);
+        let (topic, owner) = topics_per_shard("seek", SHARDS, 1).remove(0);
+        let url = broker.url();
+        let client = connect_on_shard(&url, (owner + 1) % SHARDS, 64).await;
+        let mut ids = Vec::new();
+        let producer = client.producer(topic.as_str()).create().await.expect("producer");
+        for i in 0..10 {
+            ids.push(producer.send(OutgoingMessage::new(format!("m{i}"))).await.expect("send"));
+            // Distinct publish times, so a time names one message.
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+        let c = consumer(&client, &topic, "sk", SubscriptionType::Exclusive, "c", 0, 100).await;
+        let mut publish = Vec::new();
+        for id in &ids {
+            let m = receive(&c, "first pass").await;
+            assert_eq!(m.id, *id);
+            publish.push(m.publish_time_ms());
+        }
+        c.ack_confirmed(AckType::Cumulative, &[ids[9]]).await.expect("ack all");
+        c.seek(ids[3]).await.expect("seek by id");
+        for id in &ids[3..] {
+            assert_eq!(receive(&c, "after seek by id").await.id, *id);
+        }
+        assert_quiet(&c, Duration::from_millis(200), "after seek by id").await;
+        let first = publish.iter().position(|&p| p >= publish[7]).unwrap();
+        c.seek_by_time(publish[7]).await.expect("seek by time");
+        for id in &ids[first..] {
+            assert_eq!(receive(&c, "after seek by time").await.id, *id);
+        }
+        assert_quiet(&c, Duration::from_millis(200), "after seek by time").await;
+
+        // Stats: 10 - first messages delivered and not acknowledged.
+        let run = magnetar_tests::run_cli(
+            ["admin", "subscriptions", "stats", topic.as_str(), "--url", url.as_str()],
+            Duration::from_secs(30),
+        );
+        run.assert_success();
+        let v: serde_json::Value = serde_json::from_str(&run.stdout_lines.join("\n")).expect("stats JSON");
+        let s = &v["subscriptions"]["sk"];
+        let outstanding = (10 - first) as u64;
+        assert_eq!(s["type"], "Exclusive", "{v}");
+        assert_eq!(s["unacked"].as_u64(), Some(outstanding), "{v}");
+        assert_eq!(s["msg_backlog"].as_u64(), Some(outstanding), "{v}");
+        assert_eq!(s["consumers"][0]["name"], "c", "{v}");
+        assert_eq!(s["consumers"][0]["unacked"].as_u64(), Some(outstanding), "{v}");
+        let missing = magnetar_tests::run_cli(
+            ["admin", "subscriptions", "stats", "no-such-topic", "--url", url.as_str()],
+            Duration::from_secs(30),
+        );
+        assert!(!missing.status.success() && missing.stderr.contains("TopicNotFound"), "{}", missing.stderr);
+    });
+}

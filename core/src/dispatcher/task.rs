@@ -210,6 +210,7 @@ fn deliver(shard: &Shard, topic: &Topic, sub: &Subscription, i: usize, entry: u6
         c.consumer
     };
     sub.policy.borrow_mut().delivered(i, &sub.consumers.borrow());
+    sub.delivered_total.set(sub.delivered_total.get() + 1);
     let redelivery_count = {
         let mut d = sub.deliveries.borrow_mut();
         let n = d.entry(entry).or_insert(0);
