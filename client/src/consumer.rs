@@ -46,6 +46,7 @@ pub struct ConsumerBuilder {
     pub(crate) nack_backoff: NackBackoff,
     pub(crate) ack_timeout: Option<Duration>,
     pub(crate) dead_letter: Option<DeadLetterPolicy>,
+    pub(crate) retry_enabled: bool,
 }
 
 /// Where messages go after too many deliveries.
@@ -122,6 +123,14 @@ impl ConsumerBuilder {
         self
     }
 
+    /// Also consume `<topic>-<subscription>-RETRY` (same subscription name
+    /// and type, from the earliest message), where `reconsume_later` sends
+    /// messages: they come back through this consumer after their delay.
+    pub fn retry_enabled(mut self, enabled: bool) -> Self {
+        self.retry_enabled = enabled;
+        self
+    }
+
     /// Send messages redelivered more than `policy.max_redeliveries` times
     /// to a dead-letter topic (then acknowledge them) instead of returning them.
     pub fn dead_letter_policy(mut self, policy: DeadLetterPolicy) -> Self {
@@ -145,7 +154,11 @@ impl ConsumerBuilder {
         let closed = Arc::new(AtomicBool::new(false));
         let active = Arc::new(AtomicBool::new(false));
         let queue = self.receiver_queue_size;
-        let (deliver, rx) = mpsc::channel(queue as usize);
+        // With a retry topic, two broker-side consumers share the queue, each
+        // with its own permits: room for both.
+        let room = if self.retry_enabled { queue as usize * 2 } else { queue as usize };
+        let (deliver, rx) = mpsc::channel(room);
+        let retry_deliver = deliver.clone();
         // Registered before subscribing: the broker may push messages right
         // after its Success, before our Flow even (it should not, but then
         // they are not lost).
@@ -185,8 +198,50 @@ impl ConsumerBuilder {
                 return Err(e);
             }
         }
+        let retry = if self.retry_enabled {
+            let retry_topic = format!("{topic}-{}-RETRY", self.subscription);
+            let retry_id = self.conn.next_handle_id();
+            self.conn.register_consumer(
+                retry_id,
+                ConsumerSlot {
+                    topic: retry_topic.clone(),
+                    subscription: self.subscription.clone(),
+                    closed: closed.clone(),
+                    deliver: retry_deliver,
+                    active: Arc::new(AtomicBool::new(false)),
+                },
+            )?;
+            let answer = self
+                .conn
+                .request("subscribe", |request_id| Command::Subscribe {
+                    request_id,
+                    consumer_id: retry_id,
+                    topic: retry_topic.clone(),
+                    subscription: self.subscription.clone(),
+                    sub_type: self.sub_type,
+                    consumer_name: self.consumer_name.clone(),
+                    initial_position: InitialPosition::Earliest,
+                    durable: true,
+                    priority_level: self.priority_level,
+                    filter_tag: String::new(),
+                })
+                .await;
+            if !matches!(answer, Ok(Command::Success { .. })) {
+                self.conn.remove_consumer(retry_id);
+                self.conn.try_send_command(&Command::CloseConsumer { request_id: 0, consumer_id });
+                self.conn.remove_consumer(consumer_id);
+                return Err(match answer {
+                    Err(e) => e,
+                    Ok(other) => ClientError::UnexpectedResponse { request: "Subscribe", got: format!("{other:?}") },
+                });
+            }
+            Some(Arc::new(RetryRoute { consumer_id: retry_id, topic: retry_topic, ledgers: Default::default() }))
+        } else {
+            drop(retry_deliver);
+            None
+        };
         let tracker = Arc::new(Tracker::new(self.ack_timeout));
-        spawn_tracker_task(self.conn.clone(), consumer_id, tracker.clone(), closed.clone());
+        spawn_tracker_task(self.conn.clone(), consumer_id, retry.clone(), tracker.clone(), closed.clone());
         let dead_letter = self.dead_letter.map(|p| {
             let dlq_topic = p.topic.clone().unwrap_or_else(|| format!("{topic}-{}-DLQ", self.subscription));
             Arc::new(DeadLetter {
@@ -200,7 +255,7 @@ impl ConsumerBuilder {
             consumer_id,
             topic,
             subscription: self.subscription,
-            rx: tokio::sync::Mutex::new(Receiving { rx, unflowed: 0 }),
+            rx: tokio::sync::Mutex::new(Receiving { rx, unflowed: 0, unflowed_retry: 0 }),
             flow_threshold: (queue / 2).max(1),
             receiver_queue_size: queue,
             closed,
@@ -209,8 +264,12 @@ impl ConsumerBuilder {
             nack_backoff: self.nack_backoff,
             dead_letter,
             retry_producer: Default::default(),
+            retry,
         };
         consumer.conn.send_command(&Command::Flow { consumer_id, permits: queue }).await?;
+        if let Some(r) = &consumer.retry {
+            consumer.conn.send_command(&Command::Flow { consumer_id: r.consumer_id, permits: queue }).await?;
+        }
         Ok(consumer)
     }
 }
@@ -219,6 +278,44 @@ struct Receiving {
     rx: mpsc::Receiver<Delivery>,
     /// Messages handed to the application since the last `Flow`.
     unflowed: u32,
+    /// The same for the retry topic's consumer.
+    unflowed_retry: u32,
+}
+
+/// The retry topic's broker-side consumer, and the ledgers its messages
+/// came from: ledger ids are unique across a broker's topics, so an id's
+/// ledger says which consumer acks (and redelivery requests) belong to.
+struct RetryRoute {
+    consumer_id: u64,
+    topic: String,
+    ledgers: std::sync::Mutex<std::collections::HashSet<u64>>,
+}
+
+impl RetryRoute {
+    fn owns(&self, id: &MessageId) -> bool {
+        self.ledgers.lock().unwrap_or_else(|p| p.into_inner()).contains(&id.ledger)
+    }
+}
+
+/// The broker-side consumer an id belongs to.
+fn route(main: u64, retry: &Option<Arc<RetryRoute>>, id: &MessageId) -> u64 {
+    match retry {
+        Some(r) if r.owns(id) => r.consumer_id,
+        _ => main,
+    }
+}
+
+/// `ids` grouped by the consumer they belong to, in order.
+fn group(main: u64, retry: &Option<Arc<RetryRoute>>, ids: &[MessageId]) -> Vec<(u64, Vec<MessageId>)> {
+    let mut out: Vec<(u64, Vec<MessageId>)> = Vec::new();
+    for id in ids {
+        let c = route(main, retry, id);
+        match out.iter_mut().find(|(k, _)| *k == c) {
+            Some((_, v)) => v.push(*id),
+            None => out.push((c, vec![*id])),
+        }
+    }
+    out
 }
 
 /// A consumer of one subscription on one topic. `Send + Sync`; `receive`
@@ -237,6 +334,7 @@ pub struct Consumer {
     nack_backoff: NackBackoff,
     dead_letter: Option<Arc<DeadLetter>>,
     retry_producer: tokio::sync::Mutex<Option<Producer>>,
+    retry: Option<Arc<RetryRoute>>,
 }
 
 struct DeadLetter {
@@ -247,7 +345,13 @@ struct DeadLetter {
 
 /// Ticks the consumer's nack timers and ack-timeout wheel, asking the
 /// broker back for due messages; ends when the consumer closes.
-fn spawn_tracker_task(conn: Arc<Connection>, consumer_id: u64, tracker: Arc<Tracker>, closed: Arc<AtomicBool>) {
+fn spawn_tracker_task(
+    conn: Arc<Connection>,
+    consumer_id: u64,
+    retry: Option<Arc<RetryRoute>>,
+    tracker: Arc<Tracker>,
+    closed: Arc<AtomicBool>,
+) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else { return };
     handle.spawn(async move {
         let mut tick = tokio::time::interval(NACK_TICK);
@@ -260,11 +364,13 @@ fn spawn_tracker_task(conn: Arc<Connection>, consumer_id: u64, tracker: Arc<Trac
             let due = tracker.tick(Instant::now());
             if !due.is_empty() {
                 // Several frames for many ids keep each frame small.
-                for ids in due.chunks(1000) {
-                    let command = Command::RedeliverUnacknowledged { consumer_id, message_ids: ids.to_vec() };
-                    if let Err(e) = conn.send_command(&command).await {
-                        tracing::debug!(error = %e, "redelivery request not sent");
-                        return;
+                for (consumer_id, ids) in group(consumer_id, &retry, &due) {
+                    for ids in ids.chunks(1000) {
+                        let command = Command::RedeliverUnacknowledged { consumer_id, message_ids: ids.to_vec() };
+                        if let Err(e) = conn.send_command(&command).await {
+                            tracing::debug!(error = %e, "redelivery request not sent");
+                            return;
+                        }
                     }
                 }
             }
@@ -363,7 +469,7 @@ impl Consumer {
                 // Nothing below awaits, so a message taken off the queue is
                 // always returned or handed to the dead-letter task (cancel safety).
                 Some(delivery) => {
-                    self.after_receive(&mut receiving);
+                    self.after_receive(&mut receiving, &delivery);
                     if let Some(delivery) = self.screen(delivery) {
                         return delivery;
                     }
@@ -403,7 +509,7 @@ impl Consumer {
             if msg.redelivery_count > dl.max_redeliveries {
                 let dl = dl.clone();
                 let conn = self.conn.clone();
-                let consumer_id = self.consumer_id;
+                let consumer_id = route(self.consumer_id, &self.retry, &msg.id);
                 // A task, so `receive` stays cancel-safe; the message is
                 // acknowledged only once the dead-letter topic has it.
                 if let Ok(handle) = tokio::runtime::Handle::try_current() {
@@ -436,7 +542,7 @@ impl Consumer {
         loop {
             match receiving.rx.try_recv() {
                 Ok(delivery) => {
-                    self.after_receive(&mut receiving);
+                    self.after_receive(&mut receiving, &delivery);
                     if let Some(delivery) = self.screen(delivery) {
                         return delivery.map(Some);
                     }
@@ -468,13 +574,18 @@ impl Consumer {
         }
         {
             let mut receiving = self.rx.lock().await;
-            while receiving.rx.try_recv().is_ok() {
+            while let Ok(delivery) = receiving.rx.try_recv() {
                 // Their permits are granted again, as if received.
-                self.after_receive(&mut receiving);
+                self.after_receive(&mut receiving, &delivery);
             }
         }
         let command = Command::RedeliverUnacknowledged { consumer_id: self.consumer_id, message_ids: Vec::new() };
-        self.conn.send_command(&command).await
+        self.conn.send_command(&command).await?;
+        if let Some(r) = &self.retry {
+            let command = Command::RedeliverUnacknowledged { consumer_id: r.consumer_id, message_ids: Vec::new() };
+            self.conn.send_command(&command).await?;
+        }
+        Ok(())
     }
 
     /// Move the subscription's cursor so that `id` is the next message
@@ -517,8 +628,9 @@ impl Consumer {
 
     /// Consume `msg` again after `delay`: it is published to
     /// `<topic>-<subscription>-RETRY` with a delivery time, then acknowledged
-    /// here. Subscribe to that topic (with the same subscription name) to get
-    /// it back; its `RECONSUMETIMES` property counts the rounds.
+    /// here. With `retry_enabled(true)` this consumer also consumes that
+    /// topic, so the message comes back here; its `RECONSUMETIMES` property
+    /// counts the rounds.
     pub async fn reconsume_later(&self, msg: &Message, delay: Duration) -> Result<MessageId> {
         let base = msg.property(PROPERTY_REAL_TOPIC).unwrap_or(&self.topic).to_string();
         let retry_topic = format!("{base}-{}-RETRY", self.subscription);
@@ -535,11 +647,22 @@ impl Consumer {
     /// broker always has room to keep sending without a Flow per message.
     /// A failure to send the Flow is not the message's failure: it only
     /// happens when the connection is gone, and then permits are moot.
-    fn after_receive(&self, receiving: &mut Receiving) {
-        receiving.unflowed += 1;
-        if receiving.unflowed >= self.flow_threshold {
-            let permits = std::mem::take(&mut receiving.unflowed);
-            if let Err(e) = self.conn.send_command_nowait(&Command::Flow { consumer_id: self.consumer_id, permits }) {
+    fn after_receive(&self, receiving: &mut Receiving, delivery: &Delivery) {
+        let from_retry = match (&self.retry, delivery) {
+            (Some(r), Ok(m)) if m.topic == r.topic => {
+                r.ledgers.lock().unwrap_or_else(|p| p.into_inner()).insert(m.id.ledger);
+                true
+            }
+            _ => false,
+        };
+        let (unflowed, consumer_id) = match &self.retry {
+            Some(r) if from_retry => (&mut receiving.unflowed_retry, r.consumer_id),
+            _ => (&mut receiving.unflowed, self.consumer_id),
+        };
+        *unflowed += 1;
+        if *unflowed >= self.flow_threshold {
+            let permits = std::mem::take(unflowed);
+            if let Err(e) = self.conn.send_command_nowait(&Command::Flow { consumer_id, permits }) {
                 tracing::debug!(error = %e, "flow not sent");
             }
         }
@@ -553,7 +676,8 @@ impl Consumer {
             AckType::Individual => self.tracker.acked(id),
             AckType::Cumulative => self.tracker.acked_cumulative(id),
         }
-        let command = Command::Ack { consumer_id: self.consumer_id, ack_type, message_ids: vec![*id], request_id: 0 };
+        let consumer_id = route(self.consumer_id, &self.retry, id);
+        let command = Command::Ack { consumer_id, ack_type, message_ids: vec![*id], request_id: 0 };
         self.conn.send_command(&command).await
     }
 
@@ -587,15 +711,17 @@ impl Consumer {
                 AckType::Cumulative => self.tracker.acked_cumulative(id),
             }
         }
-        let consumer_id = self.consumer_id;
-        let answer = self
-            .conn
-            .request("ack", |request_id| Command::Ack { consumer_id, ack_type, message_ids: ids.to_vec(), request_id })
-            .await?;
-        match answer {
-            Command::Success { .. } => Ok(()),
-            other => Err(ClientError::UnexpectedResponse { request: "Ack", got: format!("{other:?}") }),
+        for (consumer_id, ids) in group(self.consumer_id, &self.retry, ids) {
+            let answer = self
+                .conn
+                .request("ack", |request_id| Command::Ack { consumer_id, ack_type, message_ids: ids, request_id })
+                .await?;
+            match answer {
+                Command::Success { .. } => {}
+                other => return Err(ClientError::UnexpectedResponse { request: "Ack", got: format!("{other:?}") }),
+            }
         }
+        Ok(())
     }
 
     /// Close the consumer on the broker. Unacknowledged messages go back to
@@ -603,6 +729,17 @@ impl Consumer {
     pub async fn close(&self) -> Result<()> {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
+        }
+        if let Some(r) = &self.retry {
+            let retry_id = r.consumer_id;
+            let closed = self
+                .conn
+                .request("close consumer", |request_id| Command::CloseConsumer { request_id, consumer_id: retry_id })
+                .await;
+            self.conn.remove_consumer(retry_id);
+            if let Err(e) = closed {
+                tracing::debug!(error = %e, "closing the retry consumer");
+            }
         }
         let consumer_id = self.consumer_id;
         let answer =
@@ -620,6 +757,10 @@ impl Drop for Consumer {
         if !self.closed.swap(true, Ordering::AcqRel) {
             self.conn.try_send_command(&Command::CloseConsumer { request_id: 0, consumer_id: self.consumer_id });
             self.conn.remove_consumer(self.consumer_id);
+            if let Some(r) = &self.retry {
+                self.conn.try_send_command(&Command::CloseConsumer { request_id: 0, consumer_id: r.consumer_id });
+                self.conn.remove_consumer(r.consumer_id);
+            }
         }
     }
 }

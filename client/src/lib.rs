@@ -88,6 +88,7 @@ impl Client {
             nack_backoff: NackBackoff::default(),
             ack_timeout: None,
             dead_letter: None,
+            retry_enabled: false,
         }
     }
 

@@ -675,3 +675,48 @@ fn seek_and_subscription_stats() {
         assert!(!missing.status.success() && missing.stderr.contains("TopicNotFound"), "{}", missing.stderr);
     });
 }
+
+/// `reconsume_later` with the retry topic enabled: the message comes back to
+/// the same consumer after the delay (not before), counted, and once acked
+/// it comes from neither topic again.
+#[test]
+fn reconsume_later_brings_a_message_back_through_the_retry_topic() {
+    run_async_with_timeout(Duration::from_secs(60), || async {
+        let dir = test_dir("retry");
+        let broker = BrokerProcess::start(dir.path(), SHARDS);
+        let (topic, _) = topics_per_shard("retry", SHARDS, 1).remove(0);
+        let client = Client::connect(&broker.url()).await.expect("connect");
+        let ids = produce(&client, &topic, 2, |_| None).await;
+        let c = client
+            .subscribe(topic.as_str(), "rt")
+            .sub_type(SubscriptionType::Shared)
+            .initial_position(InitialPosition::Earliest)
+            .retry_enabled(true)
+            .subscribe()
+            .await
+            .expect("subscribe");
+        let first = receive(&c, "first").await;
+        let second = receive(&c, "second").await;
+        assert_eq!((first.id, second.id), (ids[0], ids[1]));
+        c.ack(&second.id).await.expect("ack");
+        let sent = std::time::Instant::now();
+        c.reconsume_later(&first, Duration::from_millis(700)).await.expect("reconsume later");
+        let back = receive(&c, "from the retry topic").await;
+        assert!(sent.elapsed() >= Duration::from_millis(650), "back after {:?}", sent.elapsed());
+        assert_eq!(back.payload, first.payload);
+        assert!(back.topic.ends_with(&format!("{topic}-rt-RETRY")), "{}", back.topic);
+        assert_eq!(back.property("RECONSUMETIMES"), Some("1"));
+        assert_eq!(back.property("ORIGIN_MESSAGE_ID"), Some(first.id.to_string().as_str()));
+        c.ack_confirmed(AckType::Individual, &[back.id]).await.expect("ack on the retry topic");
+        assert_quiet(&c, Duration::from_millis(500), "after acking").await;
+        c.close().await.expect("close");
+        let again = client
+            .subscribe(topic.as_str(), "rt")
+            .sub_type(SubscriptionType::Shared)
+            .retry_enabled(true)
+            .subscribe()
+            .await
+            .expect("subscribe again");
+        assert_quiet(&again, Duration::from_millis(500), "after reconnect").await;
+    });
+}
