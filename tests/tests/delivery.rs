@@ -720,3 +720,73 @@ fn reconsume_later_brings_a_message_back_through_the_retry_topic() {
         assert_quiet(&again, Duration::from_millis(500), "after reconnect").await;
     });
 }
+
+/// SDK surface: `receive_batch`, `stream()`, `redeliver_unacknowledged`,
+/// and the per-subscription unacked bound across two consumers. Also: a
+/// Key_Shared newcomer is not held back by a delayed message not yet due.
+#[test]
+fn batch_stream_redeliver_and_the_subscription_bound() {
+    run_async_with_timeout(Duration::from_secs(60), || async {
+        use futures::StreamExt;
+        let dir = test_dir("sdk-surface");
+        let mut options = BrokerOptions::new(SHARDS);
+        options.extra_args = vec!["--unacked-per-subscription-max".into(), "30".into()];
+        let broker = BrokerProcess::start_with(dir.path(), &options);
+        let mut topics = topics_per_shard("surface", SHARDS, 1).into_iter().map(|(t, _)| t);
+        let (topic, ks_topic) = (topics.next().unwrap(), topics.next().unwrap());
+        let client = Client::connect(&broker.url()).await.expect("connect");
+        let ids = produce(&client, &topic, 100, |_| None).await;
+        let st = SubscriptionType::Shared;
+        let x = consumer(&client, &topic, "b", st, "x", 0, 1000).await;
+        let y = consumer(&client, &topic, "b", st, "y", 0, 1000).await;
+        // 30 in all, however they split, then nothing until acks.
+        let mut got = Vec::new();
+        while got.len() < 30 {
+            let batch = tokio::time::timeout(RECEIVE_TIMEOUT, x.receive_batch(100)).await;
+            if let Ok(batch) = batch {
+                got.extend(batch.expect("batch").into_iter().map(|m| m.id));
+            }
+            while let Some(m) = y.try_receive().expect("try_receive") {
+                got.push(m.id);
+            }
+        }
+        assert_eq!(got.len(), 30, "the subscription bound");
+        assert_quiet(&x, Duration::from_millis(300), "x at the subscription bound").await;
+        assert!(y.try_receive().expect("try_receive").is_none(), "y at the subscription bound");
+        // Redeliver everything x holds: it comes again, counted.
+        y.close().await.expect("close y");
+        x.redeliver_unacknowledged().await.expect("redeliver");
+        let again: Vec<Message> = x.stream().take(30).map(|m| m.expect("stream")).collect().await;
+        assert!(again.iter().all(|m| m.redelivery_count() >= 1), "redelivered messages are counted");
+        let mut again_ids: Vec<MessageId> = again.iter().map(|m| m.id).collect();
+        again_ids.sort();
+        assert_eq!(again_ids, ids[..30].to_vec());
+
+        // Key_Shared with a delayed message far in the future: a newcomer
+        // still gets its keys at once.
+        let kt = SubscriptionType::KeyShared;
+        let first = consumer(&client, &ks_topic, "k", kt, "first", 0, 100).await;
+        let producer = client.producer(ks_topic.as_str()).create().await.expect("producer");
+        producer
+            .send(OutgoingMessage::new("late").with_key("k0").with_deliver_after(Duration::from_secs(60)))
+            .await
+            .expect("send");
+        let second = consumer(&client, &ks_topic, "k", kt, "second", 0, 100).await;
+        // 20: under this broker's subscription bound of 30.
+        for i in 0..20 {
+            producer.send(OutgoingMessage::new(format!("m{i}")).with_key(format!("k{i}"))).await.expect("send");
+        }
+        let mut n_second = 0;
+        while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(500), second.receive()).await {
+            assert_ne!(m.payload.as_ref(), b"late");
+            n_second += 1;
+        }
+        let mut n_first = 0;
+        while let Ok(Some(m)) = first.try_receive() {
+            assert_ne!(m.payload.as_ref(), b"late");
+            n_first += 1;
+        }
+        assert!(n_second > 0, "the newcomer got nothing while a delayed message waits");
+        assert_eq!(n_first + n_second, 20);
+    });
+}

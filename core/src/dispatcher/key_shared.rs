@@ -7,7 +7,8 @@
 //!
 //! Order per key across a change: a newcomer gets entries at or after its
 //! `joined_at` position (the first entry not yet read when it joined) only
-//! once every entry before that position is acknowledged; until then such
+//! once no entry before that position is outstanding (delivered and not
+//! acknowledged, or waiting to be delivered again); until then such
 //! entries are set aside and replayed later, in log order. Entries of a
 //! leaving consumer are replayed, in log order, before any newer entry.
 //! Owned by the topic's shard; never crosses cores.
@@ -85,7 +86,7 @@ impl HashRanges {
         let Some(owner) = self.owner(ask.key_hash) else { return Pick::Stop };
         let Some(i) = consumers.iter().position(|c| c.consumer == owner) else { return Pick::Stop };
         let c = &consumers[i];
-        let waits_for_older = c.joined_at.is_some_and(|j| ask.entry >= j && ask.ack_floor < j);
+        let waits_for_older = c.joined_at.is_some_and(|j| ask.entry >= j && ask.outstanding_floor < j);
         if ask.can_take(c) && !waits_for_older {
             Pick::Deliver(i)
         } else {
@@ -137,8 +138,13 @@ mod tests {
             joined_at: Some(10),
         }];
         let blocked = Default::default();
-        let ask =
-            |entry, ack_floor| Ask { entry, key_hash: 7, ack_floor, unacked_per_consumer_max: 5, blocked: &blocked };
+        let ask = |entry, outstanding_floor| Ask {
+            entry,
+            key_hash: 7,
+            outstanding_floor,
+            unacked_per_consumer_max: 5,
+            blocked: &blocked,
+        };
         assert_eq!(h.pick(&cs, &ask(9, 0)), Pick::Deliver(0));
         assert_eq!(h.pick(&cs, &ask(10, 9)), Pick::SetAside(r(1)));
         assert_eq!(h.pick(&cs, &ask(10, 10)), Pick::Deliver(0));

@@ -28,9 +28,10 @@ pub(crate) struct ConsumerState {
     pub(crate) permits: u64,
     /// Messages sent to it and not yet acknowledged (nor taken back).
     pub(crate) unacked: u32,
-    /// Key_Shared: entries at or after this position were never offered to
-    /// this consumer before it joined; it gets them only once every entry
-    /// before it is acknowledged (so a key moved to it keeps its order).
+    /// Key_Shared: entries at or after this position were not read yet when
+    /// it joined; it gets them only once no entry before this position is
+    /// outstanding (so a key moved to it keeps its order). Not the ack floor:
+    /// a delayed message not yet due must not hold a newcomer back.
     pub(crate) joined_at: Option<u64>,
 }
 
@@ -51,7 +52,10 @@ pub(crate) enum Pick {
 pub(crate) struct Ask<'a> {
     pub(crate) entry: u64,
     pub(crate) key_hash: u16,
-    pub(crate) ack_floor: u64,
+    /// The lowest entry still outstanding: delivered and not acknowledged,
+    /// or waiting to be delivered again (`u64::MAX` when none). Entries in
+    /// the delayed index are not outstanding: nobody has seen them yet.
+    pub(crate) outstanding_floor: u64,
     pub(crate) unacked_per_consumer_max: u32,
     pub(crate) blocked: &'a HashSet<ConsumerRef>,
 }

@@ -41,7 +41,7 @@ mod tests {
             .collect();
         cs[1].permits = 0;
         let blocked = HashSet::new();
-        let ask = Ask { entry: 0, key_hash: 0, ack_floor: 0, unacked_per_consumer_max: 10, blocked: &blocked };
+        let ask = Ask { entry: 0, key_hash: 0, outstanding_floor: 0, unacked_per_consumer_max: 10, blocked: &blocked };
         let mut rr = RoundRobin::default();
         let mut got = Vec::new();
         for _ in 0..4 {

@@ -65,7 +65,11 @@ fn ask<'a>(shard: &Shard, sub: &Subscription, entry: u64, key_hash: u16, blocked
     Ask {
         entry,
         key_hash,
-        ack_floor: sub.cursor.borrow().ack_floor,
+        outstanding_floor: [sub.pending.borrow().keys().next().copied(), sub.replay.borrow().keys().next().copied()]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(u64::MAX),
         unacked_per_consumer_max: shard.config.unacked_per_consumer_max,
         blocked,
     }
