@@ -790,3 +790,77 @@ fn batch_stream_redeliver_and_the_subscription_bound() {
         assert_eq!(n_first + n_second, 20);
     });
 }
+
+/// Receives until an error or `idle`, acking each message with confirmation
+/// and recording it (receive order across consumers) once the ack is durable.
+/// An ack whose answer was lost to the kill is "in doubt": it may or may not
+/// be durable, so that message may or may not come again.
+fn spawn_confirming_recorder(
+    c: Arc<Consumer>,
+    log: Arc<Mutex<Vec<(String, usize)>>>,
+    in_doubt: Arc<Mutex<Vec<usize>>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(1500), c.receive()).await {
+            let seq: usize = std::str::from_utf8(&m.payload).unwrap()[1..].parse().unwrap();
+            let key = m.key().unwrap().to_string();
+            if c.ack_confirmed(AckType::Individual, &[m.id]).await.is_err() {
+                in_doubt.lock().unwrap().push(seq);
+                return; // the broker is gone
+            }
+            log.lock().unwrap().push((key, seq));
+        }
+    })
+}
+
+/// Key_Shared across a kill -9: with confirmed acks, the acknowledged
+/// deliveries of each key are in publish order over the whole run, and every
+/// message is acknowledged exactly once.
+#[test]
+fn key_shared_order_holds_across_kill9() {
+    run_async_with_timeout(Duration::from_secs(90), || async {
+        let dir = test_dir("key-shared-kill");
+        let mut broker = BrokerProcess::start(dir.path(), SHARDS);
+        let (topic, owner) = topics_per_shard("kskill", SHARDS, 1).remove(0);
+        let kt = SubscriptionType::KeyShared;
+        let total = 200;
+        let url = broker.url();
+        let a = connect_on_shard(&url, owner, 64).await;
+        let b = connect_on_shard(&url, (owner + 1) % SHARDS, 64).await;
+        produce(&a, &topic, total, |i| Some(format!("k{}", i % 16))).await;
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let doubt = Arc::new(Mutex::new(Vec::new()));
+        let x = Arc::new(consumer(&a, &topic, "kk", kt, "x", 0, 10).await);
+        let y = Arc::new(consumer(&b, &topic, "kk", kt, "y", 0, 10).await);
+        let tx = spawn_confirming_recorder(x, log.clone(), doubt.clone());
+        let ty = spawn_confirming_recorder(y, log.clone(), doubt.clone());
+        wait_until("half acknowledged", || log.lock().unwrap().len() >= total / 2).await;
+        broker.kill9();
+        tx.await.unwrap();
+        ty.await.unwrap();
+        let before = log.lock().unwrap().len();
+        let broker = broker.restart();
+        let url = broker.url();
+        let a = connect_on_shard(&url, owner, 64).await;
+        let b = connect_on_shard(&url, (owner + 1) % SHARDS, 64).await;
+        let x = Arc::new(consumer(&a, &topic, "kk", kt, "x", 0, 10).await);
+        let y = Arc::new(consumer(&b, &topic, "kk", kt, "y", 0, 10).await);
+        let tx = spawn_confirming_recorder(x, log.clone(), doubt.clone());
+        let ty = spawn_confirming_recorder(y, log.clone(), doubt.clone());
+        tx.await.unwrap();
+        ty.await.unwrap();
+        let log = log.lock().unwrap().clone();
+        assert!(before < total && log.len() > before, "the kill came mid-way: {before} of {total}");
+        let mut per_key: HashMap<String, Vec<usize>> = HashMap::new();
+        for (k, seq) in &log {
+            per_key.entry(k.clone()).or_default().push(*seq);
+        }
+        let doubt = doubt.lock().unwrap().clone();
+        for (k, seqs) in &per_key {
+            assert!(seqs.windows(2).all(|w| w[0] < w[1]), "key {k}: acknowledged deliveries out of order: {seqs:?}");
+            let expected: Vec<usize> = (0..total).filter(|i| format!("k{}", i % 16) == *k).collect();
+            let missing: Vec<usize> = expected.iter().copied().filter(|s| !seqs.contains(s)).collect();
+            assert!(missing.iter().all(|s| doubt.contains(s)), "key {k}: lost {missing:?} (in doubt: {doubt:?})");
+        }
+    });
+}

@@ -8,6 +8,12 @@
 //! "receive_time_ms":…,"redelivery_count":…,"payload":"…"}`, with
 //! `"payload_base64"` instead of `"payload"` when the payload is not UTF-8.
 //! Status lines go to stderr.
+//!
+//! Flags of issue #4, also a contract: `--type exclusive|failover|shared|key_shared`
+//! (alias `--subscription-type`), `--priority N`, `--nack-every N`,
+//! `--nack-delay-ms MS`, `--ack-timeout-s S`, `--dlq-max-redeliveries N`
+//! (dead-letter topic `<topic>-<subscription>-DLQ`), `--filter-tag T`.
+//! Semantics: `docs/semantics.md`.
 
 use crate::produce::{OutputFormat, DEFAULT_URL};
 use base64::Engine as _;
