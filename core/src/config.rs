@@ -34,6 +34,9 @@ pub struct BrokerConfig {
     /// Dispatch on a subscription pauses while this many of its messages are
     /// unacknowledged; also the bound of entries set aside for replay.
     pub unacked_per_subscription_max: u32,
+    /// Delayed messages indexed in memory per subscription; more are read
+    /// again from the log when the index drains (bounded memory).
+    pub delayed_index_max: u32,
 }
 
 impl BrokerConfig {
@@ -52,6 +55,7 @@ impl BrokerConfig {
             shutdown_drain_timeout: Duration::from_secs(5),
             unacked_per_consumer_max: 50_000,
             unacked_per_subscription_max: 200_000,
+            delayed_index_max: 100_000,
         }
     }
 }

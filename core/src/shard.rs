@@ -507,8 +507,14 @@ impl Shard {
             match crate::cursor::Cursor::decode(&v) {
                 Ok(cursor) if cursor.ledger == ledger => {
                     // The type is not persisted: the first consumer sets it.
-                    let sub =
-                        Subscription::new(sub_name.to_string(), SubscriptionType::Exclusive, true, cursor, partition);
+                    let sub = Subscription::new(
+                        sub_name.to_string(),
+                        SubscriptionType::Exclusive,
+                        true,
+                        cursor,
+                        partition,
+                        self.config.delayed_index_max as usize,
+                    );
                     topic.subs.borrow_mut().insert(sub_name.to_string(), sub.clone());
                     crate::dispatcher::task::spawn(self.clone(), topic.clone(), sub);
                 }
@@ -564,7 +570,14 @@ impl Shard {
                     InitialPosition::Latest => t.next_entry.get(),
                 };
                 let cursor = crate::cursor::Cursor::new(t.ledger, floor);
-                let sub = Subscription::new(req.subscription.clone(), req.sub_type, req.durable, cursor, t.partition);
+                let sub = Subscription::new(
+                    req.subscription.clone(),
+                    req.sub_type,
+                    req.durable,
+                    cursor,
+                    t.partition,
+                    self.config.delayed_index_max as usize,
+                );
                 t.subs.borrow_mut().insert(req.subscription.clone(), sub.clone());
                 crate::dispatcher::task::spawn(self.clone(), t.clone(), sub.clone());
                 let lsn = if req.durable { Some(self.persist_cursor(&t, &sub)?) } else { None };

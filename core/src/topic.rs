@@ -119,6 +119,7 @@ impl Subscription {
         durable: bool,
         cursor: Cursor,
         partition: i32,
+        delayed_index_max: usize,
     ) -> Rc<Self> {
         let read_pos = cursor.ack_floor;
         Rc::new(Self {
@@ -131,7 +132,7 @@ impl Subscription {
             policy: RefCell::new(policy_for(sub_type)),
             pending: RefCell::new(BTreeMap::new()),
             replay: RefCell::new(BTreeMap::new()),
-            delayed: RefCell::new(DelayedIndex::default()),
+            delayed: RefCell::new(DelayedIndex::new(delayed_index_max)),
             deliveries: RefCell::new(HashMap::new()),
             filter_tag: RefCell::new(None),
             partition,
@@ -295,7 +296,8 @@ impl Subscription {
         }
         self.pending.borrow_mut().clear();
         self.replay.borrow_mut().clear();
-        *self.delayed.borrow_mut() = DelayedIndex::default();
+        let max = self.delayed.borrow().max_entries();
+        *self.delayed.borrow_mut() = DelayedIndex::new(max);
         self.deliveries.borrow_mut().clear();
         self.read_pos.set(entry);
         for c in self.consumers.borrow_mut().iter_mut() {

@@ -864,3 +864,48 @@ fn key_shared_order_holds_across_kill9() {
         }
     });
 }
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// Delayed messages beyond the in-memory index bound (`--delayed-index-max
+/// 4`): the index never holds more than 4, and every message still comes,
+/// none before its time.
+#[test]
+fn delayed_messages_beyond_the_index_bound_all_come_on_time() {
+    run_async_with_timeout(Duration::from_secs(60), || async {
+        let dir = test_dir("delayed-bound");
+        let mut options = BrokerOptions::new(SHARDS);
+        options.extra_args = vec!["--delayed-index-max".into(), "4".into()];
+        let broker = BrokerProcess::start_with(dir.path(), &options);
+        let (topic, _) = topics_per_shard("delaybound", SHARDS, 1).remove(0);
+        let client = Client::connect(&broker.url()).await.expect("connect");
+        let c = consumer(&client, &topic, "db", SubscriptionType::Shared, "c", 0, 100).await;
+        let producer = client.producer(topic.as_str()).create().await.expect("producer");
+        let n = 12u64;
+        // Later-sent messages are due sooner, so the index keeps replacing.
+        for i in 0..n {
+            let msg =
+                OutgoingMessage::new(format!("d{i}")).with_deliver_after(Duration::from_millis(1500 + (n - i) * 40));
+            producer.send(msg).await.expect("send");
+        }
+        producer.send(OutgoingMessage::new("now")).await.expect("send");
+        assert_eq!(receive(&c, "undelayed").await.payload.as_ref(), b"now");
+        let stats = client.topic_stats(&topic).await.expect("stats");
+        let v: serde_json::Value = serde_json::from_str(&stats).unwrap();
+        let indexed = v["subscriptions"]["db"]["delayed"].as_u64().unwrap();
+        assert!(indexed <= 4, "the delayed index holds {indexed} > 4: {v}");
+        let mut seen = BTreeSet::new();
+        for _ in 0..n {
+            let m = receive(&c, "delayed").await;
+            let now = unix_ms();
+            let at = m.deliver_at_ms().expect("deliver_at_ms");
+            assert!(now >= at, "{} delivered {} ms early", m.id, at - now);
+            assert!(now < at + 1000, "{} delivered {} ms late", m.id, now - at);
+            assert!(seen.insert(m.id), "{} twice", m.id);
+            c.ack(&m.id).await.unwrap();
+        }
+        assert_quiet(&c, Duration::from_millis(300), "after all delayed").await;
+    });
+}

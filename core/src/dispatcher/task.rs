@@ -37,6 +37,13 @@ async fn run(shard: Rc<Shard>, topic: Rc<Topic>, sub: Rc<Subscription>) {
         for (entry, hash) in sub.delayed.borrow_mut().take_due(now_ms()) {
             sub.replay.borrow_mut().insert(entry, hash);
         }
+        // Delayed entries dropped for room: read the log again from there.
+        // Everything on the way is acked, held, set aside or indexed, and
+        // skipped below; only the dropped entries are indexed again.
+        let reread = sub.delayed.borrow_mut().take_reread_from();
+        if let Some(from) = reread {
+            sub.read_pos.set(sub.read_pos.get().min(from));
+        }
         pass(&shard, &topic, &sub).await;
     }
 }
@@ -136,7 +143,11 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
         if pos >= topic.durable_next.get() {
             return;
         }
-        if sub.cursor.borrow().is_acked(pos) || sub.replay.borrow().contains_key(&pos) {
+        if sub.cursor.borrow().is_acked(pos)
+            || sub.replay.borrow().contains_key(&pos)
+            || sub.pending.borrow().contains_key(&pos)
+            || sub.delayed.borrow().contains(pos)
+        {
             sub.read_pos.set(pos + 1);
             continue;
         }
