@@ -160,8 +160,11 @@ fn arb_command() -> impl Strategy<Value = Command> {
                 publish_time_ms
             }
         ),
-        (any::<u64>(), arb_string(), arb_string())
-            .prop_map(|(request_id, topic, json)| Command::TopicStats { request_id, topic, json }),
+        (any::<u64>(), arb_string(), arb_string()).prop_map(|(request_id, topic, json)| Command::TopicStats {
+            request_id,
+            topic,
+            json
+        }),
     ]
 }
 
