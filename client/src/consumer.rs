@@ -1,5 +1,6 @@
 //! Consumers: receive messages of one subscription and acknowledge them.
 
+use crate::ack_group::{AckBatch, AckGroup};
 use crate::connection::{Connection, ConsumerSlot, Delivery};
 use crate::error::{ClientError, Result};
 use crate::message::{Message, OutgoingMessage};
@@ -47,6 +48,8 @@ pub struct ConsumerBuilder {
     pub(crate) ack_timeout: Option<Duration>,
     pub(crate) dead_letter: Option<DeadLetterPolicy>,
     pub(crate) retry_enabled: bool,
+    pub(crate) ack_group_time: Duration,
+    pub(crate) ack_group_max: usize,
 }
 
 /// Where messages go after too many deliveries.
@@ -120,6 +123,14 @@ impl ConsumerBuilder {
     /// (default: never).
     pub fn ack_timeout(mut self, timeout: Duration) -> Self {
         self.ack_timeout = Some(timeout);
+        self
+    }
+
+    /// Ack grouping: acks are sent together every `time` or every `max`
+    /// acks (default 100 ms, 1,000). `Duration::ZERO` sends each ack at once.
+    pub fn ack_group(mut self, time: Duration, max: usize) -> Self {
+        self.ack_group_time = time;
+        self.ack_group_max = max;
         self
     }
 
@@ -241,7 +252,15 @@ impl ConsumerBuilder {
             None
         };
         let tracker = Arc::new(Tracker::new(self.ack_timeout));
-        spawn_tracker_task(self.conn.clone(), consumer_id, retry.clone(), tracker.clone(), closed.clone());
+        let acks = Arc::new(AckGroup::new(self.ack_group_time, self.ack_group_max));
+        spawn_tracker_task(
+            self.conn.clone(),
+            consumer_id,
+            retry.clone(),
+            tracker.clone(),
+            acks.clone(),
+            closed.clone(),
+        );
         let dead_letter = self.dead_letter.map(|p| {
             let dlq_topic = p.topic.clone().unwrap_or_else(|| format!("{topic}-{}-DLQ", self.subscription));
             Arc::new(DeadLetter {
@@ -265,6 +284,7 @@ impl ConsumerBuilder {
             dead_letter,
             retry_producer: Default::default(),
             retry,
+            acks,
         };
         consumer.conn.send_command(&Command::Flow { consumer_id, permits: queue }).await?;
         if let Some(r) = &consumer.retry {
@@ -335,6 +355,28 @@ pub struct Consumer {
     dead_letter: Option<Arc<DeadLetter>>,
     retry_producer: tokio::sync::Mutex<Option<Producer>>,
     retry: Option<Arc<RetryRoute>>,
+    acks: Arc<AckGroup>,
+}
+
+/// The `Ack` commands that carry `batch`, each to the consumer its ids
+/// belong to.
+fn ack_commands(main: u64, retry: &Option<Arc<RetryRoute>>, batch: AckBatch) -> Vec<Command> {
+    let mut out = Vec::new();
+    for (consumer_id, ids) in group(main, retry, &batch.individual) {
+        for ids in ids.chunks(1000) {
+            out.push(Command::Ack {
+                consumer_id,
+                ack_type: AckType::Individual,
+                message_ids: ids.to_vec(),
+                request_id: 0,
+            });
+        }
+    }
+    if let Some(id) = batch.cumulative {
+        let consumer_id = route(main, retry, &id);
+        out.push(Command::Ack { consumer_id, ack_type: AckType::Cumulative, message_ids: vec![id], request_id: 0 });
+    }
+    out
 }
 
 struct DeadLetter {
@@ -350,6 +392,7 @@ fn spawn_tracker_task(
     consumer_id: u64,
     retry: Option<Arc<RetryRoute>>,
     tracker: Arc<Tracker>,
+    acks: Arc<AckGroup>,
     closed: Arc<AtomicBool>,
 ) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else { return };
@@ -360,6 +403,14 @@ fn spawn_tracker_task(
             tick.tick().await;
             if closed.load(Ordering::Acquire) || !crate::connection::is_open(&conn.shared) {
                 return;
+            }
+            if let Some(batch) = acks.take_due(Instant::now()) {
+                for command in ack_commands(consumer_id, &retry, batch) {
+                    if let Err(e) = conn.send_command(&command).await {
+                        tracing::debug!(error = %e, "grouped acks not sent");
+                        return;
+                    }
+                }
             }
             let due = tracker.tick(Instant::now());
             if !due.is_empty() {
@@ -572,6 +623,7 @@ impl Consumer {
         if self.is_closed() {
             return Err(self.closed_error());
         }
+        self.flush_acks().await?;
         {
             let mut receiving = self.rx.lock().await;
             while let Ok(delivery) = receiving.rx.try_recv() {
@@ -606,6 +658,7 @@ impl Consumer {
         if self.is_closed() {
             return Err(self.closed_error());
         }
+        self.flush_acks().await?;
         let consumer_id = self.consumer_id;
         // Hold the queue while seeking so no `receive` hands out a message
         // from before the seek once it is answered.
@@ -676,14 +729,37 @@ impl Consumer {
             AckType::Individual => self.tracker.acked(id),
             AckType::Cumulative => self.tracker.acked_cumulative(id),
         }
+        if self.acks.enabled() {
+            let cumulative = ack_type == AckType::Cumulative;
+            return match self.acks.add(*id, cumulative, Instant::now()) {
+                Some(full) => self.send_acks(full).await,
+                None => Ok(()),
+            };
+        }
         let consumer_id = route(self.consumer_id, &self.retry, id);
         let command = Command::Ack { consumer_id, ack_type, message_ids: vec![*id], request_id: 0 };
         self.conn.send_command(&command).await
     }
 
-    /// Acknowledge one message. Returns once the ack is queued on the
-    /// connection (the broker does not answer); acks and a later `close()`
-    /// reach the broker in order.
+    async fn send_acks(&self, batch: AckBatch) -> Result<()> {
+        for command in ack_commands(self.consumer_id, &self.retry, batch) {
+            self.conn.send_command(&command).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends the acks waiting in the group now.
+    pub async fn flush_acks(&self) -> Result<()> {
+        let batch = self.acks.take_all();
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.send_acks(batch).await
+    }
+
+    /// Acknowledge one message. Returns once the ack is grouped or queued on
+    /// the connection (the broker does not answer); acks and a later
+    /// `close()` reach the broker in order.
     pub async fn ack(&self, id: &MessageId) -> Result<()> {
         self.send_ack(AckType::Individual, id).await
     }
@@ -711,6 +787,8 @@ impl Consumer {
                 AckType::Cumulative => self.tracker.acked_cumulative(id),
             }
         }
+        // Grouped acks first: the confirmation then covers them too.
+        self.flush_acks().await?;
         for (consumer_id, ids) in group(self.consumer_id, &self.retry, ids) {
             let answer = self
                 .conn
@@ -727,6 +805,13 @@ impl Consumer {
     /// Close the consumer on the broker. Unacknowledged messages go back to
     /// the subscription; messages still in the local queue are dropped.
     pub async fn close(&self) -> Result<()> {
+        if self.is_closed() {
+            return Ok(());
+        }
+        // Acks still grouped go before the close, so the broker has them.
+        if let Err(e) = self.flush_acks().await {
+            tracing::debug!(error = %e, "grouped acks not sent before close");
+        }
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
@@ -755,6 +840,9 @@ impl Consumer {
 impl Drop for Consumer {
     fn drop(&mut self) {
         if !self.closed.swap(true, Ordering::AcqRel) {
+            for command in ack_commands(self.consumer_id, &self.retry, self.acks.take_all()) {
+                self.conn.try_send_command(&command);
+            }
             self.conn.try_send_command(&Command::CloseConsumer { request_id: 0, consumer_id: self.consumer_id });
             self.conn.remove_consumer(self.consumer_id);
             if let Some(r) = &self.retry {

@@ -15,6 +15,7 @@
 //! One [`Client`] is one TCP connection; its producers and consumers share
 //! it. See `README.md` for the threading model and limits.
 
+mod ack_group;
 mod connection;
 mod consumer;
 mod error;
@@ -23,6 +24,7 @@ mod names;
 mod producer;
 mod tracker;
 
+pub use ack_group::{ACK_GROUP_MAX_DEFAULT, ACK_GROUP_TIME_DEFAULT};
 pub use connection::{ClientOptions, ServerInfo};
 pub use consumer::{
     Consumer, ConsumerBuilder, DeadLetterPolicy, DEFAULT_RECEIVER_QUEUE_SIZE, PROPERTY_ORIGIN_MESSAGE_ID,
@@ -89,6 +91,8 @@ impl Client {
             ack_timeout: None,
             dead_letter: None,
             retry_enabled: false,
+            ack_group_time: ACK_GROUP_TIME_DEFAULT,
+            ack_group_max: ACK_GROUP_MAX_DEFAULT,
         }
     }
 

@@ -909,3 +909,64 @@ fn delayed_messages_beyond_the_index_bound_all_come_on_time() {
         assert_quiet(&c, Duration::from_millis(300), "after all delayed").await;
     });
 }
+
+/// Ack grouping: grouped acks reach the broker after the group time, or at
+/// once when the group is full (seen in the subscription stats).
+#[test]
+fn grouped_acks_reach_the_broker_by_time_and_by_count() {
+    run_async_with_timeout(Duration::from_secs(60), || async {
+        let dir = test_dir("ack-group");
+        let broker = BrokerProcess::start(dir.path(), SHARDS);
+        let (topic, _) = topics_per_shard("ackgroup", SHARDS, 1).remove(0);
+        let client = Client::connect(&broker.url()).await.expect("connect");
+        produce(&client, &topic, 10, |_| None).await;
+        let unacked = |sub: &'static str| {
+            let client = client.clone();
+            let topic = topic.clone();
+            async move {
+                let v: serde_json::Value =
+                    serde_json::from_str(&client.topic_stats(&topic).await.expect("stats")).unwrap();
+                v["subscriptions"][sub]["unacked"].as_u64().unwrap()
+            }
+        };
+        // By time (default 100 ms).
+        let c = consumer(&client, &topic, "g1", SubscriptionType::Shared, "c", 0, 100).await;
+        for _ in 0..5 {
+            let m = receive(&c, "by time").await;
+            c.ack(&m.id).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(unacked("g1").await, 10 - 5, "grouped acks not sent after the group time");
+        // By count: a group of 5 that would otherwise wait an hour.
+        let g = client
+            .subscribe(topic.as_str(), "g2")
+            .sub_type(SubscriptionType::Shared)
+            .initial_position(InitialPosition::Earliest)
+            .ack_group(Duration::from_secs(3600), 5)
+            .subscribe()
+            .await
+            .unwrap();
+        let mut ids = Vec::new();
+        for _ in 0..10 {
+            ids.push(receive(&g, "by count").await.id);
+        }
+        for id in &ids[..4] {
+            g.ack(id).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(unacked("g2").await, 10, "4 acks of a group of 5 were sent early");
+        g.ack(&ids[4]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(unacked("g2").await, 5, "a full group was not sent");
+        // close() sends what is still grouped.
+        g.ack(&ids[5]).await.unwrap();
+        g.close().await.unwrap();
+        let again = consumer(&client, &topic, "g2", SubscriptionType::Shared, "d", 0, 100).await;
+        let mut back = Vec::new();
+        while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(500), again.receive()).await {
+            back.push(m.id);
+        }
+        back.sort();
+        assert_eq!(back, ids[6..].to_vec(), "after close, only the unacked come again");
+    });
+}
