@@ -549,6 +549,26 @@ impl Consumer {
         futures_util_unfold(self)
     }
 
+    /// Message-listener style: a task calls `on_message(consumer, message)`
+    /// for each message, one at a time, until the consumer is closed or the
+    /// connection ends (a message that cannot be decoded is skipped with a
+    /// warning). Needs a tokio runtime.
+    pub fn listen<F, Fut>(self: Arc<Self>, mut on_message: F) -> tokio::task::JoinHandle<()>
+    where
+        F: FnMut(Arc<Consumer>, Message) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        tokio::spawn(async move {
+            loop {
+                match self.receive().await {
+                    Ok(m) => on_message(self.clone(), m).await,
+                    Err(ClientError::Wire(e)) => tracing::warn!(error = %e, "listener skipped an undecodable message"),
+                    Err(_) => return,
+                }
+            }
+        })
+    }
+
     /// Tracks a delivered message, or sends it to the dead-letter topic
     /// (returning `None`) when it came too often.
     fn screen(&self, delivery: Delivery) -> Option<Delivery> {

@@ -970,3 +970,32 @@ fn grouped_acks_reach_the_broker_by_time_and_by_count() {
         assert_eq!(back, ids[6..].to_vec(), "after close, only the unacked come again");
     });
 }
+
+/// Message-listener API: every message reaches the callback, which acks it;
+/// the listener ends when the consumer is closed.
+#[test]
+fn a_listener_gets_every_message() {
+    run_async_with_timeout(Duration::from_secs(60), || async {
+        let dir = test_dir("listener");
+        let broker = BrokerProcess::start(dir.path(), SHARDS);
+        let (topic, _) = topics_per_shard("listener", SHARDS, 1).remove(0);
+        let client = Client::connect(&broker.url()).await.expect("connect");
+        let ids = produce(&client, &topic, 20, |_| None).await;
+        let c = Arc::new(consumer(&client, &topic, "l", SubscriptionType::Shared, "c", 0, 5).await);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let task = c.clone().listen(move |c, m| {
+            let tx = tx.clone();
+            async move {
+                c.ack(&m.id).await.unwrap();
+                tx.send(m.id).unwrap();
+            }
+        });
+        let mut got = Vec::new();
+        while got.len() < ids.len() {
+            got.push(tokio::time::timeout(RECEIVE_TIMEOUT, rx.recv()).await.expect("listener stalled").unwrap());
+        }
+        assert_eq!(got, ids);
+        c.close().await.unwrap();
+        tokio::time::timeout(RECEIVE_TIMEOUT, task).await.expect("listener did not end").unwrap();
+    });
+}
