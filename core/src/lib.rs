@@ -8,12 +8,15 @@
 
 pub mod config;
 pub mod cursor;
+mod delayed;
+mod dispatcher;
 pub mod error;
 pub mod launch;
 mod mesh;
 pub mod ownership;
 mod shard;
 pub mod signal;
+mod stats;
 mod topic;
 pub mod topic_name;
 
@@ -21,7 +24,7 @@ pub use config::BrokerConfig;
 pub use error::{CoreError, StartError};
 pub use launch::{launch, Running};
 pub use shard::{
-    Broker, ConsumerEvent, ConsumerHandle, ConsumerRef, ProducerHandle, SubscribeRequest, LEDGER_ID_SHARD_STRIDE,
-    SHARDS_MAX,
+    Broker, ConsumerEvent, ConsumerHandle, ConsumerRef, ProducerHandle, SeekTarget, SubscribeRequest,
+    LEDGER_ID_SHARD_STRIDE, SHARDS_MAX,
 };
 pub use topic_name::TopicName;

@@ -12,7 +12,7 @@ use futures::FutureExt;
 use glommio::channels::local_channel::{self, LocalSender};
 use glommio::net::TcpStream;
 use magnetar_core::signal::Signal;
-use magnetar_core::{Broker, ConsumerEvent, ConsumerHandle, CoreError, ProducerHandle, SubscribeRequest};
+use magnetar_core::{Broker, ConsumerEvent, ConsumerHandle, CoreError, ProducerHandle, SeekTarget, SubscribeRequest};
 use magnetar_wire::{encode_frame, AckType, Command, ErrorCode, Frame, FrameDecoder, MessageId, PROTOCOL_VERSION};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -290,7 +290,8 @@ impl Conn {
                 consumer_name,
                 initial_position,
                 durable,
-                priority_level: _,
+                priority_level,
+                filter_tag,
             } => {
                 if self.consumers.borrow().contains_key(&consumer_id) {
                     self.out.error(request_id, &CoreError::new(ErrorCode::ConsumerBusy, "consumer id already in use"));
@@ -312,6 +313,8 @@ impl Conn {
                     consumer_name,
                     initial_position,
                     durable,
+                    priority_level,
+                    filter_tag,
                 };
                 match self.broker.subscribe(req, sink).await {
                     Ok(handle) => {
@@ -349,6 +352,34 @@ impl Conn {
                     }
                 })
                 .detach();
+                Ok(())
+            }
+            Command::Seek { request_id, consumer_id, message_id, publish_time_ms } => {
+                let Some(c) = self.consumers.borrow().get(&consumer_id).cloned() else {
+                    self.out.error(request_id, &CoreError::new(ErrorCode::ConsumerNotFound, "no such consumer"));
+                    return Ok(());
+                };
+                let target = match message_id {
+                    Some(id) => SeekTarget::Id(id),
+                    None => SeekTarget::PublishTime(publish_time_ms),
+                };
+                match self.broker.seek(&c, target).await {
+                    Ok(()) => self.out.push(&Command::Success { request_id }, &[]),
+                    Err(e) => self.out.error(request_id, &e),
+                }
+                Ok(())
+            }
+            Command::TopicStats { request_id, topic, .. } => {
+                match self.broker.topic_stats(&topic).await {
+                    Ok(json) => self.out.push(&Command::TopicStats { request_id, topic, json }, &[]),
+                    Err(e) => self.out.error(request_id, &e),
+                }
+                Ok(())
+            }
+            Command::RedeliverUnacknowledged { consumer_id, message_ids } => {
+                if let Some(c) = self.consumers.borrow().get(&consumer_id) {
+                    self.broker.redeliver_unacknowledged(c, message_ids);
+                }
                 Ok(())
             }
             Command::CloseConsumer { request_id, consumer_id } => {
@@ -447,6 +478,9 @@ impl Conn {
                             conn.consumers.borrow_mut().remove(&consumer_id);
                         }
                         out.push(&Command::Error { request_id: 0, code, message }, &[]);
+                    }
+                    ConsumerEvent::ActiveChange { consumer_id, is_active } => {
+                        out.push(&Command::ActiveConsumerChange { consumer_id, is_active }, &[]);
                     }
                 }
             }
