@@ -189,6 +189,8 @@ impl Producer {
             properties: msg.properties,
             num_messages: 1,
             uncompressed_size,
+            deliver_at_ms: msg.deliver_at_ms.unwrap_or(0),
+            tag: msg.tag,
             ..MessageMetadata::default()
         };
         let blob = encode_message(&metadata, &msg.payload);

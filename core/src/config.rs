@@ -31,6 +31,15 @@ pub struct BrokerConfig {
     /// Data-disk watermarks: warn levels, the level at which produce is
     /// refused with `StorageFull`, and where usage comes from.
     pub disk_watermarks: crate::disk_watch::DiskWatermarks,
+    /// Dispatch to a consumer pauses while it holds this many unacknowledged
+    /// messages (Pulsar's `maxUnackedMessagesPerConsumer`).
+    pub unacked_per_consumer_max: u32,
+    /// Dispatch on a subscription pauses while this many of its messages are
+    /// unacknowledged; also the bound of entries set aside for replay.
+    pub unacked_per_subscription_max: u32,
+    /// Delayed messages indexed in memory per subscription; more are read
+    /// again from the log when the index drains (bounded memory).
+    pub delayed_index_max: u32,
 }
 
 impl BrokerConfig {
@@ -48,6 +57,9 @@ impl BrokerConfig {
             allow_tmpfs: false,
             shutdown_drain_timeout: Duration::from_secs(5),
             disk_watermarks: crate::disk_watch::DiskWatermarks::default(),
+            unacked_per_consumer_max: 50_000,
+            unacked_per_subscription_max: 200_000,
+            delayed_index_max: 100_000,
         }
     }
 }

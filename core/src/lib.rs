@@ -8,13 +8,16 @@
 
 pub mod config;
 pub mod cursor;
+mod delayed;
 pub mod disk_watch;
+mod dispatcher;
 pub mod error;
 pub mod launch;
 mod mesh;
 pub mod ownership;
 mod shard;
 pub mod signal;
+mod stats;
 mod topic;
 pub mod topic_name;
 
@@ -22,7 +25,7 @@ pub use config::BrokerConfig;
 pub use error::{CoreError, StartError};
 pub use launch::{launch, Running};
 pub use shard::{
-    decode_topic_meta, Broker, ConsumerEvent, ConsumerHandle, ConsumerRef, ProducerHandle, SubscribeRequest,
-    LEDGER_ID_SHARD_STRIDE, SHARDS_MAX,
+    decode_topic_meta, Broker, ConsumerEvent, ConsumerHandle, ConsumerRef, ProducerHandle, SeekTarget,
+    SubscribeRequest, LEDGER_ID_SHARD_STRIDE, SHARDS_MAX,
 };
 pub use topic_name::TopicName;

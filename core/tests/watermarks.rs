@@ -67,6 +67,8 @@ fn produce_refused_at_the_watermark_while_consumers_read() {
                 consumer_name: "c".into(),
                 initial_position: InitialPosition::Earliest,
                 durable: true,
+                priority_level: 0,
+                filter_tag: String::new(),
             };
             let consumer = broker.subscribe(req, sink).await.unwrap();
             broker.flow(&consumer, 10);

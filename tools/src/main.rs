@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod admin;
 mod consume;
 mod inspect;
 mod produce;
@@ -26,6 +27,8 @@ enum Cmd {
     /// Examine a data directory offline (no broker running): shards, segments,
     /// ledgers, topics, cursors; verify checksums; dump entries.
     Inspect(inspect::InspectArgs),
+    /// Administrative commands (subscription statistics).
+    Admin(admin::AdminArgs),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +45,7 @@ fn main() -> ExitCode {
         Cmd::Produce(args) => produce::run(args),
         Cmd::Consume(args) => consume::run(args),
         Cmd::Inspect(args) => inspect::run(args).map_err(Into::into),
+        Cmd::Admin(args) => admin::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -251,10 +251,11 @@ fn command_variable_bytes(command: &Command) -> u64 {
         Command::Producer { topic, producer_name, .. } => s(topic).saturating_add(s(producer_name)),
         Command::ProducerSuccess { producer_name, .. } => s(producer_name),
         Command::SendError { message, .. } | Command::Error { message, .. } => s(message),
-        Command::Subscribe { topic, subscription, consumer_name, .. } => {
-            s(topic).saturating_add(s(subscription)).saturating_add(s(consumer_name))
+        Command::TopicStats { topic, json, .. } => s(topic).saturating_add(s(json)),
+        Command::Subscribe { topic, subscription, consumer_name, filter_tag, .. } => {
+            s(topic).saturating_add(s(subscription)).saturating_add(s(consumer_name)).saturating_add(s(filter_tag))
         }
-        Command::Ack { message_ids, .. } => {
+        Command::Ack { message_ids, .. } | Command::RedeliverUnacknowledged { message_ids, .. } => {
             len_u64(message_ids.len()).saturating_mul(len_u64(std::mem::size_of::<fb::MessageIdData>()))
         }
         Command::Send { .. }
@@ -264,6 +265,8 @@ fn command_variable_bytes(command: &Command) -> u64 {
         | Command::Message { .. }
         | Command::CloseProducer { .. }
         | Command::CloseConsumer { .. }
+        | Command::ActiveConsumerChange { .. }
+        | Command::Seek { .. }
         | Command::Ping
         | Command::Pong => 0,
     }
@@ -398,10 +401,13 @@ fn build_command<'b>(fbb: &mut FlatBufferBuilder<'b>, command: &Command) -> WIPO
             initial_position,
             durable,
             priority_level,
+            filter_tag,
         } => {
             let topic = Some(fbb.create_string(topic));
             let subscription = Some(fbb.create_string(subscription));
             let consumer_name = Some(fbb.create_string(consumer_name));
+            // Absent when empty, so an old peer's frames and ours look alike.
+            let filter_tag = (!filter_tag.is_empty()).then(|| fbb.create_string(filter_tag));
             let args = fb::SubscribeArgs {
                 request_id: *request_id,
                 consumer_id: *consumer_id,
@@ -412,6 +418,7 @@ fn build_command<'b>(fbb: &mut FlatBufferBuilder<'b>, command: &Command) -> WIPO
                 initial_position: initial_position_to_fb(*initial_position),
                 durable: *durable,
                 priority_level: *priority_level,
+                filter_tag,
             };
             (fb::AnyCommand::Subscribe, fb::Subscribe::create(fbb, &args).as_union_value())
         }
@@ -462,6 +469,37 @@ fn build_command<'b>(fbb: &mut FlatBufferBuilder<'b>, command: &Command) -> WIPO
             let message = Some(fbb.create_string(message));
             let args = fb::ErrorArgs { request_id: *request_id, code: error_code_to_fb(*code), message };
             (fb::AnyCommand::Error, fb::Error::create(fbb, &args).as_union_value())
+        }
+        Command::RedeliverUnacknowledged { consumer_id, message_ids } => {
+            fbb.start_vector::<fb::MessageIdData>(message_ids.len());
+            for id in message_ids.iter().rev() {
+                fbb.push(id_to_fb(id));
+            }
+            let message_ids = Some(fbb.end_vector(message_ids.len()));
+            let args = fb::RedeliverUnacknowledgedArgs { consumer_id: *consumer_id, message_ids };
+            let table = fb::RedeliverUnacknowledged::create(fbb, &args);
+            (fb::AnyCommand::RedeliverUnacknowledged, table.as_union_value())
+        }
+        Command::ActiveConsumerChange { consumer_id, is_active } => {
+            let args = fb::ActiveConsumerChangeArgs { consumer_id: *consumer_id, is_active: *is_active };
+            let table = fb::ActiveConsumerChange::create(fbb, &args);
+            (fb::AnyCommand::ActiveConsumerChange, table.as_union_value())
+        }
+        Command::Seek { request_id, consumer_id, message_id, publish_time_ms } => {
+            let message_id = message_id.as_ref().map(id_to_fb);
+            let args = fb::SeekArgs {
+                request_id: *request_id,
+                consumer_id: *consumer_id,
+                message_id: message_id.as_ref(),
+                publish_time_ms: *publish_time_ms,
+            };
+            (fb::AnyCommand::Seek, fb::Seek::create(fbb, &args).as_union_value())
+        }
+        Command::TopicStats { request_id, topic, json } => {
+            let topic = Some(fbb.create_string(topic));
+            let json = Some(fbb.create_string(json));
+            let args = fb::TopicStatsArgs { request_id: *request_id, topic, json };
+            (fb::AnyCommand::TopicStats, fb::TopicStats::create(fbb, &args).as_union_value())
         }
     };
     fb::BaseCommand::create(fbb, &fb::BaseCommandArgs { command_type, command: Some(table) })
@@ -546,6 +584,7 @@ fn command_from_fb(base: &fb::BaseCommand<'_>) -> Result<Command, WireError> {
                 initial_position: initial_position_from_fb(c.initial_position())?,
                 durable: c.durable(),
                 priority_level: c.priority_level(),
+                filter_tag: c.filter_tag().unwrap_or_default().to_owned(),
             }
         }
         fb::AnyCommand::Success => {
@@ -597,6 +636,35 @@ fn command_from_fb(base: &fb::BaseCommand<'_>) -> Result<Command, WireError> {
                 request_id: c.request_id(),
                 code: ErrorCode::from_u16(c.code().0),
                 message: string(c.message(), "Error.message")?,
+            }
+        }
+        fb::AnyCommand::RedeliverUnacknowledged => {
+            let c = base.command_as_redeliver_unacknowledged().ok_or(MISSING)?;
+            let ids = c.message_ids().ok_or(WireError::MissingField("RedeliverUnacknowledged.message_ids"))?;
+            Command::RedeliverUnacknowledged {
+                consumer_id: c.consumer_id(),
+                message_ids: ids.iter().map(id_from_fb).collect(),
+            }
+        }
+        fb::AnyCommand::ActiveConsumerChange => {
+            let c = base.command_as_active_consumer_change().ok_or(MISSING)?;
+            Command::ActiveConsumerChange { consumer_id: c.consumer_id(), is_active: c.is_active() }
+        }
+        fb::AnyCommand::Seek => {
+            let c = base.command_as_seek().ok_or(MISSING)?;
+            Command::Seek {
+                request_id: c.request_id(),
+                consumer_id: c.consumer_id(),
+                message_id: c.message_id().map(id_from_fb),
+                publish_time_ms: c.publish_time_ms(),
+            }
+        }
+        fb::AnyCommand::TopicStats => {
+            let c = base.command_as_topic_stats().ok_or(MISSING)?;
+            Command::TopicStats {
+                request_id: c.request_id(),
+                topic: string(c.topic(), "TopicStats.topic")?,
+                json: string(c.json(), "TopicStats.json")?,
             }
         }
         other => return Err(WireError::UnknownCommand(other.0)),
