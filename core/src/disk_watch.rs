@@ -45,14 +45,16 @@ impl Default for DiskWatermarks {
     }
 }
 
-/// `statvfs(2)` of `path`: used and total bytes as an unprivileged process
-/// sees them (`f_bavail`: blocks reserved for root count as used).
+/// `statvfs(2)` of `path`, as `df` counts it: used bytes, and used plus
+/// available-to-unprivileged bytes as the total (blocks reserved for root,
+/// and space the filesystem cannot give out, count in neither), so the
+/// percentage is `df`'s Use%.
 pub fn statvfs_usage(path: &Path) -> std::io::Result<(u64, u64)> {
     let s = nix::sys::statvfs::statvfs(path).map_err(std::io::Error::from)?;
     let frag = s.fragment_size() as u64;
-    let total = (s.blocks() as u64).saturating_mul(frag);
+    let used = (s.blocks() as u64).saturating_sub(s.blocks_free() as u64).saturating_mul(frag);
     let avail = (s.blocks_available() as u64).saturating_mul(frag);
-    Ok((total.saturating_sub(avail), total))
+    Ok((used, used.saturating_add(avail)))
 }
 
 impl DiskWatermarks {

@@ -119,4 +119,11 @@ fn statvfs_reports_the_data_disk() {
     assert!(total > 0 && used <= total, "{used} of {total}");
     let pct = DiskWatermarks::default().measure(dir.path()).unwrap();
     assert!(pct <= 100);
+    // Same as df's Use% (rounded down here, up there): within 1 %.
+    if let Ok(out) = std::process::Command::new("df").arg("--output=pcent").arg(dir.path()).output() {
+        let text = String::from_utf8_lossy(&out.stdout);
+        if let Some(df) = text.lines().nth(1).and_then(|l| l.trim().trim_end_matches('%').parse::<i32>().ok()) {
+            assert!((df - i32::from(pct)).abs() <= 1, "df says {df} %, statvfs_usage {pct} %");
+        }
+    }
 }
