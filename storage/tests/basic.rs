@@ -156,6 +156,8 @@ fn flipped_bit_in_evicted_entry_is_reported_not_served() {
         let disk = SimDisk::new();
         let mut cfg = small_config("/s");
         cfg.write_cache_bytes = 0;
+        // No read cache either: every read below goes to disk.
+        cfg.read_cache_bytes = 0;
         let (log, _) = EntryLog::open_with(disk.clone(), cfg).await.unwrap();
         let body = Bytes::from(vec![0x55u8; 1000]);
         let a = log.append(9, body.clone()).unwrap();
