@@ -342,6 +342,17 @@ impl Connection {
     /// that echoes it, within the operation timeout. A broker `Error` becomes
     /// `ClientError::Broker`.
     pub(crate) async fn request(&self, operation: &'static str, build: impl FnOnce(u64) -> Command) -> Result<Command> {
+        self.request_within(operation, self.options.operation_timeout, build).await
+    }
+
+    /// [`request`](Self::request) with its own deadline (e.g. a producer
+    /// that waits for exclusive access).
+    pub(crate) async fn request_within(
+        &self,
+        operation: &'static str,
+        after: Duration,
+        build: impl FnOnce(u64) -> Command,
+    ) -> Result<Command> {
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         {
@@ -360,7 +371,6 @@ impl Connection {
             }
         };
         self.write(frame).await?;
-        let after = self.options.operation_timeout;
         match tokio::time::timeout(after, rx).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(_)) => Err(self.disconnected()),
@@ -534,7 +544,9 @@ async fn dispatch(
     pong: &Bytes,
 ) -> std::result::Result<(), String> {
     match command {
-        Command::ProducerSuccess { request_id, .. } | Command::Success { request_id } => {
+        Command::ProducerSuccess { request_id, .. }
+        | Command::Success { request_id }
+        | Command::AdminResponse { request_id, .. } => {
             complete_request(shared, request_id, Ok(command));
         }
         Command::Error { request_id: 0, code, message } => {

@@ -68,6 +68,52 @@ impl ConsumerBuilder {
         self
     }
 
+    fn with_topic(&self, topic: String) -> ConsumerBuilder {
+        ConsumerBuilder {
+            conn: self.conn.clone(),
+            topic,
+            subscription: self.subscription.clone(),
+            sub_type: self.sub_type,
+            initial_position: self.initial_position,
+            receiver_queue_size: self.receiver_queue_size,
+            consumer_name: self.consumer_name.clone(),
+        }
+    }
+
+    /// Subscribe to the topic by its own name: every partition of a
+    /// partitioned topic (one consumer each), or the topic itself.
+    pub async fn subscribe_partitioned(self) -> Result<crate::MultiTopicConsumer> {
+        let topic = normalize_topic(&self.topic)?;
+        let partitions = crate::Admin { conn: self.conn.clone() }.partitions(&topic).await?;
+        let multi = crate::MultiTopicConsumer::new(self.subscription.clone(), self.receiver_queue_size as usize);
+        if partitions == 0 {
+            multi.add_topic(self.with_topic(topic)).await?;
+        } else {
+            for i in 0..partitions {
+                multi.add_topic(self.with_topic(format!("{topic}-partition-{i}"))).await?;
+            }
+        }
+        Ok(multi)
+    }
+
+    /// Subscribe to each topic of `topics` (each one by its own name, so a
+    /// partitioned one brings all its partitions) through one consumer.
+    pub async fn subscribe_topics(self, topics: &[String]) -> Result<crate::MultiTopicConsumer> {
+        let multi = crate::MultiTopicConsumer::new(self.subscription.clone(), self.receiver_queue_size as usize);
+        for t in topics {
+            let topic = normalize_topic(t)?;
+            let partitions = crate::Admin { conn: self.conn.clone() }.partitions(&topic).await?;
+            if partitions == 0 {
+                multi.add_topic(self.with_topic(topic)).await?;
+            } else {
+                for i in 0..partitions {
+                    multi.add_topic(self.with_topic(format!("{topic}-partition-{i}"))).await?;
+                }
+            }
+        }
+        Ok(multi)
+    }
+
     /// Subscribe, then grant the broker the initial flow permits.
     pub async fn subscribe(self) -> Result<Consumer> {
         if self.receiver_queue_size == 0 || self.receiver_queue_size > RECEIVER_QUEUE_SIZE_MAX {

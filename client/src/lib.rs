@@ -15,23 +15,31 @@
 //! One [`Client`] is one TCP connection; its producers and consumers share
 //! it. See `README.md` for the threading model and limits.
 
+mod admin;
 mod connection;
 mod consumer;
 mod error;
 mod message;
+mod multi;
 mod names;
+mod partitioned;
 mod producer;
 
+pub use admin::Admin;
 pub use connection::{ClientOptions, ServerInfo};
 pub use consumer::{Consumer, ConsumerBuilder, DEFAULT_RECEIVER_QUEUE_SIZE, RECEIVER_QUEUE_SIZE_MAX};
 pub use error::{ClientError, Result};
 pub use message::{Message, OutgoingMessage};
+pub use multi::MultiTopicConsumer;
 pub use names::{normalize_topic, parse_service_url, ServiceUrl, DEFAULT_PORT};
+pub use partitioned::{key_partition, MessageRouter, PartitionedProducer, RoutedSend, RoutingMode, PARTITIONS_REFRESH_INTERVAL};
 pub use producer::{Producer, ProducerBuilder, SendFuture, DEFAULT_MAX_PENDING, MAX_PENDING_MAX};
 
 // The protocol types an application needs, so it does not have to depend on
 // magnetar-wire itself.
-pub use magnetar_wire::{AckType, ErrorCode, InitialPosition, MessageId, MessageMetadata, SubscriptionType, WireError};
+pub use magnetar_wire::{
+    AckType, ErrorCode, InitialPosition, MessageId, MessageMetadata, ProducerAccessMode, SubscriptionType, WireError,
+};
 
 use connection::Connection;
 use std::sync::Arc;
@@ -65,7 +73,13 @@ impl Client {
 
     /// Start building a producer on `topic` (`topic`, `tenant/ns/topic` or a full name).
     pub fn producer(&self, topic: impl Into<String>) -> ProducerBuilder {
-        ProducerBuilder { conn: self.conn.clone(), topic: topic.into(), name: None, max_pending: DEFAULT_MAX_PENDING }
+        ProducerBuilder {
+            conn: self.conn.clone(),
+            topic: topic.into(),
+            name: None,
+            max_pending: DEFAULT_MAX_PENDING,
+            access_mode: ProducerAccessMode::Shared,
+        }
     }
 
     /// Start building a consumer of `subscription` on `topic`.
@@ -79,6 +93,11 @@ impl Client {
             receiver_queue_size: DEFAULT_RECEIVER_QUEUE_SIZE,
             consumer_name: String::new(),
         }
+    }
+
+    /// Admin and lookup operations on this connection.
+    pub fn admin(&self) -> Admin {
+        Admin { conn: self.conn.clone() }
     }
 
     /// What the broker announced in its `Connected` answer.
@@ -113,6 +132,8 @@ const _: fn() = || {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Client>();
     assert_send_sync::<Producer>();
+    assert_send_sync::<PartitionedProducer>();
+    assert_send_sync::<MultiTopicConsumer>();
     assert_send_sync::<Consumer>();
     assert_send_sync::<SendFuture>();
     assert_send_sync::<ClientError>();

@@ -4,7 +4,7 @@ use crate::connection::{Connection, InflightSend};
 use crate::error::{ClientError, Result};
 use crate::message::OutgoingMessage;
 use crate::names::normalize_topic;
-use magnetar_wire::{encode_message, Command, MessageId, MessageMetadata};
+use magnetar_wire::{encode_message, Command, MessageId, MessageMetadata, ProducerAccessMode};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,6 +36,7 @@ pub struct ProducerBuilder {
     pub(crate) topic: String,
     pub(crate) name: Option<String>,
     pub(crate) max_pending: usize,
+    pub(crate) access_mode: ProducerAccessMode,
 }
 
 impl ProducerBuilder {
@@ -52,6 +53,20 @@ impl ProducerBuilder {
         self
     }
 
+    /// How this producer shares the topic (default `Shared`). With
+    /// `WaitForExclusive`, `create` waits (without a deadline) until the
+    /// current exclusive producer leaves.
+    pub fn access_mode(mut self, mode: ProducerAccessMode) -> Self {
+        self.access_mode = mode;
+        self
+    }
+
+    /// A producer on the topic's name covering every partition (or the topic
+    /// itself when it is not partitioned), routing with `routing`.
+    pub async fn create_partitioned(self, routing: crate::partitioned::RoutingMode) -> Result<crate::PartitionedProducer> {
+        crate::partitioned::PartitionedProducer::create(self, routing).await
+    }
+
     /// Register the producer with the broker.
     pub async fn create(self) -> Result<Producer> {
         if self.max_pending == 0 || self.max_pending > MAX_PENDING_MAX {
@@ -60,13 +75,20 @@ impl ProducerBuilder {
         let topic = normalize_topic(&self.topic)?;
         let producer_id = self.conn.next_handle_id();
         let requested_name = self.name.unwrap_or_default();
+        let access_mode = self.access_mode;
+        let after = match access_mode {
+            // Waiting for the topic is the point; a year stands for "no deadline".
+            ProducerAccessMode::WaitForExclusive => Duration::from_secs(365 * 24 * 3600),
+            _ => self.conn.options.operation_timeout,
+        };
         let answer = self
             .conn
-            .request("create producer", |request_id| Command::Producer {
+            .request_within("create producer", after, |request_id| Command::Producer {
                 request_id,
                 producer_id,
                 topic: topic.clone(),
                 producer_name: requested_name.clone(),
+                access_mode,
             })
             .await?;
         let Command::ProducerSuccess { producer_name, last_sequence_id, .. } = answer else {

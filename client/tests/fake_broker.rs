@@ -125,7 +125,7 @@ async fn produce_receipts_in_order_within_max_pending() {
         let broker = tokio::spawn(async move {
             let mut conn = accept.await;
             let producer_id = match conn.recv_cmd().await.command {
-                Command::Producer { request_id, producer_id, topic, producer_name } => {
+                Command::Producer { request_id, producer_id, topic, producer_name, .. } => {
                     assert_eq!(topic, "persistent://public/default/orders");
                     assert_eq!(producer_name, "");
                     conn.send(

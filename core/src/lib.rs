@@ -6,12 +6,15 @@
 //! the per-shard [`Broker`] handle, which routes requests to the owner shard
 //! over the cross-shard mesh.
 
+mod admin;
 pub mod config;
 pub mod cursor;
 pub mod error;
 pub mod launch;
 mod mesh;
+pub mod metadata;
 pub mod ownership;
+mod producers;
 mod shard;
 pub mod signal;
 mod topic;

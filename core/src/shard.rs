@@ -10,7 +10,9 @@
 use crate::config::BrokerConfig;
 use crate::error::{CoreError, ErrorCode};
 use crate::mesh::{Mesh, MeshMsg};
+use crate::metadata::{Metadata, Policies};
 use crate::ownership;
+use crate::producers::Admission;
 use crate::signal::Signal;
 use crate::topic::{Subscription, Topic};
 use crate::topic_name::{Domain, TopicName};
@@ -20,7 +22,7 @@ use futures::future::LocalBoxFuture;
 use futures::FutureExt;
 use glommio::channels::local_channel::LocalSender;
 use magnetar_storage::EntryLog;
-use magnetar_wire::{AckType, InitialPosition, MessageId, SubscriptionType};
+use magnetar_wire::{AckType, InitialPosition, MessageId, ProducerAccessMode, SubscriptionType};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -34,6 +36,9 @@ pub const SHARDS_MAX: u32 = LEDGER_ID_SHARD_STRIDE as u32;
 
 const META_TOPIC_PREFIX: &[u8] = b"t/";
 const META_CURSOR_PREFIX: &[u8] = b"c/";
+/// `x/<ledger>`: the ledger of a deleted topic, kept so that its id is never
+/// handed out again (the log may still hold its entries).
+const META_DELETED_LEDGER_PREFIX: &[u8] = b"x/";
 const TOPIC_META_VERSION: u8 = 1;
 
 /// Where a consumer's events go: a sink registered on some shard.
@@ -91,15 +96,27 @@ pub struct SubscribeRequest {
     pub durable: bool,
 }
 
+/// What shard 0 says about a topic before its owner creates or loads it.
+#[derive(Debug, Clone)]
+pub(crate) struct TopicPolicy {
+    pub(crate) policies: Policies,
+    /// The topic is partition i < N of a partitioned topic: it may be
+    /// created whatever the auto-creation policy says.
+    pub(crate) in_partitioned: bool,
+}
+
 /// A request executed on the owner shard.
 #[derive(Debug)]
 pub(crate) enum Op {
     CreateProducer {
         topic: String,
         name: String,
+        mode: ProducerAccessMode,
+        policy: TopicPolicy,
     },
     Send {
         topic: String,
+        producer: String,
         sequence_id: u64,
         num_messages: u32,
         blob: Bytes,
@@ -111,6 +128,7 @@ pub(crate) enum Op {
     Subscribe {
         req: SubscribeRequest,
         consumer: ConsumerRef,
+        policy: TopicPolicy,
     },
     Flow {
         topic: String,
@@ -131,6 +149,27 @@ pub(crate) enum Op {
         subscription: String,
         consumer: ConsumerRef,
     },
+    /// On shard 0: an admin operation (see `admin.rs`).
+    Admin {
+        op: String,
+        json: String,
+    },
+    /// On shard 0: the namespace policies that govern `topic`.
+    TopicPolicy {
+        topic: String,
+    },
+    /// On any shard: the topics of its log whose full name starts with `prefix`.
+    ListTopics {
+        prefix: String,
+    },
+    /// On the owner: create (or load) a non-partitioned topic.
+    CreateTopic {
+        topic: String,
+    },
+    /// On the owner: delete a topic without producers or consumers.
+    DeleteTopic {
+        topic: String,
+    },
 }
 
 #[derive(Debug)]
@@ -138,6 +177,9 @@ pub(crate) enum Reply {
     Producer { name: String, last_sequence_id: i64 },
     Sent(MessageId),
     Done,
+    Json(String),
+    Policy(TopicPolicy),
+    Topics(Vec<String>),
 }
 
 pub(crate) type OpResult = Result<Reply, CoreError>;
@@ -147,6 +189,8 @@ pub(crate) struct Shard {
     pub(crate) nshards: u32,
     pub(crate) config: Arc<BrokerConfig>,
     pub(crate) log: EntryLog,
+    /// The metadata store's typed view; `Some` on shard 0 only.
+    pub(crate) metadata: Option<Metadata>,
     topics: RefCell<HashMap<String, Rc<Topic>>>,
     next_ledger_seq: Cell<u64>,
     mesh: Mesh,
@@ -198,16 +242,23 @@ impl Shard {
     pub(crate) fn new(id: u32, nshards: u32, config: Arc<BrokerConfig>, log: EntryLog, mesh: Mesh) -> Rc<Self> {
         // Ledger ids already used on this shard come from the topic records.
         let mut seq = 0u64;
-        for (_, v) in log.meta_prefix(META_TOPIC_PREFIX) {
+        let deleted = log.meta_prefix(META_DELETED_LEDGER_PREFIX);
+        for (_, v) in log.meta_prefix(META_TOPIC_PREFIX).into_iter().chain(deleted) {
             if let Some(ledger) = decode_topic_meta(&v) {
                 seq = seq.max(ledger / LEDGER_ID_SHARD_STRIDE + 1);
             }
         }
+        let metadata = (id == 0).then(|| {
+            let store: Rc<dyn crate::metadata::MetadataStore> =
+                Rc::new(crate::metadata::LogMetadataStore::new(log.clone()));
+            Metadata::new(store)
+        });
         Rc::new(Self {
             id,
             nshards,
             config,
             log,
+            metadata,
             topics: RefCell::new(HashMap::new()),
             next_ledger_seq: Cell::new(seq),
             mesh,
@@ -297,12 +348,12 @@ impl Shard {
                 .boxed_local();
         }
         match op {
-            Op::Send { topic, sequence_id, num_messages, blob } => {
-                self.handle_send(&topic, sequence_id, num_messages, blob)
+            Op::Send { topic, producer, sequence_id, num_messages, blob } => {
+                self.handle_send(&topic, &producer, sequence_id, num_messages, blob)
             }
-            Op::CreateProducer { topic, name } => {
+            Op::CreateProducer { topic, name, mode, policy } => {
                 let me = self.clone();
-                async move { me.handle_create_producer(&topic, name).await }.boxed_local()
+                async move { me.handle_create_producer(&topic, name, mode, policy).await }.boxed_local()
             }
             Op::CloseProducer { topic, name } => {
                 if let Some(t) = self.topics.borrow().get(&topic) {
@@ -310,9 +361,48 @@ impl Shard {
                 }
                 futures::future::ready(Ok(Reply::Done)).boxed_local()
             }
-            Op::Subscribe { req, consumer } => {
+            Op::Subscribe { req, consumer, policy } => {
                 let me = self.clone();
-                async move { me.handle_subscribe(req, consumer).await }.boxed_local()
+                async move { me.handle_subscribe(req, consumer, policy).await }.boxed_local()
+            }
+            Op::Admin { op, json } => {
+                let me = self.clone();
+                async move { crate::admin::execute(me, &op, &json).await.map(Reply::Json) }.boxed_local()
+            }
+            Op::TopicPolicy { topic } => {
+                let me = self.clone();
+                async move { crate::admin::topic_policy(&me, &topic).await.map(Reply::Policy) }.boxed_local()
+            }
+            Op::ListTopics { prefix } => {
+                let mut key = META_TOPIC_PREFIX.to_vec();
+                key.extend_from_slice(prefix.as_bytes());
+                let names = self
+                    .log
+                    .meta_prefix(&key)
+                    .into_iter()
+                    .filter_map(|(k, _)| String::from_utf8(k.get(META_TOPIC_PREFIX.len()..)?.to_vec()).ok())
+                    .collect();
+                futures::future::ready(Ok(Reply::Topics(names))).boxed_local()
+            }
+            Op::CreateTopic { topic } => {
+                let me = self.clone();
+                async move {
+                    let tn = TopicName::parse(&topic)
+                        .map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+                    let (_, lsn) = me.get_or_create_topic(&tn)?;
+                    match lsn {
+                        Some(lsn) => me.log.wait_durable(lsn).await?,
+                        None => {
+                            return Err(CoreError::new(ErrorCode::NotAllowed, format!("topic {topic} already exists")))
+                        }
+                    }
+                    Ok(Reply::Done)
+                }
+                .boxed_local()
+            }
+            Op::DeleteTopic { topic } => {
+                let me = self.clone();
+                async move { me.handle_delete_topic(&topic).await }.boxed_local()
             }
             Op::Flow { topic, subscription, consumer, permits } => {
                 if let Some(sub) = self.subscription(&topic, &subscription) {
@@ -350,6 +440,7 @@ impl Shard {
     fn handle_send(
         self: &Rc<Self>,
         topic: &str,
+        producer: &str,
         sequence_id: u64,
         num_messages: u32,
         blob: Bytes,
@@ -364,6 +455,7 @@ impl Shard {
                 .get(topic)
                 .cloned()
                 .ok_or_else(|| CoreError::new(ErrorCode::ProducerNotFound, "topic not loaded on its owner"))?;
+            t.producers.borrow().check_send(topic, producer)?;
             if blob.len() > self.config.message_bytes_max as usize {
                 return Err(CoreError::new(
                     ErrorCode::MessageTooLarge,
@@ -450,8 +542,35 @@ impl Shard {
         Ok((topic, created_lsn))
     }
 
-    async fn handle_create_producer(self: Rc<Self>, topic: &str, name: String) -> OpResult {
+    /// Whether `tn` exists (loaded or recorded in the log).
+    fn topic_exists(&self, key: &str) -> bool {
+        self.topics.borrow().contains_key(key) || self.log.meta(&topic_meta_key(key)).is_some()
+    }
+
+    /// Refuses to create `tn` when its namespace does not auto-create topics.
+    fn check_auto_creation(&self, tn: &TopicName, policy: &TopicPolicy) -> Result<(), CoreError> {
+        let key = tn.to_string();
+        if !policy.in_partitioned && !policy.policies.auto_topic_creation && !self.topic_exists(&key) {
+            return Err(CoreError::new(
+                ErrorCode::TopicNotFound,
+                format!(
+                    "topic {key} does not exist and namespace {} does not create topics automatically",
+                    tn.namespace_name()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    async fn handle_create_producer(
+        self: Rc<Self>,
+        topic: &str,
+        name: String,
+        mode: ProducerAccessMode,
+        policy: TopicPolicy,
+    ) -> OpResult {
         let tn = TopicName::parse(topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+        self.check_auto_creation(&tn, &policy)?;
         let (t, lsn) = self.get_or_create_topic(&tn)?;
         let name = if name.is_empty() {
             let n = self.next_producer.get();
@@ -460,11 +579,12 @@ impl Shard {
         } else {
             name
         };
-        if !t.producers.borrow_mut().insert(name.clone()) {
-            return Err(CoreError::new(
-                ErrorCode::ProducerBusy,
-                format!("producer {name:?} is already connected to {topic}"),
-            ));
+        let admission = t.producers.borrow_mut().add(topic, &name, mode, policy.policies.max_producers_per_topic)?;
+        if let Admission::Wait(rx) = admission {
+            // WaitForExclusive: the topic attaches us when the holder leaves.
+            if rx.await.is_err() {
+                return Err(CoreError::new(ErrorCode::ServiceNotReady, "topic unloaded while waiting"));
+            }
         }
         if let Some(lsn) = lsn {
             if let Err(e) = self.log.wait_durable(lsn).await {
@@ -475,9 +595,15 @@ impl Shard {
         Ok(Reply::Producer { name, last_sequence_id: -1 })
     }
 
-    async fn handle_subscribe(self: Rc<Self>, req: SubscribeRequest, consumer: ConsumerRef) -> OpResult {
+    async fn handle_subscribe(
+        self: Rc<Self>,
+        req: SubscribeRequest,
+        consumer: ConsumerRef,
+        policy: TopicPolicy,
+    ) -> OpResult {
         let tn =
             TopicName::parse(&req.topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+        self.check_auto_creation(&tn, &policy)?;
         if !valid_subscription_name(&req.subscription) {
             return Err(CoreError::new(
                 ErrorCode::NotAllowed,
@@ -491,6 +617,14 @@ impl Shard {
             ));
         }
         let (t, created_lsn) = self.get_or_create_topic(&tn)?;
+        let max = policy.policies.max_consumers_per_topic;
+        let attached: usize = t.subs.borrow().values().map(|s| s.consumer_count()).sum();
+        if max != 0 && attached >= max as usize {
+            return Err(CoreError::new(
+                ErrorCode::ConsumerBusy,
+                format!("topic {} reached the namespace's max_consumers_per_topic ({max})", t.key),
+            ));
+        }
         let existing = t.subs.borrow().get(&req.subscription).cloned();
         let (sub, sub_lsn) = match existing {
             Some(sub) => (sub, None),
@@ -514,6 +648,46 @@ impl Shard {
                 return Err(e.into());
             }
         }
+        Ok(Reply::Done)
+    }
+
+    async fn handle_delete_topic(self: Rc<Self>, topic: &str) -> OpResult {
+        if !self.topic_exists(topic) {
+            return Err(CoreError::new(ErrorCode::TopicNotFound, format!("topic {topic} does not exist")));
+        }
+        if let Some(t) = self.topics.borrow().get(topic) {
+            let consumers: usize = t.subs.borrow().values().map(|s| s.consumer_count()).sum();
+            if t.producers.borrow().len() > 0 || consumers > 0 {
+                return Err(CoreError::new(
+                    ErrorCode::NotAllowed,
+                    format!("topic {topic} has connected producers or consumers"),
+                ));
+            }
+        }
+        let key = topic_meta_key(topic);
+        let Some(ledger) = self.log.meta(&key).as_deref().and_then(decode_topic_meta) else {
+            return Err(CoreError::new(ErrorCode::TopicNotFound, format!("topic {topic} does not exist")));
+        };
+        if let Some(t) = self.topics.borrow_mut().remove(topic) {
+            t.deleted.set(true);
+            for s in t.subs.borrow().values() {
+                s.wake.notify();
+            }
+        }
+        // The ledger id stays reserved (x/ record) so that a topic created
+        // later never gets it, and with it this topic's entries.
+        let mut tomb = META_DELETED_LEDGER_PREFIX.to_vec();
+        tomb.extend_from_slice(&ledger.to_le_bytes());
+        self.log.put_meta(&tomb, Bytes::from(encode_topic_meta(ledger)))?;
+        let mut prefix = META_CURSOR_PREFIX.to_vec();
+        prefix.extend_from_slice(topic.as_bytes());
+        prefix.push(b'\n');
+        for (k, _) in self.log.meta_prefix(&prefix) {
+            self.log.put_meta(&k, Bytes::new())?;
+        }
+        let lsn = self.log.put_meta(&key, Bytes::new())?;
+        self.log.wait_durable(lsn).await?;
+        tracing::info!(topic, ledger, shard = self.id, "deleted topic");
         Ok(Reply::Done)
     }
 
@@ -674,10 +848,26 @@ impl Broker {
         ownership::shard_of(topic, self.shard.config.bundles_per_namespace, self.shard.nshards)
     }
 
-    fn parse_topic(&self, topic: &str) -> Result<(String, u32), CoreError> {
+    /// Parses `topic`, asks shard 0 for its policies (namespace exists, not a
+    /// partitioned topic's own name) and finds its owner with the
+    /// namespace's bundle count.
+    async fn resolve_topic(&self, topic: &str) -> Result<(String, u32, TopicPolicy), CoreError> {
         let tn = TopicName::parse(topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
-        let owner = self.owner_of(&tn);
-        Ok((tn.to_string(), owner))
+        let key = tn.to_string();
+        let policy = match self.shard.call(0, Op::TopicPolicy { topic: key.clone() }).await? {
+            Reply::Policy(p) => p,
+            other => return Err(unexpected(other)),
+        };
+        let owner = ownership::shard_of(&tn, policy.policies.bundles, self.shard.nshards);
+        Ok((key, owner, policy))
+    }
+
+    /// Runs an admin operation (on shard 0) and returns its JSON answer.
+    pub async fn admin(&self, op: &str, json: &str) -> Result<String, CoreError> {
+        match self.shard.call(0, Op::Admin { op: op.to_string(), json: json.to_string() }).await? {
+            Reply::Json(j) => Ok(j),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// Registers where this connection's consumer events go.
@@ -693,8 +883,19 @@ impl Broker {
     }
 
     pub async fn create_producer(&self, topic: &str, producer_name: &str) -> Result<ProducerHandle, CoreError> {
-        let (topic, owner) = self.parse_topic(topic)?;
-        let op = Op::CreateProducer { topic: topic.clone(), name: producer_name.to_string() };
+        self.create_producer_with(topic, producer_name, ProducerAccessMode::Shared).await
+    }
+
+    /// Attaches a producer with an access mode; with `WaitForExclusive` this
+    /// resolves only when the producer holds the topic.
+    pub async fn create_producer_with(
+        &self,
+        topic: &str,
+        producer_name: &str,
+        mode: ProducerAccessMode,
+    ) -> Result<ProducerHandle, CoreError> {
+        let (topic, owner, policy) = self.resolve_topic(topic).await?;
+        let op = Op::CreateProducer { topic: topic.clone(), name: producer_name.to_string(), mode, policy };
         match self.shard.call(owner, op).await? {
             Reply::Producer { name, last_sequence_id } => {
                 Ok(ProducerHandle { topic, owner, producer_name: name, last_sequence_id })
@@ -712,7 +913,13 @@ impl Broker {
         num_messages: u32,
         blob: Bytes,
     ) -> LocalBoxFuture<'static, Result<MessageId, CoreError>> {
-        let op = Op::Send { topic: producer.topic.clone(), sequence_id, num_messages, blob };
+        let op = Op::Send {
+            topic: producer.topic.clone(),
+            producer: producer.producer_name.clone(),
+            sequence_id,
+            num_messages,
+            blob,
+        };
         let fut = self.shard.call(producer.owner, op);
         async move {
             match fut.await? {
@@ -730,11 +937,11 @@ impl Broker {
 
     /// Attaches a consumer; its messages go to `sink` (see `register_sink`).
     pub async fn subscribe(&self, mut req: SubscribeRequest, sink: u64) -> Result<ConsumerHandle, CoreError> {
-        let (topic, owner) = self.parse_topic(&req.topic)?;
+        let (topic, owner, policy) = self.resolve_topic(&req.topic).await?;
         req.topic = topic.clone();
         let consumer = ConsumerRef { shard: self.shard.id, sink, consumer_id: req.consumer_id };
         let subscription = req.subscription.clone();
-        self.shard.call(owner, Op::Subscribe { req, consumer }).await?;
+        self.shard.call(owner, Op::Subscribe { req, consumer, policy }).await?;
         Ok(ConsumerHandle { topic, subscription, owner, consumer })
     }
 

@@ -12,7 +12,7 @@ use crate::signal::Signal;
 use crate::topic_name::TopicName;
 use magnetar_wire::{AckType, MessageId, SubscriptionType};
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::rc::Rc;
 
 pub(crate) struct Topic {
@@ -27,7 +27,9 @@ pub(crate) struct Topic {
     pub(crate) next_entry: Cell<u64>,
     /// Entries below this are durable and may be dispatched.
     pub(crate) durable_next: Cell<u64>,
-    pub(crate) producers: RefCell<HashSet<String>>,
+    pub(crate) producers: RefCell<crate::producers::TopicProducers>,
+    /// Set when the topic was deleted: its dispatchers stop.
+    pub(crate) deleted: Cell<bool>,
     pub(crate) subs: RefCell<HashMap<String, Rc<Subscription>>>,
 }
 
@@ -41,7 +43,8 @@ impl Topic {
             next_entry: Cell::new(next_entry),
             // Everything recovered from the log is durable.
             durable_next: Cell::new(next_entry),
-            producers: RefCell::new(HashSet::new()),
+            producers: RefCell::new(crate::producers::TopicProducers::default()),
+            deleted: Cell::new(false),
             subs: RefCell::new(HashMap::new()),
         }
     }
@@ -98,6 +101,11 @@ impl Subscription {
             dirty: Cell::new(false),
             persisted_lsn: Cell::new(0),
         })
+    }
+
+    /// Consumers attached now (for the max-consumers policy).
+    pub(crate) fn consumer_count(&self) -> usize {
+        usize::from(self.consumer.borrow().is_some())
     }
 
     pub(crate) fn has_consumer(&self, c: ConsumerRef) -> bool {
@@ -182,7 +190,7 @@ pub(crate) fn spawn_dispatcher(shard: Rc<Shard>, topic: Rc<Topic>, sub: Rc<Subsc
 async fn dispatch_loop(shard: Rc<Shard>, topic: Rc<Topic>, sub: Rc<Subscription>) {
     loop {
         sub.wake.wait().await;
-        if shard.is_closed() {
+        if shard.is_closed() || topic.deleted.get() {
             return;
         }
         loop {

@@ -174,7 +174,8 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
     if let Some(name) = &args.consumer_name {
         builder = builder.consumer_name(name.as_str());
     }
-    let consumer = builder.subscribe().await?;
+    // A partitioned topic's name covers all its partitions.
+    let consumer = builder.subscribe_partitioned().await?;
 
     let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
     let ctrl_c = tokio::signal::ctrl_c();
@@ -223,7 +224,7 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
             }
             OutputFormat::Text => writeln!(stdout, "{}", text_line(&msg))?,
         }
-        consumer.ack(&msg.id).await?;
+        consumer.ack(&msg).await?;
         received += 1;
     };
     stdout.flush()?;

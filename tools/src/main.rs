@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod admin;
 mod consume;
 mod produce;
 mod standalone;
@@ -22,6 +23,8 @@ enum Cmd {
     Produce(produce::ProduceArgs),
     /// Receive and acknowledge messages from a subscription.
     Consume(consume::ConsumeArgs),
+    /// Administer tenants, namespaces (policies) and topics.
+    Admin(admin::AdminArgs),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +40,7 @@ fn main() -> ExitCode {
         Cmd::Standalone(args) => standalone::run(args),
         Cmd::Produce(args) => produce::run(args),
         Cmd::Consume(args) => consume::run(args),
+        Cmd::Admin(args) => admin::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

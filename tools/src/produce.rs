@@ -9,7 +9,7 @@
 
 use bytes::Bytes;
 use hdrhistogram::Histogram;
-use magnetar_client::{Client, ClientError, MessageId, OutgoingMessage, SendFuture};
+use magnetar_client::{Client, ClientError, MessageId, OutgoingMessage, ProducerAccessMode, RoutedSend, RoutingMode};
 use std::error::Error;
 use std::io::{BufRead, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -72,6 +72,15 @@ pub struct ProduceArgs {
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
     pub max_pending: u64,
 
+    /// How keyless messages spread over a partitioned topic's partitions
+    /// (a message with a key always goes to the key's partition).
+    #[arg(long, value_enum, default_value_t = Routing::RoundRobin)]
+    pub routing: Routing,
+
+    /// How this producer shares the topic with other producers.
+    #[arg(long, value_enum, default_value_t = AccessMode::Shared)]
+    pub access_mode: AccessMode,
+
     /// Broker: `magnetar://HOST:PORT` or `HOST:PORT`.
     #[arg(long, default_value = DEFAULT_URL)]
     pub url: String,
@@ -80,6 +89,44 @@ pub struct ProduceArgs {
     /// per acknowledged message on stdout, in seq order; summary on stderr.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Routing {
+    RoundRobin,
+    Single,
+    Key,
+    Latency,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AccessMode {
+    Shared,
+    Exclusive,
+    WaitForExclusive,
+    ExclusiveWithFencing,
+}
+
+impl From<Routing> for RoutingMode {
+    fn from(r: Routing) -> Self {
+        match r {
+            Routing::RoundRobin => RoutingMode::RoundRobin,
+            Routing::Single => RoutingMode::SinglePartition,
+            Routing::Key => RoutingMode::KeyHash,
+            Routing::Latency => RoutingMode::Latency,
+        }
+    }
+}
+
+impl From<AccessMode> for ProducerAccessMode {
+    fn from(m: AccessMode) -> Self {
+        match m {
+            AccessMode::Shared => ProducerAccessMode::Shared,
+            AccessMode::Exclusive => ProducerAccessMode::Exclusive,
+            AccessMode::WaitForExclusive => ProducerAccessMode::WaitForExclusive,
+            AccessMode::ExclusiveWithFencing => ProducerAccessMode::ExclusiveWithFencing,
+        }
+    }
 }
 
 fn parse_property(s: &str) -> Result<(String, String), String> {
@@ -177,7 +224,7 @@ struct InFlight {
     key: Option<String>,
     payload_bytes: u64,
     queued_at: Instant,
-    receipt: SendFuture,
+    receipt: RoutedSend,
 }
 
 #[derive(serde::Serialize)]
@@ -206,8 +253,16 @@ async fn produce(args: ProduceArgs) -> Result<(), Box<dyn Error>> {
     let client = Client::connect(&args.url).await?;
     let requested_name = args.producer_name.clone().unwrap_or_else(generated_name);
     let max_pending = usize::try_from(args.max_pending)?;
-    let producer = client.producer(args.topic.as_str()).name(requested_name).max_pending(max_pending).create().await?;
-    let name = producer.name().to_string();
+    // A partitioned topic's name covers all its partitions (one producer
+    // each, named `<name>-<i>`); a plain topic gets one producer named `<name>`.
+    let producer = client
+        .producer(args.topic.as_str())
+        .name(requested_name.clone())
+        .max_pending(max_pending)
+        .access_mode(args.access_mode.into())
+        .create_partitioned(args.routing.into())
+        .await?;
+    let name = requested_name;
     let mut source = if args.stdin {
         Source::Stdin(spawn_stdin_reader())
     } else if let Some(text) = &args.message {
@@ -260,7 +315,7 @@ async fn produce(args: ProduceArgs) -> Result<(), Box<dyn Error>> {
         let mut last_id: Option<MessageId> = None;
         let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
         while let Some(inflight) = inflight_rx.recv().await {
-            match inflight.receipt.await {
+            match inflight.receipt.receipt().await {
                 Ok(id) => {
                     let micros = u64::try_from(inflight.queued_at.elapsed().as_micros()).unwrap_or(u64::MAX);
                     histogram.saturating_record(micros.max(1));
