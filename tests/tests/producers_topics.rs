@@ -1,0 +1,299 @@
+//! Issue #5 end to end: tenants, namespaces and policies through the admin
+//! CLI (surviving `kill -9`), partitioned topics with key routing through the
+//! produce/consume CLI, and producer access modes through the SDK and CLI.
+//!
+//! Method: real 2-shard broker processes; the CLI's documented output
+//! (one name a line, one JSON document, jsonl receipts and messages) is the
+//! oracle, next to the SDK's typed errors.
+
+use magnetar_client::{Client, ClientError, ErrorCode, OutgoingMessage, ProducerAccessMode, RoutingMode};
+use magnetar_tests::{parse_generated, run_async_with_timeout, run_cli, test_dir, BrokerProcess, ConsumeCmd, ProduceCmd};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+const SHARDS: u32 = 2;
+const CLI_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Runs `magnetar admin ARGS --url URL`; returns (success, stdout lines, stderr).
+fn admin(url: &str, args: &[&str]) -> (bool, Vec<String>, String) {
+    let mut a: Vec<String> = vec!["admin".into()];
+    a.extend(args.iter().map(|s| s.to_string()));
+    a.push("--url".into());
+    a.push(url.into());
+    let run = run_cli(a, CLI_TIMEOUT);
+    (run.status.success(), run.stdout_lines, run.stderr)
+}
+
+fn admin_ok(url: &str, args: &[&str]) -> Vec<String> {
+    let (ok, out, err) = admin(url, args);
+    assert!(ok, "magnetar admin {args:?} failed:\n{err}");
+    out
+}
+
+fn admin_err(url: &str, args: &[&str], expect: &str) {
+    let (ok, _, err) = admin(url, args);
+    assert!(!ok, "magnetar admin {args:?} should have failed");
+    assert!(err.contains(expect), "magnetar admin {args:?}: stderr should say {expect:?}:\n{err}");
+}
+
+fn json(lines: &[String]) -> serde_json::Value {
+    assert_eq!(lines.len(), 1, "expected one JSON line, got {lines:?}");
+    serde_json::from_str(&lines[0]).unwrap_or_else(|e| panic!("not JSON ({e}): {}", lines[0]))
+}
+
+/// Goal: the admin CLI round-trips tenants, namespaces, policies and
+/// partitioned topics; bad names and forbidden changes fail with a clear
+/// message; policies are enforced on producers; all of it survives kill -9.
+#[test]
+fn admin_cli_round_trips_policies_are_enforced_and_metadata_survives_kill9() {
+    run_async_with_timeout(Duration::from_secs(120), || async {
+        let dir = test_dir("admin");
+        let mut broker = BrokerProcess::start(dir.path(), SHARDS);
+        let url = broker.url();
+
+        // A fresh broker has public/default.
+        assert_eq!(admin_ok(&url, &["tenants", "list"]), vec!["public"]);
+        assert_eq!(admin_ok(&url, &["namespaces", "list", "public"]), vec!["public/default"]);
+
+        admin_ok(&url, &["tenants", "create", "acme"]);
+        admin_err(&url, &["tenants", "create", "acme"], "already exists");
+        admin_err(&url, &["tenants", "create", "bad name"], "invalid tenant name");
+        admin_err(&url, &["namespaces", "create", "nobody/ns"], "tenant \"nobody\" does not exist");
+        admin_err(&url, &["namespaces", "create", "acme"], "invalid namespace");
+        admin_ok(&url, &["namespaces", "create", "acme/orders", "--bundles", "8"]);
+        assert_eq!(admin_ok(&url, &["namespaces", "list", "acme"]), vec!["acme/orders"]);
+
+        // Policy setters, read back.
+        admin_ok(&url, &["namespaces", "set-max-producers", "acme/orders", "1"]);
+        admin_ok(&url, &["namespaces", "set-retention", "acme/orders", "--minutes", "-1", "--size-mb", "1024"]);
+        admin_ok(&url, &["namespaces", "set-message-ttl", "acme/orders", "3600"]);
+        admin_ok(&url, &["namespaces", "set-deduplication", "acme/orders", "on"]);
+        let p = json(&admin_ok(&url, &["namespaces", "policies", "acme/orders"]));
+        assert_eq!(p["max_producers_per_topic"], 1, "{p}");
+        assert_eq!(p["retention_minutes"], -1, "{p}");
+        assert_eq!(p["retention_size_mb"], 1024, "{p}");
+        assert_eq!(p["message_ttl_seconds"], 3600, "{p}");
+        assert_eq!(p["deduplication"], true, "{p}");
+        assert_eq!(p["bundles"], 8, "{p}");
+        admin_err(&url, &["namespaces", "set-policies", "acme/orders", r#"{"bundles":4}"#], "fixed at creation");
+        admin_err(&url, &["namespaces", "set-policies", "acme/orders", r#"{"no_such_policy":1}"#], "unknown field");
+
+        // Partitioned topics: create, read, grow, never shrink.
+        let topic = "persistent://acme/orders/pt";
+        admin_ok(&url, &["topics", "create-partitioned", topic, "--partitions", "3"]);
+        admin_err(&url, &["topics", "create-partitioned", topic, "-p", "3"], "already exists");
+        assert_eq!(json(&admin_ok(&url, &["topics", "get-partitioned-metadata", topic]))["partitions"], 3);
+        admin_ok(&url, &["topics", "update-partitioned", topic, "-p", "5"]);
+        admin_err(&url, &["topics", "update-partitioned", topic, "-p", "2"], "can only grow");
+        admin_err(&url, &["topics", "create-partitioned", "persistent://acme/orders/x-partition-1", "-p", "2"], "-partition-");
+        admin_err(&url, &["topics", "create-partitioned", "persistent://acme/orders/bad name", "-p", "2"], "invalid topic name");
+        let lookup = json(&admin_ok(&url, &["topics", "lookup", topic]));
+        assert_eq!(lookup["partitions"], 5, "{lookup}");
+        assert!(lookup["shard"].as_u64().is_some_and(|s| s < u64::from(SHARDS)), "{lookup}");
+        assert_eq!(lookup["broker"], broker.addr().to_string(), "{lookup}");
+        assert_eq!(lookup["partition_owners"].as_array().map(Vec::len), Some(5), "{lookup}");
+
+        // max_producers_per_topic = 1: the second producer is refused, clearly.
+        let client = Client::connect(&url).await.expect("connect");
+        let plain = "persistent://acme/orders/plain";
+        let first = client.producer(plain).create().await.expect("first producer");
+        match client.producer(plain).create().await {
+            Err(ClientError::Broker { code: ErrorCode::ProducerBusy, message }) => {
+                assert!(message.contains("max_producers_per_topic"), "{message}")
+            }
+            other => panic!("second producer: expected ProducerBusy, got {other:?}"),
+        }
+        first.send(OutgoingMessage::new("x")).await.expect("send");
+        // Producing to a partitioned topic's own name with a plain producer
+        // is refused; its partitions are fine.
+        match client.producer(topic).create().await {
+            Err(ClientError::Broker { code: ErrorCode::NotAllowed, message }) => {
+                assert!(message.contains("partitioned"), "{message}")
+            }
+            other => panic!("plain producer on a partitioned name: got {other:?}"),
+        }
+        match client.producer(format!("{topic}-partition-7")).create().await {
+            Err(ClientError::Broker { code: ErrorCode::TopicNotFound, .. }) => {}
+            other => panic!("partition 7 of 5: got {other:?}"),
+        }
+        // A missing namespace, and auto creation turned off.
+        match client.producer("persistent://acme/nope/t").create().await {
+            Err(ClientError::Broker { code: ErrorCode::TopicNotFound, message }) => {
+                assert!(message.contains("namespace"), "{message}")
+            }
+            other => panic!("missing namespace: got {other:?}"),
+        }
+        admin_ok(&url, &["namespaces", "set-auto-topic-creation", "acme/orders", "off"]);
+        match client.producer("persistent://acme/orders/new-one").create().await {
+            Err(ClientError::Broker { code: ErrorCode::TopicNotFound, message }) => {
+                assert!(message.contains("automatically"), "{message}")
+            }
+            other => panic!("auto creation off: got {other:?}"),
+        }
+        admin_ok(&url, &["topics", "create", "persistent://acme/orders/new-one"]);
+        let created = client.producer("persistent://acme/orders/new-one").create().await.expect("explicitly created");
+        created.close().await.expect("close");
+        first.close().await.expect("close");
+
+        let topics = admin_ok(&url, &["topics", "list", "acme/orders"]);
+        for t in [topic, plain, "persistent://acme/orders/new-one"] {
+            assert!(topics.iter().any(|x| x == t), "{t} missing from {topics:?}");
+        }
+        admin_err(&url, &["namespaces", "delete", "acme/orders"], "still has");
+        admin_err(&url, &["tenants", "delete", "acme"], "still has namespaces");
+        client.close();
+
+        // Everything above is durable: kill -9, restart, read it back.
+        broker.kill9();
+        let broker = broker.restart();
+        let url = broker.url();
+        assert_eq!(admin_ok(&url, &["tenants", "list"]), vec!["acme", "public"]);
+        let p = json(&admin_ok(&url, &["namespaces", "policies", "acme/orders"]));
+        assert_eq!(p["max_producers_per_topic"], 1, "{p}");
+        assert_eq!(p["auto_topic_creation"], false, "{p}");
+        assert_eq!(json(&admin_ok(&url, &["topics", "get-partitioned-metadata", topic]))["partitions"], 5);
+
+        // Deleting: topics, then the namespace, then the tenant.
+        for t in &topics {
+            if !t.contains("-partition-") {
+                admin_ok(&url, &["topics", "delete", t]);
+            }
+        }
+        assert_eq!(admin_ok(&url, &["topics", "list", "acme/orders"]), Vec::<String>::new());
+        admin_ok(&url, &["namespaces", "delete", "acme/orders"]);
+        admin_ok(&url, &["tenants", "delete", "acme"]);
+        assert_eq!(admin_ok(&url, &["tenants", "list"]), vec!["public"]);
+    });
+}
+
+/// Goal: on a partitioned topic, messages of one key all land in one
+/// partition and are consumed in send order; keyless round-robin covers every
+/// partition; consuming the topic's own name covers all partitions, and the
+/// partition shows in the message ids.
+#[test]
+fn key_routing_keeps_a_key_in_one_partition_in_order() {
+    run_async_with_timeout(Duration::from_secs(120), || async {
+        let dir = test_dir("key-routing");
+        let broker = BrokerProcess::start(dir.path(), SHARDS);
+        let url = broker.url();
+        let topic = "persistent://public/default/routed";
+        admin_ok(&url, &["topics", "create-partitioned", topic, "--partitions", "4"]);
+
+        let mut keyed = ProduceCmd::new(&url, topic, "keyed", 200, 64);
+        keyed.extra_args = vec!["--keys".into(), "7".into(), "--routing".into(), "round-robin".into()];
+        let receipts = keyed.run(CLI_TIMEOUT);
+        let mut partition_of_key: BTreeMap<String, i32> = BTreeMap::new();
+        for r in &receipts {
+            let key = r.key.clone().expect("keyed");
+            let p = *partition_of_key.entry(key.clone()).or_insert(r.id.partition);
+            assert_eq!(r.id.partition, p, "key {key} went to partitions {p} and {}", r.id.partition);
+            assert!((0..4).contains(&p), "{r:?}");
+        }
+        assert!(
+            partition_of_key.values().collect::<BTreeSet<_>>().len() > 1,
+            "7 keys all hashed to one partition: {partition_of_key:?}"
+        );
+
+        let keyless = ProduceCmd::new(&url, topic, "keyless", 40, 64);
+        let receipts = keyless.run(CLI_TIMEOUT);
+        let used: BTreeSet<i32> = receipts.iter().map(|r| r.id.partition).collect();
+        assert_eq!(used, (0..4).collect(), "round-robin should use every partition");
+        let mut single = ProduceCmd::new(&url, topic, "single", 20, 64);
+        single.extra_args = vec!["--routing".into(), "single".into()];
+        let used: BTreeSet<i32> = single.run(CLI_TIMEOUT).iter().map(|r| r.id.partition).collect();
+        assert_eq!(used.len(), 1, "single-partition routing used {used:?}");
+
+        // Consume the partitioned name: all 260 messages, per key in order.
+        let mut consume = ConsumeCmd::new(&url, topic, "all");
+        consume.count = 260;
+        let received = consume.run(CLI_TIMEOUT);
+        assert_eq!(received.len(), 260);
+        let mut last_seq: BTreeMap<String, u64> = BTreeMap::new();
+        for m in &received {
+            let (producer, seq) = parse_generated(&m.payload).expect("generated payload");
+            if producer != "keyed" {
+                continue;
+            }
+            let key = m.key.clone().expect("keyed message has its key");
+            assert_eq!(m.id.partition, partition_of_key[&key], "{m:?}");
+            if let Some(prev) = last_seq.insert(key.clone(), seq) {
+                assert!(seq > prev, "key {key}: seq {seq} after {prev}");
+            }
+        }
+        assert_eq!(last_seq.len(), 7);
+
+        // The SDK's latency-aware mode reaches every partition too (untried
+        // partitions first) and reports the partition in each id.
+        let client = Client::connect(&url).await.expect("connect");
+        let p = client.producer(topic).create_partitioned(RoutingMode::Latency).await.expect("producer");
+        assert_eq!(p.partitions(), 4);
+        let mut used = BTreeSet::new();
+        for i in 0..16 {
+            used.insert(p.send(OutgoingMessage::new(format!("l{i}"))).await.expect("send").partition);
+        }
+        assert_eq!(used, (0..4).collect());
+        // Growing the topic: the producer picks up the new partitions.
+        admin_ok(&url, &["topics", "update-partitioned", topic, "-p", "6"]);
+        p.refresh_partitions().await.expect("refresh");
+        assert_eq!(p.partitions(), 6);
+        p.close().await.expect("close");
+        client.close();
+    });
+}
+
+/// Goal: Exclusive refuses a second producer; WaitForExclusive waits and
+/// takes over when the holder leaves; ExclusiveWithFencing fences the
+/// holder's later sends. The CLI reports a refusal.
+#[test]
+fn exclusive_producers_refuse_wait_and_fence() {
+    run_async_with_timeout(Duration::from_secs(90), || async {
+        let dir = test_dir("access-modes");
+        let broker = BrokerProcess::start(dir.path(), SHARDS);
+        let url = broker.url();
+        let topic = "persistent://public/default/exclusive";
+        let a = Client::connect(&url).await.expect("connect");
+        let b = Client::connect(&url).await.expect("connect");
+        let first = a.producer(topic).name("first").access_mode(ProducerAccessMode::Exclusive).create().await;
+        let first = first.expect("first exclusive producer");
+        for mode in [ProducerAccessMode::Exclusive, ProducerAccessMode::Shared] {
+            match b.producer(topic).access_mode(mode).create().await {
+                Err(ClientError::Broker { code: ErrorCode::ProducerBusy, message }) => {
+                    assert!(message.contains("exclusive"), "{message}")
+                }
+                other => panic!("{mode:?} next to an exclusive producer: got {other:?}"),
+            }
+        }
+        let mut cli = ProduceCmd::new(&url, topic, "cli", 1, 8);
+        cli.extra_args = vec!["--access-mode".into(), "exclusive".into()];
+        let run = run_cli(cli.args(), CLI_TIMEOUT);
+        assert!(!run.status.success(), "the CLI producer was accepted");
+        assert!(run.stderr.contains("ProducerBusy"), "{}", run.stderr);
+
+        // WaitForExclusive: pending while `first` holds the topic.
+        let b2 = b.clone();
+        let waiting = tokio::spawn(async move {
+            b2.producer(topic).name("waiter").access_mode(ProducerAccessMode::WaitForExclusive).create().await
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!waiting.is_finished(), "the waiting producer was admitted while the topic was held");
+        first.send(OutgoingMessage::new("from first")).await.expect("holder still sends");
+        first.close().await.expect("close");
+        let waiter = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("the waiter took over within 10 s")
+            .expect("task")
+            .expect("waiter created");
+        waiter.send(OutgoingMessage::new("from waiter")).await.expect("waiter sends");
+
+        // Fencing: the new producer takes the topic, the waiter's sends fail.
+        let fencer = a.producer(topic).access_mode(ProducerAccessMode::ExclusiveWithFencing).create().await;
+        let fencer = fencer.expect("fencing producer");
+        match waiter.send(OutgoingMessage::new("fenced")).await {
+            Err(ClientError::Broker { code: ErrorCode::ProducerFenced, .. }) => {}
+            other => panic!("send of a fenced producer: got {other:?}"),
+        }
+        fencer.send(OutgoingMessage::new("from fencer")).await.expect("fencer sends");
+        a.close();
+        b.close();
+    });
+}
