@@ -402,7 +402,12 @@ impl Connection {
             return Err(ClientError::ProducerClosed { producer_name: String::new() });
         };
         if let Some(last) = slot.inflight.back() {
-            assert!(last.sequence_id < send.sequence_id, "sequence ids must increase");
+            if last.sequence_id >= send.sequence_id {
+                return Err(ClientError::InvalidOption {
+                    option: "sequence_id",
+                    reason: "must be above every sequence id still awaiting its receipt",
+                });
+            }
         }
         slot.inflight.push_back(send);
         Ok(())

@@ -196,7 +196,7 @@ impl Producer {
         if self.is_closed() {
             return Err(self.closed_error());
         }
-        let sequence_id = *next;
+        let sequence_id = msg.sequence_id.unwrap_or(*next);
         let payload_len = msg.payload.len();
         let uncompressed_size = u32::try_from(payload_len).map_err(|_| ClientError::MessageTooLarge {
             size: payload_len,
@@ -218,7 +218,7 @@ impl Producer {
             self.conn.encode(&Command::Send { producer_id: self.producer_id, sequence_id, num_messages: 1 }, &blob)?;
         let (done, rx) = oneshot::channel();
         self.conn.push_inflight(self.producer_id, InflightSend { sequence_id, done, _permit: permit })?;
-        *next += 1;
+        *next = (*next).max(sequence_id.saturating_add(1));
         // If this fails the connection is down, and failing it already
         // completed the in-flight entry with the same error.
         self.conn.write(frame).await?;

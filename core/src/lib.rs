@@ -9,6 +9,7 @@
 mod admin;
 pub mod config;
 pub mod cursor;
+pub mod dedup;
 pub mod error;
 pub mod launch;
 mod mesh;

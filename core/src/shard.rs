@@ -36,6 +36,8 @@ pub const SHARDS_MAX: u32 = LEDGER_ID_SHARD_STRIDE as u32;
 
 const META_TOPIC_PREFIX: &[u8] = b"t/";
 const META_CURSOR_PREFIX: &[u8] = b"c/";
+/// `d/<topic>`: the topic's dedup snapshot (see `dedup.rs`).
+const META_DEDUP_PREFIX: &[u8] = b"d/";
 /// `x/<ledger>`: the ledger of a deleted topic, kept so that its id is never
 /// handed out again (the log may still hold its entries).
 const META_DELETED_LEDGER_PREFIX: &[u8] = b"x/";
@@ -227,6 +229,12 @@ fn cursor_meta_key(topic: &str, sub: &str) -> Vec<u8> {
     k.extend_from_slice(topic.as_bytes());
     k.push(b'\n');
     k.extend_from_slice(sub.as_bytes());
+    k
+}
+
+fn dedup_meta_key(topic: &str) -> Vec<u8> {
+    let mut k = META_DEDUP_PREFIX.to_vec();
+    k.extend_from_slice(topic.as_bytes());
     k
 }
 
@@ -475,13 +483,43 @@ impl Shard {
                     format!("send says {num_messages} messages, its metadata {}", peek.num_messages),
                 ));
             }
+            let tracked = t.dedup.loaded.get() || t.dedup.loading.get();
+            let seq = peek.sequence_id;
+            if t.dedup.enabled.get() {
+                if peek.producer_name != producer {
+                    return Err(CoreError::new(
+                        ErrorCode::ProtocolError,
+                        format!("message metadata names producer {:?}, not {producer:?}", peek.producer_name),
+                    ));
+                }
+                if let crate::dedup::Check::Duplicate(original) = t.dedup.check(producer, seq) {
+                    return Ok(Err((t, original)));
+                }
+            }
             let a = self.log.append(t.ledger, blob)?;
             assert_eq!(a.entry, t.next_entry.get(), "entry ids of a ledger are dense");
             t.next_entry.set(a.entry + 1);
-            Ok((t, a))
+            if tracked {
+                t.dedup.record(producer, seq, a.entry, a.lsn);
+            }
+            Ok(Ok((t, a)))
         })();
         let (topic, appended) = match appended {
-            Ok(x) => x,
+            Ok(Ok(x)) => x,
+            Ok(Err((t, original))) => {
+                // A resend: answer with the original receipt, once durable.
+                let me = self.clone();
+                return async move {
+                    match original {
+                        Some((entry, lsn)) => {
+                            me.log.wait_durable(lsn).await?;
+                            Ok(Reply::Sent(MessageId::new(t.ledger, entry, t.partition, -1)))
+                        }
+                        None => Ok(Reply::Sent(crate::dedup::duplicate_id(t.partition))),
+                    }
+                }
+                .boxed_local();
+            }
             Err(e) => return futures::future::ready(Err(e)).boxed_local(),
         };
         let _ = sequence_id;
@@ -579,6 +617,10 @@ impl Shard {
         } else {
             name
         };
+        if policy.policies.deduplication {
+            self.ensure_dedup_loaded(&t).await?;
+        }
+        t.dedup.enabled.set(policy.policies.deduplication);
         let admission = t.producers.borrow_mut().add(topic, &name, mode, policy.policies.max_producers_per_topic)?;
         if let Admission::Wait(rx) = admission {
             // WaitForExclusive: the topic attaches us when the holder leaves.
@@ -592,7 +634,9 @@ impl Shard {
                 return Err(e.into());
             }
         }
-        Ok(Reply::Producer { name, last_sequence_id: -1 })
+        let last_sequence_id =
+            if t.dedup.enabled.get() { t.dedup.last_persisted(&name, self.log.durable_lsn()) } else { -1 };
+        Ok(Reply::Producer { name, last_sequence_id })
     }
 
     async fn handle_subscribe(
@@ -651,6 +695,65 @@ impl Shard {
         Ok(Reply::Done)
     }
 
+    /// Rebuilds the topic's dedup state: snapshot, then a replay of the
+    /// durable entries after it. Appends made meanwhile are tracked live.
+    async fn ensure_dedup_loaded(self: &Rc<Self>, t: &Rc<Topic>) -> Result<(), CoreError> {
+        while t.dedup.loading.get() {
+            glommio::timer::sleep(Duration::from_millis(2)).await;
+        }
+        if t.dedup.loaded.get() {
+            return Ok(());
+        }
+        t.dedup.loading.set(true);
+        let result = async {
+            let snap: crate::dedup::Snapshot = match self.log.meta(&dedup_meta_key(&t.key)) {
+                Some(v) => serde_json::from_slice(&v).map_err(|e| {
+                    CoreError::new(ErrorCode::PersistenceError, format!("unreadable dedup snapshot of {}: {e}", t.key))
+                })?,
+                None => crate::dedup::Snapshot::default(),
+            };
+            t.dedup.restore(&snap);
+            let end = t.next_entry.get();
+            while t.durable_next.get() < end && !self.closed.get() {
+                glommio::timer::sleep(Duration::from_millis(2)).await;
+            }
+            for entry in snap.next_entry..end {
+                match self.log.read(t.ledger, entry).await {
+                    Ok(blob) => match magnetar_wire::peek_message(&blob) {
+                        Ok(p) => t.dedup.record(p.producer_name, p.sequence_id, entry, 0),
+                        Err(e) => tracing::warn!(topic = %t.key, entry, "dedup replay: undecodable entry: {e}"),
+                    },
+                    // Gone (retention) or unreadable: nothing to learn from it.
+                    Err(e) => tracing::warn!(topic = %t.key, entry, "dedup replay: cannot read entry: {e}"),
+                }
+            }
+            tracing::info!(topic = %t.key, from = snap.next_entry, to = end, "dedup state restored");
+            Ok(())
+        }
+        .await;
+        t.dedup.loading.set(false);
+        if result.is_ok() {
+            t.dedup.loaded.set(true);
+        }
+        result
+    }
+
+    /// Writes the dedup snapshot of every topic whose state changed.
+    fn flush_dedup(&self) -> Result<Option<u64>, CoreError> {
+        let mut last = None;
+        let topics: Vec<Rc<Topic>> = self.topics.borrow().values().cloned().collect();
+        for t in topics {
+            if !t.dedup.loaded.get() || t.dedup.loading.get() || !t.dedup.dirty.replace(false) {
+                continue;
+            }
+            let snap = t.dedup.snapshot(t.next_entry.get());
+            let bytes = serde_json::to_vec(&snap)
+                .map_err(|e| CoreError::new(ErrorCode::UnknownError, format!("encoding a dedup snapshot: {e}")))?;
+            last = Some(self.log.put_meta(&dedup_meta_key(&t.key), Bytes::from(bytes))?);
+        }
+        Ok(last)
+    }
+
     async fn handle_delete_topic(self: Rc<Self>, topic: &str) -> OpResult {
         if !self.topic_exists(topic) {
             return Err(CoreError::new(ErrorCode::TopicNotFound, format!("topic {topic} does not exist")));
@@ -684,6 +787,9 @@ impl Shard {
         prefix.push(b'\n');
         for (k, _) in self.log.meta_prefix(&prefix) {
             self.log.put_meta(&k, Bytes::new())?;
+        }
+        if self.log.meta(&dedup_meta_key(topic)).is_some() {
+            self.log.put_meta(&dedup_meta_key(topic), Bytes::new())?;
         }
         let lsn = self.log.put_meta(&key, Bytes::new())?;
         self.log.wait_durable(lsn).await?;
@@ -751,6 +857,7 @@ impl Shard {
 
     /// Writes every changed cursor to the log. Returns the last position written.
     fn flush_cursors(&self) -> Result<Option<u64>, CoreError> {
+        let dedup = self.flush_dedup()?;
         let dirty = std::mem::take(&mut *self.dirty_cursors.borrow_mut());
         let mut last = None;
         for (t, s) in dirty {
@@ -759,7 +866,7 @@ impl Shard {
             }
             s.dirty.set(false);
         }
-        Ok(last)
+        Ok(last.or(dedup))
     }
 
     /// Background task: persists changed cursors every interval.

@@ -30,6 +30,7 @@ pub(crate) struct Topic {
     pub(crate) producers: RefCell<crate::producers::TopicProducers>,
     /// Set when the topic was deleted: its dispatchers stop.
     pub(crate) deleted: Cell<bool>,
+    pub(crate) dedup: crate::dedup::Dedup,
     pub(crate) subs: RefCell<HashMap<String, Rc<Subscription>>>,
 }
 
@@ -45,6 +46,7 @@ impl Topic {
             durable_next: Cell::new(next_entry),
             producers: RefCell::new(crate::producers::TopicProducers::default()),
             deleted: Cell::new(false),
+            dedup: crate::dedup::Dedup::default(),
             subs: RefCell::new(HashMap::new()),
         }
     }

@@ -297,3 +297,81 @@ fn exclusive_producers_refuse_wait_and_fence() {
         b.close();
     });
 }
+
+/// Goal: with deduplication on, a resend of a stored sequence id is answered
+/// with the original receipt and stored once, also across a `kill -9` (the
+/// state is rebuilt from the snapshot and the log tail), and a reconnecting
+/// producer learns the last stored sequence id.
+/// Method: send 0..100, resend 50..100, kill -9 right after the last
+/// receipt, restart, resend 0..120; a consumer from the earliest position
+/// must see each of 0..120 exactly once.
+#[test]
+fn dedup_stores_each_sequence_once_across_kill9_and_resends() {
+    run_async_with_timeout(Duration::from_secs(120), || async {
+        let dir = test_dir("dedup");
+        let mut broker = BrokerProcess::start(dir.path(), SHARDS);
+        let url = broker.url();
+        admin_ok(&url, &["namespaces", "create", "public/dedup"]);
+        admin_ok(&url, &["namespaces", "set-deduplication", "public/dedup", "on"]);
+        let topic = "persistent://public/dedup/orders";
+        let msg = |seq: u64| OutgoingMessage::new(format!("m{seq}")).with_sequence_id(seq);
+
+        let client = Client::connect(&url).await.expect("connect");
+        let p = client.producer(topic).name("dp").create().await.expect("producer");
+        assert_eq!(p.last_sequence_id(), -1);
+        let mut receipts = Vec::new();
+        for seq in 0..100 {
+            receipts.push(p.send_async(msg(seq)).await.expect("send"));
+        }
+        let mut ids = Vec::new();
+        for r in receipts {
+            ids.push(r.await.expect("receipt"));
+        }
+        let mut resent = Vec::new();
+        for seq in 50..100u64 {
+            resent.push((seq, p.send_async(msg(seq)).await.expect("resend")));
+        }
+        for (seq, r) in resent {
+            assert_eq!(r.await.expect("resend"), ids[seq as usize], "resend of {seq} answered with another id");
+        }
+        broker.kill9();
+        client.close();
+
+        let broker = broker.restart();
+        let url = broker.url();
+        let client = Client::connect(&url).await.expect("connect");
+        let p = client.producer(topic).name("dp").create().await.expect("producer after restart");
+        assert_eq!(p.last_sequence_id(), 99, "the broker should remember the last stored sequence id");
+        let mut resent = Vec::new();
+        for seq in 0..120u64 {
+            resent.push((seq, p.send_async(msg(seq)).await.expect("resend after restart")));
+        }
+        for (seq, r) in resent {
+            let id = r.await.expect("receipt after restart");
+            if seq < 100 && id.ledger != u64::MAX {
+                assert_eq!(id, ids[seq as usize], "resend of {seq} after restart answered with another id");
+            }
+        }
+        let consumer = client
+            .subscribe(topic, "check")
+            .initial_position(magnetar_client::InitialPosition::Earliest)
+            .subscribe()
+            .await
+            .expect("consumer");
+        let mut seen = BTreeMap::new();
+        loop {
+            match tokio::time::timeout(Duration::from_secs(2), consumer.receive()).await {
+                Ok(m) => {
+                    let m = m.expect("receive");
+                    *seen.entry(m.sequence_id()).or_insert(0u32) += 1;
+                    assert_eq!(m.payload, format!("m{}", m.sequence_id()).as_bytes());
+                }
+                Err(_) => break,
+            }
+        }
+        assert_eq!(seen.len(), 120, "distinct sequence ids stored: {}", seen.len());
+        let dups: Vec<_> = seen.iter().filter(|(_, n)| **n != 1).collect();
+        assert!(dups.is_empty(), "stored more than once: {dups:?}");
+        client.close();
+    });
+}
