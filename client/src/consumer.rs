@@ -6,6 +6,7 @@ use crate::message::Message;
 use crate::names::normalize_topic;
 use magnetar_wire::{AckType, Command, InitialPosition, MessageId, SubscriptionType};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TryRecvError;
@@ -172,6 +173,7 @@ impl ConsumerBuilder {
             rx: tokio::sync::Mutex::new(Receiving { rx, unflowed: 0 }),
             flow_threshold: (queue / 2).max(1),
             closed,
+            batches: std::sync::Mutex::new(HashMap::new()),
         };
         consumer.conn.send_command(&Command::Flow { consumer_id, permits: queue }).await?;
         Ok(consumer)
@@ -194,6 +196,10 @@ pub struct Consumer {
     rx: tokio::sync::Mutex<Receiving>,
     flow_threshold: u32,
     closed: Arc<AtomicBool>,
+    /// Batches handed out and not wholly acknowledged: (ledger, entry,
+    /// partition) → acked flag per batch index. The broker acknowledges
+    /// entries, so an entry is acked only once all its messages are.
+    batches: std::sync::Mutex<HashMap<(u64, u64, i32), Vec<bool>>>,
 }
 
 impl std::fmt::Debug for Consumer {
@@ -244,6 +250,7 @@ impl Consumer {
             // always returned (cancel safety).
             Some(delivery) => {
                 self.after_receive(&mut receiving);
+                self.track_batch(&delivery);
                 delivery
             }
             None => Err(self.closed_error()),
@@ -257,6 +264,7 @@ impl Consumer {
         match receiving.rx.try_recv() {
             Ok(delivery) => {
                 self.after_receive(&mut receiving);
+                self.track_batch(&delivery);
                 delivery.map(Some)
             }
             Err(TryRecvError::Empty) => Ok(None),
@@ -278,11 +286,66 @@ impl Consumer {
         }
     }
 
+    fn lock_batches(&self) -> std::sync::MutexGuard<'_, HashMap<(u64, u64, i32), Vec<bool>>> {
+        self.batches.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn track_batch(&self, delivery: &Delivery) {
+        let Ok(m) = delivery else { return };
+        if m.id.batch_index < 0 || m.metadata.num_messages <= 1 {
+            return;
+        }
+        let n = usize::try_from(m.metadata.num_messages).unwrap_or(0);
+        self.lock_batches().entry((m.id.ledger, m.id.entry, m.id.partition)).or_insert_with(|| vec![false; n]);
+    }
+
+    /// The ids to send to the broker for acknowledging `ids`: a message of a
+    /// batch is acknowledged on the broker only with its last sibling; a
+    /// cumulative ack inside a batch acknowledges up to the entry before.
+    fn broker_acks(&self, ack_type: AckType, ids: &[MessageId]) -> Vec<MessageId> {
+        let mut batches = self.lock_batches();
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let key = (id.ledger, id.entry, id.partition);
+            if ack_type == AckType::Cumulative {
+                batches.retain(|(l, e, p), _| !(*p == id.partition && (*l, *e) < (id.ledger, id.entry)));
+            }
+            let Some(flags) = batches.get_mut(&key).filter(|_| id.batch_index >= 0) else {
+                out.push(*id);
+                continue;
+            };
+            let index = usize::try_from(id.batch_index).unwrap_or(usize::MAX);
+            match ack_type {
+                AckType::Individual => {
+                    if let Some(f) = flags.get_mut(index) {
+                        *f = true;
+                    }
+                }
+                AckType::Cumulative => {
+                    for f in flags.iter_mut().take(index.saturating_add(1)) {
+                        *f = true;
+                    }
+                }
+            }
+            if flags.iter().all(|f| *f) {
+                batches.remove(&key);
+                out.push(*id);
+            } else if ack_type == AckType::Cumulative && id.entry > 0 {
+                out.push(MessageId::new(id.ledger, id.entry - 1, id.partition, -1));
+            }
+        }
+        out
+    }
+
     async fn send_ack(&self, ack_type: AckType, id: &MessageId) -> Result<()> {
         if self.is_closed() {
             return Err(self.closed_error());
         }
-        let command = Command::Ack { consumer_id: self.consumer_id, ack_type, message_ids: vec![*id], request_id: 0 };
+        let message_ids = self.broker_acks(ack_type, std::slice::from_ref(id));
+        if message_ids.is_empty() {
+            return Ok(());
+        }
+        let command = Command::Ack { consumer_id: self.consumer_id, ack_type, message_ids, request_id: 0 };
         self.conn.send_command(&command).await
     }
 
@@ -311,9 +374,13 @@ impl Consumer {
             });
         }
         let consumer_id = self.consumer_id;
+        let message_ids = self.broker_acks(ack_type, ids);
+        if message_ids.is_empty() {
+            return Ok(());
+        }
         let answer = self
             .conn
-            .request("ack", |request_id| Command::Ack { consumer_id, ack_type, message_ids: ids.to_vec(), request_id })
+            .request("ack", |request_id| Command::Ack { consumer_id, ack_type, message_ids: message_ids.clone(), request_id })
             .await?;
         match answer {
             Command::Success { .. } => Ok(()),

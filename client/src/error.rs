@@ -58,6 +58,9 @@ pub enum ClientError {
     #[error("producer {producer_name:?} is closed")]
     ProducerClosed { producer_name: String },
 
+    #[error("{codec} compression: {reason}")]
+    Compression { codec: String, reason: String },
+
     /// The consumer was closed (by `close()` or by the broker).
     #[error("consumer of subscription {subscription:?} is closed")]
     ConsumerClosed { subscription: String },

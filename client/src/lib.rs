@@ -16,6 +16,8 @@
 //! it. See `README.md` for the threading model and limits.
 
 mod admin;
+mod batch;
+mod compression;
 mod connection;
 mod consumer;
 mod error;
@@ -26,6 +28,8 @@ mod partitioned;
 mod producer;
 
 pub use admin::Admin;
+pub use batch::BatchingOptions;
+pub use compression::{compress, decompress, UNCOMPRESSED_BYTES_MAX};
 pub use connection::{ClientOptions, ServerInfo};
 pub use consumer::{Consumer, ConsumerBuilder, DEFAULT_RECEIVER_QUEUE_SIZE, RECEIVER_QUEUE_SIZE_MAX};
 pub use error::{ClientError, Result};
@@ -38,7 +42,7 @@ pub use producer::{Producer, ProducerBuilder, SendFuture, DEFAULT_MAX_PENDING, M
 // The protocol types an application needs, so it does not have to depend on
 // magnetar-wire itself.
 pub use magnetar_wire::{
-    AckType, ErrorCode, InitialPosition, MessageId, MessageMetadata, ProducerAccessMode, SubscriptionType, WireError,
+    AckType, CompressionType, ErrorCode, InitialPosition, MessageId, MessageMetadata, ProducerAccessMode, SubscriptionType, WireError,
 };
 
 use connection::Connection;
@@ -79,6 +83,8 @@ impl Client {
             name: None,
             max_pending: DEFAULT_MAX_PENDING,
             access_mode: ProducerAccessMode::Shared,
+            batching: None,
+            compression: CompressionType::None,
         }
     }
 

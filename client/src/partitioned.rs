@@ -85,6 +85,7 @@ pub struct PartitionedProducer {
     next: AtomicUsize,
     single: u32,
     last_refresh: std::sync::Mutex<Instant>,
+    created: Instant,
 }
 
 impl std::fmt::Debug for PartitionedProducer {
@@ -128,6 +129,7 @@ impl PartitionedProducer {
             growing: tokio::sync::Mutex::new(()),
             next: AtomicUsize::new(0),
             last_refresh: std::sync::Mutex::new(Instant::now()),
+            created: Instant::now(),
         };
         me.grow_to(n.max(1)).await?;
         Ok(me)
@@ -147,6 +149,8 @@ impl PartitionedProducer {
                 name,
                 max_pending: b.max_pending,
                 access_mode: b.access_mode,
+                batching: b.batching.clone(),
+                compression: b.compression,
             };
             let producer = builder.create().await?;
             let part = Partition { producer: Arc::new(producer), latency_us: Arc::new(AtomicU64::new(0)) };
@@ -211,9 +215,16 @@ impl PartitionedProducer {
         let i = match (&self.routing, &msg.key) {
             (RoutingMode::Custom(r), _) => r.choose(msg, n) % n,
             (_, Some(key)) => key_partition(key, n),
-            (RoutingMode::RoundRobin, None) => {
-                u32::try_from(self.next.fetch_add(1, Ordering::Relaxed) % parts.len().max(1)).unwrap_or(0)
-            }
+            (RoutingMode::RoundRobin, None) => match &self.builder.batching {
+                // With batching, switch partition once per batching period
+                // so that batches fill (Pulsar's round-robin router).
+                Some(b) => {
+                    let period = u64::try_from(b.max_delay.as_micros()).unwrap_or(u64::MAX).max(1);
+                    let now = u64::try_from(self.created.elapsed().as_micros()).unwrap_or(0);
+                    u32::try_from((now / period) % u64::from(n)).unwrap_or(0)
+                }
+                None => u32::try_from(self.next.fetch_add(1, Ordering::Relaxed) % parts.len().max(1)).unwrap_or(0),
+            },
             (RoutingMode::SinglePartition, None) => self.single % n,
             (RoutingMode::KeyHash, None) => 0,
             (RoutingMode::Latency, None) => {

@@ -4,7 +4,9 @@ use crate::connection::{Connection, InflightSend};
 use crate::error::{ClientError, Result};
 use crate::message::OutgoingMessage;
 use crate::names::normalize_topic;
-use magnetar_wire::{encode_message, Command, MessageId, MessageMetadata, ProducerAccessMode};
+use crate::batch::{BatchingOptions, Batcher};
+use bytes::Bytes;
+use magnetar_wire::{encode_message, Command, CompressionType, MessageId, MessageMetadata, ProducerAccessMode};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,6 +39,8 @@ pub struct ProducerBuilder {
     pub(crate) name: Option<String>,
     pub(crate) max_pending: usize,
     pub(crate) access_mode: ProducerAccessMode,
+    pub(crate) batching: Option<BatchingOptions>,
+    pub(crate) compression: CompressionType,
 }
 
 impl ProducerBuilder {
@@ -65,6 +69,19 @@ impl ProducerBuilder {
     /// itself when it is not partitioned), routing with `routing`.
     pub async fn create_partitioned(self, routing: crate::partitioned::RoutingMode) -> Result<crate::PartitionedProducer> {
         crate::partitioned::PartitionedProducer::create(self, routing).await
+    }
+
+    /// Batch messages (by count, bytes and delay; per key with
+    /// `key_based`). Off by default: each send is one entry.
+    pub fn batching(mut self, options: BatchingOptions) -> Self {
+        self.batching = Some(options);
+        self
+    }
+
+    /// Compress each entry's payload (a message's, or a batch's) with `codec`.
+    pub fn compression(mut self, codec: CompressionType) -> Self {
+        self.compression = codec;
+        self
     }
 
     /// Register the producer with the broker.
@@ -100,7 +117,10 @@ impl ProducerBuilder {
         // Continue after what the broker has persisted for this name, so a
         // restarted named producer never reuses a sequence id (dedup-safe).
         let next_sequence_id = u64::try_from(last_sequence_id.saturating_add(1)).unwrap_or(0);
-        Ok(Producer {
+        if let Some(b) = &self.batching {
+            b.validate()?;
+        }
+        let core = Arc::new(ProducerCore {
             conn: self.conn,
             producer_id,
             topic,
@@ -110,16 +130,16 @@ impl ProducerBuilder {
             next_sequence_id: tokio::sync::Mutex::new(next_sequence_id),
             last_sequence_id,
             closed,
-        })
+            compression: self.compression,
+        });
+        Ok(Producer::new(core, self.batching))
     }
 }
 
-/// A producer on one topic. Sends are pipelined: up to `max_pending` await
-/// their receipts at once, and receipts arrive in send order. `Send + Sync`;
-/// share it with an `Arc` to send from several tasks (sends from concurrent
-/// tasks are ordered by when each gets the internal sequence lock).
-pub struct Producer {
-    conn: Arc<Connection>,
+/// The producer's connection-facing half: sequence ids, in-flight bound,
+/// frames. Shared by the [`Producer`] handle and its batch flusher task.
+pub(crate) struct ProducerCore {
+    pub(crate) conn: Arc<Connection>,
     producer_id: u64,
     topic: String,
     name: String,
@@ -131,34 +151,17 @@ pub struct Producer {
     next_sequence_id: tokio::sync::Mutex<u64>,
     last_sequence_id: i64,
     closed: Arc<AtomicBool>,
+    compression: CompressionType,
 }
 
-impl std::fmt::Debug for Producer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Producer").field("topic", &self.topic).field("name", &self.name).finish_non_exhaustive()
+impl ProducerCore {
+    pub(crate) fn compression(&self) -> CompressionType {
+        self.compression
     }
-}
 
-impl Producer {
     /// The producer name (the broker's choice when none was given).
     pub fn name(&self) -> &str {
         &self.name
-    }
-
-    /// Full topic name.
-    pub fn topic(&self) -> &str {
-        &self.topic
-    }
-
-    /// The highest sequence id the broker had persisted for this producer
-    /// name when the producer was created; -1 when none.
-    pub fn last_sequence_id(&self) -> i64 {
-        self.last_sequence_id
-    }
-
-    /// Sends that await their receipt right now.
-    pub fn pending(&self) -> usize {
-        self.max_pending - self.permits.available_permits()
     }
 
     pub fn is_closed(&self) -> bool {
@@ -177,16 +180,41 @@ impl Producer {
         }
     }
 
-    /// Send one message and wait until it is durable; returns its id.
-    pub async fn send(&self, msg: OutgoingMessage) -> Result<MessageId> {
-        self.send_async(msg).await?.await
+    /// Queue one message as its own entry (compressed when the producer
+    /// compresses).
+    pub(crate) async fn send_single(&self, msg: OutgoingMessage) -> Result<SendFuture> {
+        let compression = self.compression;
+        let explicit = msg.sequence_id;
+        self.send_entry(1, explicit, move |sequence_id| {
+            let payload_len = msg.payload.len();
+            let uncompressed_size = u32::try_from(payload_len)
+                .map_err(|_| ClientError::MessageTooLarge { size: payload_len, max_frame_bytes: u32::MAX })?;
+            let payload = crate::compression::compress(compression, &msg.payload)?;
+            let metadata = MessageMetadata {
+                sequence_id,
+                event_time_ms: msg.event_time_ms.unwrap_or(0),
+                partition_key: msg.key,
+                properties: msg.properties,
+                num_messages: 1,
+                compression,
+                uncompressed_size,
+                ..MessageMetadata::default()
+            };
+            Ok((metadata, payload))
+        })
+        .await
     }
 
-    /// Queue one message and return as soon as it is on its way, with a
-    /// future for its receipt. Waits while `max_pending` sends await their
-    /// receipts. Receipts complete in the order of `send_async` calls.
-    /// Dropping the returned future does not cancel the send.
-    pub async fn send_async(&self, msg: OutgoingMessage) -> Result<SendFuture> {
+    /// Queue one entry of `num_messages` messages. `build` gets the entry's
+    /// sequence id (the explicit one, or the next) and returns its metadata
+    /// and payload; producer name, publish time and message count are filled
+    /// in here. Waits while `max_pending` entries await their receipts.
+    pub(crate) async fn send_entry(
+        &self,
+        num_messages: u32,
+        explicit_sequence_id: Option<u64>,
+        build: impl FnOnce(u64) -> Result<(MessageMetadata, Bytes)>,
+    ) -> Result<SendFuture> {
         if self.is_closed() {
             return Err(self.closed_error());
         }
@@ -196,29 +224,17 @@ impl Producer {
         if self.is_closed() {
             return Err(self.closed_error());
         }
-        let sequence_id = msg.sequence_id.unwrap_or(*next);
-        let payload_len = msg.payload.len();
-        let uncompressed_size = u32::try_from(payload_len).map_err(|_| ClientError::MessageTooLarge {
-            size: payload_len,
-            max_frame_bytes: self.conn.server.max_frame_bytes,
-        })?;
-        let metadata = MessageMetadata {
-            producer_name: self.name.clone(),
-            sequence_id,
-            publish_time_ms: now_ms(),
-            event_time_ms: msg.event_time_ms.unwrap_or(0),
-            partition_key: msg.key,
-            properties: msg.properties,
-            num_messages: 1,
-            uncompressed_size,
-            ..MessageMetadata::default()
-        };
-        let blob = encode_message(&metadata, &msg.payload);
-        let frame =
-            self.conn.encode(&Command::Send { producer_id: self.producer_id, sequence_id, num_messages: 1 }, &blob)?;
+        let sequence_id = explicit_sequence_id.unwrap_or(*next);
+        let (mut metadata, payload) = build(sequence_id)?;
+        metadata.producer_name = self.name.clone();
+        metadata.sequence_id = sequence_id;
+        metadata.publish_time_ms = now_ms();
+        metadata.num_messages = num_messages;
+        let blob = encode_message(&metadata, &payload);
+        let frame = self.conn.encode(&Command::Send { producer_id: self.producer_id, sequence_id, num_messages }, &blob)?;
         let (done, rx) = oneshot::channel();
         self.conn.push_inflight(self.producer_id, InflightSend { sequence_id, done, _permit: permit })?;
-        *next = (*next).max(sequence_id.saturating_add(1));
+        *next = (*next).max(sequence_id.saturating_add(u64::from(num_messages)));
         // If this fails the connection is down, and failing it already
         // completed the in-flight entry with the same error.
         self.conn.write(frame).await?;
@@ -257,13 +273,122 @@ impl Producer {
     }
 }
 
-impl Drop for Producer {
+impl Drop for ProducerCore {
     fn drop(&mut self) {
         if !self.closed.swap(true, Ordering::AcqRel) {
             // Best effort; request id 0 asks for no answer.
             self.conn.try_send_command(&Command::CloseProducer { request_id: 0, producer_id: self.producer_id });
             self.conn.remove_producer(self.producer_id);
         }
+    }
+}
+
+/// A producer on one topic. Sends are pipelined: up to `max_pending` entries
+/// await their receipts at once, and receipts arrive in send order. With
+/// batching, messages are gathered into entries (see [`BatchingOptions`]).
+/// `Send + Sync`; share it with an `Arc` to send from several tasks (sends
+/// from concurrent tasks are ordered by when each gets the internal lock).
+pub struct Producer {
+    pub(crate) core: Arc<ProducerCore>,
+    batcher: Option<Arc<Batcher>>,
+    flusher: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Producer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Producer")
+            .field("topic", &self.core.topic)
+            .field("name", &self.core.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Producer {
+    fn drop(&mut self) {
+        if let Some(f) = self.flusher.take() {
+            f.abort();
+        }
+    }
+}
+
+impl Producer {
+    fn new(core: Arc<ProducerCore>, batching: Option<BatchingOptions>) -> Self {
+        match batching {
+            None => Self { core, batcher: None, flusher: None },
+            Some(options) => {
+                let batcher = Arc::new(Batcher::new(options));
+                let flusher = Some(tokio::spawn(crate::batch::flush_loop(core.clone(), batcher.clone())));
+                Self { core, batcher: Some(batcher), flusher }
+            }
+        }
+    }
+
+    /// The producer name (the broker's choice when none was given).
+    pub fn name(&self) -> &str {
+        &self.core.name
+    }
+
+    /// Full topic name.
+    pub fn topic(&self) -> &str {
+        &self.core.topic
+    }
+
+    /// The highest sequence id the broker had persisted for this producer
+    /// name when the producer was created (needs broker dedup); -1 when none.
+    pub fn last_sequence_id(&self) -> i64 {
+        self.core.last_sequence_id
+    }
+
+    /// Entries that await their receipt right now.
+    pub fn pending(&self) -> usize {
+        self.core.max_pending - self.core.permits.available_permits()
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.core.is_closed()
+    }
+
+    /// Send one message and wait until it is durable; returns its id.
+    pub async fn send(&self, msg: OutgoingMessage) -> Result<MessageId> {
+        self.send_async(msg).await?.await
+    }
+
+    /// Queue one message and return as soon as it is on its way (or in the
+    /// current batch), with a future for its receipt. Waits while
+    /// `max_pending` entries await their receipts. Receipts complete in the
+    /// order of `send_async` calls (per key with key-based batching).
+    /// Dropping the returned future does not cancel the send.
+    pub async fn send_async(&self, msg: OutgoingMessage) -> Result<SendFuture> {
+        match &self.batcher {
+            // A message with its own sequence id goes alone, after what is batched.
+            Some(b) if msg.sequence_id.is_none() => b.add(&self.core, msg).await,
+            Some(b) => {
+                b.flush_all(&self.core).await?;
+                self.core.send_single(msg).await
+            }
+            None => self.core.send_single(msg).await,
+        }
+    }
+
+    /// Send what is batched now, then wait until every send made so far has
+    /// its receipt (or error).
+    pub async fn flush(&self) -> Result<()> {
+        if let Some(b) = &self.batcher {
+            b.flush_all(&self.core).await?;
+        }
+        self.core.flush().await
+    }
+
+    /// Send what is batched, wait for in-flight receipts (within the
+    /// operation timeout), then close the producer on the broker. Later sends
+    /// fail with `ProducerClosed`.
+    pub async fn close(&self) -> Result<()> {
+        if let Some(b) = &self.batcher {
+            if !self.core.is_closed() {
+                b.flush_all(&self.core).await?;
+            }
+        }
+        self.core.close().await
     }
 }
 
@@ -279,7 +404,12 @@ pub struct SendFuture {
 }
 
 impl SendFuture {
-    /// The sequence id this message was sent with.
+    pub(crate) fn new(rx: oneshot::Receiver<Result<MessageId>>, sequence_id: u64, after: Duration) -> Self {
+        Self { rx, sequence_id, timeout: Box::pin(tokio::time::sleep(after)), after }
+    }
+
+    /// The sequence id this message's entry was sent with (`u64::MAX` for a
+    /// batched message: its batch gets an id when it goes out).
     pub fn sequence_id(&self) -> u64 {
         self.sequence_id
     }

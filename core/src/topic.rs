@@ -237,8 +237,11 @@ async fn dispatch_loop(shard: Rc<Shard>, topic: Rc<Topic>, sub: Rc<Subscription>
                 *n += 1;
                 *n - 1
             };
+            // Permits count messages: a batch takes as many as it holds
+            // (it goes out whole, even past the consumer's last permits).
+            let messages = magnetar_wire::peek_message(&blob).map_or(1, |p| u64::from(p.num_messages.max(1)));
             if let Some(a) = sub.consumer.borrow_mut().as_mut() {
-                a.permits -= 1;
+                a.permits = a.permits.saturating_sub(messages);
             }
             sub.read_pos.set(pos + 1);
             let message_id = MessageId::new(topic.ledger, pos, topic.partition, -1);

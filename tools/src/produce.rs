@@ -9,7 +9,10 @@
 
 use bytes::Bytes;
 use hdrhistogram::Histogram;
-use magnetar_client::{Client, ClientError, MessageId, OutgoingMessage, ProducerAccessMode, RoutedSend, RoutingMode};
+use magnetar_client::{
+    BatchingOptions, Client, ClientError, CompressionType, MessageId, OutgoingMessage, ProducerAccessMode, RoutedSend,
+    RoutingMode,
+};
 use std::error::Error;
 use std::io::{BufRead, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -77,6 +80,29 @@ pub struct ProduceArgs {
     #[arg(long, value_enum, default_value_t = Routing::RoundRobin)]
     pub routing: Routing,
 
+    /// Batch messages: send a batch once it holds N messages (turns batching on).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub batch_max_messages: Option<u64>,
+
+    /// Batch messages: send a batch once its first message waited MS
+    /// milliseconds (turns batching on; default 10 when batching).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub batch_max_delay_ms: Option<u64>,
+
+    /// Batch messages: send a batch once it holds this many payload bytes
+    /// (turns batching on; default 131072 when batching).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=8_388_608))]
+    pub batch_max_bytes: Option<u64>,
+
+    /// `default`: one batch for all messages; `key-based`: one batch per key
+    /// (turns batching on).
+    #[arg(long, value_enum)]
+    pub batching: Option<Batching>,
+
+    /// Compress each entry's payload (a message's or a batch's) with this codec.
+    #[arg(long, value_enum, default_value_t = Codec::None)]
+    pub compression: Codec,
+
     /// How this producer shares the topic with other producers.
     #[arg(long, value_enum, default_value_t = AccessMode::Shared)]
     pub access_mode: AccessMode,
@@ -97,6 +123,58 @@ pub enum Routing {
     Single,
     Key,
     Latency,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Batching {
+    Default,
+    KeyBased,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Codec {
+    None,
+    Lz4,
+    Zlib,
+    Zstd,
+    Snappy,
+}
+
+impl From<Codec> for CompressionType {
+    fn from(c: Codec) -> Self {
+        match c {
+            Codec::None => CompressionType::None,
+            Codec::Lz4 => CompressionType::Lz4,
+            Codec::Zlib => CompressionType::Zlib,
+            Codec::Zstd => CompressionType::Zstd,
+            Codec::Snappy => CompressionType::Snappy,
+        }
+    }
+}
+
+impl ProduceArgs {
+    /// Batching options when any batching flag was given.
+    pub fn batching_options(&self) -> Option<BatchingOptions> {
+        if self.batch_max_messages.is_none()
+            && self.batch_max_delay_ms.is_none()
+            && self.batch_max_bytes.is_none()
+            && self.batching.is_none()
+        {
+            return None;
+        }
+        let mut o = BatchingOptions::default();
+        if let Some(n) = self.batch_max_messages {
+            o.max_messages = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if let Some(ms) = self.batch_max_delay_ms {
+            o.max_delay = Duration::from_millis(ms);
+        }
+        if let Some(b) = self.batch_max_bytes {
+            o.max_bytes = usize::try_from(b).unwrap_or(usize::MAX);
+        }
+        o.key_based = self.batching == Some(Batching::KeyBased);
+        Some(o)
+    }
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -255,13 +333,16 @@ async fn produce(args: ProduceArgs) -> Result<(), Box<dyn Error>> {
     let max_pending = usize::try_from(args.max_pending)?;
     // A partitioned topic's name covers all its partitions (one producer
     // each, named `<name>-<i>`); a plain topic gets one producer named `<name>`.
-    let producer = client
+    let mut builder = client
         .producer(args.topic.as_str())
         .name(requested_name.clone())
         .max_pending(max_pending)
         .access_mode(args.access_mode.into())
-        .create_partitioned(args.routing.into())
-        .await?;
+        .compression(args.compression.into());
+    if let Some(b) = args.batching_options() {
+        builder = builder.batching(b);
+    }
+    let producer = builder.create_partitioned(args.routing.into()).await?;
     let name = requested_name;
     let mut source = if args.stdin {
         Source::Stdin(spawn_stdin_reader())

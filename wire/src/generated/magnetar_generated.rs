@@ -4520,6 +4520,191 @@ impl ::core::fmt::Debug for MessageMetadata<'_> {
       ds.finish()
   }
 }
+pub enum SingleMessageMetadataOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// One message inside a batch (issue #5): the fields that differ from
+/// message to message. A batch's payload is, per message:
+/// `u32 LE metadata_len`, this table, `payload_size` payload bytes
+/// (see docs/format.md, "Batch payload").
+pub struct SingleMessageMetadata<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for SingleMessageMetadata<'a> {
+  type Inner = SingleMessageMetadata<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> SingleMessageMetadata<'a> {
+  pub const VT_PROPERTIES: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PARTITION_KEY: ::flatbuffers::VOffsetT = 6;
+  pub const VT_ORDERING_KEY: ::flatbuffers::VOffsetT = 8;
+  pub const VT_PAYLOAD_SIZE: ::flatbuffers::VOffsetT = 10;
+  pub const VT_EVENT_TIME_MS: ::flatbuffers::VOffsetT = 12;
+  pub const VT_SEQUENCE_ID: ::flatbuffers::VOffsetT = 14;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    SingleMessageMetadata { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args SingleMessageMetadataArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<SingleMessageMetadata<'bldr>> {
+    let mut builder = SingleMessageMetadataBuilder::new(_fbb);
+    builder.add_sequence_id(args.sequence_id);
+    builder.add_event_time_ms(args.event_time_ms);
+    builder.add_payload_size(args.payload_size);
+    if let Some(x) = args.ordering_key { builder.add_ordering_key(x); }
+    if let Some(x) = args.partition_key { builder.add_partition_key(x); }
+    if let Some(x) = args.properties { builder.add_properties(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn properties(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<KeyValue<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<KeyValue>>>>(SingleMessageMetadata::VT_PROPERTIES, None)}
+  }
+  #[inline]
+  pub fn partition_key(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(SingleMessageMetadata::VT_PARTITION_KEY, None)}
+  }
+  #[inline]
+  pub fn ordering_key(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(SingleMessageMetadata::VT_ORDERING_KEY, None)}
+  }
+  #[inline]
+  pub fn payload_size(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(SingleMessageMetadata::VT_PAYLOAD_SIZE, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn event_time_ms(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(SingleMessageMetadata::VT_EVENT_TIME_MS, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn sequence_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(SingleMessageMetadata::VT_SEQUENCE_ID, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for SingleMessageMetadata<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<KeyValue>>>>("properties", Self::VT_PROPERTIES, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("partition_key", Self::VT_PARTITION_KEY, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("ordering_key", Self::VT_ORDERING_KEY, false)?
+     .visit_field::<u32>("payload_size", Self::VT_PAYLOAD_SIZE, false)?
+     .visit_field::<u64>("event_time_ms", Self::VT_EVENT_TIME_MS, false)?
+     .visit_field::<u64>("sequence_id", Self::VT_SEQUENCE_ID, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct SingleMessageMetadataArgs<'a> {
+    pub properties: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<KeyValue<'a>>>>>,
+    pub partition_key: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub ordering_key: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+    pub payload_size: u32,
+    pub event_time_ms: u64,
+    pub sequence_id: u64,
+}
+impl<'a> Default for SingleMessageMetadataArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    SingleMessageMetadataArgs {
+      properties: None,
+      partition_key: None,
+      ordering_key: None,
+      payload_size: 0,
+      event_time_ms: 0,
+      sequence_id: 0,
+    }
+  }
+}
+
+pub struct SingleMessageMetadataBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> SingleMessageMetadataBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_properties(&mut self, properties: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<KeyValue<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SingleMessageMetadata::VT_PROPERTIES, properties);
+  }
+  #[inline]
+  pub fn add_partition_key(&mut self, partition_key: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SingleMessageMetadata::VT_PARTITION_KEY, partition_key);
+  }
+  #[inline]
+  pub fn add_ordering_key(&mut self, ordering_key: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SingleMessageMetadata::VT_ORDERING_KEY, ordering_key);
+  }
+  #[inline]
+  pub fn add_payload_size(&mut self, payload_size: u32) {
+    self.fbb_.push_slot::<u32>(SingleMessageMetadata::VT_PAYLOAD_SIZE, payload_size, 0);
+  }
+  #[inline]
+  pub fn add_event_time_ms(&mut self, event_time_ms: u64) {
+    self.fbb_.push_slot::<u64>(SingleMessageMetadata::VT_EVENT_TIME_MS, event_time_ms, 0);
+  }
+  #[inline]
+  pub fn add_sequence_id(&mut self, sequence_id: u64) {
+    self.fbb_.push_slot::<u64>(SingleMessageMetadata::VT_SEQUENCE_ID, sequence_id, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> SingleMessageMetadataBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    SingleMessageMetadataBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<SingleMessageMetadata<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for SingleMessageMetadata<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("SingleMessageMetadata");
+      ds.field("properties", &self.properties());
+      ds.field("partition_key", &self.partition_key());
+      ds.field("ordering_key", &self.ordering_key());
+      ds.field("payload_size", &self.payload_size());
+      ds.field("event_time_ms", &self.event_time_ms());
+      ds.field("sequence_id", &self.sequence_id());
+      ds.finish()
+  }
+}
 #[inline]
 /// Verifies that a buffer of bytes contains a `BaseCommand`
 /// and returns it.
