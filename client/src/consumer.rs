@@ -39,6 +39,7 @@ pub struct ConsumerBuilder {
     pub(crate) initial_position: InitialPosition,
     pub(crate) receiver_queue_size: u32,
     pub(crate) consumer_name: String,
+    pub(crate) durable: bool,
 }
 
 impl ConsumerBuilder {
@@ -63,6 +64,13 @@ impl ConsumerBuilder {
         self
     }
 
+    /// `false`: a non-durable subscription (a reader's): its position is
+    /// kept in memory only, and it disappears with its last consumer.
+    pub fn durable(mut self, durable: bool) -> Self {
+        self.durable = durable;
+        self
+    }
+
     /// Consumer name; empty (the default) lets the broker choose.
     pub fn consumer_name(mut self, name: impl Into<String>) -> Self {
         self.consumer_name = name.into();
@@ -78,6 +86,7 @@ impl ConsumerBuilder {
             initial_position: self.initial_position,
             receiver_queue_size: self.receiver_queue_size,
             consumer_name: self.consumer_name.clone(),
+            durable: self.durable,
         }
     }
 
@@ -102,16 +111,49 @@ impl ConsumerBuilder {
     pub async fn subscribe_topics(self, topics: &[String]) -> Result<crate::MultiTopicConsumer> {
         let multi = crate::MultiTopicConsumer::new(self.subscription.clone(), self.receiver_queue_size as usize);
         for t in topics {
-            let topic = normalize_topic(t)?;
-            let partitions = crate::Admin { conn: self.conn.clone() }.partitions(&topic).await?;
-            if partitions == 0 {
-                multi.add_topic(self.with_topic(topic)).await?;
-            } else {
-                for i in 0..partitions {
-                    multi.add_topic(self.with_topic(format!("{topic}-partition-{i}"))).await?;
+            self.add_by_name(&multi, t).await?;
+        }
+        Ok(multi)
+    }
+
+    /// Adds `topic` (all its partitions when partitioned) to `multi`.
+    pub(crate) async fn add_by_name(&self, multi: &crate::MultiTopicConsumer, topic: &str) -> Result<()> {
+        let topic = normalize_topic(topic)?;
+        let partitions = crate::Admin { conn: self.conn.clone() }.partitions(&topic).await?;
+        if partitions == 0 {
+            multi.add_topic(self.with_topic(topic)).await
+        } else {
+            for i in 0..partitions {
+                multi.add_topic(self.with_topic(format!("{topic}-partition-{i}"))).await?;
+            }
+            Ok(())
+        }
+    }
+
+    /// Subscribe to every topic of one namespace whose full name matches
+    /// `pattern` (a regular expression over `persistent://tenant/ns/topic`,
+    /// anchored at both ends; tenant and namespace must be literal). The
+    /// namespace is listed again every `refresh`, and topics created later
+    /// that match (and partitions added later) are subscribed too.
+    pub async fn subscribe_pattern(
+        self,
+        pattern: &str,
+        refresh: std::time::Duration,
+    ) -> Result<Arc<crate::MultiTopicConsumer>> {
+        let (namespace, regex) = crate::multi::parse_pattern(pattern)?;
+        let multi = Arc::new(crate::MultiTopicConsumer::new(self.subscription.clone(), self.receiver_queue_size as usize));
+        crate::multi::add_matching(&self, &multi, &namespace, &regex).await?;
+        let weak = Arc::downgrade(&multi);
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(refresh).await;
+                let Some(multi) = weak.upgrade() else { return };
+                if let Err(e) = crate::multi::add_matching(&self, &multi, &namespace, &regex).await {
+                    tracing::warn!(error = %e, "topics pattern refresh failed");
                 }
             }
-        }
+        });
+        multi.adopt_task(task);
         Ok(multi)
     }
 
@@ -150,7 +192,7 @@ impl ConsumerBuilder {
                 sub_type: self.sub_type,
                 consumer_name: self.consumer_name.clone(),
                 initial_position: self.initial_position,
-                durable: true,
+                durable: self.durable,
                 priority_level: 0,
             })
             .await;

@@ -98,6 +98,7 @@ impl Client {
             initial_position: InitialPosition::default(),
             receiver_queue_size: DEFAULT_RECEIVER_QUEUE_SIZE,
             consumer_name: String::new(),
+            durable: true,
         }
     }
 

@@ -5,6 +5,7 @@
 //! message's topic.
 
 use crate::consumer::{Consumer, ConsumerBuilder};
+use serde_json::json;
 use crate::error::{ClientError, Result};
 use crate::message::Message;
 use std::collections::HashMap;
@@ -88,6 +89,10 @@ impl MultiTopicConsumer {
         Ok(())
     }
 
+    pub(crate) fn adopt_task(&self, task: JoinHandle<()>) {
+        self.tasks.lock().unwrap_or_else(|p| p.into_inner()).push(task);
+    }
+
     /// The next message of any topic. Cancel-safe.
     pub async fn receive(&self) -> Result<Message> {
         let mut rx = self.rx.lock().await;
@@ -134,5 +139,66 @@ impl MultiTopicConsumer {
             }
         }
         first
+    }
+}
+
+/// Splits a topics pattern into its literal namespace (`tenant/ns`) and the
+/// anchored regular expression over full topic names.
+pub(crate) fn parse_pattern(pattern: &str) -> Result<(String, regex::Regex)> {
+    let bad = |reason| ClientError::InvalidTopic { topic: pattern.to_string(), reason };
+    let full = if pattern.contains("://") { pattern.to_string() } else { format!("persistent://public/default/{pattern}") };
+    let rest = full.split_once("://").map(|(_, r)| r).unwrap_or_default();
+    let mut parts = rest.splitn(3, '/');
+    let (Some(tenant), Some(ns), Some(_)) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(bad("a topics pattern is DOMAIN://TENANT/NAMESPACE/REGEX"));
+    };
+    let literal = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_=:".contains(c));
+    if !literal(tenant) || !literal(ns) {
+        return Err(bad("the tenant and namespace of a topics pattern must be literal names"));
+    }
+    let regex = regex::Regex::new(&format!("^(?:{full})$")).map_err(|_| bad("not a valid regular expression"))?;
+    Ok((format!("{tenant}/{ns}"), regex))
+}
+
+/// Subscribes every topic of `namespace` matching `regex` not yet consumed.
+pub(crate) async fn add_matching(
+    template: &ConsumerBuilder,
+    multi: &MultiTopicConsumer,
+    namespace: &str,
+    regex: &regex::Regex,
+) -> Result<()> {
+    let admin = crate::Admin { conn: template.conn.clone() };
+    let listed = admin.call("topics.list", json!({ "namespace": namespace })).await?;
+    let names: Vec<String> =
+        listed.as_array().map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect()).unwrap_or_default();
+    for name in &names {
+        // A partition is covered by its partitioned topic's own name.
+        if let Some((base, _)) = name.rsplit_once("-partition-") {
+            if names.iter().any(|n| n == base) {
+                continue;
+            }
+        }
+        if regex.is_match(name) {
+            template.add_by_name(multi, name).await?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns() {
+        let (ns, re) = parse_pattern("persistent://public/default/orders-.*").unwrap();
+        assert_eq!(ns, "public/default");
+        assert!(re.is_match("persistent://public/default/orders-eu"));
+        assert!(!re.is_match("persistent://public/default/x-orders-eu"));
+        assert!(!re.is_match("persistent://public/other/orders-eu"));
+        let (ns, _) = parse_pattern("orders.*").unwrap();
+        assert_eq!(ns, "public/default");
+        assert!(parse_pattern("persistent://pub.*/default/x").is_err());
+        assert!(parse_pattern("persistent://public/default/(").is_err());
     }
 }

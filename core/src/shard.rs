@@ -435,6 +435,15 @@ impl Shard {
             Op::CloseConsumer { topic, subscription, consumer } => {
                 if let Some(sub) = self.subscription(&topic, &subscription) {
                     sub.remove_consumer(consumer);
+                    // A non-durable subscription (a reader) lives only as long
+                    // as its consumer: nothing of it is kept.
+                    if !sub.durable && sub.consumer_count() == 0 {
+                        if let Some(t) = self.topics.borrow().get(&topic) {
+                            t.subs.borrow_mut().remove(&subscription);
+                        }
+                        sub.removed.set(true);
+                        sub.wake.notify();
+                    }
                 }
                 futures::future::ready(Ok(Reply::Done)).boxed_local()
             }

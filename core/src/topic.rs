@@ -82,6 +82,9 @@ pub(crate) struct Subscription {
     /// Deliveries per entry not yet acknowledged (for the redelivery count).
     deliveries: RefCell<HashMap<u64, u32>>,
     pub(crate) wake: Signal,
+    /// Set when a non-durable subscription lost its last consumer and was
+    /// dropped: its dispatcher stops.
+    pub(crate) removed: Cell<bool>,
     pub(crate) dirty: Cell<bool>,
     /// Log position of the last cursor record written (0: none this run).
     pub(crate) persisted_lsn: Cell<u64>,
@@ -100,6 +103,7 @@ impl Subscription {
             generation: Cell::new(0),
             deliveries: RefCell::new(HashMap::new()),
             wake: Signal::new(),
+            removed: Cell::new(false),
             dirty: Cell::new(false),
             persisted_lsn: Cell::new(0),
         })
@@ -192,7 +196,7 @@ pub(crate) fn spawn_dispatcher(shard: Rc<Shard>, topic: Rc<Topic>, sub: Rc<Subsc
 async fn dispatch_loop(shard: Rc<Shard>, topic: Rc<Topic>, sub: Rc<Subscription>) {
     loop {
         sub.wake.wait().await;
-        if shard.is_closed() || topic.deleted.get() {
+        if shard.is_closed() || topic.deleted.get() || sub.removed.get() {
             return;
         }
         loop {

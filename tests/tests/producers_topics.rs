@@ -440,3 +440,57 @@ fn batching_and_key_based_batching_round_trip_with_every_codec() {
         }
     });
 }
+
+/// Goal: `magnetar read` reads from earliest, latest or a message id without
+/// leaving a subscription behind; `magnetar consume --topics-pattern` picks
+/// up a matching topic created after it started, and ignores others.
+#[test]
+fn reader_positions_and_a_pattern_subscription_picks_up_new_topics() {
+    run_async_with_timeout(Duration::from_secs(90), || async {
+        let dir = test_dir("reader");
+        let broker = BrokerProcess::start(dir.path(), SHARDS);
+        let url = broker.url();
+        let topic = "persistent://public/default/readme";
+        let receipts = ProduceCmd::new(&url, topic, "r", 10, 16).run(CLI_TIMEOUT);
+        let read = |start: &str| {
+            let args: Vec<String> = ["read", topic, "--start", start, "--timeout-s", "1", "--output", "jsonl", "--url", &url]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            let run = run_cli(args, CLI_TIMEOUT);
+            run.assert_success();
+            run.stdout_lines.iter().map(|l| magnetar_tests::Received::parse(l)).collect::<Vec<_>>()
+        };
+        let all = read("earliest");
+        assert_eq!(all.iter().map(|m| m.id).collect::<Vec<_>>(), receipts.iter().map(|r| r.id).collect::<Vec<_>>());
+        // Nothing was kept: reading again gives everything again.
+        assert_eq!(read("earliest").len(), 10);
+        let from5 = read(&receipts[5].id.to_string());
+        assert_eq!(from5.iter().map(|m| m.id).collect::<Vec<_>>(), receipts[5..].iter().map(|r| r.id).collect::<Vec<_>>());
+        assert!(read("latest").is_empty());
+
+        // Pattern subscription: pat-a exists, pat-b is created later, other never matches.
+        ProduceCmd::new(&url, "persistent://public/default/pat-a", "a", 2, 16).run(CLI_TIMEOUT);
+        let mut consume = ConsumeCmd::new(&url, "unused", "pattern");
+        consume.count = 4;
+        consume.idle_timeout_s = 15.0;
+        let mut args = consume.args();
+        args.remove(1); // the positional topic
+        args.extend(["--topics-pattern".into(), "persistent://public/default/pat-.*".into()]);
+        args.extend(["--pattern-refresh-s".into(), "0.3".into()]);
+        let mut cli = magnetar_tests::CliProcess::spawn(args);
+        let first = match cli.next_line(Duration::from_secs(20)) {
+            magnetar_tests::Line::Line(l) => magnetar_tests::Received::parse(&l),
+            other => panic!("pattern consumer: no first message ({other:?}):\n{}", cli.stderr()),
+        };
+        assert!(first.payload.starts_with(b"a:"), "{first:?}");
+        ProduceCmd::new(&url, "persistent://public/default/other", "o", 2, 16).run(CLI_TIMEOUT);
+        ProduceCmd::new(&url, "persistent://public/default/pat-b", "b", 2, 16).run(CLI_TIMEOUT);
+        let run = cli.finish(Duration::from_secs(30));
+        run.assert_success();
+        let rest: Vec<_> = run.stdout_lines.iter().map(|l| magnetar_tests::Received::parse(l)).collect();
+        let producers: Vec<String> =
+            std::iter::once(&first).chain(&rest).map(|m| parse_generated(&m.payload).expect("payload").0).collect();
+        assert_eq!(producers, vec!["a", "a", "b", "b"], "{producers:?}");
+    });
+}

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 mod admin;
 mod consume;
 mod produce;
+mod read;
 mod standalone;
 
 #[derive(Parser)]
@@ -23,6 +24,8 @@ enum Cmd {
     Produce(produce::ProduceArgs),
     /// Receive and acknowledge messages from a subscription.
     Consume(consume::ConsumeArgs),
+    /// Read a topic from a position without a subscription (a Reader).
+    Read(read::ReadArgs),
     /// Administer tenants, namespaces (policies) and topics.
     Admin(admin::AdminArgs),
 }
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
         Cmd::Produce(args) => produce::run(args),
         Cmd::Consume(args) => consume::run(args),
         Cmd::Admin(args) => admin::run(args),
+        Cmd::Read(args) => read::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
