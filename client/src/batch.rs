@@ -106,7 +106,11 @@ impl Batcher {
                 send_batch(core, c).await;
             }
         }
-        let c = open.entry(key.clone()).or_insert_with(|| Container { msgs: Vec::new(), bytes: 0, first_at: Instant::now() });
+        let c = open.entry(key.clone()).or_insert_with(|| Container {
+            msgs: Vec::new(),
+            bytes: 0,
+            first_at: Instant::now(),
+        });
         c.msgs.push(Pending { msg, done });
         c.bytes += len;
         if c.msgs.len() >= self.options.max_messages || c.bytes >= self.options.max_bytes {
@@ -129,8 +133,11 @@ impl Batcher {
     /// Sends the batches whose first message waited `max_delay`.
     async fn flush_due(&self, core: &ProducerCore) {
         let mut open = self.open.lock().await;
-        let due: Vec<Option<String>> =
-            open.iter().filter(|(_, c)| c.first_at.elapsed() >= self.options.max_delay).map(|(k, _)| k.clone()).collect();
+        let due: Vec<Option<String>> = open
+            .iter()
+            .filter(|(_, c)| c.first_at.elapsed() >= self.options.max_delay)
+            .map(|(k, _)| k.clone())
+            .collect();
         for k in due {
             if let Some(c) = open.remove(&k) {
                 send_batch(core, c).await;
@@ -170,9 +177,10 @@ async fn send_batch(core: &ProducerCore, c: Container) {
     let n = u32::try_from(msgs.len()).unwrap_or(u32::MAX);
     let compression = core.compression();
     // Key-based batches hold one key: it becomes the entry's key too.
-    let shared_key = msgs.first().and_then(|p| p.msg.key.clone()).filter(|k| {
-        msgs.iter().all(|p| p.msg.key.as_deref() == Some(k.as_str()))
-    });
+    let shared_key = msgs
+        .first()
+        .and_then(|p| p.msg.key.clone())
+        .filter(|k| msgs.iter().all(|p| p.msg.key.as_deref() == Some(k.as_str())));
     let records: Vec<BatchMessage> = msgs
         .iter()
         .map(|p| BatchMessage {

@@ -5,8 +5,8 @@ use crate::error::{ClientError, Result};
 use crate::message::Message;
 use crate::names::normalize_topic;
 use magnetar_wire::{AckType, Command, InitialPosition, MessageId, SubscriptionType};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TryRecvError;
@@ -141,7 +141,8 @@ impl ConsumerBuilder {
         refresh: std::time::Duration,
     ) -> Result<Arc<crate::MultiTopicConsumer>> {
         let (namespace, regex) = crate::multi::parse_pattern(pattern)?;
-        let multi = Arc::new(crate::MultiTopicConsumer::new(self.subscription.clone(), self.receiver_queue_size as usize));
+        let multi =
+            Arc::new(crate::MultiTopicConsumer::new(self.subscription.clone(), self.receiver_queue_size as usize));
         crate::multi::add_matching(&self, &multi, &namespace, &regex).await?;
         let weak = Arc::downgrade(&multi);
         let task = tokio::spawn(async move {
@@ -422,7 +423,12 @@ impl Consumer {
         }
         let answer = self
             .conn
-            .request("ack", |request_id| Command::Ack { consumer_id, ack_type, message_ids: message_ids.clone(), request_id })
+            .request("ack", |request_id| Command::Ack {
+                consumer_id,
+                ack_type,
+                message_ids: message_ids.clone(),
+                request_id,
+            })
             .await?;
         match answer {
             Command::Success { .. } => Ok(()),

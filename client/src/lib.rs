@@ -36,13 +36,16 @@ pub use error::{ClientError, Result};
 pub use message::{Message, OutgoingMessage};
 pub use multi::MultiTopicConsumer;
 pub use names::{normalize_topic, parse_service_url, ServiceUrl, DEFAULT_PORT};
-pub use partitioned::{key_partition, MessageRouter, PartitionedProducer, RoutedSend, RoutingMode, PARTITIONS_REFRESH_INTERVAL};
+pub use partitioned::{
+    key_partition, MessageRouter, PartitionedProducer, RoutedSend, RoutingMode, PARTITIONS_REFRESH_INTERVAL,
+};
 pub use producer::{Producer, ProducerBuilder, SendFuture, DEFAULT_MAX_PENDING, MAX_PENDING_MAX};
 
 // The protocol types an application needs, so it does not have to depend on
 // magnetar-wire itself.
 pub use magnetar_wire::{
-    AckType, CompressionType, ErrorCode, InitialPosition, MessageId, MessageMetadata, ProducerAccessMode, SubscriptionType, WireError,
+    AckType, CompressionType, ErrorCode, InitialPosition, MessageId, MessageMetadata, ProducerAccessMode,
+    SubscriptionType, WireError,
 };
 
 use connection::Connection;

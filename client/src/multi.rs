@@ -5,9 +5,9 @@
 //! message's topic.
 
 use crate::consumer::{Consumer, ConsumerBuilder};
-use serde_json::json;
 use crate::error::{ClientError, Result};
 use crate::message::Message;
+use serde_json::json;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
@@ -146,7 +146,8 @@ impl MultiTopicConsumer {
 /// anchored regular expression over full topic names.
 pub(crate) fn parse_pattern(pattern: &str) -> Result<(String, regex::Regex)> {
     let bad = |reason| ClientError::InvalidTopic { topic: pattern.to_string(), reason };
-    let full = if pattern.contains("://") { pattern.to_string() } else { format!("persistent://public/default/{pattern}") };
+    let full =
+        if pattern.contains("://") { pattern.to_string() } else { format!("persistent://public/default/{pattern}") };
     let rest = full.split_once("://").map(|(_, r)| r).unwrap_or_default();
     let mut parts = rest.splitn(3, '/');
     let (Some(tenant), Some(ns), Some(_)) = (parts.next(), parts.next(), parts.next()) else {

@@ -120,7 +120,11 @@ impl PartitionedProducer {
         let admin = crate::admin::Admin { conn: builder.conn.clone() };
         let n = admin.partitions(&topic).await?;
         let me = Self {
-            single: u32::try_from(std::process::id()).unwrap_or(0) % n.max(1),
+            // "Random" enough to spread single-partition producers.
+            single: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos() ^ std::process::id())
+                % n.max(1),
             builder,
             topic,
             partitioned: n > 0,

@@ -1,10 +1,10 @@
 //! Producers: publish messages to one topic and await their receipts.
 
+use crate::batch::{Batcher, BatchingOptions};
 use crate::connection::{Connection, InflightSend};
 use crate::error::{ClientError, Result};
 use crate::message::OutgoingMessage;
 use crate::names::normalize_topic;
-use crate::batch::{BatchingOptions, Batcher};
 use bytes::Bytes;
 use magnetar_wire::{encode_message, Command, CompressionType, MessageId, MessageMetadata, ProducerAccessMode};
 use std::future::Future;
@@ -67,7 +67,10 @@ impl ProducerBuilder {
 
     /// A producer on the topic's name covering every partition (or the topic
     /// itself when it is not partitioned), routing with `routing`.
-    pub async fn create_partitioned(self, routing: crate::partitioned::RoutingMode) -> Result<crate::PartitionedProducer> {
+    pub async fn create_partitioned(
+        self,
+        routing: crate::partitioned::RoutingMode,
+    ) -> Result<crate::PartitionedProducer> {
         crate::partitioned::PartitionedProducer::create(self, routing).await
     }
 
@@ -231,7 +234,8 @@ impl ProducerCore {
         metadata.publish_time_ms = now_ms();
         metadata.num_messages = num_messages;
         let blob = encode_message(&metadata, &payload);
-        let frame = self.conn.encode(&Command::Send { producer_id: self.producer_id, sequence_id, num_messages }, &blob)?;
+        let frame =
+            self.conn.encode(&Command::Send { producer_id: self.producer_id, sequence_id, num_messages }, &blob)?;
         let (done, rx) = oneshot::channel();
         self.conn.push_inflight(self.producer_id, InflightSend { sequence_id, done, _permit: permit })?;
         *next = (*next).max(sequence_id.saturating_add(u64::from(num_messages)));

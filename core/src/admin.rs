@@ -137,9 +137,10 @@ async fn run(shard: &Rc<Shard>, op: &str, args: &Value) -> Result<Value, CoreErr
         }
         "tenants.get" => {
             let tenant = str_arg(op, args, "tenant")?;
-            let info = md.tenant(tenant).await?.ok_or_else(|| {
-                CoreError::new(ErrorCode::TopicNotFound, format!("tenant {tenant:?} does not exist"))
-            })?;
+            let info = md
+                .tenant(tenant)
+                .await?
+                .ok_or_else(|| CoreError::new(ErrorCode::TopicNotFound, format!("tenant {tenant:?} does not exist")))?;
             Ok(json!(info))
         }
         "tenants.delete" => {

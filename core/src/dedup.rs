@@ -123,9 +123,9 @@ impl Dedup {
             .producers
             .borrow()
             .iter()
-            .filter_map(|(n, p)| {
+            .map(|(n, p)| {
                 let entry = p.recent.iter().rev().find(|(s, _, _)| *s == p.highest).map_or(u64::MAX, |(_, e, _)| *e);
-                Some((n.clone(), (p.highest, entry)))
+                (n.clone(), (p.highest, entry))
             })
             .collect();
         Snapshot { next_entry, producers }

@@ -423,8 +423,14 @@ mod tests {
             assert_eq!(m.tenants().await.unwrap(), vec!["public"]);
             assert_eq!(m.namespaces("public").await.unwrap(), vec!["public/default"]);
             assert!(m.create_tenant("public", TenantInfo::default()).await.is_err());
-            assert_eq!(m.create_tenant("a b", TenantInfo::default()).await.unwrap_err().code, ErrorCode::InvalidTopicName);
-            assert_eq!(m.create_namespace("nope/ns", Policies::default()).await.unwrap_err().code, ErrorCode::TopicNotFound);
+            assert_eq!(
+                m.create_tenant("a b", TenantInfo::default()).await.unwrap_err().code,
+                ErrorCode::InvalidTopicName
+            );
+            assert_eq!(
+                m.create_namespace("nope/ns", Policies::default()).await.unwrap_err().code,
+                ErrorCode::TopicNotFound
+            );
             assert!(m.delete_tenant("public").await.is_err(), "tenant with namespaces deleted");
             let t = "persistent://public/default/p";
             m.set_partitioned(t, 4, true).await.unwrap();

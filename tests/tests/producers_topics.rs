@@ -7,7 +7,9 @@
 //! oracle, next to the SDK's typed errors.
 
 use magnetar_client::{Client, ClientError, ErrorCode, OutgoingMessage, ProducerAccessMode, RoutingMode};
-use magnetar_tests::{parse_generated, run_async_with_timeout, run_cli, test_dir, BrokerProcess, ConsumeCmd, ProduceCmd};
+use magnetar_tests::{
+    parse_generated, run_async_with_timeout, run_cli, test_dir, BrokerProcess, ConsumeCmd, ProduceCmd,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -85,8 +87,16 @@ fn admin_cli_round_trips_policies_are_enforced_and_metadata_survives_kill9() {
         assert_eq!(json(&admin_ok(&url, &["topics", "get-partitioned-metadata", topic]))["partitions"], 3);
         admin_ok(&url, &["topics", "update-partitioned", topic, "-p", "5"]);
         admin_err(&url, &["topics", "update-partitioned", topic, "-p", "2"], "can only grow");
-        admin_err(&url, &["topics", "create-partitioned", "persistent://acme/orders/x-partition-1", "-p", "2"], "-partition-");
-        admin_err(&url, &["topics", "create-partitioned", "persistent://acme/orders/bad name", "-p", "2"], "invalid topic name");
+        admin_err(
+            &url,
+            &["topics", "create-partitioned", "persistent://acme/orders/x-partition-1", "-p", "2"],
+            "-partition-",
+        );
+        admin_err(
+            &url,
+            &["topics", "create-partitioned", "persistent://acme/orders/bad name", "-p", "2"],
+            "invalid topic name",
+        );
         let lookup = json(&admin_ok(&url, &["topics", "lookup", topic]));
         assert_eq!(lookup["partitions"], 5, "{lookup}");
         assert!(lookup["shard"].as_u64().is_some_and(|s| s < u64::from(SHARDS)), "{lookup}");
@@ -359,15 +369,11 @@ fn dedup_stores_each_sequence_once_across_kill9_and_resends() {
             .await
             .expect("consumer");
         let mut seen = BTreeMap::new();
-        loop {
-            match tokio::time::timeout(Duration::from_secs(2), consumer.receive()).await {
-                Ok(m) => {
-                    let m = m.expect("receive");
-                    *seen.entry(m.sequence_id()).or_insert(0u32) += 1;
-                    assert_eq!(m.payload, format!("m{}", m.sequence_id()).as_bytes());
-                }
-                Err(_) => break,
-            }
+        // Until 2 s pass without a message.
+        while let Ok(m) = tokio::time::timeout(Duration::from_secs(2), consumer.receive()).await {
+            let m = m.expect("receive");
+            *seen.entry(m.sequence_id()).or_insert(0u32) += 1;
+            assert_eq!(m.payload, format!("m{}", m.sequence_id()).as_bytes());
         }
         assert_eq!(seen.len(), 120, "distinct sequence ids stored: {}", seen.len());
         let dups: Vec<_> = seen.iter().filter(|(_, n)| **n != 1).collect();
@@ -411,7 +417,11 @@ fn batching_and_key_based_batching_round_trip_with_every_codec() {
                 }
                 let receipts = produce.run(CLI_TIMEOUT);
                 let entries: BTreeSet<(u64, u64)> = receipts.iter().map(|r| (r.id.ledger, r.id.entry)).collect();
-                assert!(entries.len() < N as usize / 2, "{what}: {} entries for {N} messages: not batched", entries.len());
+                assert!(
+                    entries.len() < N as usize / 2,
+                    "{what}: {} entries for {N} messages: not batched",
+                    entries.len()
+                );
                 assert!(receipts.iter().any(|r| r.id.batch_index > 0), "{what}: no batch index in the receipts");
 
                 let mut consume = ConsumeCmd::new(&url, &topic, "check");
@@ -453,10 +463,11 @@ fn reader_positions_and_a_pattern_subscription_picks_up_new_topics() {
         let topic = "persistent://public/default/readme";
         let receipts = ProduceCmd::new(&url, topic, "r", 10, 16).run(CLI_TIMEOUT);
         let read = |start: &str| {
-            let args: Vec<String> = ["read", topic, "--start", start, "--timeout-s", "1", "--output", "jsonl", "--url", &url]
-                .iter()
-                .map(|s| s.to_string())
-                .collect();
+            let args: Vec<String> =
+                ["read", topic, "--start", start, "--timeout-s", "1", "--output", "jsonl", "--url", &url]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect();
             let run = run_cli(args, CLI_TIMEOUT);
             run.assert_success();
             run.stdout_lines.iter().map(|l| magnetar_tests::Received::parse(l)).collect::<Vec<_>>()
@@ -466,7 +477,10 @@ fn reader_positions_and_a_pattern_subscription_picks_up_new_topics() {
         // Nothing was kept: reading again gives everything again.
         assert_eq!(read("earliest").len(), 10);
         let from5 = read(&receipts[5].id.to_string());
-        assert_eq!(from5.iter().map(|m| m.id).collect::<Vec<_>>(), receipts[5..].iter().map(|r| r.id).collect::<Vec<_>>());
+        assert_eq!(
+            from5.iter().map(|m| m.id).collect::<Vec<_>>(),
+            receipts[5..].iter().map(|r| r.id).collect::<Vec<_>>()
+        );
         assert!(read("latest").is_empty());
 
         // Pattern subscription: pat-a exists, pat-b is created later, other never matches.

@@ -37,10 +37,16 @@ pub enum AdminCmd {
 #[derive(clap::Subcommand, Debug)]
 pub enum TenantsCmd {
     List,
-    Create { tenant: String },
-    Get { tenant: String },
+    Create {
+        tenant: String,
+    },
+    Get {
+        tenant: String,
+    },
     /// Delete a tenant without namespaces.
-    Delete { tenant: String },
+    Delete {
+        tenant: String,
+    },
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -147,7 +153,9 @@ async fn admin(args: AdminArgs) -> Result<(), Box<dyn Error>> {
             TenantsCmd::Delete { tenant } => ("tenants.delete", json!({ "tenant": tenant }), Print::Nothing),
         },
         AdminCmd::Namespaces(c) => {
-            let set = |ns: String, policies: Value| ("namespaces.set-policies", json!({ "namespace": ns, "policies": policies }), Print::Nothing);
+            let set = |ns: String, policies: Value| {
+                ("namespaces.set-policies", json!({ "namespace": ns, "policies": policies }), Print::Nothing)
+            };
             match c {
                 NamespacesCmd::List { tenant } => ("namespaces.list", json!({ "tenant": tenant }), Print::Lines),
                 NamespacesCmd::Create { namespace, bundles } => {

@@ -300,7 +300,10 @@ mod tests {
             r#"{"id":"1:2:-1:-1","key":"k1","properties":{"a":"1","b":"2"},"publish_time_ms":10,"receive_time_ms":11,"redelivery_count":0,"payload":"hi","topic":"persistent://public/default/t"}"#
         );
         let json = serde_json::to_string(&record(&message(b"\xff\x00"), 11)).unwrap();
-        assert!(json.ends_with(r#""redelivery_count":0,"payload_base64":"/wA=","topic":"persistent://public/default/t"}"#), "{json}");
+        assert!(
+            json.ends_with(r#""redelivery_count":0,"payload_base64":"/wA=","topic":"persistent://public/default/t"}"#),
+            "{json}"
+        );
         assert!(!json.contains(r#""payload":"#));
     }
 

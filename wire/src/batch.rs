@@ -112,14 +112,13 @@ pub fn decode_batch(payload: &Bytes, num_messages: u32) -> Result<Vec<BatchMessa
             need,
             have: len_u64(have),
         };
-        let meta_len = read_u32_le(payload, pos).ok_or_else(|| {
-            truncated("batch record metadata_len", 4, payload.len().saturating_sub(pos))
-        })?;
+        let meta_len = read_u32_le(payload, pos)
+            .ok_or_else(|| truncated("batch record metadata_len", 4, payload.len().saturating_sub(pos)))?;
         let start = pos + BATCH_RECORD_HEADER_BYTES;
         let end = usize::try_from(meta_len).ok().and_then(|m| start.checked_add(m));
-        let meta_bytes = end
-            .and_then(|e| payload.get(start..e))
-            .ok_or_else(|| truncated("batch record metadata", u64::from(meta_len), payload.len().saturating_sub(start)))?;
+        let meta_bytes = end.and_then(|e| payload.get(start..e)).ok_or_else(|| {
+            truncated("batch record metadata", u64::from(meta_len), payload.len().saturating_sub(start))
+        })?;
         let opts = verifier_options(meta_bytes.len());
         let meta = flatbuffers::root_with_opts::<fb::SingleMessageMetadata<'_>>(&opts, meta_bytes)
             .map_err(|source| WireError::InvalidFlatbuffer { what: "SingleMessageMetadata", source })?;
@@ -167,8 +166,8 @@ mod tests {
 
     fn sample(i: u64) -> BatchMessage {
         BatchMessage {
-            properties: if i % 2 == 0 { vec![("a".into(), format!("{i}"))] } else { Vec::new() },
-            partition_key: (i % 3 != 0).then(|| format!("k{i}")),
+            properties: if i.is_multiple_of(2) { vec![("a".into(), format!("{i}"))] } else { Vec::new() },
+            partition_key: (!i.is_multiple_of(3)).then(|| format!("k{i}")),
             ordering_key: (i == 1).then(|| Bytes::from_static(b"ok")),
             event_time_ms: i * 7,
             sequence_id: 100 + i,

@@ -97,8 +97,11 @@ fn arb_command() -> impl Strategy<Value = Command> {
                 ][usize::from(mode)]
             }
         ),
-        (any::<u64>(), arb_string(), arb_string())
-            .prop_map(|(request_id, op, json)| Command::AdminRequest { request_id, op, json }),
+        (any::<u64>(), arb_string(), arb_string()).prop_map(|(request_id, op, json)| Command::AdminRequest {
+            request_id,
+            op,
+            json
+        }),
         (any::<u64>(), arb_string()).prop_map(|(request_id, json)| Command::AdminResponse { request_id, json }),
         (any::<u64>(), arb_string(), any::<i64>()).prop_map(|(request_id, producer_name, last_sequence_id)| {
             Command::ProducerSuccess { request_id, producer_name, last_sequence_id }
