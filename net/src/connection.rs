@@ -241,7 +241,9 @@ impl Conn {
                 self.on_send(producer_id, sequence_id, num_messages, payload)
             }
             Command::Producer { request_id, producer_id, topic, producer_name, access_mode } => {
-                if self.producers.borrow().contains_key(&producer_id) || self.pending_producers.borrow().contains(&producer_id) {
+                if self.producers.borrow().contains_key(&producer_id)
+                    || self.pending_producers.borrow().contains(&producer_id)
+                {
                     self.out.error(request_id, &CoreError::new(ErrorCode::ProducerBusy, "producer id already in use"));
                 } else if self.producers.borrow().len() >= self.limits.producers_max {
                     self.out.error(
