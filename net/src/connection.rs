@@ -406,7 +406,7 @@ impl Conn {
             }
             Command::Pong => Ok(()),
             Command::Connect { .. } => Err("Connect sent twice".into()),
-            other => Err(format!("unexpected command from a client: {}", command_name(&other))),
+            other => Err(format!("unexpected command from a client: {}", other.name())),
         }
     }
 
@@ -509,31 +509,6 @@ impl Conn {
         }
     }
 }
-
-fn command_name(c: &Command) -> &'static str {
-    match c {
-        Command::Connect { .. } => "Connect",
-        Command::Connected { .. } => "Connected",
-        Command::Producer { .. } => "Producer",
-        Command::ProducerSuccess { .. } => "ProducerSuccess",
-        Command::Send { .. } => "Send",
-        Command::SendReceipt { .. } => "SendReceipt",
-        Command::SendError { .. } => "SendError",
-        Command::Subscribe { .. } => "Subscribe",
-        Command::Success { .. } => "Success",
-        Command::Flow { .. } => "Flow",
-        Command::Message { .. } => "Message",
-        Command::Ack { .. } => "Ack",
-        Command::CloseProducer { .. } => "CloseProducer",
-        Command::CloseConsumer { .. } => "CloseConsumer",
-        Command::Ping => "Ping",
-        Command::Pong => "Pong",
-        Command::Error { .. } => "Error",
-        Command::AdminRequest { .. } => "AdminRequest",
-        Command::AdminResponse { .. } => "AdminResponse",
-    }
-}
-
 /// Lookup answers name the broker that owns the topic: in a single-broker
 /// deployment, the address this connection reached.
 fn add_broker_address(json: &str, local: Option<&str>) -> String {
