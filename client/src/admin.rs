@@ -46,6 +46,20 @@ impl Admin {
         })
     }
 
+    /// Id of the last stored entry of a non-partitioned topic (or of one
+    /// partition); `None` when it has none.
+    pub async fn last_message_id(&self, topic: &str) -> Result<Option<magnetar_wire::MessageId>> {
+        let v = self.call("topics.last-message-id", json!({ "topic": topic })).await?;
+        match v.get("id") {
+            Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => s
+                .parse()
+                .map(Some)
+                .map_err(|_| ClientError::UnexpectedResponse { request: "topics.last-message-id", got: v.to_string() }),
+            _ => Err(ClientError::UnexpectedResponse { request: "topics.last-message-id", got: v.to_string() }),
+        }
+    }
+
     pub async fn create_partitioned_topic(&self, topic: &str, partitions: u32) -> Result<()> {
         self.call("topics.create-partitioned", json!({ "topic": topic, "partitions": partitions })).await.map(|_| ())
     }

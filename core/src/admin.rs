@@ -21,6 +21,7 @@
 //! | `topics.partitioned-metadata` | `topic` | `{"partitions": N}` (0: not partitioned) |
 //! | `topics.list` | `namespace` | full names, partitions included |
 //! | `topics.delete` | `topic` (a partitioned one deletes every partition) | `null` |
+//! | `topics.last-message-id` | `topic` | `{"id": "L:E:P:-1" or null}`; partitioned: `{"partitions": [{"id": …}, …]}` |
 //! | `topics.lookup` | `topic` | `{"topic", "partitions", "bundle", "shard"}` (the net layer adds `broker`) |
 //!
 //! Runs on shard 0; never crosses cores.
@@ -261,6 +262,34 @@ async fn run(shard: &Rc<Shard>, op: &str, args: &Value) -> Result<Value, CoreErr
                 }
             }
             Ok(Value::Null)
+        }
+        "topics.last-message-id" => {
+            let tn = topic_arg(op, args)?;
+            let policies = namespace_must_exist(md, &tn).await?;
+            let last = |part: TopicName| {
+                let owner = ownership::shard_of(&part, policies.bundles, shard.nshards);
+                shard.call(owner, Op::LastMessageId { topic: part.to_string() })
+            };
+            let json_of = |r: Reply| match r {
+                Reply::Json(j) => serde_json::from_str::<Value>(&j).map_err(|e| bad_args(op, e)),
+                other => Err(CoreError::new(ErrorCode::UnknownError, format!("internal: unexpected reply {other:?}"))),
+            };
+            match md.partitioned(&tn.to_string()).await? {
+                None => json_of(last(tn).await?),
+                Some(p) => {
+                    let mut ids = Vec::new();
+                    for i in 0..p.partitions {
+                        let part = TopicName { local: format!("{}-partition-{i}", tn.local), ..tn.clone() };
+                        match last(part).await {
+                            Ok(r) => ids.push(json_of(r)?),
+                            // A partition nobody used was never created.
+                            Err(e) if e.code == ErrorCode::TopicNotFound => ids.push(json!({ "id": null })),
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    Ok(json!({ "partitions": ids }))
+                }
+            }
         }
         "topics.lookup" => {
             let tn = topic_arg(op, args)?;

@@ -15,7 +15,9 @@
 //! `kill -9` loses nothing: every durable entry is either in the snapshot or
 //! replayed.
 //!
-//! Sequence ids count entries: a batch (one entry) has one sequence id.
+//! A batch (one entry) of N messages has the sequence id S of its first
+//! message and covers S..S+N-1 (Pulsar's `sequence_id`/`highest_sequence_id`):
+//! the highest tracked is S+N-1, and a resend is recognised by S.
 //!
 //! Owned by the topic's shard; never crosses cores.
 
@@ -81,8 +83,10 @@ impl Dedup {
         Check::Duplicate(original)
     }
 
-    /// Records an appended (or replayed) entry.
-    pub(crate) fn record(&self, producer: &str, seq: u64, entry: u64, lsn: u64) {
+    /// Records an appended (or replayed) entry with sequence id `seq` and
+    /// `num_messages` messages.
+    pub(crate) fn record(&self, producer: &str, seq: u64, num_messages: u32, entry: u64, lsn: u64) {
+        let high = seq.saturating_add(u64::from(num_messages.max(1)) - 1);
         let now = self.clock.get() + 1;
         self.clock.set(now);
         let mut producers = self.producers.borrow_mut();
@@ -93,7 +97,7 @@ impl Dedup {
             }
         }
         let p = producers.entry(producer.to_string()).or_default();
-        p.highest = p.highest.max(seq);
+        p.highest = p.highest.max(high);
         p.touched = now;
         p.recent.push_back((seq, entry, lsn));
         if p.recent.len() > DEDUP_RECENT_MAX {
@@ -108,7 +112,9 @@ impl Dedup {
         let Some(p) = producers.get(producer) else { return -1 };
         let as_i64 = |s: u64| i64::try_from(s).unwrap_or(i64::MAX);
         if let Some((s, _, _)) = p.recent.iter().rev().find(|(_, _, lsn)| *lsn <= durable_lsn) {
-            return as_i64(*s);
+            // The newest durable entry; a batch's covers up to `highest` when newest.
+            let newest = p.recent.back().is_some_and(|(b, _, _)| b == s);
+            return as_i64(if newest { p.highest } else { *s });
         }
         // Nothing remembered is durable yet (or nothing is remembered: the
         // state came from a snapshot, which holds durable entries only).
@@ -124,7 +130,9 @@ impl Dedup {
             .borrow()
             .iter()
             .map(|(n, p)| {
-                let entry = p.recent.iter().rev().find(|(s, _, _)| *s == p.highest).map_or(u64::MAX, |(_, e, _)| *e);
+                // The entry of the newest sequence id (a batch's first id may
+                // be below `highest`).
+                let entry = p.recent.back().map_or(u64::MAX, |(_, e, _)| *e);
                 (n.clone(), (p.highest, entry))
             })
             .collect();
@@ -139,7 +147,7 @@ impl Dedup {
                 let p = producers.entry(name.clone()).or_default();
                 p.highest = p.highest.max(*seq);
             } else {
-                self.record(name, *seq, *entry, 0);
+                self.record(name, *seq, 1, *entry, 0);
             }
         }
     }
@@ -153,8 +161,8 @@ mod tests {
     fn resends_are_recognised_and_survive_a_snapshot() {
         let d = Dedup::default();
         assert!(matches!(d.check("p", 0), Check::New));
-        d.record("p", 0, 10, 5);
-        d.record("p", 1, 11, 6);
+        d.record("p", 0, 1, 10, 5);
+        d.record("p", 1, 1, 11, 6);
         assert!(matches!(d.check("p", 0), Check::Duplicate(Some((10, 5)))));
         assert!(matches!(d.check("p", 2), Check::New));
         assert!(matches!(d.check("q", 0), Check::New));
@@ -171,5 +179,16 @@ mod tests {
         assert!(matches!(e.check("p", 0), Check::Duplicate(None)));
         assert!(matches!(e.check("p", 2), Check::New));
         assert_eq!(e.last_persisted("p", 0), 1);
+    }
+
+    #[test]
+    fn a_batch_covers_its_sequence_ids() {
+        let d = Dedup::default();
+        d.record("b", 10, 5, 20, 7);
+        assert!(matches!(d.check("b", 10), Check::Duplicate(Some((20, 7)))));
+        assert!(matches!(d.check("b", 14), Check::Duplicate(None)));
+        assert!(matches!(d.check("b", 15), Check::New));
+        assert_eq!(d.last_persisted("b", 7), 14);
+        assert_eq!(d.last_persisted("b", 6), 9);
     }
 }

@@ -172,6 +172,10 @@ pub(crate) enum Op {
     DeleteTopic {
         topic: String,
     },
+    /// On the owner: the id of the topic's last durable entry.
+    LastMessageId {
+        topic: String,
+    },
 }
 
 #[derive(Debug)]
@@ -412,6 +416,11 @@ impl Shard {
                 let me = self.clone();
                 async move { me.handle_delete_topic(&topic).await }.boxed_local()
             }
+            Op::LastMessageId { topic } => futures::future::ready(self.last_message_id(&topic).map(|id| match id {
+                Some(id) => Reply::Json(format!("{{\"id\":\"{id}\"}}")),
+                None => Reply::Json("{\"id\":null}".to_string()),
+            }))
+            .boxed_local(),
             Op::Flow { topic, subscription, consumer, permits } => {
                 if let Some(sub) = self.subscription(&topic, &subscription) {
                     sub.flow(consumer, permits);
@@ -509,7 +518,7 @@ impl Shard {
             assert_eq!(a.entry, t.next_entry.get(), "entry ids of a ledger are dense");
             t.next_entry.set(a.entry + 1);
             if tracked {
-                t.dedup.record(producer, seq, a.entry, a.lsn);
+                t.dedup.record(producer, seq, num_messages, a.entry, a.lsn);
             }
             Ok(Ok((t, a)))
         })();
@@ -729,7 +738,7 @@ impl Shard {
             for entry in snap.next_entry..end {
                 match self.log.read(t.ledger, entry).await {
                     Ok(blob) => match magnetar_wire::peek_message(&blob) {
-                        Ok(p) => t.dedup.record(p.producer_name, p.sequence_id, entry, 0),
+                        Ok(p) => t.dedup.record(p.producer_name, p.sequence_id, p.num_messages, entry, 0),
                         Err(e) => tracing::warn!(topic = %t.key, entry, "dedup replay: undecodable entry: {e}"),
                     },
                     // Gone (retention) or unreadable: nothing to learn from it.
@@ -761,6 +770,23 @@ impl Shard {
             last = Some(self.log.put_meta(&dedup_meta_key(&t.key), Bytes::from(bytes))?);
         }
         Ok(last)
+    }
+
+    /// The last durable entry of `topic` as `L:E:P:-1` (a batch's last
+    /// message is not singled out), `None` when the topic has no entry.
+    fn last_message_id(&self, topic: &str) -> Result<Option<MessageId>, CoreError> {
+        let tn = TopicName::parse(topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+        let partition = tn.partition().and_then(|p| i32::try_from(p).ok()).unwrap_or(-1);
+        let (ledger, next) = match self.topics.borrow().get(topic) {
+            Some(t) => (t.ledger, t.durable_next.get()),
+            None => {
+                let Some(ledger) = self.log.meta(&topic_meta_key(topic)).as_deref().and_then(decode_topic_meta) else {
+                    return Err(CoreError::new(ErrorCode::TopicNotFound, format!("topic {topic} does not exist")));
+                };
+                (ledger, self.log.next_entry(ledger))
+            }
+        };
+        Ok(next.checked_sub(1).map(|e| MessageId::new(ledger, e, partition, -1)))
     }
 
     async fn handle_delete_topic(self: Rc<Self>, topic: &str) -> OpResult {

@@ -482,6 +482,9 @@ fn reader_positions_and_a_pattern_subscription_picks_up_new_topics() {
             receipts[5..].iter().map(|r| r.id).collect::<Vec<_>>()
         );
         assert!(read("latest").is_empty());
+        let last = json(&admin_ok(&url, &["topics", "last-message-id", topic]));
+        assert_eq!(last["id"], receipts[9].id.to_string(), "{last}");
+        admin_err(&url, &["topics", "last-message-id", "persistent://public/default/never"], "does not exist");
 
         // Pattern subscription: pat-a exists, pat-b is created later, other never matches.
         ProduceCmd::new(&url, "persistent://public/default/pat-a", "a", 2, 16).run(CLI_TIMEOUT);

@@ -127,6 +127,9 @@ pub enum TopicsCmd {
     Delete { topic: String },
     /// Which broker and shard own the topic (JSON).
     Lookup { topic: String },
+    /// The id of the topic's last stored entry: `{"id":"L:E:P:-1"}` (or
+    /// null), per partition for a partitioned topic.
+    LastMessageId { topic: String },
 }
 
 pub fn run(args: AdminArgs) -> Result<(), Box<dyn Error>> {
@@ -214,6 +217,9 @@ async fn admin(args: AdminArgs) -> Result<(), Box<dyn Error>> {
             }
             TopicsCmd::Delete { topic: t } => ("topics.delete", json!({ "topic": topic(&t)? }), Print::Nothing),
             TopicsCmd::Lookup { topic: t } => ("topics.lookup", json!({ "topic": topic(&t)? }), Print::Json),
+            TopicsCmd::LastMessageId { topic: t } => {
+                ("topics.last-message-id", json!({ "topic": topic(&t)? }), Print::Json)
+            }
         },
     };
     let client = Client::connect(&args.url).await?;
