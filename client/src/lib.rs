@@ -26,6 +26,7 @@ mod multi;
 mod names;
 mod partitioned;
 mod producer;
+mod reconnect;
 
 pub use admin::Admin;
 pub use batch::BatchingOptions;
@@ -40,6 +41,7 @@ pub use partitioned::{
     key_partition, MessageRouter, PartitionedProducer, RoutedSend, RoutingMode, PARTITIONS_REFRESH_INTERVAL,
 };
 pub use producer::{Producer, ProducerBuilder, SendFuture, DEFAULT_MAX_PENDING, MAX_PENDING_MAX};
+pub use reconnect::{ReconnectOptions, ResilientProducer, ServiceUrlProvider};
 
 // The protocol types an application needs, so it does not have to depend on
 // magnetar-wire itself.
@@ -144,6 +146,7 @@ const _: fn() = || {
     assert_send_sync::<Producer>();
     assert_send_sync::<PartitionedProducer>();
     assert_send_sync::<MultiTopicConsumer>();
+    assert_send_sync::<ResilientProducer>();
     assert_send_sync::<Consumer>();
     assert_send_sync::<SendFuture>();
     assert_send_sync::<ClientError>();

@@ -11,6 +11,7 @@ use magnetar_tests::{
     parse_generated, run_async_with_timeout, run_cli, test_dir, BrokerProcess, ConsumeCmd, ProduceCmd,
 };
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 const SHARDS: u32 = 2;
@@ -509,5 +510,64 @@ fn reader_positions_and_a_pattern_subscription_picks_up_new_topics() {
         let producers: Vec<String> =
             std::iter::once(&first).chain(&rest).map(|m| parse_generated(&m.payload).expect("payload").0).collect();
         assert_eq!(producers, vec!["a", "a", "b", "b"], "{producers:?}");
+    });
+}
+
+/// Goal: a `ResilientProducer` keeps every message until its receipt,
+/// reconnects after the broker is killed (`kill -9`) and restarted (on a new
+/// port, given by its URL provider), resends what had no receipt with the
+/// original sequence ids, and with dedup on every message ends up stored
+/// exactly once, in order.
+#[test]
+fn a_resilient_producer_resends_after_kill9_and_each_message_is_stored_once() {
+    run_async_with_timeout(Duration::from_secs(120), || async {
+        let dir = test_dir("resilient");
+        let mut broker = BrokerProcess::start(dir.path(), SHARDS);
+        let url = Arc::new(std::sync::Mutex::new(broker.url()));
+        admin_ok(&broker.url(), &["namespaces", "create", "public/dd"]);
+        admin_ok(&broker.url(), &["namespaces", "set-deduplication", "public/dd", "on"]);
+        let topic = "persistent://public/dd/resilient";
+        let provider_url = url.clone();
+        let provider: magnetar_client::ServiceUrlProvider = Arc::new(move || provider_url.lock().unwrap().clone());
+        let producer = magnetar_client::ResilientProducer::create(
+            provider,
+            magnetar_client::ClientOptions::default(),
+            topic,
+            "rp",
+            ProducerAccessMode::Shared,
+            magnetar_client::ReconnectOptions { max_pending: 50, ..Default::default() },
+        )
+        .await
+        .expect("resilient producer");
+        const N: usize = 400;
+        let mut receipts = Vec::new();
+        for i in 0..N {
+            receipts.push(producer.send_async(OutgoingMessage::new(format!("m{i}"))).await.expect("queue"));
+            if i == 150 {
+                broker.kill9();
+                broker = broker.restart();
+                *url.lock().unwrap() = broker.url();
+            }
+        }
+        for (i, r) in receipts.into_iter().enumerate() {
+            r.await.expect("receipt channel").unwrap_or_else(|e| panic!("message {i}: {e}"));
+        }
+        assert!(producer.reconnects() >= 1, "the producer never reconnected");
+
+        let client = Client::connect(&broker.url()).await.expect("connect");
+        let consumer = client
+            .subscribe(topic, "check")
+            .initial_position(magnetar_client::InitialPosition::Earliest)
+            .subscribe()
+            .await
+            .expect("consumer");
+        let mut payloads = Vec::new();
+        while let Ok(m) = tokio::time::timeout(Duration::from_secs(2), consumer.receive()).await {
+            payloads.push(String::from_utf8(m.expect("receive").payload.to_vec()).expect("utf8"));
+        }
+        let expected: Vec<String> = (0..N).map(|i| format!("m{i}")).collect();
+        assert_eq!(payloads.len(), N, "stored {} messages for {N} sent", payloads.len());
+        assert_eq!(payloads, expected, "each message once, in order");
+        client.close();
     });
 }
