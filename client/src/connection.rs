@@ -402,7 +402,8 @@ impl Connection {
             return Err(ClientError::ProducerClosed { producer_name: String::new() });
         };
         if let Some(last) = slot.inflight.back() {
-            if last.sequence_id >= send.sequence_id {
+            // Equal ids: the chunks of one chunked message.
+            if last.sequence_id > send.sequence_id {
                 return Err(ClientError::InvalidOption {
                     option: "sequence_id",
                     reason: "must be above every sequence id still awaiting its receipt",
@@ -546,6 +547,16 @@ async fn reader_loop(
 /// `num_messages` stays the batch size (the consumer's ack tracker needs it).
 fn unpack_entry(blob: &Bytes, id: MessageId, topic: &str, redelivery_count: u32) -> Result<Vec<Message>> {
     let (metadata, payload) = decode_message(blob)?;
+    if metadata.chunk.is_some() {
+        // A chunk: decompressed once the whole message is reassembled.
+        return Ok(vec![Message {
+            id,
+            topic: topic.to_string(),
+            metadata,
+            payload: payload.clone(),
+            redelivery_count,
+        }]);
+    }
     let payload = crate::compression::decompress(metadata.compression, &payload, metadata.uncompressed_size)?;
     let mut metadata = metadata;
     metadata.compression = magnetar_wire::CompressionType::None;

@@ -217,6 +217,7 @@ impl ConsumerBuilder {
             flow_threshold: (queue / 2).max(1),
             closed,
             batches: std::sync::Mutex::new(HashMap::new()),
+            chunks: std::sync::Mutex::new(ChunkState::default()),
         };
         consumer.conn.send_command(&Command::Flow { consumer_id, permits: queue }).await?;
         Ok(consumer)
@@ -243,6 +244,15 @@ pub struct Consumer {
     /// partition) → acked flag per batch index. The broker acknowledges
     /// entries, so an entry is acked only once all its messages are.
     batches: std::sync::Mutex<HashMap<(u64, u64, i32), Vec<bool>>>,
+    chunks: std::sync::Mutex<ChunkState>,
+}
+
+/// Chunked messages being reassembled, and the chunk ids of whole ones
+/// handed out (acknowledging the message acknowledges them all).
+#[derive(Default)]
+struct ChunkState {
+    reassembly: crate::chunking::Reassembly,
+    handed_out: HashMap<MessageId, Vec<MessageId>>,
 }
 
 impl std::fmt::Debug for Consumer {
@@ -288,15 +298,18 @@ impl Consumer {
     /// dropped before it completes loses no message.
     pub async fn receive(&self) -> Result<Message> {
         let mut receiving = self.rx.lock().await;
-        match receiving.rx.recv().await {
-            // Nothing below awaits, so a message taken off the queue is
-            // always returned (cancel safety).
-            Some(delivery) => {
-                self.after_receive(&mut receiving);
-                self.track_batch(&delivery);
-                delivery
+        loop {
+            match receiving.rx.recv().await {
+                // Nothing below awaits, so a message taken off the queue is
+                // always returned or kept (cancel safety).
+                Some(delivery) => {
+                    self.after_receive(&mut receiving);
+                    let Some(delivery) = self.assemble(delivery) else { continue };
+                    self.track_batch(&delivery);
+                    return delivery;
+                }
+                None => return Err(self.closed_error()),
             }
-            None => Err(self.closed_error()),
         }
     }
 
@@ -304,14 +317,17 @@ impl Consumer {
     /// also when another task is inside `receive`.
     pub fn try_receive(&self) -> Result<Option<Message>> {
         let Ok(mut receiving) = self.rx.try_lock() else { return Ok(None) };
-        match receiving.rx.try_recv() {
-            Ok(delivery) => {
-                self.after_receive(&mut receiving);
-                self.track_batch(&delivery);
-                delivery.map(Some)
+        loop {
+            match receiving.rx.try_recv() {
+                Ok(delivery) => {
+                    self.after_receive(&mut receiving);
+                    let Some(delivery) = self.assemble(delivery) else { continue };
+                    self.track_batch(&delivery);
+                    return delivery.map(Some);
+                }
+                Err(TryRecvError::Empty) => return Ok(None),
+                Err(TryRecvError::Disconnected) => return Err(self.closed_error()),
             }
-            Err(TryRecvError::Empty) => Ok(None),
-            Err(TryRecvError::Disconnected) => Err(self.closed_error()),
         }
     }
 
@@ -327,6 +343,41 @@ impl Consumer {
                 tracing::debug!(error = %e, "flow not sent");
             }
         }
+    }
+
+    /// Passes non-chunks through; collects chunks, returning the whole
+    /// message with its last chunk. Chunks dropped (expired, out of order)
+    /// are acknowledged so the broker does not keep them.
+    fn assemble(&self, delivery: Delivery) -> Option<Delivery> {
+        let msg = match delivery {
+            Ok(m) if m.metadata.chunk.is_some() => m,
+            other => return Some(other),
+        };
+        let mut stray = Vec::new();
+        let result = {
+            let mut st = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+            stray.extend(st.reassembly.expire());
+            match st.reassembly.feed(msg, &mut stray) {
+                Ok(crate::chunking::Fed::Complete(m, ids)) => {
+                    st.handed_out.insert(m.id, ids);
+                    Some(Ok(*m))
+                }
+                Ok(crate::chunking::Fed::Pending) => None,
+                Err(e) => Some(Err(e)),
+            }
+        };
+        if !stray.is_empty() {
+            let ack = Command::Ack {
+                consumer_id: self.consumer_id,
+                ack_type: AckType::Individual,
+                message_ids: stray,
+                request_id: 0,
+            };
+            if let Err(e) = self.conn.send_command_nowait(&ack) {
+                tracing::debug!(error = %e, "ack of dropped chunks not sent");
+            }
+        }
+        result
     }
 
     fn lock_batches(&self) -> std::sync::MutexGuard<'_, HashMap<(u64, u64, i32), Vec<bool>>> {
@@ -349,6 +400,15 @@ impl Consumer {
         let mut batches = self.lock_batches();
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
+            // A chunked message: all its chunks (individually; a cumulative
+            // ack on the last chunk covers them anyway).
+            let chunk_ids = self.chunks.lock().unwrap_or_else(|p| p.into_inner()).handed_out.remove(id);
+            if let Some(chunk_ids) = chunk_ids {
+                if ack_type == AckType::Individual {
+                    out.extend(chunk_ids);
+                    continue;
+                }
+            }
             let key = (id.ledger, id.entry, id.partition);
             if ack_type == AckType::Cumulative {
                 batches.retain(|(l, e, p), _| !(*p == id.partition && (*l, *e) < (id.ledger, id.entry)));

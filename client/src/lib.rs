@@ -17,6 +17,7 @@
 
 mod admin;
 mod batch;
+mod chunking;
 mod compression;
 mod connection;
 mod consumer;
@@ -30,6 +31,7 @@ mod reconnect;
 
 pub use admin::Admin;
 pub use batch::BatchingOptions;
+pub use chunking::{CHUNK_EXPIRY, DEFAULT_CHUNK_BYTES, INCOMPLETE_CHUNKED_MAX};
 pub use compression::{compress, decompress, UNCOMPRESSED_BYTES_MAX};
 pub use connection::{ClientOptions, ServerInfo};
 pub use consumer::{Consumer, ConsumerBuilder, DEFAULT_RECEIVER_QUEUE_SIZE, RECEIVER_QUEUE_SIZE_MAX};
@@ -90,6 +92,7 @@ impl Client {
             access_mode: ProducerAccessMode::Shared,
             batching: None,
             compression: CompressionType::None,
+            chunk_bytes: None,
         }
     }
 

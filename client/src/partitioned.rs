@@ -155,6 +155,7 @@ impl PartitionedProducer {
                 access_mode: b.access_mode,
                 batching: b.batching.clone(),
                 compression: b.compression,
+                chunk_bytes: b.chunk_bytes,
             };
             let producer = builder.create().await?;
             let part = Partition { producer: Arc::new(producer), latency_us: Arc::new(AtomicU64::new(0)) };

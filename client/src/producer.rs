@@ -41,6 +41,7 @@ pub struct ProducerBuilder {
     pub(crate) access_mode: ProducerAccessMode,
     pub(crate) batching: Option<BatchingOptions>,
     pub(crate) compression: CompressionType,
+    pub(crate) chunk_bytes: Option<usize>,
 }
 
 impl ProducerBuilder {
@@ -84,6 +85,15 @@ impl ProducerBuilder {
     /// Compress each entry's payload (a message's, or a batch's) with `codec`.
     pub fn compression(mut self, codec: CompressionType) -> Self {
         self.compression = codec;
+        self
+    }
+
+    /// Split messages whose (compressed) payload is above `chunk_bytes` into
+    /// chunks the consumer reassembles (`DEFAULT_CHUNK_BYTES` = 4 MiB fits
+    /// the broker's default 5 MiB message limit). Not with batching: a
+    /// batched message is never chunked.
+    pub fn chunking(mut self, chunk_bytes: usize) -> Self {
+        self.chunk_bytes = Some(chunk_bytes.max(1));
         self
     }
 
@@ -134,6 +144,7 @@ impl ProducerBuilder {
             last_sequence_id,
             closed,
             compression: self.compression,
+            chunk_bytes: self.chunk_bytes,
         });
         Ok(Producer::new(core, self.batching))
     }
@@ -155,6 +166,8 @@ pub(crate) struct ProducerCore {
     last_sequence_id: i64,
     closed: Arc<AtomicBool>,
     compression: CompressionType,
+    /// Payloads above this many bytes (after compression) are chunked.
+    chunk_bytes: Option<usize>,
 }
 
 impl ProducerCore {
@@ -188,11 +201,16 @@ impl ProducerCore {
     pub(crate) async fn send_single(&self, msg: OutgoingMessage) -> Result<SendFuture> {
         let compression = self.compression;
         let explicit = msg.sequence_id;
+        let payload_len = msg.payload.len();
+        let uncompressed_size = u32::try_from(payload_len)
+            .map_err(|_| ClientError::MessageTooLarge { size: payload_len, max_frame_bytes: u32::MAX })?;
+        let payload = crate::compression::compress(compression, &msg.payload)?;
+        if let Some(chunk_bytes) = self.chunk_bytes {
+            if payload.len() > chunk_bytes {
+                return self.send_chunked(msg, payload, uncompressed_size, chunk_bytes).await;
+            }
+        }
         self.send_entry(1, explicit, move |sequence_id| {
-            let payload_len = msg.payload.len();
-            let uncompressed_size = u32::try_from(payload_len)
-                .map_err(|_| ClientError::MessageTooLarge { size: payload_len, max_frame_bytes: u32::MAX })?;
-            let payload = crate::compression::compress(compression, &msg.payload)?;
             let metadata = MessageMetadata {
                 sequence_id,
                 event_time_ms: msg.event_time_ms.unwrap_or(0),
@@ -227,6 +245,18 @@ impl ProducerCore {
         if self.is_closed() {
             return Err(self.closed_error());
         }
+        self.send_locked(&mut next, permit, num_messages, explicit_sequence_id, build).await
+    }
+
+    /// The part of `send_entry` done under the sequence lock (`next`).
+    async fn send_locked(
+        &self,
+        next: &mut u64,
+        permit: tokio::sync::OwnedSemaphorePermit,
+        num_messages: u32,
+        explicit_sequence_id: Option<u64>,
+        build: impl FnOnce(u64) -> Result<(MessageMetadata, Bytes)>,
+    ) -> Result<SendFuture> {
         let sequence_id = explicit_sequence_id.unwrap_or(*next);
         let (mut metadata, payload) = build(sequence_id)?;
         metadata.producer_name = self.name.clone();
@@ -242,9 +272,74 @@ impl ProducerCore {
         // If this fails the connection is down, and failing it already
         // completed the in-flight entry with the same error.
         self.conn.write(frame).await?;
-        drop(next);
         let after = self.conn.options.operation_timeout;
         Ok(SendFuture { rx, sequence_id, timeout: Box::pin(tokio::time::sleep(after)), after })
+    }
+
+    /// Sends a compressed payload above the chunk size as chunks sharing one
+    /// sequence id, all under one hold of the sequence lock (so no other
+    /// send comes between them). The receipt is the last chunk's id, or the
+    /// first chunk error.
+    async fn send_chunked(
+        &self,
+        msg: OutgoingMessage,
+        payload: Bytes,
+        uncompressed_size: u32,
+        chunk_bytes: usize,
+    ) -> Result<SendFuture> {
+        let len = payload.len();
+        let num_chunks = u32::try_from(len.div_ceil(chunk_bytes))
+            .map_err(|_| ClientError::MessageTooLarge { size: len, max_frame_bytes: u32::MAX })?;
+        let total_chunk_msg_size =
+            u32::try_from(len).map_err(|_| ClientError::MessageTooLarge { size: len, max_frame_bytes: u32::MAX })?;
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let mut next = self.next_sequence_id.lock().await;
+        let uuid = format!("{}-{}-{nanos:x}", self.name, *next);
+        let mut sequence_id = msg.sequence_id;
+        let mut receipts = Vec::with_capacity(num_chunks as usize);
+        for chunk_id in 0..num_chunks {
+            if self.is_closed() {
+                return Err(self.closed_error());
+            }
+            let permit = self.permits.clone().acquire_owned().await.map_err(|_| self.closed_error())?;
+            let start = chunk_id as usize * chunk_bytes;
+            let part = payload.slice(start..len.min(start + chunk_bytes));
+            let (uuid, msg) = (uuid.clone(), &msg);
+            let receipt = self
+                .send_locked(&mut next, permit, 1, sequence_id, move |seq| {
+                    let metadata = MessageMetadata {
+                        sequence_id: seq,
+                        event_time_ms: msg.event_time_ms.unwrap_or(0),
+                        partition_key: msg.key.clone(),
+                        properties: msg.properties.clone(),
+                        compression: self.compression,
+                        uncompressed_size,
+                        chunk: Some(magnetar_wire::ChunkInfo { uuid, chunk_id, num_chunks, total_chunk_msg_size }),
+                        ..MessageMetadata::default()
+                    };
+                    Ok((metadata, part))
+                })
+                .await?;
+            sequence_id = Some(receipt.sequence_id());
+            receipts.push(receipt);
+        }
+        drop(next);
+        let (tx, rx) = oneshot::channel();
+        tokio::spawn(async move {
+            let mut last = Err(ClientError::Disconnected { reason: "no chunk sent".into() });
+            for r in receipts {
+                match r.await {
+                    Ok(id) => last = Ok(id),
+                    Err(e) => {
+                        last = Err(e);
+                        break;
+                    }
+                }
+            }
+            let _ = tx.send(last);
+        });
+        let after = self.conn.options.operation_timeout.saturating_mul(2);
+        Ok(SendFuture::new(rx, sequence_id.unwrap_or(u64::MAX), after))
     }
 
     /// Wait until every send made so far has its receipt (or error).

@@ -15,6 +15,10 @@
 //! `kill -9` loses nothing: every durable entry is either in the snapshot or
 //! replayed.
 //!
+//! A chunked message's chunks share one sequence id: a chunk is new when
+//! `(sequence id, chunk id)` is above the highest seen, so the chunks of one
+//! message are stored once each and the message counts once.
+//!
 //! A batch (one entry) of N messages has the sequence id S of its first
 //! message and covers S..S+N-1 (Pulsar's `sequence_id`/`highest_sequence_id`):
 //! the highest tracked is S+N-1, and a resend is recognised by S.
@@ -41,8 +45,12 @@ pub fn duplicate_id(partition: i32) -> magnetar_wire::MessageId {
 #[derive(Default)]
 struct ProducerSeqs {
     highest: u64,
-    /// (sequence id, entry, lsn of the append; 0 = known durable), oldest first.
-    recent: VecDeque<(u64, u64, u64)>,
+    /// Chunk id of the last chunk seen of the message `highest` (0 when it
+    /// was not chunked).
+    highest_chunk: u32,
+    /// (sequence id, chunk id, entry, lsn of the append; 0 = known durable),
+    /// oldest first.
+    recent: VecDeque<(u64, u32, u64, u64)>,
     /// For eviction: bumped on every write.
     touched: u64,
 }
@@ -73,19 +81,20 @@ pub(crate) struct Snapshot {
 }
 
 impl Dedup {
-    pub(crate) fn check(&self, producer: &str, seq: u64) -> Check {
+    /// `chunk` is the chunk id of a chunk, 0 otherwise.
+    pub(crate) fn check(&self, producer: &str, seq: u64, chunk: u32) -> Check {
         let producers = self.producers.borrow();
         let Some(p) = producers.get(producer) else { return Check::New };
-        if seq > p.highest {
+        if (seq, chunk) > (p.highest, p.highest_chunk) {
             return Check::New;
         }
-        let original = p.recent.iter().rev().find(|(s, _, _)| *s == seq).map(|(_, e, l)| (*e, *l));
+        let original = p.recent.iter().rev().find(|(s, c, _, _)| *s == seq && *c == chunk).map(|(_, _, e, l)| (*e, *l));
         Check::Duplicate(original)
     }
 
     /// Records an appended (or replayed) entry with sequence id `seq` and
     /// `num_messages` messages.
-    pub(crate) fn record(&self, producer: &str, seq: u64, num_messages: u32, entry: u64, lsn: u64) {
+    pub(crate) fn record(&self, producer: &str, seq: u64, chunk: u32, num_messages: u32, entry: u64, lsn: u64) {
         let high = seq.saturating_add(u64::from(num_messages.max(1)) - 1);
         let now = self.clock.get() + 1;
         self.clock.set(now);
@@ -97,9 +106,12 @@ impl Dedup {
             }
         }
         let p = producers.entry(producer.to_string()).or_default();
-        p.highest = p.highest.max(high);
+        if (high, chunk) > (p.highest, p.highest_chunk) {
+            p.highest = high;
+            p.highest_chunk = chunk;
+        }
         p.touched = now;
-        p.recent.push_back((seq, entry, lsn));
+        p.recent.push_back((seq, chunk, entry, lsn));
         if p.recent.len() > DEDUP_RECENT_MAX {
             p.recent.pop_front();
         }
@@ -111,15 +123,15 @@ impl Dedup {
         let producers = self.producers.borrow();
         let Some(p) = producers.get(producer) else { return -1 };
         let as_i64 = |s: u64| i64::try_from(s).unwrap_or(i64::MAX);
-        if let Some((s, _, _)) = p.recent.iter().rev().find(|(_, _, lsn)| *lsn <= durable_lsn) {
+        if let Some((s, _, _, _)) = p.recent.iter().rev().find(|(_, _, _, lsn)| *lsn <= durable_lsn) {
             // The newest durable entry; a batch's covers up to `highest` when newest.
-            let newest = p.recent.back().is_some_and(|(b, _, _)| b == s);
+            let newest = p.recent.back().is_some_and(|(b, _, _, _)| b == s);
             return as_i64(if newest { p.highest } else { *s });
         }
         // Nothing remembered is durable yet (or nothing is remembered: the
         // state came from a snapshot, which holds durable entries only).
         match p.recent.front() {
-            Some((first, _, _)) => as_i64(*first) - 1,
+            Some((first, _, _, _)) => as_i64(*first) - 1,
             None => as_i64(p.highest),
         }
     }
@@ -132,7 +144,7 @@ impl Dedup {
             .map(|(n, p)| {
                 // The entry of the newest sequence id (a batch's first id may
                 // be below `highest`).
-                let entry = p.recent.back().map_or(u64::MAX, |(_, e, _)| *e);
+                let entry = p.recent.back().map_or(u64::MAX, |(_, _, e, _)| *e);
                 (n.clone(), (p.highest, entry))
             })
             .collect();
@@ -147,7 +159,7 @@ impl Dedup {
                 let p = producers.entry(name.clone()).or_default();
                 p.highest = p.highest.max(*seq);
             } else {
-                self.record(name, *seq, 1, *entry, 0);
+                self.record(name, *seq, 0, 1, *entry, 0);
             }
         }
     }
@@ -160,12 +172,12 @@ mod tests {
     #[test]
     fn resends_are_recognised_and_survive_a_snapshot() {
         let d = Dedup::default();
-        assert!(matches!(d.check("p", 0), Check::New));
-        d.record("p", 0, 1, 10, 5);
-        d.record("p", 1, 1, 11, 6);
-        assert!(matches!(d.check("p", 0), Check::Duplicate(Some((10, 5)))));
-        assert!(matches!(d.check("p", 2), Check::New));
-        assert!(matches!(d.check("q", 0), Check::New));
+        assert!(matches!(d.check("p", 0, 0), Check::New));
+        d.record("p", 0, 0, 1, 10, 5);
+        d.record("p", 1, 0, 1, 11, 6);
+        assert!(matches!(d.check("p", 0, 0), Check::Duplicate(Some((10, 5)))));
+        assert!(matches!(d.check("p", 2, 0), Check::New));
+        assert!(matches!(d.check("q", 0, 0), Check::New));
         assert_eq!(d.last_persisted("p", 5), 0);
         assert_eq!(d.last_persisted("p", 6), 1);
         assert_eq!(d.last_persisted("p", 4), -1);
@@ -175,20 +187,32 @@ mod tests {
         let back: Snapshot = serde_json::from_slice(&json).unwrap();
         let e = Dedup::default();
         e.restore(&back);
-        assert!(matches!(e.check("p", 1), Check::Duplicate(Some((11, 0)))));
-        assert!(matches!(e.check("p", 0), Check::Duplicate(None)));
-        assert!(matches!(e.check("p", 2), Check::New));
+        assert!(matches!(e.check("p", 1, 0), Check::Duplicate(Some((11, 0)))));
+        assert!(matches!(e.check("p", 0, 0), Check::Duplicate(None)));
+        assert!(matches!(e.check("p", 2, 0), Check::New));
         assert_eq!(e.last_persisted("p", 0), 1);
     }
 
     #[test]
     fn a_batch_covers_its_sequence_ids() {
         let d = Dedup::default();
-        d.record("b", 10, 5, 20, 7);
-        assert!(matches!(d.check("b", 10), Check::Duplicate(Some((20, 7)))));
-        assert!(matches!(d.check("b", 14), Check::Duplicate(None)));
-        assert!(matches!(d.check("b", 15), Check::New));
+        d.record("b", 10, 0, 5, 20, 7);
+        assert!(matches!(d.check("b", 10, 0), Check::Duplicate(Some((20, 7)))));
+        assert!(matches!(d.check("b", 14, 0), Check::Duplicate(None)));
+        assert!(matches!(d.check("b", 15, 0), Check::New));
         assert_eq!(d.last_persisted("b", 7), 14);
         assert_eq!(d.last_persisted("b", 6), 9);
+    }
+
+    #[test]
+    fn the_chunks_of_one_message_share_its_sequence_id() {
+        let d = Dedup::default();
+        d.record("c", 3, 0, 1, 30, 1);
+        assert!(matches!(d.check("c", 3, 1), Check::New));
+        d.record("c", 3, 1, 1, 31, 2);
+        assert!(matches!(d.check("c", 3, 0), Check::Duplicate(Some((30, 1)))));
+        assert!(matches!(d.check("c", 3, 1), Check::Duplicate(Some((31, 2)))));
+        assert!(matches!(d.check("c", 3, 2), Check::New));
+        assert!(matches!(d.check("c", 4, 0), Check::New));
     }
 }

@@ -503,6 +503,7 @@ impl Shard {
             }
             let tracked = t.dedup.loaded.get() || t.dedup.loading.get();
             let seq = peek.sequence_id;
+            let chunk = peek.chunk.map_or(0, |(id, _)| id);
             if t.dedup.enabled.get() {
                 if peek.producer_name != producer {
                     return Err(CoreError::new(
@@ -510,7 +511,7 @@ impl Shard {
                         format!("message metadata names producer {:?}, not {producer:?}", peek.producer_name),
                     ));
                 }
-                if let crate::dedup::Check::Duplicate(original) = t.dedup.check(producer, seq) {
+                if let crate::dedup::Check::Duplicate(original) = t.dedup.check(producer, seq, chunk) {
                     return Ok(Err((t, original)));
                 }
             }
@@ -518,7 +519,7 @@ impl Shard {
             assert_eq!(a.entry, t.next_entry.get(), "entry ids of a ledger are dense");
             t.next_entry.set(a.entry + 1);
             if tracked {
-                t.dedup.record(producer, seq, num_messages, a.entry, a.lsn);
+                t.dedup.record(producer, seq, chunk, num_messages, a.entry, a.lsn);
             }
             Ok(Ok((t, a)))
         })();
@@ -738,7 +739,10 @@ impl Shard {
             for entry in snap.next_entry..end {
                 match self.log.read(t.ledger, entry).await {
                     Ok(blob) => match magnetar_wire::peek_message(&blob) {
-                        Ok(p) => t.dedup.record(p.producer_name, p.sequence_id, p.num_messages, entry, 0),
+                        Ok(p) => {
+                            let chunk = p.chunk.map_or(0, |(id, _)| id);
+                            t.dedup.record(p.producer_name, p.sequence_id, chunk, p.num_messages, entry, 0)
+                        }
                         Err(e) => tracing::warn!(topic = %t.key, entry, "dedup replay: undecodable entry: {e}"),
                     },
                     // Gone (retention) or unreadable: nothing to learn from it.

@@ -571,3 +571,56 @@ fn a_resilient_producer_resends_after_kill9_and_each_message_is_stored_once() {
         client.close();
     });
 }
+
+/// Goal: a 20 MiB message (4× the broker's message limit) is chunked by the
+/// producer and reassembled byte for byte by the consumer, compressed or
+/// not; without `--chunking` it is refused.
+#[test]
+fn a_20_mib_message_is_chunked_and_reassembled() {
+    run_async_with_timeout(Duration::from_secs(120), || async {
+        let dir = test_dir("chunking");
+        let broker = BrokerProcess::start(dir.path(), SHARDS);
+        let url = broker.url();
+        const SIZE: usize = 20 * 1024 * 1024;
+        let topic = "persistent://public/default/big";
+        let refused = run_cli(ProduceCmd::new(&url, topic, "nochunk", 1, SIZE).args(), CLI_TIMEOUT);
+        assert!(!refused.status.success(), "a 20 MiB message was accepted without chunking");
+        assert!(refused.stderr.contains("larger than"), "{}", refused.stderr);
+        for (name, extra) in [("chunked", vec![]), ("chunked-lz4", vec!["--compression".to_string(), "lz4".into()])] {
+            let mut produce = ProduceCmd::new(&url, topic, name, 2, SIZE);
+            produce.extra_args = vec!["--chunking".into()];
+            produce.extra_args.extend(extra);
+            let receipts = produce.run(Duration::from_secs(60));
+            assert_eq!(receipts.len(), 2);
+        }
+        // The SDK sees each whole message once; its id is its last chunk's.
+        let client = Client::connect(&url).await.expect("connect");
+        let consumer = client
+            .subscribe(topic, "big")
+            .initial_position(magnetar_client::InitialPosition::Earliest)
+            .subscribe()
+            .await
+            .expect("consumer");
+        let mut got = Vec::new();
+        while let Ok(m) = tokio::time::timeout(Duration::from_secs(3), consumer.receive()).await {
+            let m = m.expect("receive");
+            let (producer, seq) = parse_generated(&m.payload[..64.min(m.payload.len())]).expect("generated payload");
+            assert_eq!(m.payload.len(), SIZE, "{producer}:{seq}");
+            assert_eq!(&m.payload[..], &magnetar_tests::expected_payload(&producer, seq, SIZE)[..], "{producer}:{seq}");
+            consumer.ack(&m.id).await.expect("ack");
+            got.push((producer, seq));
+        }
+        got.sort();
+        let want: Vec<(String, u64)> = [("chunked", 0), ("chunked", 1), ("chunked-lz4", 0), ("chunked-lz4", 1)]
+            .iter()
+            .map(|(p, s)| (p.to_string(), *s))
+            .collect();
+        assert_eq!(got, want);
+        // Everything was acknowledged, chunks included: a new consumer of the
+        // subscription gets nothing.
+        consumer.close().await.expect("close");
+        let again = client.subscribe(topic, "big").subscribe().await.expect("consumer");
+        assert!(tokio::time::timeout(Duration::from_secs(1), again.receive()).await.is_err(), "chunks redelivered");
+        client.close();
+    });
+}

@@ -103,6 +103,15 @@ pub struct ProduceArgs {
     #[arg(long, value_enum, default_value_t = Codec::None)]
     pub compression: Codec,
 
+    /// Split messages above the chunk size (4 MiB, or --chunk-max-bytes)
+    /// into chunks that the consumer reassembles. Not with batching.
+    #[arg(long, conflicts_with_all = ["batch_max_messages", "batch_max_delay_ms", "batch_max_bytes", "batching"])]
+    pub chunking: bool,
+
+    /// Chunk size in bytes for --chunking.
+    #[arg(long, requires = "chunking", value_parser = clap::value_parser!(u64).range(1..=5_000_000))]
+    pub chunk_max_bytes: Option<u64>,
+
     /// How this producer shares the topic with other producers.
     #[arg(long, value_enum, default_value_t = AccessMode::Shared)]
     pub access_mode: AccessMode,
@@ -341,6 +350,10 @@ async fn produce(args: ProduceArgs) -> Result<(), Box<dyn Error>> {
         .compression(args.compression.into());
     if let Some(b) = args.batching_options() {
         builder = builder.batching(b);
+    }
+    if args.chunking {
+        let bytes = args.chunk_max_bytes.map_or(magnetar_client::DEFAULT_CHUNK_BYTES, |b| b as usize);
+        builder = builder.chunking(bytes);
     }
     let producer = builder.create_partitioned(args.routing.into()).await?;
     let name = requested_name;
