@@ -14,6 +14,7 @@ pub mod error;
 pub mod launch;
 mod mesh;
 pub mod metadata;
+mod nonpersistent;
 pub mod ownership;
 mod producers;
 mod shard;

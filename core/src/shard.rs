@@ -198,6 +198,8 @@ pub(crate) struct Shard {
     /// The metadata store's typed view; `Some` on shard 0 only.
     pub(crate) metadata: Option<Metadata>,
     topics: RefCell<HashMap<String, Rc<Topic>>>,
+    /// Non-persistent topics with producers or consumers attached.
+    np_topics: RefCell<HashMap<String, Rc<crate::nonpersistent::NpTopic>>>,
     next_ledger_seq: Cell<u64>,
     mesh: Mesh,
     pending: RefCell<HashMap<u64, oneshot::Sender<OpResult>>>,
@@ -272,6 +274,7 @@ impl Shard {
             log,
             metadata,
             topics: RefCell::new(HashMap::new()),
+            np_topics: RefCell::new(HashMap::new()),
             next_ledger_seq: Cell::new(seq),
             mesh,
             pending: RefCell::new(HashMap::new()),
@@ -358,6 +361,9 @@ impl Shard {
         if self.closed.get() {
             return futures::future::ready(Err(CoreError::new(ErrorCode::ServiceNotReady, "shard is shut down")))
                 .boxed_local();
+        }
+        if is_non_persistent(&op) {
+            return futures::future::ready(self.handle_non_persistent(op)).boxed_local();
         }
         match op {
             Op::Send { topic, producer, sequence_id, num_messages, blob } => {
@@ -456,6 +462,110 @@ impl Shard {
                 }
                 futures::future::ready(Ok(Reply::Done)).boxed_local()
             }
+        }
+    }
+
+    /// Runs an op about a non-persistent topic (see `is_non_persistent`);
+    /// all synchronous: nothing waits for a disk.
+    fn handle_non_persistent(&self, op: Op) -> OpResult {
+        let np = |t: &str| self.np_topics.borrow().get(t).cloned();
+        let not_loaded =
+            || CoreError::new(ErrorCode::TopicNotFound, "non-persistent topic has no producer or consumer");
+        match op {
+            Op::CreateProducer { topic, name, mode, policy } => {
+                if mode == ProducerAccessMode::WaitForExclusive {
+                    return Err(CoreError::new(
+                        ErrorCode::NotAllowed,
+                        "WaitForExclusive is not supported on non-persistent topics",
+                    ));
+                }
+                let t = self.np_topic(&topic);
+                let name = if name.is_empty() {
+                    let n = self.next_producer.get();
+                    self.next_producer.set(n + 1);
+                    format!("magnetar-{}-{}-{}", self.id, self.started_ms, n)
+                } else {
+                    name
+                };
+                let added = t.producers.borrow_mut().add(&topic, &name, mode, policy.policies.max_producers_per_topic);
+                added.map(|_| Reply::Producer { name, last_sequence_id: -1 })
+            }
+            Op::Send { topic, producer, num_messages, blob, .. } => {
+                let t = np(&topic).ok_or_else(not_loaded)?;
+                t.producers.borrow().check_send(&topic, &producer)?;
+                if blob.len() > self.config.message_bytes_max as usize {
+                    return Err(CoreError::new(
+                        ErrorCode::MessageTooLarge,
+                        format!(
+                            "message of {} bytes exceeds the limit of {}",
+                            blob.len(),
+                            self.config.message_bytes_max
+                        ),
+                    ));
+                }
+                magnetar_wire::peek_message(&blob)
+                    .map_err(|e| CoreError::new(ErrorCode::ProtocolError, format!("bad message blob: {e}")))?;
+                let (id, events) = t.publish(blob, num_messages);
+                for (to, ev) in events {
+                    self.deliver(to, ev);
+                }
+                Ok(Reply::Sent(id))
+            }
+            Op::CloseProducer { topic, name } => {
+                if let Some(t) = np(&topic) {
+                    t.producers.borrow_mut().remove(&name);
+                    self.drop_idle_np(&t);
+                }
+                Ok(Reply::Done)
+            }
+            Op::Subscribe { req, consumer, policy } => {
+                if !valid_subscription_name(&req.subscription) {
+                    return Err(CoreError::new(ErrorCode::NotAllowed, "invalid subscription name"));
+                }
+                let t = self.np_topic(&req.topic);
+                let r = t.subscribe(&req.subscription, consumer, policy.policies.max_consumers_per_topic);
+                if r.is_err() {
+                    self.drop_idle_np(&t);
+                }
+                r.map(|_| Reply::Done)
+            }
+            Op::Flow { topic, subscription, consumer, permits } => {
+                if let Some(t) = np(&topic) {
+                    t.flow(&subscription, consumer, permits);
+                }
+                Ok(Reply::Done)
+            }
+            Op::Ack { topic, subscription, consumer, .. } => {
+                // Nothing is kept, so there is nothing to acknowledge.
+                match np(&topic) {
+                    Some(t) if t.has_consumer(&subscription, consumer) => Ok(Reply::Done),
+                    _ => Err(CoreError::new(ErrorCode::ConsumerNotFound, "consumer is not attached")),
+                }
+            }
+            Op::CloseConsumer { topic, subscription, consumer } => {
+                if let Some(t) = np(&topic) {
+                    t.unsubscribe(&subscription, consumer);
+                    self.drop_idle_np(&t);
+                }
+                Ok(Reply::Done)
+            }
+            other => Err(CoreError::new(ErrorCode::UnknownError, format!("internal: {other:?} is not a topic op"))),
+        }
+    }
+
+    fn np_topic(&self, key: &str) -> Rc<crate::nonpersistent::NpTopic> {
+        let partition = TopicName::parse(key).ok().and_then(|t| t.partition()).and_then(|p| i32::try_from(p).ok());
+        self.np_topics
+            .borrow_mut()
+            .entry(key.to_string())
+            .or_insert_with(|| Rc::new(crate::nonpersistent::NpTopic::new(key.to_string(), partition.unwrap_or(-1))))
+            .clone()
+    }
+
+    /// Forgets a non-persistent topic nobody uses any more.
+    fn drop_idle_np(&self, t: &crate::nonpersistent::NpTopic) {
+        if t.producers.borrow().len() == 0 && t.consumer_count() == 0 {
+            self.np_topics.borrow_mut().remove(&t.key);
         }
     }
 
@@ -949,6 +1059,21 @@ impl Shard {
             Ok(()) => tracing::info!(shard = self.id, "log closed cleanly"),
             Err(e) => tracing::error!(shard = self.id, "closing the log failed: {e}"),
         }
+    }
+}
+
+/// Whether `op` is a producer/consumer op on a non-persistent topic.
+fn is_non_persistent(op: &Op) -> bool {
+    const NP: &str = "non-persistent://";
+    match op {
+        Op::CreateProducer { topic, .. }
+        | Op::Send { topic, .. }
+        | Op::CloseProducer { topic, .. }
+        | Op::Flow { topic, .. }
+        | Op::Ack { topic, .. }
+        | Op::CloseConsumer { topic, .. } => topic.starts_with(NP),
+        Op::Subscribe { req, .. } => req.topic.starts_with(NP),
+        _ => false,
     }
 }
 

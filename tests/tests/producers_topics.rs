@@ -624,3 +624,50 @@ fn a_20_mib_message_is_chunked_and_reassembled() {
         client.close();
     });
 }
+
+/// Goal: a non-persistent topic delivers to the consumer connected now,
+/// acknowledges sends without the disk, gives a later consumer nothing of
+/// what came before it, and keeps nothing across a restart.
+#[test]
+fn non_persistent_delivers_to_connected_consumers_only() {
+    run_async_with_timeout(Duration::from_secs(90), || async {
+        let dir = test_dir("non-persistent");
+        let mut broker = BrokerProcess::start(dir.path(), SHARDS);
+        let url = broker.url();
+        let topic = "non-persistent://public/default/live";
+        let client = Client::connect(&url).await.expect("connect");
+        let consumer = client.subscribe(topic, "s").subscribe().await.expect("consumer");
+        let producer = client.producer(topic).name("np").create().await.expect("producer");
+        let mut ids = Vec::new();
+        for i in 0..10 {
+            ids.push(producer.send(OutgoingMessage::new(format!("live{i}"))).await.expect("send"));
+        }
+        for (i, id) in ids.iter().enumerate() {
+            let m =
+                tokio::time::timeout(Duration::from_secs(5), consumer.receive()).await.expect("in time").expect("m");
+            assert_eq!(m.payload, format!("live{i}").as_bytes());
+            assert_eq!(m.id, *id);
+            consumer.ack(&m.id).await.expect("ack");
+        }
+        consumer.close().await.expect("close");
+        // Nobody listens: acknowledged, and gone.
+        for i in 0..5 {
+            producer.send(OutgoingMessage::new(format!("lost{i}"))).await.expect("send without consumers");
+        }
+        let late = client.subscribe(topic, "s").subscribe().await.expect("late consumer");
+        producer.send(OutgoingMessage::new("after")).await.expect("send");
+        let m = tokio::time::timeout(Duration::from_secs(5), late.receive()).await.expect("in time").expect("m");
+        assert_eq!(m.payload, "after".as_bytes(), "a late consumer got a message sent before it came");
+        client.close();
+
+        broker.kill9();
+        let broker = broker.restart();
+        let client = Client::connect(&broker.url()).await.expect("connect");
+        let after_restart = client.subscribe(topic, "s").subscribe().await.expect("consumer");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), after_restart.receive()).await.is_err(),
+            "a non-persistent message survived a restart"
+        );
+        client.close();
+    });
+}
