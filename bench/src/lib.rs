@@ -1,1 +1,24 @@
-//! The benchmark harness lands with issue #6.
+//! magnetar-bench: Magnetar's benchmark harness (issue #6).
+//!
+//! - [`workload`]: what a run does (defaults = the canonical workload, TOML
+//!   file, flags) and the refusal of features the broker lacks yet.
+//! - [`run`]: producers and consumers on the Rust client, open-loop rate
+//!   control, progress.
+//! - [`stats`]: HDR histograms and the latency accounting (from the intended
+//!   send time: no coordinated omission).
+//! - [`report`]: the JSON result (a contract), history, summary, `--compare`.
+//! - [`plot`]: the SVG picture.
+//! - [`broker`]: a `magnetar standalone` the bench starts itself.
+//! - [`cpu`]: CPU time of client and broker per message.
+//! - [`dist`]: seeded size and key distributions (uniform, weighted, Zipf).
+//!
+//! See `README.md` for the flags and the figures measured with it.
+
+pub mod broker;
+pub mod cpu;
+pub mod dist;
+pub mod plot;
+pub mod report;
+pub mod run;
+pub mod stats;
+pub mod workload;

@@ -105,6 +105,8 @@ pub(crate) struct ConsumerSlot {
     /// Capacity = receiver queue size, so a broker that respects flow permits
     /// never makes the reader wait here.
     pub deliver: mpsc::Sender<Delivery>,
+    /// Failover: whether the broker says this consumer is the active one.
+    pub active: Arc<AtomicBool>,
 }
 
 #[derive(Default)]
@@ -598,7 +600,8 @@ async fn dispatch(
     match command {
         Command::ProducerSuccess { request_id, .. }
         | Command::Success { request_id }
-        | Command::AdminResponse { request_id, .. } => {
+        | Command::AdminResponse { request_id, .. }
+        | Command::TopicStats { request_id, .. } => {
             complete_request(shared, request_id, Ok(command));
         }
         Command::Error { request_id: 0, code, message } => {
@@ -680,6 +683,11 @@ async fn dispatch(
             if let Some(slot) = slot {
                 tracing::debug!(subscription = %slot.subscription, "consumer closed by the broker");
                 slot.closed.store(true, Ordering::Release);
+            }
+        }
+        Command::ActiveConsumerChange { consumer_id, is_active } => {
+            if let Some(slot) = shared.lock().consumers.get(&consumer_id) {
+                slot.active.store(is_active, Ordering::Release);
             }
         }
         Command::Ping => {

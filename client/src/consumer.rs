@@ -1,13 +1,17 @@
 //! Consumers: receive messages of one subscription and acknowledge them.
 
+use crate::ack_group::{AckBatch, AckGroup};
 use crate::connection::{Connection, ConsumerSlot, Delivery};
 use crate::error::{ClientError, Result};
-use crate::message::Message;
+use crate::message::{Message, OutgoingMessage};
 use crate::names::normalize_topic;
+use crate::producer::{Producer, ProducerBuilder, DEFAULT_MAX_PENDING};
+use crate::tracker::{NackBackoff, Tracker, NACK_TICK};
 use magnetar_wire::{AckType, Command, InitialPosition, MessageId, SubscriptionType};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TryRecvError;
 
@@ -39,8 +43,33 @@ pub struct ConsumerBuilder {
     pub(crate) initial_position: InitialPosition,
     pub(crate) receiver_queue_size: u32,
     pub(crate) consumer_name: String,
+    pub(crate) priority_level: i32,
+    pub(crate) filter_tag: String,
+    pub(crate) nack_backoff: NackBackoff,
+    pub(crate) ack_timeout: Option<Duration>,
+    pub(crate) dead_letter: Option<DeadLetterPolicy>,
+    pub(crate) retry_enabled: bool,
+    pub(crate) ack_group_time: Duration,
+    pub(crate) ack_group_max: usize,
     pub(crate) durable: bool,
 }
+
+/// Where messages go after too many deliveries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterPolicy {
+    /// A message delivered this many times again (redelivery count above it)
+    /// goes to the dead-letter topic instead of the application.
+    pub max_redeliveries: u32,
+    /// Default `<topic>-<subscription>-DLQ`.
+    pub topic: Option<String>,
+}
+
+/// Property naming the topic a dead-lettered or retried message came from.
+pub const PROPERTY_REAL_TOPIC: &str = "REAL_TOPIC";
+/// Property holding the original message id (`L:E:P:B`).
+pub const PROPERTY_ORIGIN_MESSAGE_ID: &str = "ORIGIN_MESSAGE_ID";
+/// Property counting how often `reconsume_later` sent a message around.
+pub const PROPERTY_RECONSUME_TIMES: &str = "RECONSUMETIMES";
 
 impl ConsumerBuilder {
     /// Default `Exclusive`.
@@ -64,16 +93,68 @@ impl ConsumerBuilder {
         self
     }
 
+    /// Consumer name; empty (the default) lets the broker choose.
+    pub fn consumer_name(mut self, name: impl Into<String>) -> Self {
+        self.consumer_name = name.into();
+        self
+    }
+
+    /// Failover: the active consumer is one with the lowest level (default 0),
+    /// then the first by name.
+    pub fn priority_level(mut self, level: i32) -> Self {
+        self.priority_level = level;
+        self
+    }
+
+    /// Only messages with this tag are delivered; the others count as
+    /// acknowledged for the subscription (evaluated by the broker). Set by
+    /// the first consumer of an idle subscription.
+    pub fn filter_tag(mut self, tag: impl Into<String>) -> Self {
+        self.filter_tag = tag.into();
+        self
+    }
+
+    /// Delay before a negatively acknowledged message comes back:
+    /// `min × 2^redelivery_count`, at most `max` (default 1 s .. 60 s).
+    pub fn negative_ack_backoff(mut self, min: Duration, max: Duration) -> Self {
+        self.nack_backoff = NackBackoff { min, max };
+        self
+    }
+
+    /// Messages not acknowledged this long after `receive` are redelivered
+    /// (default: never).
+    pub fn ack_timeout(mut self, timeout: Duration) -> Self {
+        self.ack_timeout = Some(timeout);
+        self
+    }
+
+    /// Ack grouping: acks are sent together every `time` or every `max`
+    /// acks (default 100 ms, 1,000). `Duration::ZERO` sends each ack at once.
+    pub fn ack_group(mut self, time: Duration, max: usize) -> Self {
+        self.ack_group_time = time;
+        self.ack_group_max = max;
+        self
+    }
+
+    /// Also consume `<topic>-<subscription>-RETRY` (same subscription name
+    /// and type, from the earliest message), where `reconsume_later` sends
+    /// messages: they come back through this consumer after their delay.
+    pub fn retry_enabled(mut self, enabled: bool) -> Self {
+        self.retry_enabled = enabled;
+        self
+    }
+
+    /// Send messages redelivered more than `policy.max_redeliveries` times
+    /// to a dead-letter topic (then acknowledge them) instead of returning them.
+    pub fn dead_letter_policy(mut self, policy: DeadLetterPolicy) -> Self {
+        self.dead_letter = Some(policy);
+        self
+    }
+
     /// `false`: a non-durable subscription (a reader's): its position is
     /// kept in memory only, and it disappears with its last consumer.
     pub fn durable(mut self, durable: bool) -> Self {
         self.durable = durable;
-        self
-    }
-
-    /// Consumer name; empty (the default) lets the broker choose.
-    pub fn consumer_name(mut self, name: impl Into<String>) -> Self {
-        self.consumer_name = name.into();
         self
     }
 
@@ -86,6 +167,14 @@ impl ConsumerBuilder {
             initial_position: self.initial_position,
             receiver_queue_size: self.receiver_queue_size,
             consumer_name: self.consumer_name.clone(),
+            priority_level: self.priority_level,
+            filter_tag: self.filter_tag.clone(),
+            nack_backoff: self.nack_backoff,
+            ack_timeout: self.ack_timeout,
+            dead_letter: self.dead_letter.clone(),
+            retry_enabled: self.retry_enabled,
+            ack_group_time: self.ack_group_time,
+            ack_group_max: self.ack_group_max,
             durable: self.durable,
         }
     }
@@ -93,16 +182,9 @@ impl ConsumerBuilder {
     /// Subscribe to the topic by its own name: every partition of a
     /// partitioned topic (one consumer each), or the topic itself.
     pub async fn subscribe_partitioned(self) -> Result<crate::MultiTopicConsumer> {
-        let topic = normalize_topic(&self.topic)?;
-        let partitions = crate::Admin { conn: self.conn.clone() }.partitions(&topic).await?;
         let multi = crate::MultiTopicConsumer::new(self.subscription.clone(), self.receiver_queue_size as usize);
-        if partitions == 0 {
-            multi.add_topic(self.with_topic(topic)).await?;
-        } else {
-            for i in 0..partitions {
-                multi.add_topic(self.with_topic(format!("{topic}-partition-{i}"))).await?;
-            }
-        }
+        let topic = self.topic.clone();
+        self.add_by_name(&multi, &topic).await?;
         Ok(multi)
     }
 
@@ -168,9 +250,17 @@ impl ConsumerBuilder {
         }
         let topic = normalize_topic(&self.topic)?;
         let consumer_id = self.conn.next_handle_id();
+        if self.ack_timeout.is_some_and(|t| t < Duration::from_millis(100)) {
+            return Err(ClientError::InvalidOption { option: "ack_timeout", reason: "must be at least 100 ms" });
+        }
         let closed = Arc::new(AtomicBool::new(false));
+        let active = Arc::new(AtomicBool::new(false));
         let queue = self.receiver_queue_size;
-        let (deliver, rx) = mpsc::channel(queue as usize);
+        // With a retry topic, two broker-side consumers share the queue, each
+        // with its own permits: room for both.
+        let room = if self.retry_enabled { queue as usize * 2 } else { queue as usize };
+        let (deliver, rx) = mpsc::channel(room);
+        let retry_deliver = deliver.clone();
         // Registered before subscribing: the broker may push messages right
         // after its Success, before our Flow even (it should not, but then
         // they are not lost).
@@ -181,6 +271,7 @@ impl ConsumerBuilder {
                 subscription: self.subscription.clone(),
                 closed: closed.clone(),
                 deliver,
+                active: active.clone(),
             },
         )?;
         let answer = self
@@ -194,7 +285,8 @@ impl ConsumerBuilder {
                 consumer_name: self.consumer_name.clone(),
                 initial_position: self.initial_position,
                 durable: self.durable,
-                priority_level: 0,
+                priority_level: self.priority_level,
+                filter_tag: self.filter_tag.clone(),
             })
             .await;
         match answer {
@@ -208,18 +300,89 @@ impl ConsumerBuilder {
                 return Err(e);
             }
         }
+        let retry = if self.retry_enabled {
+            let retry_topic = format!("{topic}-{}-RETRY", self.subscription);
+            let retry_id = self.conn.next_handle_id();
+            self.conn.register_consumer(
+                retry_id,
+                ConsumerSlot {
+                    topic: retry_topic.clone(),
+                    subscription: self.subscription.clone(),
+                    closed: closed.clone(),
+                    deliver: retry_deliver,
+                    active: Arc::new(AtomicBool::new(false)),
+                },
+            )?;
+            let answer = self
+                .conn
+                .request("subscribe", |request_id| Command::Subscribe {
+                    request_id,
+                    consumer_id: retry_id,
+                    topic: retry_topic.clone(),
+                    subscription: self.subscription.clone(),
+                    sub_type: self.sub_type,
+                    consumer_name: self.consumer_name.clone(),
+                    initial_position: InitialPosition::Earliest,
+                    durable: true,
+                    priority_level: self.priority_level,
+                    filter_tag: String::new(),
+                })
+                .await;
+            if !matches!(answer, Ok(Command::Success { .. })) {
+                self.conn.remove_consumer(retry_id);
+                self.conn.try_send_command(&Command::CloseConsumer { request_id: 0, consumer_id });
+                self.conn.remove_consumer(consumer_id);
+                return Err(match answer {
+                    Err(e) => e,
+                    Ok(other) => ClientError::UnexpectedResponse { request: "Subscribe", got: format!("{other:?}") },
+                });
+            }
+            Some(Arc::new(RetryRoute { consumer_id: retry_id, topic: retry_topic, ledgers: Default::default() }))
+        } else {
+            drop(retry_deliver);
+            None
+        };
+        let tracker = Arc::new(Tracker::new(self.ack_timeout));
+        let acks = Arc::new(AckGroup::new(self.ack_group_time, self.ack_group_max));
+        spawn_tracker_task(
+            self.conn.clone(),
+            consumer_id,
+            retry.clone(),
+            tracker.clone(),
+            acks.clone(),
+            closed.clone(),
+        );
+        let dead_letter = self.dead_letter.map(|p| {
+            let dlq_topic = p.topic.clone().unwrap_or_else(|| format!("{topic}-{}-DLQ", self.subscription));
+            Arc::new(DeadLetter {
+                max_redeliveries: p.max_redeliveries,
+                topic: dlq_topic,
+                producer: Default::default(),
+            })
+        });
         let consumer = Consumer {
             conn: self.conn,
             consumer_id,
             topic,
             subscription: self.subscription,
-            rx: tokio::sync::Mutex::new(Receiving { rx, unflowed: 0 }),
+            rx: tokio::sync::Mutex::new(Receiving { rx, unflowed: 0, unflowed_retry: 0 }),
             flow_threshold: (queue / 2).max(1),
+            receiver_queue_size: queue,
             closed,
+            active,
+            tracker,
+            nack_backoff: self.nack_backoff,
+            dead_letter,
+            retry_producer: Default::default(),
+            retry,
+            acks,
             batches: std::sync::Mutex::new(HashMap::new()),
             chunks: std::sync::Mutex::new(ChunkState::default()),
         };
         consumer.conn.send_command(&Command::Flow { consumer_id, permits: queue }).await?;
+        if let Some(r) = &consumer.retry {
+            consumer.conn.send_command(&Command::Flow { consumer_id: r.consumer_id, permits: queue }).await?;
+        }
         Ok(consumer)
     }
 }
@@ -228,6 +391,44 @@ struct Receiving {
     rx: mpsc::Receiver<Delivery>,
     /// Messages handed to the application since the last `Flow`.
     unflowed: u32,
+    /// The same for the retry topic's consumer.
+    unflowed_retry: u32,
+}
+
+/// The retry topic's broker-side consumer, and the ledgers its messages
+/// came from: ledger ids are unique across a broker's topics, so an id's
+/// ledger says which consumer acks (and redelivery requests) belong to.
+struct RetryRoute {
+    consumer_id: u64,
+    topic: String,
+    ledgers: std::sync::Mutex<std::collections::HashSet<u64>>,
+}
+
+impl RetryRoute {
+    fn owns(&self, id: &MessageId) -> bool {
+        self.ledgers.lock().unwrap_or_else(|p| p.into_inner()).contains(&id.ledger)
+    }
+}
+
+/// The broker-side consumer an id belongs to.
+fn route(main: u64, retry: &Option<Arc<RetryRoute>>, id: &MessageId) -> u64 {
+    match retry {
+        Some(r) if r.owns(id) => r.consumer_id,
+        _ => main,
+    }
+}
+
+/// `ids` grouped by the consumer they belong to, in order.
+fn group(main: u64, retry: &Option<Arc<RetryRoute>>, ids: &[MessageId]) -> Vec<(u64, Vec<MessageId>)> {
+    let mut out: Vec<(u64, Vec<MessageId>)> = Vec::new();
+    for id in ids {
+        let c = route(main, retry, id);
+        match out.iter_mut().find(|(k, _)| *k == c) {
+            Some((_, v)) => v.push(*id),
+            None => out.push((c, vec![*id])),
+        }
+    }
+    out
 }
 
 /// A consumer of one subscription on one topic. `Send + Sync`; `receive`
@@ -239,7 +440,15 @@ pub struct Consumer {
     subscription: String,
     rx: tokio::sync::Mutex<Receiving>,
     flow_threshold: u32,
+    receiver_queue_size: u32,
     closed: Arc<AtomicBool>,
+    active: Arc<AtomicBool>,
+    tracker: Arc<Tracker>,
+    nack_backoff: NackBackoff,
+    dead_letter: Option<Arc<DeadLetter>>,
+    retry_producer: tokio::sync::Mutex<Option<Producer>>,
+    retry: Option<Arc<RetryRoute>>,
+    acks: Arc<AckGroup>,
     /// Batches handed out and not wholly acknowledged: (ledger, entry,
     /// partition) → acked flag per batch index. The broker acknowledges
     /// entries, so an entry is acked only once all its messages are.
@@ -253,6 +462,124 @@ pub struct Consumer {
 struct ChunkState {
     reassembly: crate::chunking::Reassembly,
     handed_out: HashMap<MessageId, Vec<MessageId>>,
+}
+
+/// The `Ack` commands that carry `batch`, each to the consumer its ids
+/// belong to.
+fn ack_commands(main: u64, retry: &Option<Arc<RetryRoute>>, batch: AckBatch) -> Vec<Command> {
+    let mut out = Vec::new();
+    for (consumer_id, ids) in group(main, retry, &batch.individual) {
+        for ids in ids.chunks(1000) {
+            out.push(Command::Ack {
+                consumer_id,
+                ack_type: AckType::Individual,
+                message_ids: ids.to_vec(),
+                request_id: 0,
+            });
+        }
+    }
+    if let Some(id) = batch.cumulative {
+        let consumer_id = route(main, retry, &id);
+        out.push(Command::Ack { consumer_id, ack_type: AckType::Cumulative, message_ids: vec![id], request_id: 0 });
+    }
+    out
+}
+
+struct DeadLetter {
+    max_redeliveries: u32,
+    topic: String,
+    producer: tokio::sync::Mutex<Option<Producer>>,
+}
+
+/// Ticks the consumer's nack timers and ack-timeout wheel, asking the
+/// broker back for due messages; ends when the consumer closes.
+fn spawn_tracker_task(
+    conn: Arc<Connection>,
+    consumer_id: u64,
+    retry: Option<Arc<RetryRoute>>,
+    tracker: Arc<Tracker>,
+    acks: Arc<AckGroup>,
+    closed: Arc<AtomicBool>,
+) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else { return };
+    handle.spawn(async move {
+        let mut tick = tokio::time::interval(NACK_TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if closed.load(Ordering::Acquire) || !crate::connection::is_open(&conn.shared) {
+                return;
+            }
+            if let Some(batch) = acks.take_due(Instant::now()) {
+                for command in ack_commands(consumer_id, &retry, batch) {
+                    if let Err(e) = conn.send_command(&command).await {
+                        tracing::debug!(error = %e, "grouped acks not sent");
+                        return;
+                    }
+                }
+            }
+            let due = tracker.tick(Instant::now());
+            if !due.is_empty() {
+                // Several frames for many ids keep each frame small.
+                for (consumer_id, ids) in group(consumer_id, &retry, &due) {
+                    for ids in ids.chunks(1000) {
+                        let command = Command::RedeliverUnacknowledged { consumer_id, message_ids: ids.to_vec() };
+                        if let Err(e) = conn.send_command(&command).await {
+                            tracing::debug!(error = %e, "redelivery request not sent");
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Publishes `msg` to `topic` with its origin as properties, on a producer
+/// created on first use.
+async fn republish(
+    conn: &Arc<Connection>,
+    slot: &tokio::sync::Mutex<Option<Producer>>,
+    topic: &str,
+    msg: &Message,
+    extra: Vec<(String, String)>,
+    deliver_at_ms: Option<u64>,
+) -> Result<MessageId> {
+    let mut slot = slot.lock().await;
+    if slot.as_ref().is_none_or(|p| p.is_closed()) {
+        let builder = ProducerBuilder {
+            conn: conn.clone(),
+            topic: topic.to_string(),
+            name: None,
+            max_pending: DEFAULT_MAX_PENDING,
+            access_mode: magnetar_wire::ProducerAccessMode::Shared,
+            batching: None,
+            compression: magnetar_wire::CompressionType::None,
+            chunk_bytes: None,
+        };
+        *slot = Some(builder.create().await?);
+    }
+    let Some(producer) = slot.as_ref() else {
+        return Err(ClientError::InvalidOption { option: "producer", reason: "not created" });
+    };
+    let mut out = OutgoingMessage::new(msg.payload.clone());
+    out.key = msg.metadata.partition_key.clone();
+    out.tag = msg.metadata.tag.clone();
+    out.event_time_ms = msg.event_time_ms();
+    out.deliver_at_ms = deliver_at_ms;
+    out.properties = msg
+        .metadata
+        .properties
+        .iter()
+        .filter(|(k, _)| k != PROPERTY_REAL_TOPIC && k != PROPERTY_ORIGIN_MESSAGE_ID && k != PROPERTY_RECONSUME_TIMES)
+        .cloned()
+        .collect();
+    let real_topic = msg.property(PROPERTY_REAL_TOPIC).unwrap_or(&msg.topic).to_string();
+    let origin = msg.property(PROPERTY_ORIGIN_MESSAGE_ID).map(str::to_string).unwrap_or_else(|| msg.id.to_string());
+    out.properties.push((PROPERTY_REAL_TOPIC.into(), real_topic));
+    out.properties.push((PROPERTY_ORIGIN_MESSAGE_ID.into(), origin));
+    out.properties.extend(extra);
+    producer.send(out).await
 }
 
 impl std::fmt::Debug for Consumer {
@@ -301,16 +628,94 @@ impl Consumer {
         loop {
             match receiving.rx.recv().await {
                 // Nothing below awaits, so a message taken off the queue is
-                // always returned or kept (cancel safety).
+                // always returned or handed to the dead-letter task (cancel safety).
                 Some(delivery) => {
-                    self.after_receive(&mut receiving);
+                    self.after_receive(&mut receiving, &delivery);
                     let Some(delivery) = self.assemble(delivery) else { continue };
-                    self.track_batch(&delivery);
-                    return delivery;
+                    if let Some(delivery) = self.screen(delivery) {
+                        self.track_batch(&delivery);
+                        return delivery;
+                    }
                 }
                 None => return Err(self.closed_error()),
             }
         }
+    }
+
+    /// Up to `max` messages: waits for the first, then takes what is already
+    /// here without waiting.
+    pub async fn receive_batch(&self, max: usize) -> Result<Vec<Message>> {
+        let mut out = vec![self.receive().await?];
+        while out.len() < max {
+            match self.try_receive()? {
+                Some(m) => out.push(m),
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+
+    /// The consumer as a `Stream` of messages (ends when the consumer is
+    /// closed or the connection ends).
+    pub fn stream(&self) -> impl futures::Stream<Item = Result<Message>> + '_ {
+        futures_util_unfold(self)
+    }
+
+    /// Message-listener style: a task calls `on_message(consumer, message)`
+    /// for each message, one at a time, until the consumer is closed or the
+    /// connection ends (a message that cannot be decoded is skipped with a
+    /// warning). Needs a tokio runtime.
+    pub fn listen<F, Fut>(self: Arc<Self>, mut on_message: F) -> tokio::task::JoinHandle<()>
+    where
+        F: FnMut(Arc<Consumer>, Message) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        tokio::spawn(async move {
+            loop {
+                match self.receive().await {
+                    Ok(m) => on_message(self.clone(), m).await,
+                    Err(ClientError::Wire(e)) => tracing::warn!(error = %e, "listener skipped an undecodable message"),
+                    Err(_) => return,
+                }
+            }
+        })
+    }
+
+    /// Tracks a delivered message, or sends it to the dead-letter topic
+    /// (returning `None`) when it came too often.
+    fn screen(&self, delivery: Delivery) -> Option<Delivery> {
+        let msg = match delivery {
+            Ok(msg) => msg,
+            Err(e) => return Some(Err(e)),
+        };
+        if let Some(dl) = &self.dead_letter {
+            if msg.redelivery_count > dl.max_redeliveries {
+                let dl = dl.clone();
+                let conn = self.conn.clone();
+                let consumer_id = route(self.consumer_id, &self.retry, &msg.id);
+                // A task, so `receive` stays cancel-safe; the message is
+                // acknowledged only once the dead-letter topic has it.
+                if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                    handle.spawn(async move {
+                        match republish(&conn, &dl.producer, &dl.topic, &msg, Vec::new(), None).await {
+                            Ok(_) => {
+                                let ack = Command::Ack {
+                                    consumer_id,
+                                    ack_type: AckType::Individual,
+                                    message_ids: vec![msg.id],
+                                    request_id: 0,
+                                };
+                                let _ = conn.send_command(&ack).await;
+                            }
+                            Err(e) => tracing::warn!(error = %e, id = %msg.id, "dead-letter publish failed"),
+                        }
+                    });
+                    return None;
+                }
+            }
+        }
+        self.tracker.received(msg.id);
+        Some(Ok(msg))
     }
 
     /// The next message if one is already here, without waiting. `Ok(None)`
@@ -320,10 +725,12 @@ impl Consumer {
         loop {
             match receiving.rx.try_recv() {
                 Ok(delivery) => {
-                    self.after_receive(&mut receiving);
+                    self.after_receive(&mut receiving, &delivery);
                     let Some(delivery) = self.assemble(delivery) else { continue };
-                    self.track_batch(&delivery);
-                    return delivery.map(Some);
+                    if let Some(delivery) = self.screen(delivery) {
+                        self.track_batch(&delivery);
+                        return delivery.map(Some);
+                    }
                 }
                 Err(TryRecvError::Empty) => return Ok(None),
                 Err(TryRecvError::Disconnected) => return Err(self.closed_error()),
@@ -331,18 +738,145 @@ impl Consumer {
         }
     }
 
+    /// Failover: whether the broker last said this consumer is the active one.
+    pub fn is_active(&self) -> bool {
+        self.active.load(Ordering::Acquire)
+    }
+
+    /// Negative acknowledgement: the message comes back (to this or another
+    /// consumer) after the backoff delay for its redelivery count.
+    pub fn negative_acknowledge(&self, msg: &Message) {
+        let delay = self.nack_backoff.delay(msg.redelivery_count);
+        self.tracker.nacked(msg.id, delay, Instant::now());
+    }
+
+    /// Ask the broker to deliver again every message this consumer holds
+    /// unacknowledged, at once. Messages waiting in the local queue are
+    /// dropped first (they come again), as Pulsar does.
+    pub async fn redeliver_unacknowledged(&self) -> Result<()> {
+        if self.is_closed() {
+            return Err(self.closed_error());
+        }
+        self.flush_acks().await?;
+        {
+            let mut receiving = self.rx.lock().await;
+            while let Ok(delivery) = receiving.rx.try_recv() {
+                // Their permits are granted again, as if received.
+                self.after_receive(&mut receiving, &delivery);
+            }
+        }
+        let command = Command::RedeliverUnacknowledged { consumer_id: self.consumer_id, message_ids: Vec::new() };
+        self.conn.send_command(&command).await?;
+        if let Some(r) = &self.retry {
+            let command = Command::RedeliverUnacknowledged { consumer_id: r.consumer_id, message_ids: Vec::new() };
+            self.conn.send_command(&command).await?;
+        }
+        Ok(())
+    }
+
+    /// Move the subscription's cursor so that `id` is the next message
+    /// delivered (earlier ones count as acknowledged, later ones as not).
+    /// Messages already in the local queue are dropped. Messages the broker
+    /// sent just before the seek may still arrive after it.
+    pub async fn seek(&self, id: MessageId) -> Result<()> {
+        self.seek_to(Some(id), 0).await
+    }
+
+    /// Move the cursor to the first message published at or after
+    /// `publish_time_ms` (milliseconds since the Unix epoch).
+    pub async fn seek_by_time(&self, publish_time_ms: u64) -> Result<()> {
+        self.seek_to(None, publish_time_ms).await
+    }
+
+    async fn seek_to(&self, message_id: Option<MessageId>, publish_time_ms: u64) -> Result<()> {
+        if self.is_closed() {
+            return Err(self.closed_error());
+        }
+        self.flush_acks().await?;
+        let consumer_id = self.consumer_id;
+        // Hold the queue while seeking so no `receive` hands out a message
+        // from before the seek once it is answered.
+        let mut receiving = self.rx.lock().await;
+        let answer = self
+            .conn
+            .request("seek", |request_id| Command::Seek { request_id, consumer_id, message_id, publish_time_ms })
+            .await?;
+        match answer {
+            Command::Success { .. } => {}
+            other => return Err(ClientError::UnexpectedResponse { request: "Seek", got: format!("{other:?}") }),
+        }
+        // The broker set our permits to 0: drop what is queued and grant
+        // the whole queue again.
+        while receiving.rx.try_recv().is_ok() {}
+        receiving.unflowed = 0;
+        self.tracker.clear();
+        self.conn.send_command(&Command::Flow { consumer_id, permits: self.receiver_queue_size }).await
+    }
+
+    /// Consume `msg` again after `delay`: it is published to
+    /// `<topic>-<subscription>-RETRY` with a delivery time, then acknowledged
+    /// here. With `retry_enabled(true)` this consumer also consumes that
+    /// topic, so the message comes back here; its `RECONSUMETIMES` property
+    /// counts the rounds.
+    pub async fn reconsume_later(&self, msg: &Message, delay: Duration) -> Result<MessageId> {
+        let base = msg.property(PROPERTY_REAL_TOPIC).unwrap_or(&self.topic).to_string();
+        let retry_topic = format!("{base}-{}-RETRY", self.subscription);
+        let times = msg.property(PROPERTY_RECONSUME_TIMES).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0) + 1;
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let at = u64::try_from(now.saturating_add(delay).as_millis()).unwrap_or(u64::MAX);
+        let extra = vec![(PROPERTY_RECONSUME_TIMES.to_string(), times.to_string())];
+        let id = republish(&self.conn, &self.retry_producer, &retry_topic, msg, extra, Some(at)).await?;
+        self.ack(&msg.id).await?;
+        Ok(id)
+    }
+
     /// Grant more permits once half the queue has been handed out, so the
     /// broker always has room to keep sending without a Flow per message.
     /// A failure to send the Flow is not the message's failure: it only
     /// happens when the connection is gone, and then permits are moot.
-    fn after_receive(&self, receiving: &mut Receiving) {
-        receiving.unflowed += 1;
-        if receiving.unflowed >= self.flow_threshold {
-            let permits = std::mem::take(&mut receiving.unflowed);
-            if let Err(e) = self.conn.send_command_nowait(&Command::Flow { consumer_id: self.consumer_id, permits }) {
+    fn after_receive(&self, receiving: &mut Receiving, delivery: &Delivery) {
+        let from_retry = match (&self.retry, delivery) {
+            (Some(r), Ok(m)) if m.topic == r.topic => {
+                r.ledgers.lock().unwrap_or_else(|p| p.into_inner()).insert(m.id.ledger);
+                true
+            }
+            _ => false,
+        };
+        let (unflowed, consumer_id) = match &self.retry {
+            Some(r) if from_retry => (&mut receiving.unflowed_retry, r.consumer_id),
+            _ => (&mut receiving.unflowed, self.consumer_id),
+        };
+        *unflowed += 1;
+        if *unflowed >= self.flow_threshold {
+            let permits = std::mem::take(unflowed);
+            if let Err(e) = self.conn.send_command_nowait(&Command::Flow { consumer_id, permits }) {
                 tracing::debug!(error = %e, "flow not sent");
             }
         }
+    }
+
+    async fn send_ack(&self, ack_type: AckType, id: &MessageId) -> Result<()> {
+        if self.is_closed() {
+            return Err(self.closed_error());
+        }
+        match ack_type {
+            AckType::Individual => self.tracker.acked(id),
+            AckType::Cumulative => self.tracker.acked_cumulative(id),
+        }
+        // What the broker acknowledges: entries (see `broker_acks`).
+        for id in self.broker_acks(ack_type, std::slice::from_ref(id)) {
+            if self.acks.enabled() {
+                let cumulative = ack_type == AckType::Cumulative;
+                if let Some(full) = self.acks.add(id, cumulative, Instant::now()) {
+                    self.send_acks(full).await?;
+                }
+                continue;
+            }
+            let consumer_id = route(self.consumer_id, &self.retry, &id);
+            let command = Command::Ack { consumer_id, ack_type, message_ids: vec![id], request_id: 0 };
+            self.conn.send_command(&command).await?;
+        }
+        Ok(())
     }
 
     /// Passes non-chunks through; collects chunks, returning the whole
@@ -395,13 +929,12 @@ impl Consumer {
 
     /// The ids to send to the broker for acknowledging `ids`: a message of a
     /// batch is acknowledged on the broker only with its last sibling; a
-    /// cumulative ack inside a batch acknowledges up to the entry before.
+    /// cumulative ack inside a batch acknowledges up to the entry before; a
+    /// reassembled chunked message acknowledges all its chunks.
     fn broker_acks(&self, ack_type: AckType, ids: &[MessageId]) -> Vec<MessageId> {
         let mut batches = self.lock_batches();
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
-            // A chunked message: all its chunks (individually; a cumulative
-            // ack on the last chunk covers them anyway).
             let chunk_ids = self.chunks.lock().unwrap_or_else(|p| p.into_inner()).handed_out.remove(id);
             if let Some(chunk_ids) = chunk_ids {
                 if ack_type == AckType::Individual {
@@ -440,21 +973,25 @@ impl Consumer {
         out
     }
 
-    async fn send_ack(&self, ack_type: AckType, id: &MessageId) -> Result<()> {
-        if self.is_closed() {
-            return Err(self.closed_error());
+    async fn send_acks(&self, batch: AckBatch) -> Result<()> {
+        for command in ack_commands(self.consumer_id, &self.retry, batch) {
+            self.conn.send_command(&command).await?;
         }
-        let message_ids = self.broker_acks(ack_type, std::slice::from_ref(id));
-        if message_ids.is_empty() {
-            return Ok(());
-        }
-        let command = Command::Ack { consumer_id: self.consumer_id, ack_type, message_ids, request_id: 0 };
-        self.conn.send_command(&command).await
+        Ok(())
     }
 
-    /// Acknowledge one message. Returns once the ack is queued on the
-    /// connection (the broker does not answer); acks and a later `close()`
-    /// reach the broker in order.
+    /// Sends the acks waiting in the group now.
+    pub async fn flush_acks(&self) -> Result<()> {
+        let batch = self.acks.take_all();
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.send_acks(batch).await
+    }
+
+    /// Acknowledge one message. Returns once the ack is grouped or queued on
+    /// the connection (the broker does not answer); acks and a later
+    /// `close()` reach the broker in order.
     pub async fn ack(&self, id: &MessageId) -> Result<()> {
         self.send_ack(AckType::Individual, id).await
     }
@@ -476,31 +1013,51 @@ impl Consumer {
                 reason: "one id or more; exactly one for a cumulative ack",
             });
         }
-        let consumer_id = self.consumer_id;
-        let message_ids = self.broker_acks(ack_type, ids);
-        if message_ids.is_empty() {
-            return Ok(());
+        for id in ids {
+            match ack_type {
+                AckType::Individual => self.tracker.acked(id),
+                AckType::Cumulative => self.tracker.acked_cumulative(id),
+            }
         }
-        let answer = self
-            .conn
-            .request("ack", |request_id| Command::Ack {
-                consumer_id,
-                ack_type,
-                message_ids: message_ids.clone(),
-                request_id,
-            })
-            .await?;
-        match answer {
-            Command::Success { .. } => Ok(()),
-            other => Err(ClientError::UnexpectedResponse { request: "Ack", got: format!("{other:?}") }),
+        // Grouped acks first: the confirmation then covers them too.
+        self.flush_acks().await?;
+        let broker_ids = self.broker_acks(ack_type, ids);
+        for (consumer_id, ids) in group(self.consumer_id, &self.retry, &broker_ids) {
+            let answer = self
+                .conn
+                .request("ack", |request_id| Command::Ack { consumer_id, ack_type, message_ids: ids, request_id })
+                .await?;
+            match answer {
+                Command::Success { .. } => {}
+                other => return Err(ClientError::UnexpectedResponse { request: "Ack", got: format!("{other:?}") }),
+            }
         }
+        Ok(())
     }
 
     /// Close the consumer on the broker. Unacknowledged messages go back to
     /// the subscription; messages still in the local queue are dropped.
     pub async fn close(&self) -> Result<()> {
+        if self.is_closed() {
+            return Ok(());
+        }
+        // Acks still grouped go before the close, so the broker has them.
+        if let Err(e) = self.flush_acks().await {
+            tracing::debug!(error = %e, "grouped acks not sent before close");
+        }
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
+        }
+        if let Some(r) = &self.retry {
+            let retry_id = r.consumer_id;
+            let closed = self
+                .conn
+                .request("close consumer", |request_id| Command::CloseConsumer { request_id, consumer_id: retry_id })
+                .await;
+            self.conn.remove_consumer(retry_id);
+            if let Err(e) = closed {
+                tracing::debug!(error = %e, "closing the retry consumer");
+            }
         }
         let consumer_id = self.consumer_id;
         let answer =
@@ -516,8 +1073,25 @@ impl Consumer {
 impl Drop for Consumer {
     fn drop(&mut self) {
         if !self.closed.swap(true, Ordering::AcqRel) {
+            for command in ack_commands(self.consumer_id, &self.retry, self.acks.take_all()) {
+                self.conn.try_send_command(&command);
+            }
             self.conn.try_send_command(&Command::CloseConsumer { request_id: 0, consumer_id: self.consumer_id });
             self.conn.remove_consumer(self.consumer_id);
+            if let Some(r) = &self.retry {
+                self.conn.try_send_command(&Command::CloseConsumer { request_id: 0, consumer_id: r.consumer_id });
+                self.conn.remove_consumer(r.consumer_id);
+            }
         }
     }
+}
+
+fn futures_util_unfold(consumer: &Consumer) -> impl futures::Stream<Item = Result<Message>> + '_ {
+    futures::stream::unfold(consumer, |c| async move {
+        match c.receive().await {
+            Ok(m) => Some((Ok(m), c)),
+            Err(ClientError::ConsumerClosed { .. } | ClientError::Disconnected { .. }) => None,
+            Err(e) => Some((Err(e), c)),
+        }
+    })
 }

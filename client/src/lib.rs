@@ -15,6 +15,7 @@
 //! One [`Client`] is one TCP connection; its producers and consumers share
 //! it. See `README.md` for the threading model and limits.
 
+mod ack_group;
 mod admin;
 mod batch;
 mod chunking;
@@ -33,8 +34,14 @@ pub use admin::Admin;
 pub use batch::BatchingOptions;
 pub use chunking::{CHUNK_EXPIRY, DEFAULT_CHUNK_BYTES, INCOMPLETE_CHUNKED_MAX};
 pub use compression::{compress, decompress, UNCOMPRESSED_BYTES_MAX};
+mod tracker;
+
+pub use ack_group::{ACK_GROUP_MAX_DEFAULT, ACK_GROUP_TIME_DEFAULT};
 pub use connection::{ClientOptions, ServerInfo};
-pub use consumer::{Consumer, ConsumerBuilder, DEFAULT_RECEIVER_QUEUE_SIZE, RECEIVER_QUEUE_SIZE_MAX};
+pub use consumer::{
+    Consumer, ConsumerBuilder, DeadLetterPolicy, DEFAULT_RECEIVER_QUEUE_SIZE, PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_REAL_TOPIC, PROPERTY_RECONSUME_TIMES, RECEIVER_QUEUE_SIZE_MAX,
+};
 pub use error::{ClientError, Result};
 pub use message::{Message, OutgoingMessage};
 pub use multi::MultiTopicConsumer;
@@ -44,6 +51,7 @@ pub use partitioned::{
 };
 pub use producer::{Producer, ProducerBuilder, SendFuture, DEFAULT_MAX_PENDING, MAX_PENDING_MAX};
 pub use reconnect::{ReconnectOptions, ResilientProducer, ServiceUrlProvider};
+pub use tracker::{NackBackoff, ACK_TIMEOUT_BUCKETS};
 
 // The protocol types an application needs, so it does not have to depend on
 // magnetar-wire itself.
@@ -106,7 +114,33 @@ impl Client {
             initial_position: InitialPosition::default(),
             receiver_queue_size: DEFAULT_RECEIVER_QUEUE_SIZE,
             consumer_name: String::new(),
+            priority_level: 0,
+            filter_tag: String::new(),
+            nack_backoff: NackBackoff::default(),
+            ack_timeout: None,
+            dead_letter: None,
+            retry_enabled: false,
+            ack_group_time: ACK_GROUP_TIME_DEFAULT,
+            ack_group_max: ACK_GROUP_MAX_DEFAULT,
             durable: true,
+        }
+    }
+
+    /// Per-subscription statistics of `topic`, as the JSON object the broker
+    /// builds (layout in `docs/semantics.md`).
+    pub async fn topic_stats(&self, topic: &str) -> Result<String> {
+        let topic = normalize_topic(topic)?;
+        let answer = self
+            .conn
+            .request("topic stats", |request_id| magnetar_wire::Command::TopicStats {
+                request_id,
+                topic: topic.clone(),
+                json: String::new(),
+            })
+            .await?;
+        match answer {
+            magnetar_wire::Command::TopicStats { json, .. } => Ok(json),
+            other => Err(ClientError::UnexpectedResponse { request: "TopicStats", got: format!("{other:?}") }),
         }
     }
 

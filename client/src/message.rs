@@ -24,6 +24,11 @@ pub struct OutgoingMessage {
     /// every sequence id of this producer still awaiting its receipt; with
     /// broker dedup on, a resend of an id already stored is not stored again.
     pub sequence_id: Option<u64>,
+    /// Delayed delivery: consumers get it no earlier than this time,
+    /// milliseconds since the Unix epoch.
+    pub deliver_at_ms: Option<u64>,
+    /// RocketMQ-style tag, for subscriptions with a tag filter.
+    pub tag: Option<String>,
 }
 
 impl OutgoingMessage {
@@ -58,6 +63,24 @@ impl OutgoingMessage {
 
     pub fn with_event_time_ms(mut self, event_time_ms: u64) -> Self {
         self.event_time_ms = Some(event_time_ms);
+        self
+    }
+
+    /// Deliver no earlier than `deliver_at_ms` (milliseconds since the Unix epoch).
+    pub fn with_deliver_at_ms(mut self, deliver_at_ms: u64) -> Self {
+        self.deliver_at_ms = Some(deliver_at_ms);
+        self
+    }
+
+    /// Deliver no earlier than `delay` from now (by this machine's clock).
+    pub fn with_deliver_after(self, delay: std::time::Duration) -> Self {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let at = now.saturating_add(delay).as_millis();
+        self.with_deliver_at_ms(u64::try_from(at).unwrap_or(u64::MAX))
+    }
+
+    pub fn with_tag(mut self, tag: impl Into<String>) -> Self {
+        self.tag = Some(tag.into());
         self
     }
 }
@@ -117,5 +140,14 @@ impl Message {
 
     pub fn redelivery_count(&self) -> u32 {
         self.redelivery_count
+    }
+
+    pub fn tag(&self) -> Option<&str> {
+        self.metadata.tag.as_deref()
+    }
+
+    /// When the producer asked it to be delivered, if it is a delayed message.
+    pub fn deliver_at_ms(&self) -> Option<u64> {
+        (self.metadata.deliver_at_ms != 0).then_some(self.metadata.deliver_at_ms)
     }
 }

@@ -123,6 +123,14 @@ impl MultiTopicConsumer {
         self.consumer_of(msg)?.ack(&msg.id).await
     }
 
+    /// Negative acknowledgement: the message comes again after the
+    /// consumer's backoff (see `Consumer::negative_acknowledge`).
+    pub fn negative_acknowledge(&self, msg: &Message) {
+        if let Ok(c) = self.consumer_of(msg) {
+            c.negative_acknowledge(msg);
+        }
+    }
+
     pub async fn ack_cumulative(&self, msg: &Message) -> Result<()> {
         self.consumer_of(msg)?.ack_cumulative(&msg.id).await
     }

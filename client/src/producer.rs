@@ -219,6 +219,8 @@ impl ProducerCore {
                 num_messages: 1,
                 compression,
                 uncompressed_size,
+                deliver_at_ms: msg.deliver_at_ms.unwrap_or(0),
+                tag: msg.tag,
                 ..MessageMetadata::default()
             };
             Ok((metadata, payload))
@@ -315,6 +317,8 @@ impl ProducerCore {
                         compression: self.compression,
                         uncompressed_size,
                         chunk: Some(magnetar_wire::ChunkInfo { uuid, chunk_id, num_chunks, total_chunk_msg_size }),
+                        deliver_at_ms: msg.deliver_at_ms.unwrap_or(0),
+                        tag: msg.tag.clone(),
                         ..MessageMetadata::default()
                     };
                     Ok((metadata, part))
@@ -459,8 +463,11 @@ impl Producer {
     /// Dropping the returned future does not cancel the send.
     pub async fn send_async(&self, msg: OutgoingMessage) -> Result<SendFuture> {
         match &self.batcher {
-            // A message with its own sequence id goes alone, after what is batched.
-            Some(b) if msg.sequence_id.is_none() => b.add(&self.core, msg).await,
+            // A message with its own sequence id, a delivery time or a tag
+            // goes alone, after what is batched (those are entry-level fields).
+            Some(b) if msg.sequence_id.is_none() && msg.deliver_at_ms.is_none() && msg.tag.is_none() => {
+                b.add(&self.core, msg).await
+            }
             Some(b) => {
                 b.flush_all(&self.core).await?;
                 self.core.send_single(msg).await

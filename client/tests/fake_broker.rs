@@ -307,6 +307,7 @@ async fn consume_flow_replenishment_and_acks() {
                     initial_position,
                     durable,
                     priority_level,
+                    filter_tag: _,
                 } => {
                     assert_eq!(topic, "persistent://public/default/orders");
                     assert_eq!(subscription, "s1");
@@ -395,6 +396,8 @@ async fn consume_flow_replenishment_and_acks() {
             .initial_position(InitialPosition::Earliest)
             .receiver_queue_size(QUEUE)
             .consumer_name("c1")
+            // One Ack frame per ack, as this fake broker checks.
+            .ack_group(Duration::ZERO, 1)
             .subscribe()
             .await
             .unwrap();

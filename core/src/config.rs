@@ -28,6 +28,15 @@ pub struct BrokerConfig {
     pub allow_tmpfs: bool,
     /// How long shutdown waits for in-flight produce requests.
     pub shutdown_drain_timeout: Duration,
+    /// Dispatch to a consumer pauses while it holds this many unacknowledged
+    /// messages (Pulsar's `maxUnackedMessagesPerConsumer`).
+    pub unacked_per_consumer_max: u32,
+    /// Dispatch on a subscription pauses while this many of its messages are
+    /// unacknowledged; also the bound of entries set aside for replay.
+    pub unacked_per_subscription_max: u32,
+    /// Delayed messages indexed in memory per subscription; more are read
+    /// again from the log when the index drains (bounded memory).
+    pub delayed_index_max: u32,
 }
 
 impl BrokerConfig {
@@ -44,6 +53,9 @@ impl BrokerConfig {
             flush_bytes_max: 4 * 1024 * 1024,
             allow_tmpfs: false,
             shutdown_drain_timeout: Duration::from_secs(5),
+            unacked_per_consumer_max: 50_000,
+            unacked_per_subscription_max: 200_000,
+            delayed_index_max: 100_000,
         }
     }
 }

@@ -101,6 +101,11 @@ where
     if n == 0 || n > SHARDS_MAX {
         return Err(StartError::Config(format!("shards must be 1..={SHARDS_MAX}, not {n}")));
     }
+    // The storage layer opens directories through glommio, which fails on
+    // relative paths ("./data" is the default): anchor the path here, once.
+    let mut config = config;
+    config.data_dir = std::path::absolute(&config.data_dir)
+        .map_err(|source| StartError::Io { path: config.data_dir.display().to_string(), source })?;
     check_format_file(&config.data_dir, n)?;
     let config = Arc::new(config);
     let cpus = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);

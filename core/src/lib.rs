@@ -10,6 +10,8 @@ mod admin;
 pub mod config;
 pub mod cursor;
 pub mod dedup;
+mod delayed;
+mod dispatcher;
 pub mod error;
 pub mod launch;
 mod mesh;
@@ -19,6 +21,7 @@ pub mod ownership;
 mod producers;
 mod shard;
 pub mod signal;
+mod stats;
 mod topic;
 pub mod topic_name;
 
@@ -26,7 +29,7 @@ pub use config::BrokerConfig;
 pub use error::{CoreError, StartError};
 pub use launch::{launch, Running};
 pub use shard::{
-    Broker, ConsumerEvent, ConsumerHandle, ConsumerRef, ProducerHandle, SubscribeRequest, LEDGER_ID_SHARD_STRIDE,
-    SHARDS_MAX,
+    Broker, ConsumerEvent, ConsumerHandle, ConsumerRef, ProducerHandle, SeekTarget, SubscribeRequest,
+    LEDGER_ID_SHARD_STRIDE, SHARDS_MAX,
 };
 pub use topic_name::TopicName;

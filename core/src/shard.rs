@@ -14,7 +14,7 @@ use crate::metadata::{Metadata, Policies};
 use crate::ownership;
 use crate::producers::Admission;
 use crate::signal::Signal;
-use crate::topic::{Subscription, Topic};
+use crate::topic::{NewConsumer, Subscription, Topic};
 use crate::topic_name::{Domain, TopicName};
 use bytes::Bytes;
 use futures::channel::oneshot;
@@ -67,6 +67,11 @@ pub enum ConsumerEvent {
         code: ErrorCode,
         message: String,
     },
+    /// Failover: the consumer became (or stopped being) the active one.
+    ActiveChange {
+        consumer_id: u64,
+        is_active: bool,
+    },
 }
 
 /// A producer attached to a topic, as seen by the connection that created it.
@@ -96,6 +101,20 @@ pub struct SubscribeRequest {
     pub consumer_name: String,
     pub initial_position: InitialPosition,
     pub durable: bool,
+    /// Failover: lower is preferred (Pulsar's priority level).
+    pub priority_level: i32,
+    /// Deliver only messages with this tag; empty = all.
+    pub filter_tag: String,
+}
+
+/// Where a seek moves a subscription's cursor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeekTarget {
+    /// The next message delivered is this one.
+    Id(MessageId),
+    /// The next message delivered is the first published at or after this
+    /// time (milliseconds since the Unix epoch).
+    PublishTime(u64),
 }
 
 /// What shard 0 says about a topic before its owner creates or loads it.
@@ -151,6 +170,21 @@ pub(crate) enum Op {
         subscription: String,
         consumer: ConsumerRef,
     },
+    Redeliver {
+        topic: String,
+        subscription: String,
+        consumer: ConsumerRef,
+        ids: Vec<MessageId>,
+    },
+    Seek {
+        topic: String,
+        subscription: String,
+        consumer: ConsumerRef,
+        target: SeekTarget,
+    },
+    TopicStats {
+        topic: String,
+    },
     /// On shard 0: an admin operation (see `admin.rs`).
     Admin {
         op: String,
@@ -186,6 +220,7 @@ pub(crate) enum Reply {
     Json(String),
     Policy(TopicPolicy),
     Topics(Vec<String>),
+    Stats(String),
 }
 
 pub(crate) type OpResult = Result<Reply, CoreError>;
@@ -449,7 +484,7 @@ impl Shard {
             }
             Op::CloseConsumer { topic, subscription, consumer } => {
                 if let Some(sub) = self.subscription(&topic, &subscription) {
-                    sub.remove_consumer(consumer);
+                    sub.remove_consumer(self, consumer);
                     // A non-durable subscription (a reader) lives only as long
                     // as its consumer: nothing of it is kept.
                     if !sub.durable && sub.consumer_count() == 0 {
@@ -458,6 +493,39 @@ impl Shard {
                         }
                         sub.removed.set(true);
                         sub.wake.notify();
+                    }
+                }
+                futures::future::ready(Ok(Reply::Done)).boxed_local()
+            }
+            Op::Seek { topic, subscription, consumer, target } => {
+                let me = self.clone();
+                async move { me.handle_seek(&topic, &subscription, consumer, target).await }.boxed_local()
+            }
+            Op::TopicStats { topic } => {
+                let r = (|| {
+                    let tn = TopicName::parse(&topic)
+                        .map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+                    // Loaded, or known from its metadata record (then loading
+                    // it creates nothing); an unknown topic is not created.
+                    let known =
+                        self.topics.borrow().contains_key(&topic) || self.log.meta(&topic_meta_key(&topic)).is_some();
+                    if !known {
+                        return Err(CoreError::new(ErrorCode::TopicNotFound, format!("no topic {topic}")));
+                    }
+                    let (t, _) = self.get_or_create_topic(&tn)?;
+                    Ok(Reply::Stats(crate::stats::topic_stats_json(&t)))
+                })();
+                futures::future::ready(r).boxed_local()
+            }
+            Op::Redeliver { topic, subscription, consumer, ids } => {
+                if let (Some(t), Some(sub)) =
+                    (self.topics.borrow().get(&topic).cloned(), self.subscription(&topic, &subscription))
+                {
+                    let entries: Vec<u64> = ids.iter().filter(|id| id.ledger == t.ledger).map(|id| id.entry).collect();
+                    // Ids of another ledger are none of ours: nothing to do
+                    // for them, but an all-foreign list must not mean "all".
+                    if ids.is_empty() || !entries.is_empty() {
+                        sub.redeliver(consumer, &entries);
                     }
                 }
                 futures::future::ready(Ok(Reply::Done)).boxed_local()
@@ -697,9 +765,17 @@ impl Shard {
             let Ok(sub_name) = std::str::from_utf8(&k[prefix.len()..]) else { continue };
             match crate::cursor::Cursor::decode(&v) {
                 Ok(cursor) if cursor.ledger == ledger => {
-                    let sub = Subscription::new(sub_name.to_string(), SubscriptionType::Exclusive, true, cursor);
+                    // The type is not persisted: the first consumer sets it.
+                    let sub = Subscription::new(
+                        sub_name.to_string(),
+                        SubscriptionType::Exclusive,
+                        true,
+                        cursor,
+                        partition,
+                        self.config.delayed_index_max as usize,
+                    );
                     topic.subs.borrow_mut().insert(sub_name.to_string(), sub.clone());
-                    crate::topic::spawn_dispatcher(self.clone(), topic.clone(), sub);
+                    crate::dispatcher::task::spawn(self.clone(), topic.clone(), sub);
                 }
                 Ok(_) => tracing::warn!(topic = %key, sub = sub_name, "cursor of another ledger ignored"),
                 Err(e) => tracing::error!(topic = %key, sub = sub_name, "unreadable cursor record: {e}"),
@@ -783,12 +859,6 @@ impl Shard {
                 "subscription names must be 1 to 256 characters without control characters",
             ));
         }
-        if req.sub_type != SubscriptionType::Exclusive {
-            return Err(CoreError::new(
-                ErrorCode::NotAllowed,
-                format!("subscription type {:?} is not supported yet; use Exclusive", req.sub_type),
-            ));
-        }
         let (t, created_lsn) = self.get_or_create_topic(&tn)?;
         let max = policy.policies.max_consumers_per_topic;
         let attached: usize = t.subs.borrow().values().map(|s| s.consumer_count()).sum();
@@ -807,17 +877,38 @@ impl Shard {
                     InitialPosition::Latest => t.next_entry.get(),
                 };
                 let cursor = crate::cursor::Cursor::new(t.ledger, floor);
-                let sub = Subscription::new(req.subscription.clone(), req.sub_type, req.durable, cursor);
+                let sub = Subscription::new(
+                    req.subscription.clone(),
+                    req.sub_type,
+                    req.durable,
+                    cursor,
+                    t.partition,
+                    self.config.delayed_index_max as usize,
+                );
                 t.subs.borrow_mut().insert(req.subscription.clone(), sub.clone());
-                crate::topic::spawn_dispatcher(self.clone(), t.clone(), sub.clone());
+                crate::dispatcher::task::spawn(self.clone(), t.clone(), sub.clone());
                 let lsn = if req.durable { Some(self.persist_cursor(&t, &sub)?) } else { None };
                 (sub, lsn)
             }
         };
-        sub.add_consumer(consumer)?;
+        let name = if req.consumer_name.is_empty() {
+            format!("consumer-{}-{}-{}", consumer.shard, consumer.sink, consumer.consumer_id)
+        } else {
+            req.consumer_name.clone()
+        };
+        sub.add_consumer(
+            &self,
+            NewConsumer {
+                consumer,
+                sub_type: req.sub_type,
+                name,
+                priority: req.priority_level,
+                filter_tag: req.filter_tag.clone(),
+            },
+        )?;
         for lsn in [created_lsn, sub_lsn].into_iter().flatten() {
             if let Err(e) = self.log.wait_durable(lsn).await {
-                sub.remove_consumer(consumer);
+                sub.remove_consumer(&self, consumer);
                 return Err(e.into());
             }
         }
@@ -944,6 +1035,62 @@ impl Shard {
         self.log.wait_durable(lsn).await?;
         tracing::info!(topic, ledger, shard = self.id, "deleted topic");
         Ok(Reply::Done)
+    }
+
+    async fn handle_seek(
+        self: Rc<Self>,
+        topic: &str,
+        subscription: &str,
+        consumer: ConsumerRef,
+        target: SeekTarget,
+    ) -> OpResult {
+        let t = self
+            .topics
+            .borrow()
+            .get(topic)
+            .cloned()
+            .ok_or_else(|| CoreError::new(ErrorCode::ConsumerNotFound, "topic not loaded"))?;
+        let sub = self
+            .subscription(topic, subscription)
+            .ok_or_else(|| CoreError::new(ErrorCode::ConsumerNotFound, "no such subscription"))?;
+        if !sub.has_consumer(consumer) {
+            return Err(CoreError::new(ErrorCode::ConsumerNotFound, "consumer is not attached"));
+        }
+        let entry = match target {
+            SeekTarget::Id(id) if id.ledger == t.ledger => id.entry.min(t.durable_next.get()),
+            SeekTarget::Id(id) => {
+                return Err(CoreError::new(ErrorCode::NotAllowed, format!("seek to {id}: not a message of {topic}")))
+            }
+            SeekTarget::PublishTime(ms) => self.first_entry_published_at(&t, ms).await?,
+        };
+        sub.reset_to(entry, consumer);
+        if sub.durable {
+            let lsn = self.persist_cursor(&t, &sub)?;
+            self.log.wait_durable(lsn).await?;
+        }
+        tracing::info!(topic, subscription, entry, ?target, "seek");
+        Ok(Reply::Done)
+    }
+
+    /// The first entry whose publish time is at or after `ms`, by binary
+    /// search over the durable entries' metadata. Publish times are set by
+    /// producers' clocks, so this assumes they grow with the entry id (a
+    /// time index is issue #3's); an unreadable entry fails the seek.
+    async fn first_entry_published_at(&self, t: &Topic, ms: u64) -> Result<u64, CoreError> {
+        let (mut lo, mut hi) = (0u64, t.durable_next.get());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let blob = self.log.read(t.ledger, mid).await?;
+            let published = magnetar_wire::peek_message(&blob)
+                .map_err(|e| CoreError::new(ErrorCode::PersistenceError, format!("entry {mid}: {e}")))?
+                .publish_time_ms;
+            if published < ms {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(lo)
     }
 
     /// Applies an ack. With `persist_now` the cursor record is written at once
@@ -1242,6 +1389,33 @@ impl Broker {
         };
         let fut = self.shard.call(c.owner, op);
         async move { fut.await.map(|_| ()) }.boxed_local()
+    }
+
+    /// Delivers again the given unacknowledged messages of this consumer
+    /// (all of them when `ids` is empty), to any consumer of the subscription.
+    pub fn redeliver_unacknowledged(&self, c: &ConsumerHandle, ids: Vec<MessageId>) {
+        let op =
+            Op::Redeliver { topic: c.topic.clone(), subscription: c.subscription.clone(), consumer: c.consumer, ids };
+        let fut = self.shard.call(c.owner, op);
+        glommio::spawn_local(fut).detach();
+    }
+
+    /// Moves the subscription's cursor (see [`SeekTarget`]); the consumer's
+    /// permits drop to 0.
+    pub async fn seek(&self, c: &ConsumerHandle, target: SeekTarget) -> Result<(), CoreError> {
+        let op =
+            Op::Seek { topic: c.topic.clone(), subscription: c.subscription.clone(), consumer: c.consumer, target };
+        self.shard.call(c.owner, op).await.map(|_| ())
+    }
+
+    /// Per-subscription statistics of `topic` as a JSON object.
+    pub async fn topic_stats(&self, topic: &str) -> Result<String, CoreError> {
+        // The owner comes from the namespace's bundle count (shard 0 knows it).
+        let (topic, owner, _) = self.resolve_topic(topic).await?;
+        match self.shard.call(owner, Op::TopicStats { topic }).await? {
+            Reply::Stats(json) => Ok(json),
+            other => Err(unexpected(other)),
+        }
     }
 
     pub async fn close_consumer(&self, c: &ConsumerHandle) -> Result<(), CoreError> {

@@ -1,18 +1,21 @@
 //! Topics and subscriptions on their owner shard.
 //!
 //! A topic appends to one ledger of its shard's entry log. Each subscription
-//! has a cursor and a dispatcher task that reads durable entries in log order
-//! and hands them to its consumer within the consumer's flow permits. All of
-//! this is owned by the topic's shard and never crosses cores.
+//! has a cursor, its consumers, the entries delivered and not acknowledged
+//! (with the consumer holding each), and a dispatcher task
+//! (`dispatcher::task`) that hands entries to consumers within their flow
+//! permits. All of this is owned by the topic's shard and never crosses cores.
 
 use crate::cursor::Cursor;
+use crate::delayed::DelayedIndex;
+use crate::dispatcher::{failover, ConsumerState, Policy};
 use crate::error::{CoreError, ErrorCode};
 use crate::shard::{ConsumerEvent, ConsumerRef, Shard};
 use crate::signal::Signal;
 use crate::topic_name::TopicName;
 use magnetar_wire::{AckType, MessageId, SubscriptionType};
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::rc::Rc;
 
 pub(crate) struct Topic {
@@ -62,25 +65,35 @@ impl Topic {
     }
 }
 
-struct ActiveConsumer {
-    consumer: ConsumerRef,
-    permits: u64,
+/// An entry sent to a consumer and not yet acknowledged.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pending {
+    pub(crate) consumer: ConsumerRef,
+    pub(crate) key_hash: u16,
 }
 
 pub(crate) struct Subscription {
     pub(crate) name: String,
-    #[allow(dead_code)]
-    pub(crate) sub_type: SubscriptionType,
+    pub(crate) sub_type: Cell<SubscriptionType>,
     pub(crate) durable: bool,
     pub(crate) cursor: RefCell<Cursor>,
-    /// Next entry the dispatcher looks at.
-    read_pos: Cell<u64>,
-    consumer: RefCell<Option<ActiveConsumer>>,
-    /// Bumped whenever the consumer changes, so an in-flight read for the old
-    /// consumer is not delivered to the new one.
-    generation: Cell<u64>,
+    /// Next fresh entry the dispatcher looks at.
+    pub(crate) read_pos: Cell<u64>,
+    pub(crate) consumers: RefCell<Vec<ConsumerState>>,
+    pub(crate) policy: RefCell<Policy>,
+    /// Delivered, not acknowledged: entry -> who holds it.
+    pub(crate) pending: RefCell<BTreeMap<u64, Pending>>,
+    /// To deliver again before any fresh entry, in log order: entry -> key hash.
+    pub(crate) replay: RefCell<BTreeMap<u64, u16>>,
+    pub(crate) delayed: RefCell<DelayedIndex>,
     /// Deliveries per entry not yet acknowledged (for the redelivery count).
-    deliveries: RefCell<HashMap<u64, u32>>,
+    pub(crate) deliveries: RefCell<HashMap<u64, u32>>,
+    /// Only entries with this tag are delivered; others count as acknowledged.
+    pub(crate) filter_tag: RefCell<Option<String>>,
+    /// Partition index of the topic (Failover spreads partitions by it).
+    pub(crate) partition: i32,
+    /// Messages sent to consumers since the subscription was loaded.
+    pub(crate) delivered_total: Cell<u64>,
     pub(crate) wake: Signal,
     /// Set when a non-durable subscription lost its last consumer and was
     /// dropped: its dispatcher stops.
@@ -90,18 +103,48 @@ pub(crate) struct Subscription {
     pub(crate) persisted_lsn: Cell<u64>,
 }
 
+fn policy_for(t: SubscriptionType) -> Policy {
+    match t {
+        SubscriptionType::Exclusive | SubscriptionType::Failover => Policy::Single(failover::Active::default()),
+        SubscriptionType::Shared => Policy::Shared(Default::default()),
+        SubscriptionType::KeyShared => Policy::KeyShared(Default::default()),
+    }
+}
+
+/// What a new consumer asks for.
+pub(crate) struct NewConsumer {
+    pub(crate) consumer: ConsumerRef,
+    pub(crate) sub_type: SubscriptionType,
+    pub(crate) name: String,
+    pub(crate) priority: i32,
+    pub(crate) filter_tag: String,
+}
+
 impl Subscription {
-    pub(crate) fn new(name: String, sub_type: SubscriptionType, durable: bool, cursor: Cursor) -> Rc<Self> {
+    pub(crate) fn new(
+        name: String,
+        sub_type: SubscriptionType,
+        durable: bool,
+        cursor: Cursor,
+        partition: i32,
+        delayed_index_max: usize,
+    ) -> Rc<Self> {
         let read_pos = cursor.ack_floor;
         Rc::new(Self {
             name,
-            sub_type,
+            sub_type: Cell::new(sub_type),
             durable,
             cursor: RefCell::new(cursor),
             read_pos: Cell::new(read_pos),
-            consumer: RefCell::new(None),
-            generation: Cell::new(0),
+            consumers: RefCell::new(Vec::new()),
+            policy: RefCell::new(policy_for(sub_type)),
+            pending: RefCell::new(BTreeMap::new()),
+            replay: RefCell::new(BTreeMap::new()),
+            delayed: RefCell::new(DelayedIndex::new(delayed_index_max)),
             deliveries: RefCell::new(HashMap::new()),
+            filter_tag: RefCell::new(None),
+            partition,
+            delivered_total: Cell::new(0),
             wake: Signal::new(),
             removed: Cell::new(false),
             dirty: Cell::new(false),
@@ -111,50 +154,175 @@ impl Subscription {
 
     /// Consumers attached now (for the max-consumers policy).
     pub(crate) fn consumer_count(&self) -> usize {
-        usize::from(self.consumer.borrow().is_some())
+        self.consumers.borrow().len()
     }
 
     pub(crate) fn has_consumer(&self, c: ConsumerRef) -> bool {
-        self.consumer.borrow().as_ref().is_some_and(|a| a.consumer == c)
+        self.consumers.borrow().iter().any(|s| s.consumer == c)
     }
 
-    /// Exclusive: one consumer at a time; a second one is refused.
-    pub(crate) fn add_consumer(&self, c: ConsumerRef) -> Result<(), CoreError> {
-        let mut slot = self.consumer.borrow_mut();
-        if let Some(active) = slot.as_ref() {
-            if active.consumer != c {
-                return Err(CoreError::new(
-                    ErrorCode::ConsumerBusy,
-                    format!("exclusive subscription {:?} already has a consumer", self.name),
-                ));
-            }
+    /// Attaches a consumer. Exclusive refuses a second one; a subscription
+    /// with consumers refuses one of another type; an idle subscription
+    /// takes the type (and tag filter) of its new consumer.
+    pub(crate) fn add_consumer(&self, shard: &Shard, new: NewConsumer) -> Result<(), CoreError> {
+        let c = new.consumer;
+        if self.has_consumer(c) {
             return Ok(());
         }
-        *slot = Some(ActiveConsumer { consumer: c, permits: 0 });
-        self.generation.set(self.generation.get() + 1);
-        // Start from the first unacknowledged entry: whatever the previous
-        // consumer received but did not acknowledge is delivered again.
-        self.read_pos.set(self.cursor.borrow().ack_floor);
+        let mut consumers = self.consumers.borrow_mut();
+        if consumers.is_empty() {
+            if self.sub_type.get() != new.sub_type {
+                self.sub_type.set(new.sub_type);
+                *self.policy.borrow_mut() = policy_for(new.sub_type);
+            }
+            *self.filter_tag.borrow_mut() = (!new.filter_tag.is_empty()).then_some(new.filter_tag);
+        } else if self.sub_type.get() == SubscriptionType::Exclusive {
+            return Err(CoreError::new(
+                ErrorCode::ConsumerBusy,
+                format!("exclusive subscription {:?} already has a consumer", self.name),
+            ));
+        } else if self.sub_type.get() != new.sub_type {
+            return Err(CoreError::new(
+                ErrorCode::ConsumerBusy,
+                format!(
+                    "subscription {:?} is {:?} and has consumers; cannot attach a {:?} consumer",
+                    self.name,
+                    self.sub_type.get(),
+                    new.sub_type
+                ),
+            ));
+        }
+        consumers.push(ConsumerState {
+            consumer: c,
+            name: new.name,
+            priority: new.priority,
+            permits: 0,
+            unacked: 0,
+            joined_at: None,
+        });
+        match &mut *self.policy.borrow_mut() {
+            Policy::Single(active) => {
+                let change = active.choose(&consumers, self.partition);
+                drop(consumers);
+                match change {
+                    Some((old, now)) => self.active_changed(shard, old, now),
+                    // Not the active one: say so, so it knows it is a standby.
+                    None if self.sub_type.get() == SubscriptionType::Failover => {
+                        shard.deliver(c, ConsumerEvent::ActiveChange { consumer_id: c.consumer_id, is_active: false })
+                    }
+                    None => {}
+                }
+            }
+            Policy::Shared(_) => {}
+            Policy::KeyShared(ranges) => {
+                if let Some(me) = consumers.last_mut() {
+                    me.joined_at = Some(self.read_pos.get());
+                }
+                ranges.add(c);
+            }
+        }
         self.wake.notify();
         Ok(())
     }
 
-    pub(crate) fn remove_consumer(&self, c: ConsumerRef) {
-        let mut slot = self.consumer.borrow_mut();
-        if slot.as_ref().is_some_and(|a| a.consumer == c) {
-            *slot = None;
-            self.generation.set(self.generation.get() + 1);
-            self.read_pos.set(self.cursor.borrow().ack_floor);
+    /// The active consumer of a Failover/Exclusive subscription changed:
+    /// whatever the old one held goes back for the new one, in log order,
+    /// and both are told.
+    fn active_changed(&self, shard: &Shard, old: Option<ConsumerRef>, now: Option<ConsumerRef>) {
+        self.take_back(|_, _| true);
+        let failover = self.sub_type.get() == SubscriptionType::Failover;
+        if let Some(o) = old.filter(|o| failover && self.has_consumer(*o)) {
+            shard.deliver(o, ConsumerEvent::ActiveChange { consumer_id: o.consumer_id, is_active: false });
+        }
+        if let Some(n) = now.filter(|_| failover) {
+            shard.deliver(n, ConsumerEvent::ActiveChange { consumer_id: n.consumer_id, is_active: true });
         }
     }
 
-    pub(crate) fn flow(&self, c: ConsumerRef, permits: u32) {
-        if let Some(active) = self.consumer.borrow_mut().as_mut() {
-            if active.consumer == c {
-                active.permits = active.permits.saturating_add(u64::from(permits));
-                self.wake.notify();
+    /// Moves pending entries matching `which` back to the replay set.
+    /// Returns how many moved.
+    fn take_back(&self, which: impl Fn(u64, &Pending) -> bool) -> usize {
+        let mut pending = self.pending.borrow_mut();
+        let mut replay = self.replay.borrow_mut();
+        let mut consumers = self.consumers.borrow_mut();
+        let taken: Vec<u64> = pending.iter().filter(|(e, p)| which(**e, p)).map(|(e, _)| *e).collect();
+        for e in &taken {
+            if let Some(p) = pending.remove(e) {
+                replay.insert(*e, p.key_hash);
+                if let Some(c) = consumers.iter_mut().find(|c| c.consumer == p.consumer) {
+                    c.unacked = c.unacked.saturating_sub(1);
+                }
             }
         }
+        taken.len()
+    }
+
+    pub(crate) fn remove_consumer(&self, shard: &Shard, c: ConsumerRef) {
+        if !self.has_consumer(c) {
+            return;
+        }
+        // Its unacknowledged entries go to the others (or the next consumer).
+        self.take_back(|_, p| p.consumer == c);
+        self.consumers.borrow_mut().retain(|s| s.consumer != c);
+        let change = match &mut *self.policy.borrow_mut() {
+            Policy::Single(active) => active.choose(&self.consumers.borrow(), self.partition),
+            Policy::Shared(_) => None,
+            Policy::KeyShared(ranges) => {
+                ranges.remove(c);
+                None
+            }
+        };
+        if let Some((old, now)) = change {
+            self.active_changed(shard, old, now);
+        }
+        self.wake.notify();
+    }
+
+    pub(crate) fn flow(&self, c: ConsumerRef, permits: u32) {
+        if let Some(s) = self.consumers.borrow_mut().iter_mut().find(|s| s.consumer == c) {
+            s.permits = s.permits.saturating_add(u64::from(permits));
+            self.wake.notify();
+        }
+    }
+
+    /// Sends the given pending entries of `c` (all of them when `entries` is
+    /// empty) again, to whichever consumer the policy picks. Entries `c`
+    /// does not hold are ignored.
+    pub(crate) fn redeliver(&self, c: ConsumerRef, entries: &[u64]) -> usize {
+        let wanted: HashSet<u64> = entries.iter().copied().collect();
+        let n = self.take_back(|e, p| p.consumer == c && (wanted.is_empty() || wanted.contains(&e)));
+        if n > 0 {
+            self.wake.notify();
+        }
+        n
+    }
+
+    /// Moves the cursor so that `entry` is the next one delivered: every
+    /// entry before it counts as acknowledged, none after it. Whatever was
+    /// delivered, set aside or delayed is forgotten. `seeker`'s permits drop
+    /// to 0 (its client drops its queue and grants them again); other
+    /// consumers keep theirs.
+    pub(crate) fn reset_to(&self, entry: u64, seeker: ConsumerRef) {
+        {
+            let mut cursor = self.cursor.borrow_mut();
+            cursor.ack_floor = entry;
+            cursor.acked.clear();
+        }
+        self.pending.borrow_mut().clear();
+        self.replay.borrow_mut().clear();
+        let max = self.delayed.borrow().max_entries();
+        *self.delayed.borrow_mut() = DelayedIndex::new(max);
+        self.deliveries.borrow_mut().clear();
+        self.read_pos.set(entry);
+        for c in self.consumers.borrow_mut().iter_mut() {
+            c.unacked = 0;
+            if c.consumer == seeker {
+                c.permits = 0;
+            }
+            // Key_Shared: nothing is outstanding any more, so nobody waits.
+            c.joined_at = None;
+        }
+        self.wake.notify();
     }
 
     /// Applies acks against the topic's `ledger`, whose next entry is
@@ -166,6 +334,14 @@ impl Subscription {
         ack_type: AckType,
         ids: &[MessageId],
     ) -> Result<bool, CoreError> {
+        if ack_type == AckType::Cumulative
+            && matches!(self.sub_type.get(), SubscriptionType::Shared | SubscriptionType::KeyShared)
+        {
+            return Err(CoreError::new(
+                ErrorCode::NotAllowed,
+                format!("cumulative ack is not allowed on {:?} subscription {:?}", self.sub_type.get(), self.name),
+            ));
+        }
         let mut cursor = self.cursor.borrow_mut();
         let mut changed = false;
         for id in ids {
@@ -181,78 +357,37 @@ impl Subscription {
             };
         }
         if changed {
-            let mut d = self.deliveries.borrow_mut();
-            d.retain(|e, _| !cursor.is_acked(*e));
-        }
-        Ok(changed)
-    }
-}
-
-/// Starts the dispatcher of `sub`: it runs until the shard closes.
-pub(crate) fn spawn_dispatcher(shard: Rc<Shard>, topic: Rc<Topic>, sub: Rc<Subscription>) {
-    glommio::spawn_local(async move { dispatch_loop(shard, topic, sub).await }).detach();
-}
-
-async fn dispatch_loop(shard: Rc<Shard>, topic: Rc<Topic>, sub: Rc<Subscription>) {
-    loop {
-        sub.wake.wait().await;
-        if shard.is_closed() || topic.deleted.get() || sub.removed.get() {
-            return;
-        }
-        loop {
-            let (consumer, generation) = match sub.consumer.borrow().as_ref() {
-                Some(a) if a.permits > 0 => (a.consumer, sub.generation.get()),
-                _ => break,
-            };
-            let pos = sub.read_pos.get();
-            if pos >= topic.durable_next.get() {
-                break;
-            }
-            if sub.cursor.borrow().is_acked(pos) {
-                sub.read_pos.set(pos + 1);
-                continue;
-            }
-            let blob = match shard.log.read(topic.ledger, pos).await {
-                Ok(b) => b,
-                Err(e) => {
-                    // Unreadable data (failed checksum, I/O error) is never
-                    // served: the consumer is closed with the reason.
-                    tracing::error!(topic = %topic.key, entry = pos, "read failed: {e}");
-                    if sub.generation.get() == generation {
-                        sub.remove_consumer(consumer);
-                        shard.deliver(
-                            consumer,
-                            ConsumerEvent::Closed {
-                                consumer_id: consumer.consumer_id,
-                                code: ErrorCode::PersistenceError,
-                                message: format!("cannot read entry {pos} of {}: {e}", topic.key),
-                            },
-                        );
+            let mut deliveries = self.deliveries.borrow_mut();
+            let mut replay = self.replay.borrow_mut();
+            let mut pending = self.pending.borrow_mut();
+            let mut consumers = self.consumers.borrow_mut();
+            // Individual acks touch only their entries (an ack costs O(log n),
+            // not a scan of everything unacknowledged); a cumulative one
+            // sweeps below the new floor.
+            let acked: Vec<u64> = match ack_type {
+                AckType::Individual => {
+                    for id in ids {
+                        deliveries.remove(&id.entry);
+                        replay.remove(&id.entry);
                     }
-                    break;
+                    ids.iter().map(|i| i.entry).filter(|e| pending.contains_key(e)).collect()
+                }
+                AckType::Cumulative => {
+                    deliveries.retain(|e, _| !cursor.is_acked(*e));
+                    replay.retain(|e, _| !cursor.is_acked(*e));
+                    pending.keys().copied().filter(|e| cursor.is_acked(*e)).collect()
                 }
             };
-            if sub.generation.get() != generation || sub.read_pos.get() != pos || shard.is_closed() {
-                continue;
+            for e in acked {
+                if let Some(p) = pending.remove(&e) {
+                    if let Some(c) = consumers.iter_mut().find(|c| c.consumer == p.consumer) {
+                        c.unacked = c.unacked.saturating_sub(1);
+                    }
+                }
             }
-            let redelivery_count = {
-                let mut d = sub.deliveries.borrow_mut();
-                let n = d.entry(pos).or_insert(0);
-                *n += 1;
-                *n - 1
-            };
-            // Permits count messages: a batch takes as many as it holds
-            // (it goes out whole, even past the consumer's last permits).
-            let messages = magnetar_wire::peek_message(&blob).map_or(1, |p| u64::from(p.num_messages.max(1)));
-            if let Some(a) = sub.consumer.borrow_mut().as_mut() {
-                a.permits = a.permits.saturating_sub(messages);
-            }
-            sub.read_pos.set(pos + 1);
-            let message_id = MessageId::new(topic.ledger, pos, topic.partition, -1);
-            shard.deliver(
-                consumer,
-                ConsumerEvent::Message { consumer_id: consumer.consumer_id, message_id, redelivery_count, blob },
-            );
+            // Room freed, and Key_Shared newcomers may be waiting on the floor.
+            self.wake.notify();
         }
+        Ok(changed)
     }
 }

@@ -111,6 +111,8 @@ fn produce_consume_ack_across_shards_and_restart() {
                     consumer_name: "c".into(),
                     initial_position: InitialPosition::Earliest,
                     durable: true,
+                    priority_level: 0,
+                    filter_tag: String::new(),
                 };
                 let c = broker.subscribe(req.clone(), sink).await.unwrap();
                 // Exclusive: a second consumer is refused.
@@ -152,6 +154,8 @@ fn produce_consume_ack_across_shards_and_restart() {
                     consumer_name: "c".into(),
                     initial_position: InitialPosition::Earliest,
                     durable: true,
+                    priority_level: 0,
+                    filter_tag: String::new(),
                 };
                 let c = broker.subscribe(req, sink).await.unwrap();
                 broker.flow(&c, 100);

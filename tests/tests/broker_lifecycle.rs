@@ -93,6 +93,10 @@ fn sigterm_when_idle_exits_0_and_a_restart_keeps_data_and_cursors() {
             partial.ack(&t_ids[7]).await.expect("ack");
             partial.ack(&t_ids[9]).await.expect("ack");
             all.ack_cumulative(&t_ids[MESSAGES as usize - 1]).await.expect("ack");
+            // The client groups acks (100 ms): put them on the wire now, so
+            // the barrier below comes after them.
+            partial.flush_acks().await.expect("flush acks");
+            all.flush_acks().await.expect("flush acks");
             ids.push(t_ids);
             consumers.push(partial);
             consumers.push(all);

@@ -185,6 +185,7 @@ fn dispatch_stays_within_the_flow_permits() {
                         initial_position: magnetar_wire::InitialPosition::Earliest,
                         durable: true,
                         priority_level: 0,
+                        filter_tag: String::new(),
                     },
                     &[],
                 );

@@ -1,5 +1,8 @@
 //! `magnetar admin`: tenants, namespaces (and their policies) and topics,
-//! over the native protocol's `AdminRequest`.
+//! over the native protocol's `AdminRequest`; and `magnetar admin
+//! subscriptions stats TOPIC` (issue #4, wire `TopicStats`): the topic's
+//! per-subscription statistics as one pretty-printed JSON document
+//! (`docs/semantics.md`).
 //!
 //! Output contract (relied on by scripts): `list` commands print one name a
 //! line; `get`/`policies`/`lookup` commands print one JSON document on one
@@ -32,6 +35,18 @@ pub enum AdminCmd {
     /// Topics: partitioned and not.
     #[command(subcommand)]
     Topics(TopicsCmd),
+    /// Subscriptions of a topic.
+    #[command(subcommand)]
+    Subscriptions(SubscriptionsCmd),
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum SubscriptionsCmd {
+    /// Per-subscription statistics: backlog, unacked, delayed, consumers.
+    Stats {
+        /// Topic: `persistent://tenant/ns/topic`, `tenant/ns/topic`, or `topic`.
+        topic: String,
+    },
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -149,6 +164,15 @@ fn topic(t: &str) -> Result<String, Box<dyn Error>> {
 
 async fn admin(args: AdminArgs) -> Result<(), Box<dyn Error>> {
     let (op, body, print) = match args.command {
+        AdminCmd::Subscriptions(SubscriptionsCmd::Stats { topic }) => {
+            let client = Client::connect(&args.url).await?;
+            let json = client.topic_stats(&topic).await;
+            client.close();
+            // Pretty-printed for people; still one JSON document for scripts.
+            let value: serde_json::Value = serde_json::from_str(&json?)?;
+            println!("{}", serde_json::to_string_pretty(&value)?);
+            return Ok(());
+        }
         AdminCmd::Tenants(c) => match c {
             TenantsCmd::List => ("tenants.list", json!({}), Print::Lines),
             TenantsCmd::Create { tenant } => ("tenants.create", json!({ "tenant": tenant }), Print::Nothing),

@@ -9,10 +9,16 @@
 //! `"payload_base64"` instead of `"payload"` when the payload is not UTF-8,
 //! then `"topic"` (the topic or partition it came from).
 //! Status lines go to stderr.
+//!
+//! Flags of issue #4, also a contract: `--type exclusive|failover|shared|key_shared`
+//! (alias `--subscription-type`), `--priority N`, `--nack-every N`,
+//! `--nack-delay-ms MS`, `--ack-timeout-s S`, `--dlq-max-redeliveries N`
+//! (dead-letter topic `<topic>-<subscription>-DLQ`), `--filter-tag T`.
+//! Semantics: `docs/semantics.md`.
 
 use crate::produce::{OutputFormat, DEFAULT_URL};
 use base64::Engine as _;
-use magnetar_client::{Client, ClientError, InitialPosition, Message, SubscriptionType};
+use magnetar_client::{Client, ClientError, DeadLetterPolicy, InitialPosition, Message, SubscriptionType};
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::io::Write;
@@ -29,6 +35,7 @@ pub enum SubType {
     Exclusive,
     Failover,
     Shared,
+    #[value(name = "key_shared", alias = "key-shared")]
     KeyShared,
 }
 
@@ -66,9 +73,37 @@ pub struct ConsumeArgs {
     #[arg(long)]
     pub timeout_s: Option<f64>,
 
-    /// Subscription type.
-    #[arg(long, value_enum, default_value_t = SubType::Exclusive)]
-    pub subscription_type: SubType,
+    /// Subscription type (`--subscription-type` is an alias).
+    #[arg(long = "type", visible_alias = "subscription-type", value_enum, default_value_t = SubType::Exclusive)]
+    pub sub_type: SubType,
+
+    /// Failover priority level: the lowest level is preferred.
+    #[arg(long, default_value_t = 0)]
+    pub priority: i32,
+
+    /// Negatively acknowledge every Nth message received instead of
+    /// acknowledging it (it comes back after --nack-delay-ms, doubling with
+    /// each redelivery).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub nack_every: Option<u64>,
+
+    /// Delay before a negatively acknowledged message comes back (first time).
+    #[arg(long, default_value_t = 1000)]
+    pub nack_delay_ms: u64,
+
+    /// Redeliver messages not acknowledged this many seconds after receipt
+    /// (fractions allowed; at least 0.1).
+    #[arg(long)]
+    pub ack_timeout_s: Option<f64>,
+
+    /// Send messages redelivered more than N times to the dead-letter topic
+    /// `<topic>-<subscription>-DLQ` (then acknowledge them).
+    #[arg(long)]
+    pub dlq_max_redeliveries: Option<u32>,
+
+    /// Only messages with this tag (filtered by the broker).
+    #[arg(long)]
+    pub filter_tag: Option<String>,
 
     /// Messages the broker may push ahead of processing.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
@@ -177,7 +212,7 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
     let client = Client::connect(&args.url).await?;
     let mut builder = client
         .subscribe(args.topic.clone().unwrap_or_default(), args.subscription.as_str())
-        .sub_type(match args.subscription_type {
+        .sub_type(match args.sub_type {
             SubType::Exclusive => SubscriptionType::Exclusive,
             SubType::Failover => SubscriptionType::Failover,
             SubType::Shared => SubscriptionType::Shared,
@@ -187,9 +222,24 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
             Position::Earliest => InitialPosition::Earliest,
             Position::Latest => InitialPosition::Latest,
         })
-        .receiver_queue_size(args.receiver_queue_size);
+        .receiver_queue_size(args.receiver_queue_size)
+        .priority_level(args.priority);
     if let Some(name) = &args.consumer_name {
         builder = builder.consumer_name(name.as_str());
+    }
+    let nack_delay = Duration::from_millis(args.nack_delay_ms);
+    builder = builder.negative_ack_backoff(nack_delay, nack_delay.max(Duration::from_secs(60)));
+    if let Some(s) = args.ack_timeout_s {
+        if !(s.is_finite() && s >= 0.1) {
+            return Err(format!("--ack-timeout-s must be at least 0.1 seconds, got {s}").into());
+        }
+        builder = builder.ack_timeout(Duration::from_secs_f64(s));
+    }
+    if let Some(n) = args.dlq_max_redeliveries {
+        builder = builder.dead_letter_policy(DeadLetterPolicy { max_redeliveries: n, topic: None });
+    }
+    if let Some(tag) = &args.filter_tag {
+        builder = builder.filter_tag(tag.as_str());
     }
     // A partitioned topic's name covers all its partitions.
     let consumer = match &args.topics_pattern {
@@ -250,8 +300,12 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
             }
             OutputFormat::Text => writeln!(stdout, "{}", text_line(&msg))?,
         }
-        consumer.ack(&msg).await?;
         received += 1;
+        if args.nack_every.is_some_and(|n| received.is_multiple_of(n)) {
+            consumer.negative_acknowledge(&msg);
+        } else {
+            consumer.ack(&msg).await?;
+        }
     };
     stdout.flush()?;
     drop(stdout);

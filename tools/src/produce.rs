@@ -124,6 +124,15 @@ pub struct ProduceArgs {
     /// per acknowledged message on stdout, in seq order; summary on stderr.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
+
+    /// Delayed delivery (issue #4): consumers get each message no earlier
+    /// than this many milliseconds after it is sent.
+    #[arg(long)]
+    pub deliver_after_ms: Option<u64>,
+
+    /// Tag every message with this (for subscriptions with `--filter-tag`).
+    #[arg(long)]
+    pub tag: Option<String>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -385,6 +394,10 @@ async fn produce(args: ProduceArgs) -> Result<(), Box<dyn Error>> {
                 let payload_bytes = payload.len() as u64;
                 let mut msg = OutgoingMessage::new(payload).with_properties(args.properties.iter().cloned());
                 msg.key = key.clone();
+                if let Some(ms) = args.deliver_after_ms {
+                    msg = msg.with_deliver_after(Duration::from_millis(ms));
+                }
+                msg.tag = args.tag.clone();
                 let receipt =
                     producer.send_async(msg).await.map_err(|e| format!("sending message seq {seq} failed: {e}"))?;
                 let queued_at = Instant::now();

@@ -30,6 +30,16 @@ pub struct StandaloneArgs {
     /// Accept a tmpfs data directory (for development only: no real durability).
     #[arg(long)]
     pub allow_tmpfs: bool,
+    /// Dispatch to a consumer pauses while it holds this many unacknowledged messages.
+    #[arg(long, default_value_t = 50_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub unacked_per_consumer_max: u32,
+    /// Dispatch on a subscription pauses while this many of its messages are unacknowledged.
+    #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub unacked_per_subscription_max: u32,
+    /// Delayed messages indexed in memory per subscription; more are read
+    /// again from the log as the index drains.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(2..))]
+    pub delayed_index_max: u32,
 }
 
 pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -48,6 +58,9 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     config.segment_bytes = args.segment_mib * 1024 * 1024;
     config.write_cache_bytes = args.write_cache_mib * 1024 * 1024;
     config.allow_tmpfs = args.allow_tmpfs;
+    config.unacked_per_consumer_max = args.unacked_per_consumer_max;
+    config.unacked_per_subscription_max = args.unacked_per_subscription_max;
+    config.delayed_index_max = args.delayed_index_max;
     tracing::info!(data_dir = %args.data_dir.display(), shards, %addr, "starting standalone broker");
     let net = NetConfig::default();
     let running =

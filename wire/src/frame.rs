@@ -255,10 +255,11 @@ fn command_variable_bytes(command: &Command) -> u64 {
         Command::SendError { message, .. } | Command::Error { message, .. } => s(message),
         Command::AdminRequest { op, json, .. } => s(op).saturating_add(s(json)),
         Command::AdminResponse { json, .. } => s(json),
-        Command::Subscribe { topic, subscription, consumer_name, .. } => {
-            s(topic).saturating_add(s(subscription)).saturating_add(s(consumer_name))
+        Command::TopicStats { topic, json, .. } => s(topic).saturating_add(s(json)),
+        Command::Subscribe { topic, subscription, consumer_name, filter_tag, .. } => {
+            s(topic).saturating_add(s(subscription)).saturating_add(s(consumer_name)).saturating_add(s(filter_tag))
         }
-        Command::Ack { message_ids, .. } => {
+        Command::Ack { message_ids, .. } | Command::RedeliverUnacknowledged { message_ids, .. } => {
             len_u64(message_ids.len()).saturating_mul(len_u64(std::mem::size_of::<fb::MessageIdData>()))
         }
         Command::Send { .. }
@@ -268,6 +269,8 @@ fn command_variable_bytes(command: &Command) -> u64 {
         | Command::Message { .. }
         | Command::CloseProducer { .. }
         | Command::CloseConsumer { .. }
+        | Command::ActiveConsumerChange { .. }
+        | Command::Seek { .. }
         | Command::Ping
         | Command::Pong => 0,
     }
@@ -427,10 +430,13 @@ fn build_command<'b>(fbb: &mut FlatBufferBuilder<'b>, command: &Command) -> WIPO
             initial_position,
             durable,
             priority_level,
+            filter_tag,
         } => {
             let topic = Some(fbb.create_string(topic));
             let subscription = Some(fbb.create_string(subscription));
             let consumer_name = Some(fbb.create_string(consumer_name));
+            // Absent when empty, so an old peer's frames and ours look alike.
+            let filter_tag = (!filter_tag.is_empty()).then(|| fbb.create_string(filter_tag));
             let args = fb::SubscribeArgs {
                 request_id: *request_id,
                 consumer_id: *consumer_id,
@@ -441,6 +447,7 @@ fn build_command<'b>(fbb: &mut FlatBufferBuilder<'b>, command: &Command) -> WIPO
                 initial_position: initial_position_to_fb(*initial_position),
                 durable: *durable,
                 priority_level: *priority_level,
+                filter_tag,
             };
             (fb::AnyCommand::Subscribe, fb::Subscribe::create(fbb, &args).as_union_value())
         }
@@ -491,6 +498,37 @@ fn build_command<'b>(fbb: &mut FlatBufferBuilder<'b>, command: &Command) -> WIPO
             let message = Some(fbb.create_string(message));
             let args = fb::ErrorArgs { request_id: *request_id, code: error_code_to_fb(*code), message };
             (fb::AnyCommand::Error, fb::Error::create(fbb, &args).as_union_value())
+        }
+        Command::RedeliverUnacknowledged { consumer_id, message_ids } => {
+            fbb.start_vector::<fb::MessageIdData>(message_ids.len());
+            for id in message_ids.iter().rev() {
+                fbb.push(id_to_fb(id));
+            }
+            let message_ids = Some(fbb.end_vector(message_ids.len()));
+            let args = fb::RedeliverUnacknowledgedArgs { consumer_id: *consumer_id, message_ids };
+            let table = fb::RedeliverUnacknowledged::create(fbb, &args);
+            (fb::AnyCommand::RedeliverUnacknowledged, table.as_union_value())
+        }
+        Command::ActiveConsumerChange { consumer_id, is_active } => {
+            let args = fb::ActiveConsumerChangeArgs { consumer_id: *consumer_id, is_active: *is_active };
+            let table = fb::ActiveConsumerChange::create(fbb, &args);
+            (fb::AnyCommand::ActiveConsumerChange, table.as_union_value())
+        }
+        Command::Seek { request_id, consumer_id, message_id, publish_time_ms } => {
+            let message_id = message_id.as_ref().map(id_to_fb);
+            let args = fb::SeekArgs {
+                request_id: *request_id,
+                consumer_id: *consumer_id,
+                message_id: message_id.as_ref(),
+                publish_time_ms: *publish_time_ms,
+            };
+            (fb::AnyCommand::Seek, fb::Seek::create(fbb, &args).as_union_value())
+        }
+        Command::TopicStats { request_id, topic, json } => {
+            let topic = Some(fbb.create_string(topic));
+            let json = Some(fbb.create_string(json));
+            let args = fb::TopicStatsArgs { request_id: *request_id, topic, json };
+            (fb::AnyCommand::TopicStats, fb::TopicStats::create(fbb, &args).as_union_value())
         }
         Command::AdminRequest { request_id, op, json } => {
             let op = Some(fbb.create_string(op));
@@ -587,6 +625,7 @@ fn command_from_fb(base: &fb::BaseCommand<'_>) -> Result<Command, WireError> {
                 initial_position: initial_position_from_fb(c.initial_position())?,
                 durable: c.durable(),
                 priority_level: c.priority_level(),
+                filter_tag: c.filter_tag().unwrap_or_default().to_owned(),
             }
         }
         fb::AnyCommand::Success => {
@@ -638,6 +677,35 @@ fn command_from_fb(base: &fb::BaseCommand<'_>) -> Result<Command, WireError> {
                 request_id: c.request_id(),
                 code: ErrorCode::from_u16(c.code().0),
                 message: string(c.message(), "Error.message")?,
+            }
+        }
+        fb::AnyCommand::RedeliverUnacknowledged => {
+            let c = base.command_as_redeliver_unacknowledged().ok_or(MISSING)?;
+            let ids = c.message_ids().ok_or(WireError::MissingField("RedeliverUnacknowledged.message_ids"))?;
+            Command::RedeliverUnacknowledged {
+                consumer_id: c.consumer_id(),
+                message_ids: ids.iter().map(id_from_fb).collect(),
+            }
+        }
+        fb::AnyCommand::ActiveConsumerChange => {
+            let c = base.command_as_active_consumer_change().ok_or(MISSING)?;
+            Command::ActiveConsumerChange { consumer_id: c.consumer_id(), is_active: c.is_active() }
+        }
+        fb::AnyCommand::Seek => {
+            let c = base.command_as_seek().ok_or(MISSING)?;
+            Command::Seek {
+                request_id: c.request_id(),
+                consumer_id: c.consumer_id(),
+                message_id: c.message_id().map(id_from_fb),
+                publish_time_ms: c.publish_time_ms(),
+            }
+        }
+        fb::AnyCommand::TopicStats => {
+            let c = base.command_as_topic_stats().ok_or(MISSING)?;
+            Command::TopicStats {
+                request_id: c.request_id(),
+                topic: string(c.topic(), "TopicStats.topic")?,
+                json: string(c.json(), "TopicStats.json")?,
             }
         }
         fb::AnyCommand::AdminRequest => {

@@ -237,7 +237,11 @@ pub enum Command {
         consumer_name: String,
         initial_position: InitialPosition,
         durable: bool,
+        /// Failover: the active consumer is the one with the lowest
+        /// priority level, ties broken by consumer name.
         priority_level: i32,
+        /// Deliver only messages with this tag; empty = no filter.
+        filter_tag: String,
     },
     /// Generic success answer to a request.
     Success {
@@ -277,6 +281,35 @@ pub enum Command {
         request_id: u64,
         code: ErrorCode,
         message: String,
+    },
+    /// Deliver these unacknowledged messages again; empty = all of this
+    /// consumer's unacknowledged messages. No answer.
+    RedeliverUnacknowledged {
+        consumer_id: u64,
+        message_ids: Vec<MessageId>,
+    },
+    /// Broker to client: this consumer became the active one (or stopped
+    /// being it) on a Failover or Exclusive subscription.
+    ActiveConsumerChange {
+        consumer_id: u64,
+        is_active: bool,
+    },
+    /// Move the subscription's cursor to `message_id` (the next message
+    /// delivered), or when `None` to the first message published at or after
+    /// `publish_time_ms`. Answered with `Success`; the consumer's permits are
+    /// reset to 0, so the client drops its queue and sends a new `Flow`.
+    Seek {
+        request_id: u64,
+        consumer_id: u64,
+        message_id: Option<MessageId>,
+        publish_time_ms: u64,
+    },
+    /// Admin: per-subscription statistics of `topic`. Sent with an empty
+    /// `json`; answered with the same command carrying a JSON object.
+    TopicStats {
+        request_id: u64,
+        topic: String,
+        json: String,
     },
     /// An admin or lookup operation: `op` names it, `json` is a JSON object
     /// with its arguments (see `docs/architecture.md`, "Admin").
@@ -354,6 +387,10 @@ impl Command {
             Self::Ping => "Ping",
             Self::Pong => "Pong",
             Self::Error { .. } => "Error",
+            Self::RedeliverUnacknowledged { .. } => "RedeliverUnacknowledged",
+            Self::ActiveConsumerChange { .. } => "ActiveConsumerChange",
+            Self::Seek { .. } => "Seek",
+            Self::TopicStats { .. } => "TopicStats",
             Self::AdminRequest { .. } => "AdminRequest",
             Self::AdminResponse { .. } => "AdminResponse",
         }

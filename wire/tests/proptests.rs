@@ -117,12 +117,12 @@ fn arb_command() -> impl Strategy<Value = Command> {
         }),
         (
             (any::<u64>(), any::<u64>(), arb_string(), arb_string()),
-            (sub_type, arb_string(), position, any::<bool>(), any::<i32>())
+            (sub_type, arb_string(), position, any::<bool>(), any::<i32>(), arb_string())
         )
             .prop_map(
                 |(
                     (request_id, consumer_id, topic, subscription),
-                    (sub_type, consumer_name, initial_position, durable, priority_level),
+                    (sub_type, consumer_name, initial_position, durable, priority_level, filter_tag),
                 )| Command::Subscribe {
                     request_id,
                     consumer_id,
@@ -133,6 +133,7 @@ fn arb_command() -> impl Strategy<Value = Command> {
                     initial_position,
                     durable,
                     priority_level,
+                    filter_tag,
                 }
             ),
         any::<u64>().prop_map(|request_id| Command::Success { request_id }),
@@ -158,6 +159,23 @@ fn arb_command() -> impl Strategy<Value = Command> {
             request_id,
             code,
             message
+        }),
+        (any::<u64>(), proptest::collection::vec(arb_id(), 0..4))
+            .prop_map(|(consumer_id, message_ids)| Command::RedeliverUnacknowledged { consumer_id, message_ids }),
+        (any::<u64>(), any::<bool>())
+            .prop_map(|(consumer_id, is_active)| Command::ActiveConsumerChange { consumer_id, is_active }),
+        (any::<u64>(), any::<u64>(), proptest::option::of(arb_id()), any::<u64>()).prop_map(
+            |(request_id, consumer_id, message_id, publish_time_ms)| Command::Seek {
+                request_id,
+                consumer_id,
+                message_id,
+                publish_time_ms
+            }
+        ),
+        (any::<u64>(), arb_string(), arb_string()).prop_map(|(request_id, topic, json)| Command::TopicStats {
+            request_id,
+            topic,
+            json
         }),
     ]
 }

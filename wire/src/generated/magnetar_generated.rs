@@ -608,10 +608,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for CompressionType {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_ANY_COMMAND: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_ANY_COMMAND: u8 = 19;
+pub const ENUM_MAX_ANY_COMMAND: u8 = 23;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ANY_COMMAND: [AnyCommand; 20] = [
+pub const ENUM_VALUES_ANY_COMMAND: [AnyCommand; 24] = [
   AnyCommand::NONE,
   AnyCommand::Connect,
   AnyCommand::Connected,
@@ -630,6 +630,10 @@ pub const ENUM_VALUES_ANY_COMMAND: [AnyCommand; 20] = [
   AnyCommand::Ping,
   AnyCommand::Pong,
   AnyCommand::Error,
+  AnyCommand::RedeliverUnacknowledged,
+  AnyCommand::ActiveConsumerChange,
+  AnyCommand::Seek,
+  AnyCommand::TopicStats,
   AnyCommand::AdminRequest,
   AnyCommand::AdminResponse,
 ];
@@ -658,11 +662,15 @@ impl AnyCommand {
   pub const Ping: Self = Self(15);
   pub const Pong: Self = Self(16);
   pub const Error: Self = Self(17);
-  pub const AdminRequest: Self = Self(18);
-  pub const AdminResponse: Self = Self(19);
+  pub const RedeliverUnacknowledged: Self = Self(18);
+  pub const ActiveConsumerChange: Self = Self(19);
+  pub const Seek: Self = Self(20);
+  pub const TopicStats: Self = Self(21);
+  pub const AdminRequest: Self = Self(22);
+  pub const AdminResponse: Self = Self(23);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 19;
+  pub const ENUM_MAX: u8 = 23;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::Connect,
@@ -682,6 +690,10 @@ impl AnyCommand {
     Self::Ping,
     Self::Pong,
     Self::Error,
+    Self::RedeliverUnacknowledged,
+    Self::ActiveConsumerChange,
+    Self::Seek,
+    Self::TopicStats,
     Self::AdminRequest,
     Self::AdminResponse,
   ];
@@ -706,6 +718,10 @@ impl AnyCommand {
       Self::Ping => Some("Ping"),
       Self::Pong => Some("Pong"),
       Self::Error => Some("Error"),
+      Self::RedeliverUnacknowledged => Some("RedeliverUnacknowledged"),
+      Self::ActiveConsumerChange => Some("ActiveConsumerChange"),
+      Self::Seek => Some("Seek"),
+      Self::TopicStats => Some("TopicStats"),
       Self::AdminRequest => Some("AdminRequest"),
       Self::AdminResponse => Some("AdminResponse"),
       _ => None,
@@ -1944,6 +1960,7 @@ impl<'a> Subscribe<'a> {
   pub const VT_INITIAL_POSITION: ::flatbuffers::VOffsetT = 16;
   pub const VT_DURABLE: ::flatbuffers::VOffsetT = 18;
   pub const VT_PRIORITY_LEVEL: ::flatbuffers::VOffsetT = 20;
+  pub const VT_FILTER_TAG: ::flatbuffers::VOffsetT = 22;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -1957,6 +1974,7 @@ impl<'a> Subscribe<'a> {
     let mut builder = SubscribeBuilder::new(_fbb);
     builder.add_consumer_id(args.consumer_id);
     builder.add_request_id(args.request_id);
+    if let Some(x) = args.filter_tag { builder.add_filter_tag(x); }
     builder.add_priority_level(args.priority_level);
     if let Some(x) = args.consumer_name { builder.add_consumer_name(x); }
     if let Some(x) = args.subscription { builder.add_subscription(x); }
@@ -2031,6 +2049,15 @@ impl<'a> Subscribe<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<i32>(Subscribe::VT_PRIORITY_LEVEL, Some(0)).unwrap()}
   }
+  /// Only messages whose tag equals this are delivered; the others count as
+  /// acknowledged for the subscription. Absent or empty = no filter.
+  #[inline]
+  pub fn filter_tag(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(Subscribe::VT_FILTER_TAG, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for Subscribe<'_> {
@@ -2048,6 +2075,7 @@ impl ::flatbuffers::Verifiable for Subscribe<'_> {
      .visit_field::<InitialPosition>("initial_position", Self::VT_INITIAL_POSITION, false)?
      .visit_field::<bool>("durable", Self::VT_DURABLE, false)?
      .visit_field::<i32>("priority_level", Self::VT_PRIORITY_LEVEL, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("filter_tag", Self::VT_FILTER_TAG, false)?
      .finish();
     Ok(())
   }
@@ -2062,6 +2090,7 @@ pub struct SubscribeArgs<'a> {
     pub initial_position: InitialPosition,
     pub durable: bool,
     pub priority_level: i32,
+    pub filter_tag: Option<::flatbuffers::WIPOffset<&'a str>>,
 }
 impl<'a> Default for SubscribeArgs<'a> {
   #[inline]
@@ -2076,6 +2105,7 @@ impl<'a> Default for SubscribeArgs<'a> {
       initial_position: InitialPosition::Latest,
       durable: false,
       priority_level: 0,
+      filter_tag: None,
     }
   }
 }
@@ -2122,6 +2152,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> SubscribeBuilder<'a, 'b, A> {
     self.fbb_.push_slot::<i32>(Subscribe::VT_PRIORITY_LEVEL, priority_level, 0);
   }
   #[inline]
+  pub fn add_filter_tag(&mut self, filter_tag: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Subscribe::VT_FILTER_TAG, filter_tag);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> SubscribeBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     SubscribeBuilder {
@@ -2148,6 +2182,7 @@ impl ::core::fmt::Debug for Subscribe<'_> {
       ds.field("initial_position", &self.initial_position());
       ds.field("durable", &self.durable());
       ds.field("priority_level", &self.priority_level());
+      ds.field("filter_tag", &self.filter_tag());
       ds.finish()
   }
 }
@@ -3150,6 +3185,521 @@ impl ::core::fmt::Debug for Error<'_> {
       ds.finish()
   }
 }
+pub enum RedeliverUnacknowledgedOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Ask the broker to deliver these unacknowledged messages again (to any
+/// consumer of the subscription); an empty list means all of this
+/// consumer's unacknowledged messages.
+pub struct RedeliverUnacknowledged<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for RedeliverUnacknowledged<'a> {
+  type Inner = RedeliverUnacknowledged<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> RedeliverUnacknowledged<'a> {
+  pub const VT_CONSUMER_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_MESSAGE_IDS: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    RedeliverUnacknowledged { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args RedeliverUnacknowledgedArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<RedeliverUnacknowledged<'bldr>> {
+    let mut builder = RedeliverUnacknowledgedBuilder::new(_fbb);
+    builder.add_consumer_id(args.consumer_id);
+    if let Some(x) = args.message_ids { builder.add_message_ids(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn consumer_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(RedeliverUnacknowledged::VT_CONSUMER_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn message_ids(&self) -> Option<::flatbuffers::Vector<'a, MessageIdData>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, MessageIdData>>>(RedeliverUnacknowledged::VT_MESSAGE_IDS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for RedeliverUnacknowledged<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("consumer_id", Self::VT_CONSUMER_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, MessageIdData>>>("message_ids", Self::VT_MESSAGE_IDS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct RedeliverUnacknowledgedArgs<'a> {
+    pub consumer_id: u64,
+    pub message_ids: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, MessageIdData>>>,
+}
+impl<'a> Default for RedeliverUnacknowledgedArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    RedeliverUnacknowledgedArgs {
+      consumer_id: 0,
+      message_ids: None,
+    }
+  }
+}
+
+pub struct RedeliverUnacknowledgedBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> RedeliverUnacknowledgedBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_consumer_id(&mut self, consumer_id: u64) {
+    self.fbb_.push_slot::<u64>(RedeliverUnacknowledged::VT_CONSUMER_ID, consumer_id, 0);
+  }
+  #[inline]
+  pub fn add_message_ids(&mut self, message_ids: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , MessageIdData>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(RedeliverUnacknowledged::VT_MESSAGE_IDS, message_ids);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> RedeliverUnacknowledgedBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    RedeliverUnacknowledgedBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<RedeliverUnacknowledged<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for RedeliverUnacknowledged<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("RedeliverUnacknowledged");
+      ds.field("consumer_id", &self.consumer_id());
+      ds.field("message_ids", &self.message_ids());
+      ds.finish()
+  }
+}
+pub enum ActiveConsumerChangeOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Broker to client, Failover (and Exclusive) subscriptions: whether this
+/// consumer is now the one receiving messages.
+pub struct ActiveConsumerChange<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ActiveConsumerChange<'a> {
+  type Inner = ActiveConsumerChange<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ActiveConsumerChange<'a> {
+  pub const VT_CONSUMER_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_IS_ACTIVE: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ActiveConsumerChange { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ActiveConsumerChangeArgs
+  ) -> ::flatbuffers::WIPOffset<ActiveConsumerChange<'bldr>> {
+    let mut builder = ActiveConsumerChangeBuilder::new(_fbb);
+    builder.add_consumer_id(args.consumer_id);
+    builder.add_is_active(args.is_active);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn consumer_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ActiveConsumerChange::VT_CONSUMER_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn is_active(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(ActiveConsumerChange::VT_IS_ACTIVE, Some(false)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ActiveConsumerChange<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("consumer_id", Self::VT_CONSUMER_ID, false)?
+     .visit_field::<bool>("is_active", Self::VT_IS_ACTIVE, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ActiveConsumerChangeArgs {
+    pub consumer_id: u64,
+    pub is_active: bool,
+}
+impl<'a> Default for ActiveConsumerChangeArgs {
+  #[inline]
+  fn default() -> Self {
+    ActiveConsumerChangeArgs {
+      consumer_id: 0,
+      is_active: false,
+    }
+  }
+}
+
+pub struct ActiveConsumerChangeBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ActiveConsumerChangeBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_consumer_id(&mut self, consumer_id: u64) {
+    self.fbb_.push_slot::<u64>(ActiveConsumerChange::VT_CONSUMER_ID, consumer_id, 0);
+  }
+  #[inline]
+  pub fn add_is_active(&mut self, is_active: bool) {
+    self.fbb_.push_slot::<bool>(ActiveConsumerChange::VT_IS_ACTIVE, is_active, false);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ActiveConsumerChangeBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ActiveConsumerChangeBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ActiveConsumerChange<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ActiveConsumerChange<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ActiveConsumerChange");
+      ds.field("consumer_id", &self.consumer_id());
+      ds.field("is_active", &self.is_active());
+      ds.finish()
+  }
+}
+pub enum SeekOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Move the subscription's cursor: to `message_id` when present (the next
+/// message delivered is that one), else to the first message published at
+/// or after `publish_time_ms`. Answered with Success or Error; the consumer's
+/// permits are reset to 0, so the client sends a new Flow.
+pub struct Seek<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for Seek<'a> {
+  type Inner = Seek<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> Seek<'a> {
+  pub const VT_REQUEST_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_CONSUMER_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_MESSAGE_ID: ::flatbuffers::VOffsetT = 8;
+  pub const VT_PUBLISH_TIME_MS: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    Seek { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args SeekArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<Seek<'bldr>> {
+    let mut builder = SeekBuilder::new(_fbb);
+    builder.add_publish_time_ms(args.publish_time_ms);
+    builder.add_consumer_id(args.consumer_id);
+    builder.add_request_id(args.request_id);
+    if let Some(x) = args.message_id { builder.add_message_id(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn request_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(Seek::VT_REQUEST_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn consumer_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(Seek::VT_CONSUMER_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn message_id(&self) -> Option<&'a MessageIdData> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<MessageIdData>(Seek::VT_MESSAGE_ID, None)}
+  }
+  #[inline]
+  pub fn publish_time_ms(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(Seek::VT_PUBLISH_TIME_MS, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for Seek<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("request_id", Self::VT_REQUEST_ID, false)?
+     .visit_field::<u64>("consumer_id", Self::VT_CONSUMER_ID, false)?
+     .visit_field::<MessageIdData>("message_id", Self::VT_MESSAGE_ID, false)?
+     .visit_field::<u64>("publish_time_ms", Self::VT_PUBLISH_TIME_MS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct SeekArgs<'a> {
+    pub request_id: u64,
+    pub consumer_id: u64,
+    pub message_id: Option<&'a MessageIdData>,
+    pub publish_time_ms: u64,
+}
+impl<'a> Default for SeekArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    SeekArgs {
+      request_id: 0,
+      consumer_id: 0,
+      message_id: None,
+      publish_time_ms: 0,
+    }
+  }
+}
+
+pub struct SeekBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> SeekBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_request_id(&mut self, request_id: u64) {
+    self.fbb_.push_slot::<u64>(Seek::VT_REQUEST_ID, request_id, 0);
+  }
+  #[inline]
+  pub fn add_consumer_id(&mut self, consumer_id: u64) {
+    self.fbb_.push_slot::<u64>(Seek::VT_CONSUMER_ID, consumer_id, 0);
+  }
+  #[inline]
+  pub fn add_message_id(&mut self, message_id: &MessageIdData) {
+    self.fbb_.push_slot_always::<&MessageIdData>(Seek::VT_MESSAGE_ID, message_id);
+  }
+  #[inline]
+  pub fn add_publish_time_ms(&mut self, publish_time_ms: u64) {
+    self.fbb_.push_slot::<u64>(Seek::VT_PUBLISH_TIME_MS, publish_time_ms, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> SeekBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    SeekBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<Seek<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for Seek<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("Seek");
+      ds.field("request_id", &self.request_id());
+      ds.field("consumer_id", &self.consumer_id());
+      ds.field("message_id", &self.message_id());
+      ds.field("publish_time_ms", &self.publish_time_ms());
+      ds.finish()
+  }
+}
+pub enum TopicStatsOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Admin: per-subscription statistics of a topic. The client sends it with
+/// an empty `json`; the broker answers with the same command carrying the
+/// statistics as a JSON object (see docs/semantics.md).
+pub struct TopicStats<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for TopicStats<'a> {
+  type Inner = TopicStats<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> TopicStats<'a> {
+  pub const VT_REQUEST_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_TOPIC: ::flatbuffers::VOffsetT = 6;
+  pub const VT_JSON: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    TopicStats { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args TopicStatsArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<TopicStats<'bldr>> {
+    let mut builder = TopicStatsBuilder::new(_fbb);
+    builder.add_request_id(args.request_id);
+    if let Some(x) = args.json { builder.add_json(x); }
+    if let Some(x) = args.topic { builder.add_topic(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn request_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(TopicStats::VT_REQUEST_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn topic(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(TopicStats::VT_TOPIC, None)}
+  }
+  #[inline]
+  pub fn json(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(TopicStats::VT_JSON, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for TopicStats<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("request_id", Self::VT_REQUEST_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("json", Self::VT_JSON, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct TopicStatsArgs<'a> {
+    pub request_id: u64,
+    pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub json: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for TopicStatsArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    TopicStatsArgs {
+      request_id: 0,
+      topic: None,
+      json: None,
+    }
+  }
+}
+
+pub struct TopicStatsBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> TopicStatsBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_request_id(&mut self, request_id: u64) {
+    self.fbb_.push_slot::<u64>(TopicStats::VT_REQUEST_ID, request_id, 0);
+  }
+  #[inline]
+  pub fn add_topic(&mut self, topic: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(TopicStats::VT_TOPIC, topic);
+  }
+  #[inline]
+  pub fn add_json(&mut self, json: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(TopicStats::VT_JSON, json);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> TopicStatsBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    TopicStatsBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<TopicStats<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for TopicStats<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("TopicStats");
+      ds.field("request_id", &self.request_id());
+      ds.field("topic", &self.topic());
+      ds.field("json", &self.json());
+      ds.finish()
+  }
+}
 pub enum AdminRequestOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -3704,6 +4254,66 @@ impl<'a> BaseCommand<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
+  pub fn command_as_redeliver_unacknowledged(&self) -> Option<RedeliverUnacknowledged<'a>> {
+    if self.command_type() == AnyCommand::RedeliverUnacknowledged {
+      self.command().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { RedeliverUnacknowledged::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn command_as_active_consumer_change(&self) -> Option<ActiveConsumerChange<'a>> {
+    if self.command_type() == AnyCommand::ActiveConsumerChange {
+      self.command().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ActiveConsumerChange::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn command_as_seek(&self) -> Option<Seek<'a>> {
+    if self.command_type() == AnyCommand::Seek {
+      self.command().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Seek::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn command_as_topic_stats(&self) -> Option<TopicStats<'a>> {
+    if self.command_type() == AnyCommand::TopicStats {
+      self.command().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { TopicStats::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
   pub fn command_as_admin_request(&self) -> Option<AdminRequest<'a>> {
     if self.command_type() == AnyCommand::AdminRequest {
       self.command().map(|t| {
@@ -3759,6 +4369,10 @@ impl ::flatbuffers::Verifiable for BaseCommand<'_> {
           AnyCommand::Ping => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Ping>>("AnyCommand::Ping", pos),
           AnyCommand::Pong => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Pong>>("AnyCommand::Pong", pos),
           AnyCommand::Error => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Error>>("AnyCommand::Error", pos),
+          AnyCommand::RedeliverUnacknowledged => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<RedeliverUnacknowledged>>("AnyCommand::RedeliverUnacknowledged", pos),
+          AnyCommand::ActiveConsumerChange => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ActiveConsumerChange>>("AnyCommand::ActiveConsumerChange", pos),
+          AnyCommand::Seek => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Seek>>("AnyCommand::Seek", pos),
+          AnyCommand::TopicStats => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<TopicStats>>("AnyCommand::TopicStats", pos),
           AnyCommand::AdminRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<AdminRequest>>("AnyCommand::AdminRequest", pos),
           AnyCommand::AdminResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<AdminResponse>>("AnyCommand::AdminResponse", pos),
           _ => Ok(()),
@@ -3929,6 +4543,34 @@ impl ::core::fmt::Debug for BaseCommand<'_> {
         },
         AnyCommand::Error => {
           if let Some(x) = self.command_as_error() {
+            ds.field("command", &x)
+          } else {
+            ds.field("command", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        AnyCommand::RedeliverUnacknowledged => {
+          if let Some(x) = self.command_as_redeliver_unacknowledged() {
+            ds.field("command", &x)
+          } else {
+            ds.field("command", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        AnyCommand::ActiveConsumerChange => {
+          if let Some(x) = self.command_as_active_consumer_change() {
+            ds.field("command", &x)
+          } else {
+            ds.field("command", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        AnyCommand::Seek => {
+          if let Some(x) = self.command_as_seek() {
+            ds.field("command", &x)
+          } else {
+            ds.field("command", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        AnyCommand::TopicStats => {
+          if let Some(x) = self.command_as_topic_stats() {
             ds.field("command", &x)
           } else {
             ds.field("command", &"InvalidFlatbuffer: Union discriminant does not match value.")

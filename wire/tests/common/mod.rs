@@ -59,6 +59,7 @@ pub fn all_commands() -> Vec<Command> {
             initial_position: InitialPosition::Earliest,
             durable: true,
             priority_level: i32::MIN,
+            filter_tag: "TagA".into(),
         },
         Command::Subscribe {
             request_id: 0,
@@ -70,6 +71,7 @@ pub fn all_commands() -> Vec<Command> {
             initial_position: InitialPosition::Latest,
             durable: false,
             priority_level: 0,
+            filter_tag: String::new(),
         },
         Command::Success { request_id: u64::MAX },
         Command::Flow { consumer_id: 9, permits: u32::MAX },
@@ -88,6 +90,14 @@ pub fn all_commands() -> Vec<Command> {
         Command::Ping,
         Command::Pong,
         Command::Error { request_id: 0, code: ErrorCode::StorageFull, message: "disk above watermark".into() },
+        Command::RedeliverUnacknowledged { consumer_id: 7, message_ids: vec![id_neg, id_neg] },
+        Command::RedeliverUnacknowledged { consumer_id: 0, message_ids: vec![] },
+        Command::ActiveConsumerChange { consumer_id: 8, is_active: true },
+        Command::ActiveConsumerChange { consumer_id: 0, is_active: false },
+        Command::Seek { request_id: 1, consumer_id: 2, message_id: Some(id_neg), publish_time_ms: 0 },
+        Command::Seek { request_id: 0, consumer_id: 0, message_id: None, publish_time_ms: u64::MAX },
+        Command::TopicStats { request_id: 3, topic: "persistent://public/default/t".into(), json: String::new() },
+        Command::TopicStats { request_id: 3, topic: String::new(), json: "{\"subscriptions\":{}}".into() },
     ]
 }
 
@@ -112,6 +122,10 @@ pub fn command_names() -> Vec<&'static str> {
         "Ping",
         "Pong",
         "Error",
+        "RedeliverUnacknowledged",
+        "ActiveConsumerChange",
+        "Seek",
+        "TopicStats",
         "AdminRequest",
         "AdminResponse",
     ]

@@ -1,0 +1,256 @@
+//! `magnetar-bench`: with no arguments, the canonical workload against a
+//! broker it starts itself. See `bench/README.md`.
+
+use clap::Parser;
+use magnetar_bench::broker::{BrokerOptions, BrokerProcess};
+use magnetar_bench::run::{run, RunOptions};
+use magnetar_bench::workload::{Compression, KeyDist, SubType, Workload};
+use magnetar_bench::{plot, report};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(name = "magnetar-bench", version, about = "Magnetar's benchmark harness")]
+struct Args {
+    /// Broker to measure (`magnetar://HOST:PORT` or `HOST:PORT`); default:
+    /// start `magnetar standalone` from this target directory.
+    #[arg(long)]
+    url: Option<String>,
+    /// Workload file (TOML, keys as in `Workload`); flags override it.
+    #[arg(long)]
+    workload: Option<PathBuf>,
+    /// Measured seconds (after warm-up).
+    #[arg(long)]
+    duration_s: Option<f64>,
+    #[arg(long)]
+    warmup_s: Option<f64>,
+    /// Producers per topic.
+    #[arg(long)]
+    producers: Option<u32>,
+    /// Consumers per subscription.
+    #[arg(long)]
+    consumers: Option<u32>,
+    /// Subscriptions per topic.
+    #[arg(long)]
+    subscriptions: Option<u32>,
+    #[arg(long)]
+    topics: Option<u32>,
+    /// Partitions per topic (emulated as topics `<t>-partition-<i>` until #5).
+    #[arg(long)]
+    partitions: Option<u32>,
+    /// Message size: `1024`, `100..16384` (uniform) or `100:5,1024:4,16384:1` (weighted).
+    #[arg(long)]
+    size: Option<String>,
+    /// Target rate in msg/s over all producers; 0 = as fast as possible.
+    #[arg(long)]
+    rate: Option<u64>,
+    /// Sends awaiting a receipt per producer and partition (1 = one at a time).
+    #[arg(long)]
+    max_pending: Option<u32>,
+    #[arg(long)]
+    receiver_queue_size: Option<u32>,
+    /// Messages per batch (batching arrives with #5).
+    #[arg(long)]
+    batch_max_messages: Option<u32>,
+    /// Compression (arrives with #5).
+    #[arg(long, value_enum)]
+    compression: Option<Compression>,
+    /// Subscription type (Failover, Shared, Key_Shared arrive with #4).
+    #[arg(long, value_enum)]
+    subscription_type: Option<SubType>,
+    #[arg(long, value_enum)]
+    key_distribution: Option<KeyDist>,
+    /// Distinct keys.
+    #[arg(long)]
+    keys: Option<u64>,
+    #[arg(long)]
+    zipf_exponent: Option<f64>,
+    /// Backlog phase: produce N messages first, then measure the catch-up read.
+    #[arg(long)]
+    backlog_messages: Option<u64>,
+    #[arg(long)]
+    seed: Option<u64>,
+    #[arg(long)]
+    topic_prefix: Option<String>,
+
+    /// Write the result as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write an SVG picture (latency percentiles, throughput over time) here.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// History file each result is appended to (JSON lines); default `<target>/bench-history.jsonl`.
+    #[arg(long)]
+    history: Option<PathBuf>,
+    #[arg(long)]
+    no_history: bool,
+    /// No progress lines.
+    #[arg(long, short)]
+    quiet: bool,
+    /// Print the differences between two JSON results as ratios and exit.
+    #[arg(long, num_args = 2, value_names = ["A.json", "B.json"])]
+    compare: Option<Vec<PathBuf>>,
+
+    /// Self-started broker: `magnetar` binary (default: beside this one).
+    #[arg(long)]
+    broker_bin: Option<PathBuf>,
+    /// Self-started broker: parent of its temporary data directory (default `<target>/bench-data`; not tmpfs).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Self-started broker: shards (default: one per CPU).
+    #[arg(long)]
+    shards: Option<u32>,
+    /// Self-started broker: do not pin shards to CPUs.
+    #[arg(long)]
+    no_pin: bool,
+    /// Self-started broker: extra `magnetar standalone` argument (repeatable).
+    #[arg(long = "broker-arg", allow_hyphen_values = true)]
+    broker_args: Vec<String>,
+    /// Client runtime threads (1 = a current-thread runtime, leaving the
+    /// other cores to the broker).
+    #[arg(long, default_value_t = 1)]
+    client_threads: usize,
+}
+
+fn workload(args: &Args) -> Result<Workload, Box<dyn std::error::Error>> {
+    let mut w = match &args.workload {
+        Some(path) => Workload::from_toml_file(path)?,
+        None => Workload::default(),
+    };
+    macro_rules! set {
+        ($($f:ident),*) => { $( if let Some(v) = args.$f.clone() { w.$f = v; } )* };
+    }
+    set!(
+        duration_s,
+        warmup_s,
+        producers,
+        consumers,
+        subscriptions,
+        topics,
+        partitions,
+        size,
+        rate,
+        max_pending,
+        receiver_queue_size,
+        batch_max_messages,
+        compression,
+        subscription_type,
+        key_distribution,
+        keys,
+        zipf_exponent,
+        backlog_messages,
+        seed,
+        topic_prefix
+    );
+    w.validate()?;
+    Ok(w)
+}
+
+fn compare(paths: &[PathBuf]) -> Result<(), Box<dyn std::error::Error>> {
+    let read = |p: &PathBuf| -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+        let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        Ok(serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?)
+    };
+    let (a, b) = (read(&paths[0])?, read(&paths[1])?);
+    println!("A = {}\nB = {}", paths[0].display(), paths[1].display());
+    print!("{}", report::compare(&a, &b));
+    Ok(())
+}
+
+fn main_inner(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(paths) = &args.compare {
+        return compare(paths);
+    }
+    let w = workload(&args)?;
+    let mut broker = None;
+    let url = match &args.url {
+        Some(url) => url.clone(),
+        None => {
+            let options = BrokerOptions {
+                bin: args.broker_bin.clone(),
+                data_parent: args.data_dir.clone(),
+                shards: args.shards,
+                no_pin: args.no_pin,
+                extra_args: args.broker_args.clone(),
+            };
+            let b = BrokerProcess::start(&options)?;
+            if !args.quiet {
+                eprintln!(
+                    "started {} (pid {}) on {}, data in {}",
+                    b.bin.display(),
+                    b.pid(),
+                    b.addr,
+                    b.data_dir.display()
+                );
+            }
+            let addr = b.addr.clone();
+            broker = Some(b);
+            addr
+        }
+    };
+    let runtime = if args.client_threads <= 1 {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread().worker_threads(args.client_threads).enable_all().build()?
+    };
+    let mut options = RunOptions::new(w.clone(), url.clone());
+    options.progress = !args.quiet;
+    options.broker_pid = broker.as_ref().map(|b| b.pid());
+    let outcome = runtime.block_on(run(options))?;
+    let mut broker_args = args.broker_args.clone();
+    if let Some(s) = args.shards {
+        broker_args.push(format!("--shards={s}"));
+    }
+    let env = report::environment(
+        &url,
+        broker.is_some(),
+        outcome.server_version.clone(),
+        broker.as_ref().map(|b| b.data_dir.display().to_string()),
+        broker_args,
+    );
+    if let Some(mut b) = broker.take() {
+        b.stop();
+    }
+    let rep = report::build(&w, &outcome, env);
+    print!("{}", report::summary(&rep));
+    if let Some(path) = &args.json {
+        report::write_json(&rep, path).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        let title = format!(
+            "magnetar-bench {}: {} x {} partitions, {} producer(s), size {}, rate {}",
+            rep.run_id,
+            w.topics,
+            w.partitions,
+            w.producers,
+            w.size,
+            if w.rate == 0 { "max".into() } else { w.rate.to_string() }
+        );
+        let curves = [plot::curve("publish", &outcome.totals.publish), plot::curve("end-to-end", &outcome.totals.e2e)];
+        std::fs::write(path, plot::svg(&title, &curves, &outcome.totals.ticks))
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+    }
+    if !args.no_history {
+        let path = args.history.clone().unwrap_or_else(|| {
+            magnetar_bench::broker::exe_dir()
+                .and_then(|d| d.parent().map(|p| p.join("bench-history.jsonl")))
+                .unwrap_or_else(|| PathBuf::from("bench-history.jsonl"))
+        });
+        report::append_history(&rep, &path).map_err(|e| format!("appending to {}: {e}", path.display()))?;
+    }
+    if rep.publish_errors > 0 && rep.produce.msgs == 0 {
+        return Err(format!("every send failed; last error: {}", rep.last_error.unwrap_or_default()).into());
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match main_inner(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("magnetar-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,508 @@
+//! Running a workload against a broker: producers, consumers, progress.
+//!
+//! Shape (OpenMessaging Benchmark's): each of `topics` topics has
+//! `partitions` partitions; `producers` producers per topic each write to all
+//! of its partitions (round-robin, or by key hash when keys are on); each of
+//! `subscriptions` subscriptions per topic has `consumers` consumers reading
+//! all partitions. One producer or consumer = one client connection; its
+//! per-partition producers/consumers share it. Until partitioned topics
+//! exist (#5), partition `i` of topic `T` is the plain topic
+//! `T-partition-<i>`.
+//!
+//! Latency accounting: with `rate > 0` message `i` of a producer has the
+//! intended send time `start + i / rate_per_producer`; the producer never
+//! sends before it, and publish and end-to-end latency count from it. So a
+//! stalled broker is charged for every message that should have gone out
+//! during the stall (no coordinated omission). With `rate = 0` the intended
+//! time is when the producer asks to send, before waiting for a free
+//! `max_pending` slot. The intended time travels in the first 8 bytes of the
+//! payload (nanoseconds since the run's epoch; producer and consumer share
+//! one process and one monotonic clock), so end-to-end latency has
+//! nanosecond resolution; payloads under 8 bytes fall back to the metadata's
+//! millisecond `publish_time`.
+
+use crate::dist::{partition_of_key, KeyGen, Rng, SizeGen};
+use crate::stats::{Recorder, Tick, Totals};
+use crate::workload::{SubType, Workload, WorkloadError};
+use bytes::{BufMut, Bytes, BytesMut};
+use magnetar_client::{
+    Client, ClientError, ClientOptions, Consumer, InitialPosition, OutgoingMessage, Producer, SendFuture,
+    SubscriptionType,
+};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+/// Payload bytes carrying the intended send time.
+pub const STAMP_BYTES: usize = 8;
+/// How long the end of a run waits for outstanding receipts and for
+/// consumers to catch up, at most, while they still make progress.
+pub const DRAIN_IDLE_MAX: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Workload(#[from] WorkloadError),
+    #[error("{what}: {source}")]
+    Client { what: String, source: ClientError },
+    #[error("{0}")]
+    Other(String),
+}
+
+fn client_err(what: impl Into<String>) -> impl FnOnce(ClientError) -> RunError {
+    let what = what.into();
+    move |source| RunError::Client { what, source }
+}
+
+/// How to run.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub workload: Workload,
+    pub url: String,
+    /// Print a progress line to stderr each `tick`.
+    pub progress: bool,
+    pub tick: Duration,
+    pub client_options: ClientOptions,
+    /// Pid of a broker on this machine, to report its CPU per message.
+    pub broker_pid: Option<u32>,
+}
+
+impl RunOptions {
+    pub fn new(workload: Workload, url: impl Into<String>) -> RunOptions {
+        RunOptions {
+            workload,
+            url: url.into(),
+            progress: true,
+            tick: Duration::from_secs(1),
+            client_options: ClientOptions::default(),
+            broker_pid: None,
+        }
+    }
+}
+
+/// The backlog phase's figures.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct BacklogResult {
+    pub messages: u64,
+    pub bytes: u64,
+    pub produce_s: f64,
+    pub produce_msgs_per_s: f64,
+    pub produce_mb_per_s: f64,
+    /// From the consumers' subscribe to the last backlog message received.
+    pub catchup_s: f64,
+    pub consume_msgs_per_s: f64,
+    pub consume_mb_per_s: f64,
+}
+
+/// What a run measured.
+pub struct RunOutcome {
+    pub run_id: String,
+    pub topics: Vec<String>,
+    pub server_version: String,
+    pub totals: Totals,
+    pub backlog: Option<BacklogResult>,
+    /// True when every acknowledged message was received by every subscription.
+    pub drained: bool,
+    /// CPU of client and broker from the first send to the end of the drain.
+    pub cpu: crate::cpu::CpuUse,
+}
+
+fn sub_type(t: SubType) -> SubscriptionType {
+    match t {
+        SubType::Exclusive => SubscriptionType::Exclusive,
+        SubType::Failover => SubscriptionType::Failover,
+        SubType::Shared => SubscriptionType::Shared,
+        SubType::KeyShared => SubscriptionType::KeyShared,
+    }
+}
+
+/// Random, incompressible filler that payloads are cut from.
+fn filler(len: usize, seed: u64) -> Bytes {
+    let mut rng = Rng::new(seed ^ 0xF111);
+    let mut b = BytesMut::with_capacity(len + 8);
+    while b.len() < len {
+        b.put_u64_le(rng.next_u64());
+    }
+    b.truncate(len);
+    b.freeze()
+}
+
+/// Build one payload of `size` bytes stamped with `stamp`.
+pub fn payload(filler: &Bytes, size: usize, stamp: u64) -> Bytes {
+    if size < STAMP_BYTES {
+        return filler.slice(..size);
+    }
+    let mut b = BytesMut::with_capacity(size);
+    b.put_u64_le(stamp);
+    b.extend_from_slice(&filler[STAMP_BYTES..size]);
+    b.freeze()
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+struct ProducerCtx {
+    producers: Vec<Arc<Producer>>,
+    receipts: Vec<mpsc::UnboundedSender<(Instant, usize, SendFuture)>>,
+}
+
+struct ProducerPlan {
+    index: u32,
+    /// Messages per second for this producer; 0 = as fast as possible.
+    rate: f64,
+    /// Stop after this many messages (backlog phase).
+    count: Option<u64>,
+    stop_at: Option<Instant>,
+}
+
+/// Open one logical producer: a connection and one producer per partition,
+/// plus the tasks that await their receipts in order.
+async fn open_producer(
+    opts: &RunOptions,
+    partitions: &[String],
+    rec: &Recorder,
+    collectors: &mut Vec<JoinHandle<()>>,
+) -> Result<(Client, ProducerCtx), RunError> {
+    let client = Client::connect_with(&opts.url, opts.client_options.clone()).await.map_err(client_err(&opts.url))?;
+    let mut ctx = ProducerCtx { producers: Vec::new(), receipts: Vec::new() };
+    for topic in partitions {
+        let producer = client
+            .producer(topic.clone())
+            .max_pending(opts.workload.max_pending as usize)
+            .create()
+            .await
+            .map_err(client_err(format!("create producer on {topic}")))?;
+        let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, usize, SendFuture)>();
+        let rec = rec.clone();
+        collectors.push(tokio::spawn(async move {
+            while let Some((intended, bytes, receipt)) = rx.recv().await {
+                match receipt.await {
+                    Ok(_) => rec.published(intended, Instant::now(), bytes),
+                    Err(e) => rec.publish_failed(e.to_string()),
+                }
+            }
+        }));
+        ctx.producers.push(Arc::new(producer));
+        ctx.receipts.push(tx);
+    }
+    Ok((client, ctx))
+}
+
+async fn produce_loop(ctx: ProducerCtx, plan: ProducerPlan, w: Workload, rec: Recorder, filler: Bytes) {
+    let sizes = match w.size_dist() {
+        Ok(d) => SizeGen::new(d),
+        Err(e) => return rec.publish_failed(e.to_string()),
+    };
+    let keys = KeyGen::new(w.key_distribution, w.keys, w.zipf_exponent);
+    let mut rng = Rng::new(w.seed.wrapping_mul(1_000_003).wrapping_add(u64::from(plan.index)));
+    let partitions = ctx.producers.len() as u64;
+    let start = Instant::now();
+    let mut i: u64 = 0;
+    loop {
+        if plan.count.is_some_and(|c| i >= c) {
+            break;
+        }
+        let intended = if plan.rate > 0.0 {
+            let at = start + Duration::from_secs_f64(i as f64 / plan.rate);
+            if plan.stop_at.is_some_and(|s| at >= s) {
+                break;
+            }
+            if at > Instant::now() {
+                // Timer lateness (tokio's is up to ~1 ms) is charged to the
+                // measurement, since latency counts from `at`.
+                tokio::time::sleep_until(at.into()).await;
+            }
+            at
+        } else {
+            let now = Instant::now();
+            if plan.stop_at.is_some_and(|s| now >= s) {
+                break;
+            }
+            now
+        };
+        let size = sizes.next(&mut rng);
+        let key = keys.next(&mut rng).map(|k| format!("k{k}"));
+        let partition = match &key {
+            Some(k) => partition_of_key(k, partitions as u32) as usize,
+            None => ((i + u64::from(plan.index)) % partitions) as usize,
+        };
+        let mut msg = OutgoingMessage::new(payload(&filler, size, rec.stamp(intended)));
+        msg.key = key;
+        match ctx.producers[partition].send_async(msg).await {
+            Ok(receipt) => {
+                let _ = ctx.receipts[partition].send((intended, size, receipt));
+            }
+            Err(e) => {
+                let fatal = !matches!(e, ClientError::MessageTooLarge { .. });
+                rec.publish_failed(e.to_string());
+                if fatal {
+                    break;
+                }
+            }
+        }
+        i += 1;
+    }
+    // Dropping `ctx.receipts` lets the collectors end once every receipt is in.
+}
+
+async fn consume_loop(consumer: Consumer, rec: Recorder, mut stop: watch::Receiver<bool>, timed: bool) {
+    loop {
+        let msg = tokio::select! {
+            biased;
+            _ = stop.changed() => break,
+            msg = consumer.receive() => msg,
+        };
+        let now = Instant::now();
+        match msg {
+            Ok(m) => {
+                let bytes = m.payload.len();
+                if !timed {
+                    rec.received_untimed(now, bytes);
+                } else if bytes >= STAMP_BYTES {
+                    let mut stamp = [0u8; STAMP_BYTES];
+                    stamp.copy_from_slice(&m.payload[..STAMP_BYTES]);
+                    rec.received(rec.instant_of(u64::from_le_bytes(stamp)), now, bytes);
+                } else {
+                    let age = Duration::from_millis(now_ms().saturating_sub(m.publish_time_ms()));
+                    rec.received(now.checked_sub(age).unwrap_or(now), now, bytes);
+                }
+                if consumer.ack(&m.id).await.is_err() {
+                    break;
+                }
+            }
+            Err(ClientError::Wire(_)) => continue,
+            Err(_) => break,
+        }
+    }
+    let _ = consumer.close().await;
+}
+
+/// Subscribe every consumer of every topic; spawn their receive loops.
+async fn open_consumers(
+    opts: &RunOptions,
+    topics: &[Vec<String>],
+    rec: &Recorder,
+    stop: &watch::Receiver<bool>,
+    timed: bool,
+    clients: &mut Vec<Client>,
+) -> Result<Vec<JoinHandle<()>>, RunError> {
+    let w = &opts.workload;
+    let mut tasks = Vec::new();
+    for partitions in topics {
+        for s in 0..w.subscriptions {
+            for _c in 0..w.consumers {
+                let client = Client::connect_with(&opts.url, opts.client_options.clone())
+                    .await
+                    .map_err(client_err(&opts.url))?;
+                for topic in partitions {
+                    let consumer = client
+                        .subscribe(topic.clone(), format!("sub-{s}"))
+                        .sub_type(sub_type(w.subscription_type))
+                        .initial_position(InitialPosition::Earliest)
+                        .receiver_queue_size(w.receiver_queue_size)
+                        .subscribe()
+                        .await
+                        .map_err(client_err(format!("subscribe to {topic}")))?;
+                    tasks.push(tokio::spawn(consume_loop(consumer, rec.clone(), stop.clone(), timed)));
+                }
+                clients.push(client);
+            }
+        }
+    }
+    Ok(tasks)
+}
+
+fn fmt_count(v: f64) -> String {
+    let n = v.round() as u64;
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// One progress line.
+pub fn progress_line(t: &Tick) -> String {
+    format!(
+        "[{:>5.1}s {:<7}] prod {:>9} msg/s {:>7.1} MB/s | cons {:>9} msg/s {:>7.1} MB/s | pub p50 {:>7.3} p99 {:>8.3} ms | e2e p99 {:>8.3} ms | backlog {}{}",
+        t.t_s,
+        t.phase,
+        fmt_count(t.produce_msgs_per_s),
+        t.produce_mb_per_s,
+        fmt_count(t.consume_msgs_per_s),
+        t.consume_mb_per_s,
+        t.publish_p50_ms,
+        t.publish_p99_ms,
+        t.e2e_p99_ms,
+        t.backlog,
+        if t.publish_errors > 0 { format!(" | {} errors", t.publish_errors) } else { String::new() },
+    )
+}
+
+fn spawn_ticker(rec: &Recorder, every: Duration, print: bool, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+    let rec = rec.clone();
+    tokio::spawn(async move {
+        let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        loop {
+            tokio::select! {
+                _ = interval.tick() => {}
+                _ = stop.changed() => break,
+            }
+            let t = rec.tick(Instant::now());
+            if print {
+                eprintln!("{}", progress_line(&t));
+            }
+        }
+    })
+}
+
+/// Wait until `done()` or until `progress()` stops changing for `idle_max`.
+async fn wait_quiet(mut done: impl FnMut() -> bool, mut progress: impl FnMut() -> u64, idle_max: Duration) -> bool {
+    let mut last = progress();
+    let mut last_change = Instant::now();
+    loop {
+        if done() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now_progress = progress();
+        if now_progress != last {
+            last = now_progress;
+            last_change = Instant::now();
+        } else if last_change.elapsed() >= idle_max {
+            return done();
+        }
+    }
+}
+
+/// A unique id for this run's topic names.
+pub fn new_run_id() -> String {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    format!("{:x}{:04x}", (nanos as u64) & 0xFFFF_FFFF_FFFF, std::process::id() & 0xFFFF)
+}
+
+/// Run the workload; call inside a tokio runtime.
+pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
+    let w = opts.workload.clone();
+    w.validate()?;
+    let size = w.size_dist()?;
+    let run_id = new_run_id();
+    let topics: Vec<Vec<String>> = (0..w.topics).map(|t| w.partition_topics(&run_id, t)).collect();
+    let rec = Recorder::new(w.subscriptions);
+    let filler = filler(size.max().max(STAMP_BYTES), w.seed);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut clients = Vec::new();
+
+    // A probe connection: is the broker there, and what is it?
+    let probe = Client::connect_with(&opts.url, opts.client_options.clone()).await.map_err(client_err(&opts.url))?;
+    let server_version = probe.server_info().server_version.clone();
+    probe.close();
+
+    let backlog_mode = w.backlog_messages > 0;
+    let mut consumer_tasks = if backlog_mode {
+        Vec::new()
+    } else {
+        open_consumers(&opts, &topics, &rec, &stop_rx, true, &mut clients).await?
+    };
+
+    let mut collectors = Vec::new();
+    let mut producer_ctxs = Vec::new();
+    let mut all_producers = Vec::new();
+    for partitions in &topics {
+        for _ in 0..w.producers {
+            let (client, ctx) = open_producer(&opts, partitions, &rec, &mut collectors).await?;
+            all_producers.extend(ctx.producers.iter().cloned());
+            producer_ctxs.push(ctx);
+            clients.push(client);
+        }
+    }
+    let producers_total = producer_ctxs.len() as u64;
+
+    let ticker = spawn_ticker(&rec, opts.tick, opts.progress, stop_rx.clone());
+    let cpu_mark = crate::cpu::CpuMark::start(opts.broker_pid);
+    let start = Instant::now();
+    let (stop_at, count_each) = if backlog_mode {
+        rec.start_window(start);
+        (None, Some(w.backlog_messages.div_ceil(producers_total.max(1))))
+    } else {
+        let window_start = start + Duration::from_secs_f64(w.warmup_s);
+        let stop_at = window_start + Duration::from_secs_f64(w.duration_s);
+        rec.start_window(window_start);
+        rec.end_window(stop_at);
+        (Some(stop_at), None)
+    };
+    let rate_each = if w.rate > 0 && producers_total > 0 { w.rate as f64 / producers_total as f64 } else { 0.0 };
+    let mut producer_tasks = Vec::new();
+    for (index, ctx) in producer_ctxs.into_iter().enumerate() {
+        let plan = ProducerPlan { index: index as u32, rate: rate_each, count: count_each, stop_at };
+        producer_tasks.push(tokio::spawn(produce_loop(ctx, plan, w.clone(), rec.clone(), filler.clone())));
+    }
+    if producers_total == 0 {
+        if let Some(stop_at) = stop_at {
+            tokio::time::sleep_until(stop_at.into()).await;
+        }
+    }
+    for t in producer_tasks {
+        let _ = t.await;
+    }
+    // Outstanding receipts: each collector ends after its last receipt (or
+    // the client's operation timeout fails it).
+    for t in collectors {
+        let _ = t.await;
+    }
+    let produced_end = Instant::now();
+
+    let mut backlog = None;
+    if backlog_mode {
+        rec.end_window(produced_end);
+        let produced = rec.produced_all();
+        let produce_s = produced_end.duration_since(start).as_secs_f64();
+        let catchup_start = Instant::now();
+        consumer_tasks = open_consumers(&opts, &topics, &rec, &stop_rx, false, &mut clients).await?;
+        let target = produced * u64::from(w.subscriptions);
+        let r2 = rec.clone();
+        let r3 = rec.clone();
+        wait_quiet(move || r2.consumed_all() >= target, move || r3.consumed_all(), DRAIN_IDLE_MAX).await;
+        let catchup_s = catchup_start.elapsed().as_secs_f64();
+        let consumed = rec.consumed_all();
+        let bytes = (produced as f64 * size.mean()) as u64;
+        backlog = Some(BacklogResult {
+            messages: produced,
+            bytes,
+            produce_s,
+            produce_msgs_per_s: produced as f64 / produce_s,
+            produce_mb_per_s: bytes as f64 / produce_s / 1e6,
+            catchup_s,
+            consume_msgs_per_s: consumed as f64 / catchup_s,
+            consume_mb_per_s: consumed as f64 * size.mean() / catchup_s / 1e6,
+        });
+    }
+
+    // Let consumers catch up with everything acknowledged.
+    let subs = u64::from(w.subscriptions);
+    let has_consumers = w.consumers > 0 && w.subscriptions > 0;
+    let r2 = rec.clone();
+    let r3 = rec.clone();
+    let drained = !has_consumers
+        || wait_quiet(move || r2.consumed_all() >= r2.produced_all() * subs, move || r3.consumed_all(), DRAIN_IDLE_MAX)
+            .await;
+    let cpu = cpu_mark.finish(rec.produced_all());
+    let _ = stop_tx.send(true);
+    let _ = ticker.await;
+    for t in consumer_tasks {
+        let _ = t.await;
+    }
+    for p in &all_producers {
+        let _ = p.close().await;
+    }
+    drop(clients);
+    let totals = rec.totals();
+    let flat_topics = topics.into_iter().flatten().collect();
+    Ok(RunOutcome { run_id, topics: flat_topics, server_version, totals, backlog, drained, cpu })
+}

@@ -1,0 +1,349 @@
+//! What a run does: the workload, from defaults, a TOML file and flags (flags
+//! win), and the checks that refuse what this broker cannot do yet.
+
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// Errors in a workload description; each names the setting at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    #[error("cannot read workload file {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("workload file {path}: {source}")]
+    Parse { path: String, source: Box<toml::de::Error> },
+    #[error("{setting}: {reason}")]
+    Invalid { setting: &'static str, reason: String },
+    /// A feature the broker does not have yet: refused rather than ignored,
+    /// so a script never measures something other than what it asked for.
+    #[error("{setting} = {value}: not supported by this broker yet ({issue})")]
+    Unsupported { setting: &'static str, value: String, issue: &'static str },
+}
+
+/// Subscription type as the workload names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum SubType {
+    #[default]
+    Exclusive,
+    Failover,
+    Shared,
+    KeyShared,
+}
+
+/// Compression codec as the workload names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Compression {
+    #[default]
+    None,
+    Lz4,
+    Zstd,
+    Snappy,
+}
+
+/// Message sizes: fixed, uniform in `[min, max]`, or a weighted choice.
+///
+/// Text form (flag `--size` and TOML `size`): `1024`, `100..16384`
+/// (uniform, inclusive) or `100:5,1024:4,16384:1` (size:weight list).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SizeDist {
+    Fixed { bytes: usize },
+    Uniform { min: usize, max: usize },
+    Weighted { choices: Vec<(usize, u32)> },
+}
+
+impl SizeDist {
+    pub fn parse(s: &str) -> Result<SizeDist, WorkloadError> {
+        let bad = |reason: String| WorkloadError::Invalid { setting: "size", reason };
+        let num = |t: &str| t.trim().parse::<usize>().map_err(|e| bad(format!("{t:?}: {e}")));
+        let dist = if let Some((a, b)) = s.split_once("..") {
+            SizeDist::Uniform { min: num(a)?, max: num(b)? }
+        } else if s.contains(':') {
+            let mut choices = Vec::new();
+            for part in s.split(',') {
+                let (size, weight) = part.split_once(':').ok_or_else(|| bad(format!("{part:?} is not SIZE:WEIGHT")))?;
+                let weight = weight.trim().parse::<u32>().map_err(|e| bad(format!("weight {weight:?}: {e}")))?;
+                choices.push((num(size)?, weight));
+            }
+            SizeDist::Weighted { choices }
+        } else {
+            SizeDist::Fixed { bytes: num(s)? }
+        };
+        dist.validate()?;
+        Ok(dist)
+    }
+
+    fn validate(&self) -> Result<(), WorkloadError> {
+        let bad = |reason: &str| Err(WorkloadError::Invalid { setting: "size", reason: reason.to_string() });
+        match self {
+            SizeDist::Fixed { .. } => Ok(()),
+            SizeDist::Uniform { min, max } if min > max => bad("uniform MIN..MAX needs MIN <= MAX"),
+            SizeDist::Uniform { .. } => Ok(()),
+            SizeDist::Weighted { choices } if choices.is_empty() || choices.iter().all(|c| c.1 == 0) => {
+                bad("a weighted list needs at least one positive weight")
+            }
+            SizeDist::Weighted { .. } => Ok(()),
+        }
+    }
+
+    /// Largest size this distribution can produce.
+    pub fn max(&self) -> usize {
+        match self {
+            SizeDist::Fixed { bytes } => *bytes,
+            SizeDist::Uniform { max, .. } => *max,
+            SizeDist::Weighted { choices } => choices.iter().map(|c| c.0).max().unwrap_or(0),
+        }
+    }
+
+    /// Mean size (for reports).
+    pub fn mean(&self) -> f64 {
+        match self {
+            SizeDist::Fixed { bytes } => *bytes as f64,
+            SizeDist::Uniform { min, max } => (*min + *max) as f64 / 2.0,
+            SizeDist::Weighted { choices } => {
+                let total: f64 = choices.iter().map(|c| f64::from(c.1)).sum();
+                choices.iter().map(|c| c.0 as f64 * f64::from(c.1)).sum::<f64>() / total
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for SizeDist {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SizeDist::Fixed { bytes } => write!(f, "{bytes}"),
+            SizeDist::Uniform { min, max } => write!(f, "{min}..{max}"),
+            SizeDist::Weighted { choices } => {
+                let parts: Vec<String> = choices.iter().map(|(s, w)| format!("{s}:{w}")).collect();
+                write!(f, "{}", parts.join(","))
+            }
+        }
+    }
+}
+
+/// Message keys: none, uniform over `keys` distinct keys, or Zipf-skewed
+/// (exponent `zipf_exponent`, key 0 the hottest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyDist {
+    #[default]
+    None,
+    Uniform,
+    Zipf,
+}
+
+/// A complete workload. Field names are the TOML keys (and, with `-` for
+/// `_`, the flags).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Workload {
+    /// Topic name prefix; each run adds a unique suffix so runs never share data.
+    pub topic_prefix: String,
+    pub topics: u32,
+    /// Partitions per topic, emulated as topics `<topic>-partition-<i>`
+    /// until partitioned topics exist (#5).
+    pub partitions: u32,
+    /// Producers per topic; each writes to all of the topic's partitions.
+    pub producers: u32,
+    /// Subscriptions per topic.
+    pub subscriptions: u32,
+    /// Consumers per subscription; each reads all of the topic's partitions.
+    pub consumers: u32,
+    pub subscription_type: SubType,
+    /// Size distribution, in text form (see [`SizeDist::parse`]).
+    pub size: String,
+    pub key_distribution: KeyDist,
+    /// Distinct keys when keys are on.
+    pub keys: u64,
+    pub zipf_exponent: f64,
+    /// Target rate in messages per second over all producers; 0 = as fast as possible.
+    pub rate: u64,
+    /// Sends awaiting their receipt, per producer and partition.
+    pub max_pending: u32,
+    /// Messages per batch; unset (0) or 1 = no batching.
+    pub batch_max_messages: u32,
+    pub compression: Compression,
+    /// Flow permits per consumer and partition.
+    pub receiver_queue_size: u32,
+    pub warmup_s: f64,
+    pub duration_s: f64,
+    /// Backlog phase: produce this many messages with no consumer reading,
+    /// then measure the catch-up read. 0 = no backlog phase.
+    pub backlog_messages: u64,
+    /// Seed of the size and key generators.
+    pub seed: u64,
+}
+
+impl Default for Workload {
+    /// The canonical workload (issue #6): 1 topic, 4 partitions, 1 producer,
+    /// 1 consumer, 1 KiB, as fast as possible, 30 s.
+    fn default() -> Self {
+        Workload {
+            topic_prefix: "bench".into(),
+            topics: 1,
+            partitions: 4,
+            producers: 1,
+            subscriptions: 1,
+            consumers: 1,
+            subscription_type: SubType::Exclusive,
+            size: "1024".into(),
+            key_distribution: KeyDist::None,
+            keys: 1000,
+            zipf_exponent: 0.99,
+            rate: 0,
+            max_pending: 1000,
+            batch_max_messages: 0,
+            compression: Compression::None,
+            receiver_queue_size: 1000,
+            warmup_s: 2.0,
+            duration_s: 30.0,
+            backlog_messages: 0,
+            seed: 1,
+        }
+    }
+}
+
+impl Workload {
+    pub fn from_toml_file(path: &Path) -> Result<Workload, WorkloadError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| WorkloadError::Read { path: path.display().to_string(), source })?;
+        Self::from_toml(&text).map_err(|e| match e {
+            WorkloadError::Parse { source, .. } => WorkloadError::Parse { path: path.display().to_string(), source },
+            other => other,
+        })
+    }
+
+    pub fn from_toml(text: &str) -> Result<Workload, WorkloadError> {
+        toml::from_str(text).map_err(|e| WorkloadError::Parse { path: "<text>".into(), source: Box::new(e) })
+    }
+
+    pub fn size_dist(&self) -> Result<SizeDist, WorkloadError> {
+        SizeDist::parse(&self.size)
+    }
+
+    /// Refuse nonsense and what the broker cannot do yet.
+    pub fn validate(&self) -> Result<(), WorkloadError> {
+        let invalid =
+            |setting: &'static str, reason: &str| Err(WorkloadError::Invalid { setting, reason: reason.into() });
+        if self.topics == 0 || self.partitions == 0 {
+            return invalid("topics/partitions", "must be at least 1");
+        }
+        if self.producers == 0 && self.consumers == 0 {
+            return invalid("producers/consumers", "nothing to do with neither producers nor consumers");
+        }
+        if self.subscriptions == 0 && self.consumers > 0 {
+            return invalid("subscriptions", "consumers need at least one subscription");
+        }
+        if self.max_pending == 0 || self.receiver_queue_size == 0 {
+            return invalid("max_pending/receiver_queue_size", "must be at least 1");
+        }
+        // Written so that NaN fails too.
+        if !(self.duration_s.is_finite() && self.duration_s > 0.0 && self.warmup_s.is_finite() && self.warmup_s >= 0.0)
+        {
+            return invalid("duration_s/warmup_s", "duration must be > 0 and warm-up >= 0");
+        }
+        if self.key_distribution != KeyDist::None && self.keys == 0 {
+            return invalid("keys", "a key distribution needs at least one key");
+        }
+        if self.key_distribution == KeyDist::Zipf && !(self.zipf_exponent.is_finite() && self.zipf_exponent > 0.0) {
+            return invalid("zipf_exponent", "must be > 0");
+        }
+        if self.backlog_messages > 0 && (self.producers == 0 || self.consumers == 0) {
+            return invalid("backlog_messages", "the backlog phase needs producers and consumers");
+        }
+        let size = self.size_dist()?;
+        if size.max() > 5 * 1024 * 1024 {
+            return invalid("size", "the broker refuses messages over 5 MiB");
+        }
+        // Features of later issues. Each check goes away when its feature lands.
+        if self.batch_max_messages > 1 {
+            return Err(WorkloadError::Unsupported {
+                setting: "batch_max_messages",
+                value: self.batch_max_messages.to_string(),
+                issue: "batching arrives with issue #5",
+            });
+        }
+        if self.compression != Compression::None {
+            return Err(WorkloadError::Unsupported {
+                setting: "compression",
+                value: format!("{:?}", self.compression).to_lowercase(),
+                issue: "compression arrives with issue #5",
+            });
+        }
+        if self.subscription_type != SubType::Exclusive {
+            return Err(WorkloadError::Unsupported {
+                setting: "subscription_type",
+                value: format!("{:?}", self.subscription_type).to_lowercase(),
+                issue: "Failover, Shared and Key_Shared arrive with issue #4",
+            });
+        }
+        if self.subscription_type == SubType::Exclusive && self.consumers > 1 {
+            return invalid(
+                "consumers",
+                "an Exclusive subscription takes one consumer; use --subscriptions N for N independent readers",
+            );
+        }
+        Ok(())
+    }
+
+    /// Partition topic names of topic `t` of a run with unique `run_id`.
+    pub fn partition_topics(&self, run_id: &str, t: u32) -> Vec<String> {
+        (0..self.partitions).map(|p| format!("{}-{run_id}-{t}-partition-{p}", self.topic_prefix)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_forms() {
+        assert_eq!(SizeDist::parse("1024").unwrap(), SizeDist::Fixed { bytes: 1024 });
+        assert_eq!(SizeDist::parse("100..200").unwrap(), SizeDist::Uniform { min: 100, max: 200 });
+        let w = SizeDist::parse("100:3,1000:1").unwrap();
+        assert_eq!(w, SizeDist::Weighted { choices: vec![(100, 3), (1000, 1)] });
+        assert_eq!(w.mean(), 325.0);
+        assert_eq!(w.to_string(), "100:3,1000:1");
+        assert!(SizeDist::parse("200..100").is_err());
+        assert!(SizeDist::parse("x").is_err());
+        assert!(SizeDist::parse("100:0").is_err());
+    }
+
+    #[test]
+    fn toml_overrides_defaults_and_rejects_unknown_keys() {
+        let w = Workload::from_toml("topics = 3\nsize = \"100..200\"\nkey_distribution = \"zipf\"\n").unwrap();
+        assert_eq!(w.topics, 3);
+        assert_eq!(w.partitions, 4);
+        assert_eq!(w.key_distribution, KeyDist::Zipf);
+        w.validate().unwrap();
+        assert!(Workload::from_toml("topicz = 3\n").is_err());
+    }
+
+    #[test]
+    fn shipped_workload_files_are_valid() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let w = Workload::from_toml_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            w.validate().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            n += 1;
+        }
+        assert!(n >= 5);
+    }
+
+    #[test]
+    fn unsupported_features_are_refused_by_name() {
+        let mut w = Workload { batch_max_messages: 100, ..Workload::default() };
+        let e = w.validate().unwrap_err().to_string();
+        assert!(e.contains("batch_max_messages") && e.contains("not supported by this broker yet"), "{e}");
+        w.batch_max_messages = 1;
+        w.validate().unwrap();
+        w.compression = Compression::Lz4;
+        assert!(w.validate().unwrap_err().to_string().contains("not supported by this broker yet"));
+        w.compression = Compression::None;
+        w.subscription_type = SubType::Shared;
+        assert!(w.validate().unwrap_err().to_string().contains("not supported by this broker yet"));
+    }
+}

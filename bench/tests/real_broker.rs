@@ -1,0 +1,130 @@
+//! The bench binary against a real broker it starts itself.
+//!
+//! Goal: a short run produces a JSON result with every contract field and an
+//! SVG picture, and `--compare` reads it back. Method: build the broker
+//! binary (through the e2e harness's `magnetar_bin`), run `magnetar-bench`
+//! for 2 s with `--broker-bin`, parse the JSON.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+const BENCH: &str = env!("CARGO_BIN_EXE_magnetar-bench");
+
+fn run_bench(args: &[&str]) -> std::process::Output {
+    // The child is bounded by its own flags (2 s + drain); the harness's
+    // timeout guards against a hang.
+    let mut child = Command::new(BENCH)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("magnetar-bench did not finish within 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn number(v: &serde_json::Value, path: &str) -> f64 {
+    path.split('.')
+        .try_fold(v, |v, k| v.get(k))
+        .and_then(|v| v.as_f64())
+        .unwrap_or_else(|| panic!("{path} missing or not a number"))
+}
+
+#[test]
+fn short_run_writes_contract_json_and_svg() {
+    let broker = magnetar_tests::magnetar_bin();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let json = dir.path().join("run.json");
+    let svg = dir.path().join("run.svg");
+    let history = dir.path().join("history.jsonl");
+    let out = run_bench(&[
+        "--broker-bin",
+        broker.to_str().unwrap(),
+        "--data-dir",
+        dir.path().to_str().unwrap(),
+        "--shards",
+        "2",
+        "--no-pin",
+        "--duration-s",
+        "2",
+        "--warmup-s",
+        "0.5",
+        "--max-pending",
+        "200",
+        "--json",
+        json.to_str().unwrap(),
+        "--plot",
+        svg.to_str().unwrap(),
+        "--history",
+        history.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stderr.contains("prod") && stderr.contains("backlog"), "progress lines on stderr:\n{stderr}");
+    assert!(stdout.contains("publish latency") && stdout.contains("end-to-end latency"), "{stdout}");
+
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    for path in [
+        "produce.msgs_per_s",
+        "produce.mb_per_s",
+        "consume.msgs_per_s",
+        "publish_latency_ms.p50",
+        "publish_latency_ms.p99",
+        "publish_latency_ms.p999",
+        "publish_latency_ms.max",
+        "e2e_latency_ms.p50",
+        "e2e_latency_ms.p99",
+        "e2e_latency_ms.p999",
+        "e2e_latency_ms.max",
+    ] {
+        let x = number(&v, path);
+        assert!(x > 0.0 && x.is_finite(), "{path} = {x}");
+    }
+    let p = &v["publish_latency_ms"];
+    assert!(number(p, "p50") <= number(p, "p99") && number(p, "p99") <= number(p, "max"));
+    // 1 KiB messages: MB/s and msg/s agree.
+    let ratio = number(&v, "produce.mb_per_s") * 1e6 / number(&v, "produce.msgs_per_s");
+    assert!((ratio - 1024.0).abs() < 1.0, "{ratio}");
+    assert_eq!(v["workload"]["partitions"], 4);
+    assert_eq!(v["topics"].as_array().unwrap().len(), 4);
+    assert!(v["drained"].as_bool().unwrap(), "consumer got every acknowledged message");
+    assert_eq!(v["environment"]["broker"], "self-started");
+    assert!(!v["histograms"]["publish"].as_array().unwrap().is_empty());
+    assert!(v["timeline"].as_array().unwrap().len() >= 2);
+    assert!(v["git_commit"].as_str().unwrap().len() >= 7);
+
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(picture.starts_with("<svg") && picture.contains("<polyline"), "{}", &picture[..200.min(picture.len())]);
+    let lines = std::fs::read_to_string(&history).unwrap();
+    assert_eq!(lines.lines().count(), 1);
+
+    let cmp = run_bench(&["--compare", json.to_str().unwrap(), json.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&cmp.stdout);
+    assert!(cmp.status.success() && text.contains("1.000x same"), "{text}");
+    assert!(!Path::new(&dir.path().join("run-")).exists());
+}
+
+#[test]
+fn unsupported_features_fail_clearly() {
+    for args in
+        [&["--batch-max-messages", "100"][..], &["--compression", "lz4"][..], &["--subscription-type", "shared"][..]]
+    {
+        let out = run_bench(&[args, &["--url", "127.0.0.1:1"]].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} must fail");
+        assert!(stderr.contains("not supported by this broker yet"), "{args:?}: {stderr}");
+    }
+}

@@ -1,0 +1,119 @@
+//! Ack grouping: individual acks are collected and sent in one `Ack`
+//! command every `time` (default 100 ms) or every `max` acks (default
+//! 1,000), whichever comes first; cumulative acks keep only the highest. A
+//! group time of 0 sends every ack at once. `close()`, `seek`,
+//! `ack_confirmed` and `redeliver_unacknowledged` send the group first, so
+//! acks keep their order with what follows.
+
+use magnetar_wire::MessageId;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Default longest an ack waits in the group.
+pub const ACK_GROUP_TIME_DEFAULT: Duration = Duration::from_millis(100);
+/// Default most acks in one group.
+pub const ACK_GROUP_MAX_DEFAULT: usize = 1000;
+
+/// Acks to send now.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct AckBatch {
+    pub(crate) individual: Vec<MessageId>,
+    pub(crate) cumulative: Option<MessageId>,
+}
+
+impl AckBatch {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.individual.is_empty() && self.cumulative.is_none()
+    }
+}
+
+#[derive(Default)]
+struct State {
+    batch: AckBatch,
+    /// When the oldest ack in the group was added.
+    since: Option<Instant>,
+}
+
+pub(crate) struct AckGroup {
+    time: Duration,
+    max: usize,
+    state: Mutex<State>,
+}
+
+impl AckGroup {
+    pub(crate) fn new(time: Duration, max: usize) -> Self {
+        Self { time, max: max.max(1), state: Mutex::new(State::default()) }
+    }
+
+    /// False when acks go out at once.
+    pub(crate) fn enabled(&self) -> bool {
+        !self.time.is_zero()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // Only plain collection updates happen under the lock.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds an ack; returns the whole group when it is full.
+    pub(crate) fn add(&self, id: MessageId, cumulative: bool, now: Instant) -> Option<AckBatch> {
+        let mut st = self.lock();
+        st.since.get_or_insert(now);
+        if cumulative {
+            let c = st.batch.cumulative.get_or_insert(id);
+            *c = (*c).max(id);
+        } else {
+            st.batch.individual.push(id);
+        }
+        if st.batch.individual.len() >= self.max {
+            st.since = None;
+            return Some(std::mem::take(&mut st.batch));
+        }
+        None
+    }
+
+    /// The group, if its oldest ack has waited `time`.
+    pub(crate) fn take_due(&self, now: Instant) -> Option<AckBatch> {
+        let mut st = self.lock();
+        match st.since {
+            Some(t) if now.duration_since(t) >= self.time => {
+                st.since = None;
+                Some(std::mem::take(&mut st.batch))
+            }
+            _ => None,
+        }
+    }
+
+    pub(crate) fn take_all(&self) -> AckBatch {
+        let mut st = self.lock();
+        st.since = None;
+        std::mem::take(&mut st.batch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(e: u64) -> MessageId {
+        MessageId::new(1, e, -1, -1)
+    }
+
+    #[test]
+    fn flushes_when_full_or_due() {
+        let g = AckGroup::new(Duration::from_millis(100), 3);
+        let t0 = Instant::now();
+        assert_eq!(g.add(id(1), false, t0), None);
+        assert_eq!(g.add(id(5), true, t0), None);
+        assert_eq!(g.add(id(4), true, t0), None);
+        assert_eq!(g.take_due(t0 + Duration::from_millis(99)), None);
+        assert_eq!(g.add(id(2), false, t0), None);
+        let full = g.add(id(3), false, t0).unwrap();
+        assert_eq!(full, AckBatch { individual: vec![id(1), id(2), id(3)], cumulative: Some(id(5)) });
+        assert_eq!(g.take_due(t0 + Duration::from_secs(1)), None, "nothing left");
+        g.add(id(9), false, t0 + Duration::from_millis(10));
+        assert_eq!(g.take_due(t0 + Duration::from_millis(109)), None);
+        assert_eq!(g.take_due(t0 + Duration::from_millis(110)).unwrap().individual, vec![id(9)]);
+        assert!(g.take_all().is_empty());
+    }
+}

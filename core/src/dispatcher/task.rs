@@ -1,0 +1,247 @@
+//! The dispatcher task of one subscription: replay, then fresh entries,
+//! within permits and the unacked limits, with delayed entries held back
+//! until their time. Owned by the topic's shard; never crosses cores.
+
+use super::{key_hash, Ask, Pick};
+use crate::error::ErrorCode;
+use crate::shard::{now_ms, ConsumerEvent, ConsumerRef, Shard};
+use crate::topic::{Pending, Subscription, Topic};
+use bytes::Bytes;
+use futures::FutureExt;
+use magnetar_wire::MessageId;
+use std::collections::HashSet;
+use std::rc::Rc;
+use std::time::Duration;
+
+/// Starts the dispatcher of `sub`: it runs until the shard closes.
+pub(crate) fn spawn(shard: Rc<Shard>, topic: Rc<Topic>, sub: Rc<Subscription>) {
+    glommio::spawn_local(async move { run(shard, topic, sub).await }).detach();
+}
+
+async fn run(shard: Rc<Shard>, topic: Rc<Topic>, sub: Rc<Subscription>) {
+    loop {
+        let next_due = sub.delayed.borrow().next_due_ms();
+        match next_due {
+            Some(at) => {
+                let wait = Duration::from_millis(at.saturating_sub(now_ms()));
+                futures::select_biased! {
+                    _ = sub.wake.wait().fuse() => {}
+                    _ = glommio::timer::sleep(wait).fuse() => {}
+                }
+            }
+            None => sub.wake.wait().await,
+        }
+        // A deleted topic, or a non-durable subscription whose consumer left
+        // (issue #5), stops its dispatcher.
+        if shard.is_closed() || topic.deleted.get() || sub.removed.get() {
+            return;
+        }
+        for (entry, hash) in sub.delayed.borrow_mut().take_due(now_ms()) {
+            sub.replay.borrow_mut().insert(entry, hash);
+        }
+        // Delayed entries dropped for room: read the log again from there.
+        // Everything on the way is acked, held, set aside or indexed, and
+        // skipped below; only the dropped entries are indexed again.
+        let reread = sub.delayed.borrow_mut().take_reread_from();
+        if let Some(from) = reread {
+            sub.read_pos.set(sub.read_pos.get().min(from));
+        }
+        pass(&shard, &topic, &sub).await;
+    }
+}
+
+/// What a pass learned about one entry's metadata.
+struct Peeked {
+    key_hash: u16,
+    deliver_at_ms: u64,
+    tag_matches: bool,
+}
+
+fn peek(sub: &Subscription, blob: &Bytes) -> Peeked {
+    match magnetar_wire::peek_message(blob) {
+        Ok(p) => Peeked {
+            key_hash: key_hash(p.ordering_key, p.partition_key),
+            deliver_at_ms: p.deliver_at_ms,
+            tag_matches: sub.filter_tag.borrow().as_deref().is_none_or(|want| p.tag == Some(want)),
+        },
+        // Validated when appended; if it cannot be read now it is delivered
+        // as it is and the client reports it.
+        Err(_) => Peeked { key_hash: 0, deliver_at_ms: 0, tag_matches: true },
+    }
+}
+
+fn ask<'a>(shard: &Shard, sub: &Subscription, entry: u64, key_hash: u16, blocked: &'a HashSet<ConsumerRef>) -> Ask<'a> {
+    Ask {
+        entry,
+        key_hash,
+        outstanding_floor: [sub.pending.borrow().keys().next().copied(), sub.replay.borrow().keys().next().copied()]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(u64::MAX),
+        unacked_per_consumer_max: shard.config.unacked_per_consumer_max,
+        blocked,
+    }
+}
+
+/// Whether the subscription may hand out anything at all right now.
+fn open(shard: &Shard, sub: &Subscription) -> bool {
+    !shard.is_closed()
+        && sub.pending.borrow().len() < shard.config.unacked_per_subscription_max as usize
+        && sub.consumers.borrow().iter().any(|c| c.permits > 0 && c.unacked < shard.config.unacked_per_consumer_max)
+}
+
+async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
+    // Consumers that had to pass an entry by in this pass: nothing later
+    // goes to them in this pass, so their keys keep log order.
+    let mut blocked: HashSet<ConsumerRef> = HashSet::new();
+
+    // 1. Replay, in log order.
+    let mut from = 0u64;
+    loop {
+        if !open(shard, sub) {
+            return;
+        }
+        let next = sub.replay.borrow().range(from..).next().map(|(e, h)| (*e, *h));
+        let Some((entry, hash)) = next else { break };
+        from = entry + 1;
+        if sub.cursor.borrow().is_acked(entry) {
+            sub.replay.borrow_mut().remove(&entry);
+            continue;
+        }
+        let pick = sub.policy.borrow().pick(&sub.consumers.borrow(), &ask(shard, sub, entry, hash, &blocked));
+        match pick {
+            Pick::Stop => return,
+            Pick::SetAside(c) => {
+                blocked.insert(c);
+                continue;
+            }
+            Pick::Deliver(_) => {}
+        }
+        let Some(blob) = read(shard, topic, sub, entry).await else { return };
+        // The read awaited: decide again on the current state.
+        if !sub.replay.borrow().contains_key(&entry) || sub.cursor.borrow().is_acked(entry) {
+            continue;
+        }
+        let pick = sub.policy.borrow().pick(&sub.consumers.borrow(), &ask(shard, sub, entry, hash, &blocked));
+        match pick {
+            Pick::Stop => return,
+            Pick::SetAside(c) => {
+                blocked.insert(c);
+            }
+            Pick::Deliver(i) => {
+                sub.replay.borrow_mut().remove(&entry);
+                deliver(shard, topic, sub, i, entry, hash, blob);
+            }
+        }
+    }
+
+    // 2. Fresh entries, in log order.
+    loop {
+        if !open(shard, sub) {
+            return;
+        }
+        let pos = sub.read_pos.get();
+        if pos >= topic.durable_next.get() {
+            return;
+        }
+        if sub.cursor.borrow().is_acked(pos)
+            || sub.replay.borrow().contains_key(&pos)
+            || sub.pending.borrow().contains_key(&pos)
+            || sub.delayed.borrow().contains(pos)
+        {
+            sub.read_pos.set(pos + 1);
+            continue;
+        }
+        // Entries set aside are bounded like the unacked ones.
+        if sub.replay.borrow().len() >= shard.config.unacked_per_subscription_max as usize {
+            return;
+        }
+        let Some(blob) = read(shard, topic, sub, pos).await else { return };
+        if sub.read_pos.get() != pos || sub.cursor.borrow().is_acked(pos) {
+            continue;
+        }
+        let peeked = peek(sub, &blob);
+        if !peeked.tag_matches {
+            // Filtered out: it counts as acknowledged for this subscription.
+            sub.read_pos.set(pos + 1);
+            if sub.cursor.borrow_mut().ack(pos) {
+                shard.mark_cursor_dirty(topic, sub);
+            }
+            continue;
+        }
+        if peeked.deliver_at_ms > now_ms() {
+            sub.read_pos.set(pos + 1);
+            let mut delayed = sub.delayed.borrow_mut();
+            delayed.insert(peeked.deliver_at_ms, pos, peeked.key_hash);
+            tracing::trace!(topic = %topic.key, sub = %sub.name, entry = pos, delayed = delayed.len(), "delayed");
+            continue;
+        }
+        let pick = sub.policy.borrow().pick(&sub.consumers.borrow(), &ask(shard, sub, pos, peeked.key_hash, &blocked));
+        match pick {
+            Pick::Stop => return,
+            Pick::SetAside(c) => {
+                blocked.insert(c);
+                sub.read_pos.set(pos + 1);
+                sub.replay.borrow_mut().insert(pos, peeked.key_hash);
+            }
+            Pick::Deliver(i) => {
+                sub.read_pos.set(pos + 1);
+                deliver(shard, topic, sub, i, pos, peeked.key_hash, blob);
+            }
+        }
+    }
+}
+
+/// Reads one entry. Unreadable data (failed checksum, I/O error) is never
+/// served: every consumer is closed with the reason and `None` returned.
+async fn read(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>, entry: u64) -> Option<Bytes> {
+    match shard.log.read(topic.ledger, entry).await {
+        Ok(b) => Some(b),
+        Err(e) => {
+            tracing::error!(topic = %topic.key, entry, "read failed: {e}");
+            let consumers: Vec<ConsumerRef> = sub.consumers.borrow().iter().map(|c| c.consumer).collect();
+            for c in consumers {
+                sub.remove_consumer(shard, c);
+                shard.deliver(
+                    c,
+                    ConsumerEvent::Closed {
+                        consumer_id: c.consumer_id,
+                        code: ErrorCode::PersistenceError,
+                        message: format!("cannot read entry {entry} of {}: {e}", topic.key),
+                    },
+                );
+            }
+            None
+        }
+    }
+}
+
+fn deliver(shard: &Shard, topic: &Topic, sub: &Subscription, i: usize, entry: u64, key_hash: u16, blob: Bytes) {
+    let consumer = {
+        let mut consumers = sub.consumers.borrow_mut();
+        let c = &mut consumers[i];
+        assert!(c.permits > 0, "dispatch without a permit");
+        // Permits count messages: a batch takes as many as it holds (it goes
+        // out whole, even past the consumer's last permits).
+        let messages = magnetar_wire::peek_message(&blob).map_or(1, |p| u64::from(p.num_messages.max(1)));
+        c.permits = c.permits.saturating_sub(messages);
+        c.unacked += 1;
+        c.consumer
+    };
+    sub.policy.borrow_mut().delivered(i, &sub.consumers.borrow());
+    sub.delivered_total.set(sub.delivered_total.get() + 1);
+    let redelivery_count = {
+        let mut d = sub.deliveries.borrow_mut();
+        let n = d.entry(entry).or_insert(0);
+        *n += 1;
+        *n - 1
+    };
+    let previous = sub.pending.borrow_mut().insert(entry, Pending { consumer, key_hash });
+    assert!(previous.is_none(), "entry {entry} delivered while another consumer holds it");
+    let message_id = MessageId::new(topic.ledger, entry, topic.partition, -1);
+    shard.deliver(
+        consumer,
+        ConsumerEvent::Message { consumer_id: consumer.consumer_id, message_id, redelivery_count, blob },
+    );
+}
