@@ -5,7 +5,7 @@ use crate::connection::{Connection, ConsumerSlot, Delivery};
 use crate::error::{ClientError, Result};
 use crate::message::{Message, OutgoingMessage};
 use crate::names::normalize_topic;
-use crate::producer::{Producer, ProducerBuilder, DEFAULT_MAX_PENDING};
+use crate::producer::{Producer, ProducerBuilder};
 use crate::tracker::{NackBackoff, Tracker, NACK_TICK};
 use magnetar_wire::{AckType, Command, InitialPosition, MessageId, SubscriptionType};
 use std::collections::HashMap;
@@ -547,16 +547,7 @@ async fn republish(
 ) -> Result<MessageId> {
     let mut slot = slot.lock().await;
     if slot.as_ref().is_none_or(|p| p.is_closed()) {
-        let builder = ProducerBuilder {
-            conn: conn.clone(),
-            topic: topic.to_string(),
-            name: None,
-            max_pending: DEFAULT_MAX_PENDING,
-            access_mode: magnetar_wire::ProducerAccessMode::Shared,
-            batching: None,
-            compression: magnetar_wire::CompressionType::None,
-            chunk_bytes: None,
-        };
+        let builder = ProducerBuilder::new(conn.clone(), topic.to_string());
         *slot = Some(builder.create().await?);
     }
     let Some(producer) = slot.as_ref() else {

@@ -92,16 +92,7 @@ impl Client {
 
     /// Start building a producer on `topic` (`topic`, `tenant/ns/topic` or a full name).
     pub fn producer(&self, topic: impl Into<String>) -> ProducerBuilder {
-        ProducerBuilder {
-            conn: self.conn.clone(),
-            topic: topic.into(),
-            name: None,
-            max_pending: DEFAULT_MAX_PENDING,
-            access_mode: ProducerAccessMode::Shared,
-            batching: None,
-            compression: CompressionType::None,
-            chunk_bytes: None,
-        }
+        ProducerBuilder::new(self.conn.clone(), topic.into())
     }
 
     /// Start building a consumer of `subscription` on `topic`.

@@ -156,6 +156,7 @@ impl PartitionedProducer {
                 batching: b.batching.clone(),
                 compression: b.compression,
                 chunk_bytes: b.chunk_bytes,
+                block_if_queue_full: b.block_if_queue_full,
             };
             let producer = builder.create().await?;
             let part = Partition { producer: Arc::new(producer), latency_us: Arc::new(AtomicU64::new(0)) };

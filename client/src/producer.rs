@@ -42,9 +42,26 @@ pub struct ProducerBuilder {
     pub(crate) batching: Option<BatchingOptions>,
     pub(crate) compression: CompressionType,
     pub(crate) chunk_bytes: Option<usize>,
+    pub(crate) block_if_queue_full: bool,
 }
 
 impl ProducerBuilder {
+    /// A builder with the defaults: generated name, `DEFAULT_MAX_PENDING`,
+    /// shared access, no batching, compression or chunking, blocking when full.
+    pub(crate) fn new(conn: Arc<Connection>, topic: String) -> Self {
+        Self {
+            conn,
+            topic,
+            name: None,
+            max_pending: crate::DEFAULT_MAX_PENDING,
+            access_mode: ProducerAccessMode::Shared,
+            batching: None,
+            compression: CompressionType::None,
+            chunk_bytes: None,
+            block_if_queue_full: true,
+        }
+    }
+
     /// Producer name, unique per topic; the broker generates one if unset.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
@@ -55,6 +72,15 @@ impl ProducerBuilder {
     /// `send_async` waits for a free slot beyond that.
     pub fn max_pending(mut self, max_pending: usize) -> Self {
         self.max_pending = max_pending;
+        self
+    }
+
+    /// What `send_async` does when `max_pending` sends await receipts: wait
+    /// for a free slot (`true`, the default) or fail at once with
+    /// [`ClientError::ProducerQueueFull`] (`false`), for callers that must
+    /// never block.
+    pub fn block_if_queue_full(mut self, block: bool) -> Self {
+        self.block_if_queue_full = block;
         self
     }
 
@@ -145,6 +171,7 @@ impl ProducerBuilder {
             closed,
             compression: self.compression,
             chunk_bytes: self.chunk_bytes,
+            block_if_queue_full: self.block_if_queue_full,
         });
         Ok(Producer::new(core, self.batching))
     }
@@ -158,6 +185,7 @@ pub(crate) struct ProducerCore {
     topic: String,
     name: String,
     max_pending: usize,
+    block_if_queue_full: bool,
     /// One permit per send awaiting its receipt.
     permits: Arc<Semaphore>,
     /// Held while assigning a sequence id and queueing the frame, so that the
@@ -241,7 +269,16 @@ impl ProducerCore {
         if self.is_closed() {
             return Err(self.closed_error());
         }
-        let permit = self.permits.clone().acquire_owned().await.map_err(|_| self.closed_error())?;
+        let permit = if self.block_if_queue_full {
+            self.permits.clone().acquire_owned().await.map_err(|_| self.closed_error())?
+        } else {
+            self.permits.clone().try_acquire_owned().map_err(|e| match e {
+                tokio::sync::TryAcquireError::NoPermits => {
+                    ClientError::ProducerQueueFull { producer_name: self.name.clone(), max_pending: self.max_pending }
+                }
+                tokio::sync::TryAcquireError::Closed => self.closed_error(),
+            })?
+        };
         let mut next = self.next_sequence_id.lock().await;
         // Re-check: close() or a broken connection may have come while we waited.
         if self.is_closed() {
