@@ -344,6 +344,17 @@ impl Connection {
     /// that echoes it, within the operation timeout. A broker `Error` becomes
     /// `ClientError::Broker`.
     pub(crate) async fn request(&self, operation: &'static str, build: impl FnOnce(u64) -> Command) -> Result<Command> {
+        self.request_within(operation, self.options.operation_timeout, build).await
+    }
+
+    /// [`request`](Self::request) with its own deadline (e.g. a producer
+    /// that waits for exclusive access).
+    pub(crate) async fn request_within(
+        &self,
+        operation: &'static str,
+        after: Duration,
+        build: impl FnOnce(u64) -> Command,
+    ) -> Result<Command> {
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         {
@@ -362,7 +373,6 @@ impl Connection {
             }
         };
         self.write(frame).await?;
-        let after = self.options.operation_timeout;
         match tokio::time::timeout(after, rx).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(_)) => Err(self.disconnected()),
@@ -394,7 +404,13 @@ impl Connection {
             return Err(ClientError::ProducerClosed { producer_name: String::new() });
         };
         if let Some(last) = slot.inflight.back() {
-            assert!(last.sequence_id < send.sequence_id, "sequence ids must increase");
+            // Equal ids: the chunks of one chunked message.
+            if last.sequence_id > send.sequence_id {
+                return Err(ClientError::InvalidOption {
+                    option: "sequence_id",
+                    reason: "must be above every sequence id still awaiting its receipt",
+                });
+            }
         }
         slot.inflight.push_back(send);
         Ok(())
@@ -526,6 +542,52 @@ async fn reader_loop(
     shared.fail(reason);
 }
 
+/// Decodes one entry into its messages: decompresses the payload when the
+/// producer compressed it, and splits a batch (`num_messages` > 1) into its
+/// messages, numbered by `batch_index`. Each message of a batch gets the
+/// entry's metadata with its own key, properties, event time and sequence id;
+/// `num_messages` stays the batch size (the consumer's ack tracker needs it).
+fn unpack_entry(blob: &Bytes, id: MessageId, topic: &str, redelivery_count: u32) -> Result<Vec<Message>> {
+    let (metadata, payload) = decode_message(blob)?;
+    if metadata.chunk.is_some() {
+        // A chunk: decompressed once the whole message is reassembled.
+        return Ok(vec![Message {
+            id,
+            topic: topic.to_string(),
+            metadata,
+            payload: payload.clone(),
+            redelivery_count,
+        }]);
+    }
+    let payload = crate::compression::decompress(metadata.compression, &payload, metadata.uncompressed_size)?;
+    let mut metadata = metadata;
+    metadata.compression = magnetar_wire::CompressionType::None;
+    if metadata.num_messages <= 1 {
+        return Ok(vec![Message { id, topic: topic.to_string(), metadata, payload, redelivery_count }]);
+    }
+    let records = magnetar_wire::decode_batch(&payload, metadata.num_messages)?;
+    Ok(records
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let mut m = metadata.clone();
+            m.partition_key = r.partition_key;
+            m.ordering_key = r.ordering_key;
+            m.properties = r.properties;
+            m.event_time_ms = r.event_time_ms;
+            m.sequence_id = r.sequence_id;
+            m.uncompressed_size = u32::try_from(r.payload.len()).unwrap_or(u32::MAX);
+            Message {
+                id: MessageId { batch_index: i32::try_from(i).unwrap_or(i32::MAX), ..id },
+                topic: topic.to_string(),
+                metadata: m,
+                payload: r.payload,
+                redelivery_count,
+            }
+        })
+        .collect())
+}
+
 /// Route one frame from the broker. An `Err` is a protocol violation that
 /// ends the connection.
 async fn dispatch(
@@ -538,6 +600,7 @@ async fn dispatch(
     match command {
         Command::ProducerSuccess { request_id, .. }
         | Command::Success { request_id }
+        | Command::AdminResponse { request_id, .. }
         | Command::TopicStats { request_id, .. } => {
             complete_request(shared, request_id, Ok(command));
         }
@@ -593,15 +656,17 @@ async fn dispatch(
                 tracing::debug!(consumer_id, %message_id, "message for an unknown consumer");
                 return Ok(());
             };
-            let delivery = match decode_message(&payload) {
-                Ok((metadata, payload)) => Ok(Message { id: message_id, topic, metadata, payload, redelivery_count }),
-                // Only this message is bad; the frame itself was sound, so
-                // the application hears about it and the connection goes on.
-                Err(e) => Err(ClientError::Wire(e)),
+            // Only this entry can be bad; the frame itself was sound, so the
+            // application hears about it and the connection goes on.
+            let deliveries = match unpack_entry(&payload, message_id, &topic, redelivery_count) {
+                Ok(messages) => messages.into_iter().map(Ok).collect(),
+                Err(e) => vec![Err(e)],
             };
-            // Waits only if the broker overran the flow permits; that pushes
-            // back on the socket rather than growing memory.
-            let _ = deliver.send(delivery).await;
+            for delivery in deliveries {
+                // Waits only if the broker overran the flow permits; that
+                // pushes back on the socket rather than growing memory.
+                let _ = deliver.send(delivery).await;
+            }
         }
         Command::CloseProducer { producer_id, .. } => {
             // The broker closed our producer (e.g. topic unloaded).

@@ -5,9 +5,10 @@ use crate::connection::{Connection, ConsumerSlot, Delivery};
 use crate::error::{ClientError, Result};
 use crate::message::{Message, OutgoingMessage};
 use crate::names::normalize_topic;
-use crate::producer::{Producer, ProducerBuilder, DEFAULT_MAX_PENDING};
+use crate::producer::{Producer, ProducerBuilder};
 use crate::tracker::{NackBackoff, Tracker, NACK_TICK};
 use magnetar_wire::{AckType, Command, InitialPosition, MessageId, SubscriptionType};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -50,6 +51,7 @@ pub struct ConsumerBuilder {
     pub(crate) retry_enabled: bool,
     pub(crate) ack_group_time: Duration,
     pub(crate) ack_group_max: usize,
+    pub(crate) durable: bool,
 }
 
 /// Where messages go after too many deliveries.
@@ -149,6 +151,95 @@ impl ConsumerBuilder {
         self
     }
 
+    /// `false`: a non-durable subscription (a reader's): its position is
+    /// kept in memory only, and it disappears with its last consumer.
+    pub fn durable(mut self, durable: bool) -> Self {
+        self.durable = durable;
+        self
+    }
+
+    fn with_topic(&self, topic: String) -> ConsumerBuilder {
+        ConsumerBuilder {
+            conn: self.conn.clone(),
+            topic,
+            subscription: self.subscription.clone(),
+            sub_type: self.sub_type,
+            initial_position: self.initial_position,
+            receiver_queue_size: self.receiver_queue_size,
+            consumer_name: self.consumer_name.clone(),
+            priority_level: self.priority_level,
+            filter_tag: self.filter_tag.clone(),
+            nack_backoff: self.nack_backoff,
+            ack_timeout: self.ack_timeout,
+            dead_letter: self.dead_letter.clone(),
+            retry_enabled: self.retry_enabled,
+            ack_group_time: self.ack_group_time,
+            ack_group_max: self.ack_group_max,
+            durable: self.durable,
+        }
+    }
+
+    /// Subscribe to the topic by its own name: every partition of a
+    /// partitioned topic (one consumer each), or the topic itself.
+    pub async fn subscribe_partitioned(self) -> Result<crate::MultiTopicConsumer> {
+        let multi = crate::MultiTopicConsumer::new(self.subscription.clone(), self.receiver_queue_size as usize);
+        let topic = self.topic.clone();
+        self.add_by_name(&multi, &topic).await?;
+        Ok(multi)
+    }
+
+    /// Subscribe to each topic of `topics` (each one by its own name, so a
+    /// partitioned one brings all its partitions) through one consumer.
+    pub async fn subscribe_topics(self, topics: &[String]) -> Result<crate::MultiTopicConsumer> {
+        let multi = crate::MultiTopicConsumer::new(self.subscription.clone(), self.receiver_queue_size as usize);
+        for t in topics {
+            self.add_by_name(&multi, t).await?;
+        }
+        Ok(multi)
+    }
+
+    /// Adds `topic` (all its partitions when partitioned) to `multi`.
+    pub(crate) async fn add_by_name(&self, multi: &crate::MultiTopicConsumer, topic: &str) -> Result<()> {
+        let topic = normalize_topic(topic)?;
+        let partitions = crate::Admin { conn: self.conn.clone() }.partitions(&topic).await?;
+        if partitions == 0 {
+            multi.add_topic(self.with_topic(topic)).await
+        } else {
+            for i in 0..partitions {
+                multi.add_topic(self.with_topic(format!("{topic}-partition-{i}"))).await?;
+            }
+            Ok(())
+        }
+    }
+
+    /// Subscribe to every topic of one namespace whose full name matches
+    /// `pattern` (a regular expression over `persistent://tenant/ns/topic`,
+    /// anchored at both ends; tenant and namespace must be literal). The
+    /// namespace is listed again every `refresh`, and topics created later
+    /// that match (and partitions added later) are subscribed too.
+    pub async fn subscribe_pattern(
+        self,
+        pattern: &str,
+        refresh: std::time::Duration,
+    ) -> Result<Arc<crate::MultiTopicConsumer>> {
+        let (namespace, regex) = crate::multi::parse_pattern(pattern)?;
+        let multi =
+            Arc::new(crate::MultiTopicConsumer::new(self.subscription.clone(), self.receiver_queue_size as usize));
+        crate::multi::add_matching(&self, &multi, &namespace, &regex).await?;
+        let weak = Arc::downgrade(&multi);
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(refresh).await;
+                let Some(multi) = weak.upgrade() else { return };
+                if let Err(e) = crate::multi::add_matching(&self, &multi, &namespace, &regex).await {
+                    tracing::warn!(error = %e, "topics pattern refresh failed");
+                }
+            }
+        });
+        multi.adopt_task(task);
+        Ok(multi)
+    }
+
     /// Subscribe, then grant the broker the initial flow permits.
     pub async fn subscribe(self) -> Result<Consumer> {
         if self.receiver_queue_size == 0 || self.receiver_queue_size > RECEIVER_QUEUE_SIZE_MAX {
@@ -193,7 +284,7 @@ impl ConsumerBuilder {
                 sub_type: self.sub_type,
                 consumer_name: self.consumer_name.clone(),
                 initial_position: self.initial_position,
-                durable: true,
+                durable: self.durable,
                 priority_level: self.priority_level,
                 filter_tag: self.filter_tag.clone(),
             })
@@ -285,6 +376,8 @@ impl ConsumerBuilder {
             retry_producer: Default::default(),
             retry,
             acks,
+            batches: std::sync::Mutex::new(HashMap::new()),
+            chunks: std::sync::Mutex::new(ChunkState::default()),
         };
         consumer.conn.send_command(&Command::Flow { consumer_id, permits: queue }).await?;
         if let Some(r) = &consumer.retry {
@@ -356,6 +449,19 @@ pub struct Consumer {
     retry_producer: tokio::sync::Mutex<Option<Producer>>,
     retry: Option<Arc<RetryRoute>>,
     acks: Arc<AckGroup>,
+    /// Batches handed out and not wholly acknowledged: (ledger, entry,
+    /// partition) → acked flag per batch index. The broker acknowledges
+    /// entries, so an entry is acked only once all its messages are.
+    batches: std::sync::Mutex<HashMap<(u64, u64, i32), Vec<bool>>>,
+    chunks: std::sync::Mutex<ChunkState>,
+}
+
+/// Chunked messages being reassembled, and the chunk ids of whole ones
+/// handed out (acknowledging the message acknowledges them all).
+#[derive(Default)]
+struct ChunkState {
+    reassembly: crate::chunking::Reassembly,
+    handed_out: HashMap<MessageId, Vec<MessageId>>,
 }
 
 /// The `Ack` commands that carry `batch`, each to the consumer its ids
@@ -441,12 +547,7 @@ async fn republish(
 ) -> Result<MessageId> {
     let mut slot = slot.lock().await;
     if slot.as_ref().is_none_or(|p| p.is_closed()) {
-        let builder = ProducerBuilder {
-            conn: conn.clone(),
-            topic: topic.to_string(),
-            name: None,
-            max_pending: DEFAULT_MAX_PENDING,
-        };
+        let builder = ProducerBuilder::new(conn.clone(), topic.to_string());
         *slot = Some(builder.create().await?);
     }
     let Some(producer) = slot.as_ref() else {
@@ -521,7 +622,9 @@ impl Consumer {
                 // always returned or handed to the dead-letter task (cancel safety).
                 Some(delivery) => {
                     self.after_receive(&mut receiving, &delivery);
+                    let Some(delivery) = self.assemble(delivery) else { continue };
                     if let Some(delivery) = self.screen(delivery) {
+                        self.track_batch(&delivery);
                         return delivery;
                     }
                 }
@@ -614,7 +717,9 @@ impl Consumer {
             match receiving.rx.try_recv() {
                 Ok(delivery) => {
                     self.after_receive(&mut receiving, &delivery);
+                    let Some(delivery) = self.assemble(delivery) else { continue };
                     if let Some(delivery) = self.screen(delivery) {
+                        self.track_batch(&delivery);
                         return delivery.map(Some);
                     }
                 }
@@ -749,16 +854,114 @@ impl Consumer {
             AckType::Individual => self.tracker.acked(id),
             AckType::Cumulative => self.tracker.acked_cumulative(id),
         }
-        if self.acks.enabled() {
-            let cumulative = ack_type == AckType::Cumulative;
-            return match self.acks.add(*id, cumulative, Instant::now()) {
-                Some(full) => self.send_acks(full).await,
-                None => Ok(()),
-            };
+        // What the broker acknowledges: entries (see `broker_acks`).
+        for id in self.broker_acks(ack_type, std::slice::from_ref(id)) {
+            if self.acks.enabled() {
+                let cumulative = ack_type == AckType::Cumulative;
+                if let Some(full) = self.acks.add(id, cumulative, Instant::now()) {
+                    self.send_acks(full).await?;
+                }
+                continue;
+            }
+            let consumer_id = route(self.consumer_id, &self.retry, &id);
+            let command = Command::Ack { consumer_id, ack_type, message_ids: vec![id], request_id: 0 };
+            self.conn.send_command(&command).await?;
         }
-        let consumer_id = route(self.consumer_id, &self.retry, id);
-        let command = Command::Ack { consumer_id, ack_type, message_ids: vec![*id], request_id: 0 };
-        self.conn.send_command(&command).await
+        Ok(())
+    }
+
+    /// Passes non-chunks through; collects chunks, returning the whole
+    /// message with its last chunk. Chunks dropped (expired, out of order)
+    /// are acknowledged so the broker does not keep them.
+    fn assemble(&self, delivery: Delivery) -> Option<Delivery> {
+        let msg = match delivery {
+            Ok(m) if m.metadata.chunk.is_some() => m,
+            other => return Some(other),
+        };
+        let mut stray = Vec::new();
+        let result = {
+            let mut st = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+            stray.extend(st.reassembly.expire());
+            match st.reassembly.feed(msg, &mut stray) {
+                Ok(crate::chunking::Fed::Complete(m, ids)) => {
+                    st.handed_out.insert(m.id, ids);
+                    Some(Ok(*m))
+                }
+                Ok(crate::chunking::Fed::Pending) => None,
+                Err(e) => Some(Err(e)),
+            }
+        };
+        if !stray.is_empty() {
+            let ack = Command::Ack {
+                consumer_id: self.consumer_id,
+                ack_type: AckType::Individual,
+                message_ids: stray,
+                request_id: 0,
+            };
+            if let Err(e) = self.conn.send_command_nowait(&ack) {
+                tracing::debug!(error = %e, "ack of dropped chunks not sent");
+            }
+        }
+        result
+    }
+
+    fn lock_batches(&self) -> std::sync::MutexGuard<'_, HashMap<(u64, u64, i32), Vec<bool>>> {
+        self.batches.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn track_batch(&self, delivery: &Delivery) {
+        let Ok(m) = delivery else { return };
+        if m.id.batch_index < 0 || m.metadata.num_messages <= 1 {
+            return;
+        }
+        let n = usize::try_from(m.metadata.num_messages).unwrap_or(0);
+        self.lock_batches().entry((m.id.ledger, m.id.entry, m.id.partition)).or_insert_with(|| vec![false; n]);
+    }
+
+    /// The ids to send to the broker for acknowledging `ids`: a message of a
+    /// batch is acknowledged on the broker only with its last sibling; a
+    /// cumulative ack inside a batch acknowledges up to the entry before; a
+    /// reassembled chunked message acknowledges all its chunks.
+    fn broker_acks(&self, ack_type: AckType, ids: &[MessageId]) -> Vec<MessageId> {
+        let mut batches = self.lock_batches();
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let chunk_ids = self.chunks.lock().unwrap_or_else(|p| p.into_inner()).handed_out.remove(id);
+            if let Some(chunk_ids) = chunk_ids {
+                if ack_type == AckType::Individual {
+                    out.extend(chunk_ids);
+                    continue;
+                }
+            }
+            let key = (id.ledger, id.entry, id.partition);
+            if ack_type == AckType::Cumulative {
+                batches.retain(|(l, e, p), _| !(*p == id.partition && (*l, *e) < (id.ledger, id.entry)));
+            }
+            let Some(flags) = batches.get_mut(&key).filter(|_| id.batch_index >= 0) else {
+                out.push(*id);
+                continue;
+            };
+            let index = usize::try_from(id.batch_index).unwrap_or(usize::MAX);
+            match ack_type {
+                AckType::Individual => {
+                    if let Some(f) = flags.get_mut(index) {
+                        *f = true;
+                    }
+                }
+                AckType::Cumulative => {
+                    for f in flags.iter_mut().take(index.saturating_add(1)) {
+                        *f = true;
+                    }
+                }
+            }
+            if flags.iter().all(|f| *f) {
+                batches.remove(&key);
+                out.push(*id);
+            } else if ack_type == AckType::Cumulative && id.entry > 0 {
+                out.push(MessageId::new(id.ledger, id.entry - 1, id.partition, -1));
+            }
+        }
+        out
     }
 
     async fn send_acks(&self, batch: AckBatch) -> Result<()> {
@@ -809,7 +1012,8 @@ impl Consumer {
         }
         // Grouped acks first: the confirmation then covers them too.
         self.flush_acks().await?;
-        for (consumer_id, ids) in group(self.consumer_id, &self.retry, ids) {
+        let broker_ids = self.broker_acks(ack_type, ids);
+        for (consumer_id, ids) in group(self.consumer_id, &self.retry, &broker_ids) {
             let answer = self
                 .conn
                 .request("ack", |request_id| Command::Ack { consumer_id, ack_type, message_ids: ids, request_id })

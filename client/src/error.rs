@@ -54,9 +54,17 @@ pub enum ClientError {
     #[error("message of {size} bytes is larger than the broker's frame limit of {max_frame_bytes} bytes")]
     MessageTooLarge { size: usize, max_frame_bytes: u32 },
 
+    /// `max_pending` sends await their receipts and the producer was built
+    /// with `block_if_queue_full(false)`.
+    #[error("producer {producer_name:?} has {max_pending} sends awaiting receipts (queue full)")]
+    ProducerQueueFull { producer_name: String, max_pending: usize },
+
     /// The producer was closed (by `close()` or by the broker).
     #[error("producer {producer_name:?} is closed")]
     ProducerClosed { producer_name: String },
+
+    #[error("{codec} compression: {reason}")]
+    Compression { codec: String, reason: String },
 
     /// The consumer was closed (by `close()` or by the broker).
     #[error("consumer of subscription {subscription:?} is closed")]
@@ -68,7 +76,11 @@ impl ClientError {
     pub fn is_retriable(&self) -> bool {
         match self {
             Self::Broker { code, .. } => code.is_retriable(),
-            Self::Io(_) | Self::Connect { .. } | Self::Disconnected { .. } | Self::Timeout { .. } => true,
+            Self::Io(_)
+            | Self::Connect { .. }
+            | Self::Disconnected { .. }
+            | Self::Timeout { .. }
+            | Self::ProducerQueueFull { .. } => true,
             _ => false,
         }
     }

@@ -16,12 +16,24 @@
 //! it. See `README.md` for the threading model and limits.
 
 mod ack_group;
+mod admin;
+mod batch;
+mod chunking;
+mod compression;
 mod connection;
 mod consumer;
 mod error;
 mod message;
+mod multi;
 mod names;
+mod partitioned;
 mod producer;
+mod reconnect;
+
+pub use admin::Admin;
+pub use batch::BatchingOptions;
+pub use chunking::{CHUNK_EXPIRY, DEFAULT_CHUNK_BYTES, INCOMPLETE_CHUNKED_MAX};
+pub use compression::{compress, decompress, UNCOMPRESSED_BYTES_MAX};
 mod tracker;
 
 pub use ack_group::{ACK_GROUP_MAX_DEFAULT, ACK_GROUP_TIME_DEFAULT};
@@ -32,13 +44,21 @@ pub use consumer::{
 };
 pub use error::{ClientError, Result};
 pub use message::{Message, OutgoingMessage};
+pub use multi::MultiTopicConsumer;
 pub use names::{normalize_topic, parse_service_url, ServiceUrl, DEFAULT_PORT};
+pub use partitioned::{
+    key_partition, MessageRouter, PartitionedProducer, RoutedSend, RoutingMode, PARTITIONS_REFRESH_INTERVAL,
+};
 pub use producer::{Producer, ProducerBuilder, SendFuture, DEFAULT_MAX_PENDING, MAX_PENDING_MAX};
+pub use reconnect::{ReconnectOptions, ResilientProducer, ServiceUrlProvider};
 pub use tracker::{NackBackoff, ACK_TIMEOUT_BUCKETS};
 
 // The protocol types an application needs, so it does not have to depend on
 // magnetar-wire itself.
-pub use magnetar_wire::{AckType, ErrorCode, InitialPosition, MessageId, MessageMetadata, SubscriptionType, WireError};
+pub use magnetar_wire::{
+    AckType, CompressionType, ErrorCode, InitialPosition, MessageId, MessageMetadata, ProducerAccessMode,
+    SubscriptionType, WireError,
+};
 
 use connection::Connection;
 use std::sync::Arc;
@@ -72,7 +92,7 @@ impl Client {
 
     /// Start building a producer on `topic` (`topic`, `tenant/ns/topic` or a full name).
     pub fn producer(&self, topic: impl Into<String>) -> ProducerBuilder {
-        ProducerBuilder { conn: self.conn.clone(), topic: topic.into(), name: None, max_pending: DEFAULT_MAX_PENDING }
+        ProducerBuilder::new(self.conn.clone(), topic.into())
     }
 
     /// Start building a consumer of `subscription` on `topic`.
@@ -93,6 +113,7 @@ impl Client {
             retry_enabled: false,
             ack_group_time: ACK_GROUP_TIME_DEFAULT,
             ack_group_max: ACK_GROUP_MAX_DEFAULT,
+            durable: true,
         }
     }
 
@@ -112,6 +133,11 @@ impl Client {
             magnetar_wire::Command::TopicStats { json, .. } => Ok(json),
             other => Err(ClientError::UnexpectedResponse { request: "TopicStats", got: format!("{other:?}") }),
         }
+    }
+
+    /// Admin and lookup operations on this connection.
+    pub fn admin(&self) -> Admin {
+        Admin { conn: self.conn.clone() }
     }
 
     /// What the broker announced in its `Connected` answer.
@@ -146,6 +172,9 @@ const _: fn() = || {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Client>();
     assert_send_sync::<Producer>();
+    assert_send_sync::<PartitionedProducer>();
+    assert_send_sync::<MultiTopicConsumer>();
+    assert_send_sync::<ResilientProducer>();
     assert_send_sync::<Consumer>();
     assert_send_sync::<SendFuture>();
     assert_send_sync::<ClientError>();

@@ -20,6 +20,10 @@ pub struct OutgoingMessage {
     pub properties: Vec<(String, String)>,
     /// Application event time, milliseconds since the Unix epoch.
     pub event_time_ms: Option<u64>,
+    /// Sequence id to send with (default: the producer's next). Must be above
+    /// every sequence id of this producer still awaiting its receipt; with
+    /// broker dedup on, a resend of an id already stored is not stored again.
+    pub sequence_id: Option<u64>,
     /// Delayed delivery: consumers get it no earlier than this time,
     /// milliseconds since the Unix epoch.
     pub deliver_at_ms: Option<u64>,
@@ -49,6 +53,11 @@ impl OutgoingMessage {
         V: Into<String>,
     {
         self.properties.extend(props.into_iter().map(|(k, v)| (k.into(), v.into())));
+        self
+    }
+
+    pub fn with_sequence_id(mut self, sequence_id: u64) -> Self {
+        self.sequence_id = Some(sequence_id);
         self
     }
 

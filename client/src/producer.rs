@@ -1,10 +1,12 @@
 //! Producers: publish messages to one topic and await their receipts.
 
+use crate::batch::{Batcher, BatchingOptions};
 use crate::connection::{Connection, InflightSend};
 use crate::error::{ClientError, Result};
 use crate::message::OutgoingMessage;
 use crate::names::normalize_topic;
-use magnetar_wire::{encode_message, Command, MessageId, MessageMetadata};
+use bytes::Bytes;
+use magnetar_wire::{encode_message, Command, CompressionType, MessageId, MessageMetadata, ProducerAccessMode};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,9 +38,30 @@ pub struct ProducerBuilder {
     pub(crate) topic: String,
     pub(crate) name: Option<String>,
     pub(crate) max_pending: usize,
+    pub(crate) access_mode: ProducerAccessMode,
+    pub(crate) batching: Option<BatchingOptions>,
+    pub(crate) compression: CompressionType,
+    pub(crate) chunk_bytes: Option<usize>,
+    pub(crate) block_if_queue_full: bool,
 }
 
 impl ProducerBuilder {
+    /// A builder with the defaults: generated name, `DEFAULT_MAX_PENDING`,
+    /// shared access, no batching, compression or chunking, blocking when full.
+    pub(crate) fn new(conn: Arc<Connection>, topic: String) -> Self {
+        Self {
+            conn,
+            topic,
+            name: None,
+            max_pending: crate::DEFAULT_MAX_PENDING,
+            access_mode: ProducerAccessMode::Shared,
+            batching: None,
+            compression: CompressionType::None,
+            chunk_bytes: None,
+            block_if_queue_full: true,
+        }
+    }
+
     /// Producer name, unique per topic; the broker generates one if unset.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
@@ -52,6 +75,54 @@ impl ProducerBuilder {
         self
     }
 
+    /// What `send_async` does when `max_pending` sends await receipts: wait
+    /// for a free slot (`true`, the default) or fail at once with
+    /// [`ClientError::ProducerQueueFull`] (`false`), for callers that must
+    /// never block.
+    pub fn block_if_queue_full(mut self, block: bool) -> Self {
+        self.block_if_queue_full = block;
+        self
+    }
+
+    /// How this producer shares the topic (default `Shared`). With
+    /// `WaitForExclusive`, `create` waits (without a deadline) until the
+    /// current exclusive producer leaves.
+    pub fn access_mode(mut self, mode: ProducerAccessMode) -> Self {
+        self.access_mode = mode;
+        self
+    }
+
+    /// A producer on the topic's name covering every partition (or the topic
+    /// itself when it is not partitioned), routing with `routing`.
+    pub async fn create_partitioned(
+        self,
+        routing: crate::partitioned::RoutingMode,
+    ) -> Result<crate::PartitionedProducer> {
+        crate::partitioned::PartitionedProducer::create(self, routing).await
+    }
+
+    /// Batch messages (by count, bytes and delay; per key with
+    /// `key_based`). Off by default: each send is one entry.
+    pub fn batching(mut self, options: BatchingOptions) -> Self {
+        self.batching = Some(options);
+        self
+    }
+
+    /// Compress each entry's payload (a message's, or a batch's) with `codec`.
+    pub fn compression(mut self, codec: CompressionType) -> Self {
+        self.compression = codec;
+        self
+    }
+
+    /// Split messages whose (compressed) payload is above `chunk_bytes` into
+    /// chunks the consumer reassembles (`DEFAULT_CHUNK_BYTES` = 4 MiB fits
+    /// the broker's default 5 MiB message limit). Not with batching: a
+    /// batched message is never chunked.
+    pub fn chunking(mut self, chunk_bytes: usize) -> Self {
+        self.chunk_bytes = Some(chunk_bytes.max(1));
+        self
+    }
+
     /// Register the producer with the broker.
     pub async fn create(self) -> Result<Producer> {
         if self.max_pending == 0 || self.max_pending > MAX_PENDING_MAX {
@@ -60,13 +131,20 @@ impl ProducerBuilder {
         let topic = normalize_topic(&self.topic)?;
         let producer_id = self.conn.next_handle_id();
         let requested_name = self.name.unwrap_or_default();
+        let access_mode = self.access_mode;
+        let after = match access_mode {
+            // Waiting for the topic is the point; a year stands for "no deadline".
+            ProducerAccessMode::WaitForExclusive => Duration::from_secs(365 * 24 * 3600),
+            _ => self.conn.options.operation_timeout,
+        };
         let answer = self
             .conn
-            .request("create producer", |request_id| Command::Producer {
+            .request_within("create producer", after, |request_id| Command::Producer {
                 request_id,
                 producer_id,
                 topic: topic.clone(),
                 producer_name: requested_name.clone(),
+                access_mode,
             })
             .await?;
         let Command::ProducerSuccess { producer_name, last_sequence_id, .. } = answer else {
@@ -78,7 +156,10 @@ impl ProducerBuilder {
         // Continue after what the broker has persisted for this name, so a
         // restarted named producer never reuses a sequence id (dedup-safe).
         let next_sequence_id = u64::try_from(last_sequence_id.saturating_add(1)).unwrap_or(0);
-        Ok(Producer {
+        if let Some(b) = &self.batching {
+            b.validate()?;
+        }
+        let core = Arc::new(ProducerCore {
             conn: self.conn,
             producer_id,
             topic,
@@ -88,20 +169,23 @@ impl ProducerBuilder {
             next_sequence_id: tokio::sync::Mutex::new(next_sequence_id),
             last_sequence_id,
             closed,
-        })
+            compression: self.compression,
+            chunk_bytes: self.chunk_bytes,
+            block_if_queue_full: self.block_if_queue_full,
+        });
+        Ok(Producer::new(core, self.batching))
     }
 }
 
-/// A producer on one topic. Sends are pipelined: up to `max_pending` await
-/// their receipts at once, and receipts arrive in send order. `Send + Sync`;
-/// share it with an `Arc` to send from several tasks (sends from concurrent
-/// tasks are ordered by when each gets the internal sequence lock).
-pub struct Producer {
-    conn: Arc<Connection>,
+/// The producer's connection-facing half: sequence ids, in-flight bound,
+/// frames. Shared by the [`Producer`] handle and its batch flusher task.
+pub(crate) struct ProducerCore {
+    pub(crate) conn: Arc<Connection>,
     producer_id: u64,
     topic: String,
     name: String,
     max_pending: usize,
+    block_if_queue_full: bool,
     /// One permit per send awaiting its receipt.
     permits: Arc<Semaphore>,
     /// Held while assigning a sequence id and queueing the frame, so that the
@@ -109,34 +193,19 @@ pub struct Producer {
     next_sequence_id: tokio::sync::Mutex<u64>,
     last_sequence_id: i64,
     closed: Arc<AtomicBool>,
+    compression: CompressionType,
+    /// Payloads above this many bytes (after compression) are chunked.
+    chunk_bytes: Option<usize>,
 }
 
-impl std::fmt::Debug for Producer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Producer").field("topic", &self.topic).field("name", &self.name).finish_non_exhaustive()
+impl ProducerCore {
+    pub(crate) fn compression(&self) -> CompressionType {
+        self.compression
     }
-}
 
-impl Producer {
     /// The producer name (the broker's choice when none was given).
     pub fn name(&self) -> &str {
         &self.name
-    }
-
-    /// Full topic name.
-    pub fn topic(&self) -> &str {
-        &self.topic
-    }
-
-    /// The highest sequence id the broker had persisted for this producer
-    /// name when the producer was created; -1 when none.
-    pub fn last_sequence_id(&self) -> i64 {
-        self.last_sequence_id
-    }
-
-    /// Sends that await their receipt right now.
-    pub fn pending(&self) -> usize {
-        self.max_pending - self.permits.available_permits()
     }
 
     pub fn is_closed(&self) -> bool {
@@ -155,56 +224,163 @@ impl Producer {
         }
     }
 
-    /// Send one message and wait until it is durable; returns its id.
-    pub async fn send(&self, msg: OutgoingMessage) -> Result<MessageId> {
-        self.send_async(msg).await?.await
+    /// Queue one message as its own entry (compressed when the producer
+    /// compresses).
+    pub(crate) async fn send_single(&self, msg: OutgoingMessage) -> Result<SendFuture> {
+        let compression = self.compression;
+        let explicit = msg.sequence_id;
+        let payload_len = msg.payload.len();
+        let uncompressed_size = u32::try_from(payload_len)
+            .map_err(|_| ClientError::MessageTooLarge { size: payload_len, max_frame_bytes: u32::MAX })?;
+        let payload = crate::compression::compress(compression, &msg.payload)?;
+        if let Some(chunk_bytes) = self.chunk_bytes {
+            if payload.len() > chunk_bytes {
+                return self.send_chunked(msg, payload, uncompressed_size, chunk_bytes).await;
+            }
+        }
+        self.send_entry(1, explicit, move |sequence_id| {
+            let metadata = MessageMetadata {
+                sequence_id,
+                event_time_ms: msg.event_time_ms.unwrap_or(0),
+                partition_key: msg.key,
+                properties: msg.properties,
+                num_messages: 1,
+                compression,
+                uncompressed_size,
+                deliver_at_ms: msg.deliver_at_ms.unwrap_or(0),
+                tag: msg.tag,
+                ..MessageMetadata::default()
+            };
+            Ok((metadata, payload))
+        })
+        .await
     }
 
-    /// Queue one message and return as soon as it is on its way, with a
-    /// future for its receipt. Waits while `max_pending` sends await their
-    /// receipts. Receipts complete in the order of `send_async` calls.
-    /// Dropping the returned future does not cancel the send.
-    pub async fn send_async(&self, msg: OutgoingMessage) -> Result<SendFuture> {
+    /// Queue one entry of `num_messages` messages. `build` gets the entry's
+    /// sequence id (the explicit one, or the next) and returns its metadata
+    /// and payload; producer name, publish time and message count are filled
+    /// in here. Waits while `max_pending` entries await their receipts.
+    pub(crate) async fn send_entry(
+        &self,
+        num_messages: u32,
+        explicit_sequence_id: Option<u64>,
+        build: impl FnOnce(u64) -> Result<(MessageMetadata, Bytes)>,
+    ) -> Result<SendFuture> {
         if self.is_closed() {
             return Err(self.closed_error());
         }
-        let permit = self.permits.clone().acquire_owned().await.map_err(|_| self.closed_error())?;
+        let permit = if self.block_if_queue_full {
+            self.permits.clone().acquire_owned().await.map_err(|_| self.closed_error())?
+        } else {
+            self.permits.clone().try_acquire_owned().map_err(|e| match e {
+                tokio::sync::TryAcquireError::NoPermits => {
+                    ClientError::ProducerQueueFull { producer_name: self.name.clone(), max_pending: self.max_pending }
+                }
+                tokio::sync::TryAcquireError::Closed => self.closed_error(),
+            })?
+        };
         let mut next = self.next_sequence_id.lock().await;
         // Re-check: close() or a broken connection may have come while we waited.
         if self.is_closed() {
             return Err(self.closed_error());
         }
-        let sequence_id = *next;
-        let payload_len = msg.payload.len();
-        let uncompressed_size = u32::try_from(payload_len).map_err(|_| ClientError::MessageTooLarge {
-            size: payload_len,
-            max_frame_bytes: self.conn.server.max_frame_bytes,
-        })?;
-        let metadata = MessageMetadata {
-            producer_name: self.name.clone(),
-            sequence_id,
-            publish_time_ms: now_ms(),
-            event_time_ms: msg.event_time_ms.unwrap_or(0),
-            partition_key: msg.key,
-            properties: msg.properties,
-            num_messages: 1,
-            uncompressed_size,
-            deliver_at_ms: msg.deliver_at_ms.unwrap_or(0),
-            tag: msg.tag,
-            ..MessageMetadata::default()
-        };
-        let blob = encode_message(&metadata, &msg.payload);
+        self.send_locked(&mut next, permit, num_messages, explicit_sequence_id, build).await
+    }
+
+    /// The part of `send_entry` done under the sequence lock (`next`).
+    async fn send_locked(
+        &self,
+        next: &mut u64,
+        permit: tokio::sync::OwnedSemaphorePermit,
+        num_messages: u32,
+        explicit_sequence_id: Option<u64>,
+        build: impl FnOnce(u64) -> Result<(MessageMetadata, Bytes)>,
+    ) -> Result<SendFuture> {
+        let sequence_id = explicit_sequence_id.unwrap_or(*next);
+        let (mut metadata, payload) = build(sequence_id)?;
+        metadata.producer_name = self.name.clone();
+        metadata.sequence_id = sequence_id;
+        metadata.publish_time_ms = now_ms();
+        metadata.num_messages = num_messages;
+        let blob = encode_message(&metadata, &payload);
         let frame =
-            self.conn.encode(&Command::Send { producer_id: self.producer_id, sequence_id, num_messages: 1 }, &blob)?;
+            self.conn.encode(&Command::Send { producer_id: self.producer_id, sequence_id, num_messages }, &blob)?;
         let (done, rx) = oneshot::channel();
         self.conn.push_inflight(self.producer_id, InflightSend { sequence_id, done, _permit: permit })?;
-        *next += 1;
+        *next = (*next).max(sequence_id.saturating_add(u64::from(num_messages)));
         // If this fails the connection is down, and failing it already
         // completed the in-flight entry with the same error.
         self.conn.write(frame).await?;
-        drop(next);
         let after = self.conn.options.operation_timeout;
         Ok(SendFuture { rx, sequence_id, timeout: Box::pin(tokio::time::sleep(after)), after })
+    }
+
+    /// Sends a compressed payload above the chunk size as chunks sharing one
+    /// sequence id, all under one hold of the sequence lock (so no other
+    /// send comes between them). The receipt is the last chunk's id, or the
+    /// first chunk error.
+    async fn send_chunked(
+        &self,
+        msg: OutgoingMessage,
+        payload: Bytes,
+        uncompressed_size: u32,
+        chunk_bytes: usize,
+    ) -> Result<SendFuture> {
+        let len = payload.len();
+        let num_chunks = u32::try_from(len.div_ceil(chunk_bytes))
+            .map_err(|_| ClientError::MessageTooLarge { size: len, max_frame_bytes: u32::MAX })?;
+        let total_chunk_msg_size =
+            u32::try_from(len).map_err(|_| ClientError::MessageTooLarge { size: len, max_frame_bytes: u32::MAX })?;
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let mut next = self.next_sequence_id.lock().await;
+        let uuid = format!("{}-{}-{nanos:x}", self.name, *next);
+        let mut sequence_id = msg.sequence_id;
+        let mut receipts = Vec::with_capacity(num_chunks as usize);
+        for chunk_id in 0..num_chunks {
+            if self.is_closed() {
+                return Err(self.closed_error());
+            }
+            let permit = self.permits.clone().acquire_owned().await.map_err(|_| self.closed_error())?;
+            let start = chunk_id as usize * chunk_bytes;
+            let part = payload.slice(start..len.min(start + chunk_bytes));
+            let (uuid, msg) = (uuid.clone(), &msg);
+            let receipt = self
+                .send_locked(&mut next, permit, 1, sequence_id, move |seq| {
+                    let metadata = MessageMetadata {
+                        sequence_id: seq,
+                        event_time_ms: msg.event_time_ms.unwrap_or(0),
+                        partition_key: msg.key.clone(),
+                        properties: msg.properties.clone(),
+                        compression: self.compression,
+                        uncompressed_size,
+                        chunk: Some(magnetar_wire::ChunkInfo { uuid, chunk_id, num_chunks, total_chunk_msg_size }),
+                        deliver_at_ms: msg.deliver_at_ms.unwrap_or(0),
+                        tag: msg.tag.clone(),
+                        ..MessageMetadata::default()
+                    };
+                    Ok((metadata, part))
+                })
+                .await?;
+            sequence_id = Some(receipt.sequence_id());
+            receipts.push(receipt);
+        }
+        drop(next);
+        let (tx, rx) = oneshot::channel();
+        tokio::spawn(async move {
+            let mut last = Err(ClientError::Disconnected { reason: "no chunk sent".into() });
+            for r in receipts {
+                match r.await {
+                    Ok(id) => last = Ok(id),
+                    Err(e) => {
+                        last = Err(e);
+                        break;
+                    }
+                }
+            }
+            let _ = tx.send(last);
+        });
+        let after = self.conn.options.operation_timeout.saturating_mul(2);
+        Ok(SendFuture::new(rx, sequence_id.unwrap_or(u64::MAX), after))
     }
 
     /// Wait until every send made so far has its receipt (or error).
@@ -237,13 +413,125 @@ impl Producer {
     }
 }
 
-impl Drop for Producer {
+impl Drop for ProducerCore {
     fn drop(&mut self) {
         if !self.closed.swap(true, Ordering::AcqRel) {
             // Best effort; request id 0 asks for no answer.
             self.conn.try_send_command(&Command::CloseProducer { request_id: 0, producer_id: self.producer_id });
             self.conn.remove_producer(self.producer_id);
         }
+    }
+}
+
+/// A producer on one topic. Sends are pipelined: up to `max_pending` entries
+/// await their receipts at once, and receipts arrive in send order. With
+/// batching, messages are gathered into entries (see [`BatchingOptions`]).
+/// `Send + Sync`; share it with an `Arc` to send from several tasks (sends
+/// from concurrent tasks are ordered by when each gets the internal lock).
+pub struct Producer {
+    pub(crate) core: Arc<ProducerCore>,
+    batcher: Option<Arc<Batcher>>,
+    flusher: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Producer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Producer")
+            .field("topic", &self.core.topic)
+            .field("name", &self.core.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Producer {
+    fn drop(&mut self) {
+        if let Some(f) = self.flusher.take() {
+            f.abort();
+        }
+    }
+}
+
+impl Producer {
+    fn new(core: Arc<ProducerCore>, batching: Option<BatchingOptions>) -> Self {
+        match batching {
+            None => Self { core, batcher: None, flusher: None },
+            Some(options) => {
+                let batcher = Arc::new(Batcher::new(options));
+                let flusher = Some(tokio::spawn(crate::batch::flush_loop(core.clone(), batcher.clone())));
+                Self { core, batcher: Some(batcher), flusher }
+            }
+        }
+    }
+
+    /// The producer name (the broker's choice when none was given).
+    pub fn name(&self) -> &str {
+        &self.core.name
+    }
+
+    /// Full topic name.
+    pub fn topic(&self) -> &str {
+        &self.core.topic
+    }
+
+    /// The highest sequence id the broker had persisted for this producer
+    /// name when the producer was created (needs broker dedup); -1 when none.
+    pub fn last_sequence_id(&self) -> i64 {
+        self.core.last_sequence_id
+    }
+
+    /// Entries that await their receipt right now.
+    pub fn pending(&self) -> usize {
+        self.core.max_pending - self.core.permits.available_permits()
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.core.is_closed()
+    }
+
+    /// Send one message and wait until it is durable; returns its id.
+    pub async fn send(&self, msg: OutgoingMessage) -> Result<MessageId> {
+        self.send_async(msg).await?.await
+    }
+
+    /// Queue one message and return as soon as it is on its way (or in the
+    /// current batch), with a future for its receipt. Waits while
+    /// `max_pending` entries await their receipts. Receipts complete in the
+    /// order of `send_async` calls (per key with key-based batching).
+    /// Dropping the returned future does not cancel the send.
+    pub async fn send_async(&self, msg: OutgoingMessage) -> Result<SendFuture> {
+        match &self.batcher {
+            // A message with its own sequence id, a delivery time or a tag
+            // goes alone, after what is batched (those are entry-level fields).
+            Some(b) if msg.sequence_id.is_none() && msg.deliver_at_ms.is_none() && msg.tag.is_none() => {
+                b.add(&self.core, msg).await
+            }
+            Some(b) => {
+                b.flush_all(&self.core).await?;
+                self.core.send_single(msg).await
+            }
+            None => self.core.send_single(msg).await,
+        }
+    }
+
+    /// Send what is batched now, then wait until every send made so far has
+    /// its receipt (or error).
+    pub async fn flush(&self) -> Result<()> {
+        if let Some(b) = &self.batcher {
+            b.flush_all(&self.core).await?;
+        }
+        self.core.flush().await
+    }
+
+    /// Send what is batched, wait for in-flight receipts (within the
+    /// operation timeout), then close the producer on the broker. Later sends
+    /// fail with `ProducerClosed`.
+    pub async fn close(&self) -> Result<()> {
+        if let Some(b) = &self.batcher {
+            if !self.core.is_closed() {
+                b.flush_all(&self.core).await?;
+            }
+        }
+        self.core.close().await
     }
 }
 
@@ -259,7 +547,12 @@ pub struct SendFuture {
 }
 
 impl SendFuture {
-    /// The sequence id this message was sent with.
+    pub(crate) fn new(rx: oneshot::Receiver<Result<MessageId>>, sequence_id: u64, after: Duration) -> Self {
+        Self { rx, sequence_id, timeout: Box::pin(tokio::time::sleep(after)), after }
+    }
+
+    /// The sequence id this message's entry was sent with (`u64::MAX` for a
+    /// batched message: its batch gets an id when it goes out).
     pub fn sequence_id(&self) -> u64 {
         self.sequence_id
     }

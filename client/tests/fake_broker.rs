@@ -125,7 +125,7 @@ async fn produce_receipts_in_order_within_max_pending() {
         let broker = tokio::spawn(async move {
             let mut conn = accept.await;
             let producer_id = match conn.recv_cmd().await.command {
-                Command::Producer { request_id, producer_id, topic, producer_name } => {
+                Command::Producer { request_id, producer_id, topic, producer_name, .. } => {
                     assert_eq!(topic, "persistent://public/default/orders");
                     assert_eq!(producer_name, "");
                     conn.send(
@@ -655,6 +655,55 @@ async fn keepalive_and_drop() {
         drop(client);
         drop(producer);
         broker.await.unwrap();
+    })
+    .await;
+}
+
+/// Goal: with `block_if_queue_full(false)`, a send beyond `max_pending`
+/// fails at once with `ProducerQueueFull` instead of waiting, and sends work
+/// again once receipts free slots. Method: the broker holds two receipts back.
+#[tokio::test]
+async fn full_queue_fails_fast_when_asked() {
+    within(async {
+        let (url, accept) = listen(1 << 20).await;
+        let broker = tokio::spawn(async move {
+            let mut conn = accept.await;
+            let producer_id = conn.accept_producer("p").await;
+            let mut seqs = Vec::new();
+            for _ in 0..2 {
+                let frame = conn.recv_cmd().await;
+                let Command::Send { sequence_id, .. } = frame.command else { panic!("expected Send") };
+                seqs.push(sequence_id);
+            }
+            // Hold the receipts until the client saw the queue full.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            for seq in seqs {
+                let message_id = MessageId::new(1, seq, -1, -1);
+                conn.send(Command::SendReceipt { producer_id, sequence_id: seq, message_id }, &[]).await;
+            }
+            let frame = conn.recv_cmd().await;
+            let Command::Send { sequence_id, .. } = frame.command else { panic!("expected Send") };
+            let message_id = MessageId::new(1, sequence_id, -1, -1);
+            conn.send(Command::SendReceipt { producer_id, sequence_id, message_id }, &[]).await;
+            conn
+        });
+        let client = Client::connect_with(&url, options()).await.unwrap();
+        let producer = client.producer("t").max_pending(2).block_if_queue_full(false).create().await.unwrap();
+        let a = producer.send_async(OutgoingMessage::new("a")).await.unwrap();
+        let b = producer.send_async(OutgoingMessage::new("b")).await.unwrap();
+        let started = std::time::Instant::now();
+        let full = producer.send_async(OutgoingMessage::new("c")).await;
+        assert!(started.elapsed() < Duration::from_millis(150), "a full queue must not wait");
+        match full {
+            Err(e @ ClientError::ProducerQueueFull { max_pending: 2, .. }) => assert!(e.is_retriable()),
+            other => panic!("expected ProducerQueueFull, got {:?}", other.map(|f| f.sequence_id())),
+        }
+        assert_eq!(a.await.unwrap().entry, 0);
+        assert_eq!(b.await.unwrap().entry, 1);
+        // Slots are free again; the failed send used no sequence id.
+        let c = producer.send(OutgoingMessage::new("c")).await.unwrap();
+        assert_eq!(c.entry, 2);
+        drop(broker.await.unwrap());
     })
     .await;
 }

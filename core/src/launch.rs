@@ -144,6 +144,15 @@ where
                     "recovered entry log"
                 );
                 let shard = Shard::new(id, n, config.clone(), log, mesh);
+                if let Some(md) = &shard.metadata {
+                    // A fresh data directory starts with tenant `public` and
+                    // namespace `public/default` (shard 0 owns the metadata).
+                    if let Err(e) = md.bootstrap().await {
+                        let message = format!("creating the default tenant and namespace failed: {e}");
+                        let _ = ready_tx.send(Err(StartError::Shard { shard: id, message: message.clone() }));
+                        return Err(message);
+                    }
+                }
                 for (_from, rx) in receivers {
                     let shard = shard.clone();
                     glommio::spawn_local(async move {

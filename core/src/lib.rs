@@ -6,15 +6,20 @@
 //! the per-shard [`Broker`] handle, which routes requests to the owner shard
 //! over the cross-shard mesh.
 
+mod admin;
 pub mod config;
 pub mod cursor;
+pub mod dedup;
 mod delayed;
 pub mod disk_watch;
 mod dispatcher;
 pub mod error;
 pub mod launch;
 mod mesh;
+pub mod metadata;
+mod nonpersistent;
 pub mod ownership;
+mod producers;
 mod shard;
 pub mod signal;
 mod stats;

@@ -10,7 +10,9 @@
 use crate::config::BrokerConfig;
 use crate::error::{CoreError, ErrorCode};
 use crate::mesh::{Mesh, MeshMsg};
+use crate::metadata::{Metadata, Policies};
 use crate::ownership;
+use crate::producers::Admission;
 use crate::signal::Signal;
 use crate::topic::{NewConsumer, Subscription, Topic};
 use crate::topic_name::{Domain, TopicName};
@@ -20,7 +22,7 @@ use futures::future::LocalBoxFuture;
 use futures::FutureExt;
 use glommio::channels::local_channel::LocalSender;
 use magnetar_storage::EntryLog;
-use magnetar_wire::{AckType, InitialPosition, MessageId, SubscriptionType};
+use magnetar_wire::{AckType, InitialPosition, MessageId, ProducerAccessMode, SubscriptionType};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -38,6 +40,11 @@ const DISPATCH_SHARES: usize = 250;
 
 const META_TOPIC_PREFIX: &[u8] = b"t/";
 const META_CURSOR_PREFIX: &[u8] = b"c/";
+/// `d/<topic>`: the topic's dedup snapshot (see `dedup.rs`).
+const META_DEDUP_PREFIX: &[u8] = b"d/";
+/// `x/<ledger>`: the ledger of a deleted topic, kept so that its id is never
+/// handed out again (the log may still hold its entries).
+const META_DELETED_LEDGER_PREFIX: &[u8] = b"x/";
 const TOPIC_META_VERSION: u8 = 1;
 
 /// Where a consumer's events go: a sink registered on some shard.
@@ -114,15 +121,27 @@ pub enum SeekTarget {
     PublishTime(u64),
 }
 
+/// What shard 0 says about a topic before its owner creates or loads it.
+#[derive(Debug, Clone)]
+pub(crate) struct TopicPolicy {
+    pub(crate) policies: Policies,
+    /// The topic is partition i < N of a partitioned topic: it may be
+    /// created whatever the auto-creation policy says.
+    pub(crate) in_partitioned: bool,
+}
+
 /// A request executed on the owner shard.
 #[derive(Debug)]
 pub(crate) enum Op {
     CreateProducer {
         topic: String,
         name: String,
+        mode: ProducerAccessMode,
+        policy: TopicPolicy,
     },
     Send {
         topic: String,
+        producer: String,
         sequence_id: u64,
         num_messages: u32,
         blob: Bytes,
@@ -134,6 +153,7 @@ pub(crate) enum Op {
     Subscribe {
         req: SubscribeRequest,
         consumer: ConsumerRef,
+        policy: TopicPolicy,
     },
     Flow {
         topic: String,
@@ -169,6 +189,31 @@ pub(crate) enum Op {
     TopicStats {
         topic: String,
     },
+    /// On shard 0: an admin operation (see `admin.rs`).
+    Admin {
+        op: String,
+        json: String,
+    },
+    /// On shard 0: the namespace policies that govern `topic`.
+    TopicPolicy {
+        topic: String,
+    },
+    /// On any shard: the topics of its log whose full name starts with `prefix`.
+    ListTopics {
+        prefix: String,
+    },
+    /// On the owner: create (or load) a non-partitioned topic.
+    CreateTopic {
+        topic: String,
+    },
+    /// On the owner: delete a topic without producers or consumers.
+    DeleteTopic {
+        topic: String,
+    },
+    /// On the owner: the id of the topic's last durable entry.
+    LastMessageId {
+        topic: String,
+    },
 }
 
 #[derive(Debug)]
@@ -176,6 +221,9 @@ pub(crate) enum Reply {
     Producer { name: String, last_sequence_id: i64 },
     Sent(MessageId),
     Done,
+    Json(String),
+    Policy(TopicPolicy),
+    Topics(Vec<String>),
     Stats(String),
 }
 
@@ -186,7 +234,11 @@ pub(crate) struct Shard {
     pub(crate) nshards: u32,
     pub(crate) config: Arc<BrokerConfig>,
     pub(crate) log: EntryLog,
+    /// The metadata store's typed view; `Some` on shard 0 only.
+    pub(crate) metadata: Option<Metadata>,
     topics: RefCell<HashMap<String, Rc<Topic>>>,
+    /// Non-persistent topics with producers or consumers attached.
+    np_topics: RefCell<HashMap<String, Rc<crate::nonpersistent::NpTopic>>>,
     next_ledger_seq: Cell<u64>,
     mesh: Mesh,
     pending: RefCell<HashMap<u64, oneshot::Sender<OpResult>>>,
@@ -233,6 +285,12 @@ fn cursor_meta_key(topic: &str, sub: &str) -> Vec<u8> {
     k
 }
 
+fn dedup_meta_key(topic: &str) -> Vec<u8> {
+    let mut k = META_DEDUP_PREFIX.to_vec();
+    k.extend_from_slice(topic.as_bytes());
+    k
+}
+
 fn valid_subscription_name(s: &str) -> bool {
     !s.is_empty() && s.len() <= 256 && s.chars().all(|c| !c.is_control())
 }
@@ -245,17 +303,25 @@ impl Shard {
     pub(crate) fn new(id: u32, nshards: u32, config: Arc<BrokerConfig>, log: EntryLog, mesh: Mesh) -> Rc<Self> {
         // Ledger ids already used on this shard come from the topic records.
         let mut seq = 0u64;
-        for (_, v) in log.meta_prefix(META_TOPIC_PREFIX) {
+        let deleted = log.meta_prefix(META_DELETED_LEDGER_PREFIX);
+        for (_, v) in log.meta_prefix(META_TOPIC_PREFIX).into_iter().chain(deleted) {
             if let Some(ledger) = decode_topic_meta(&v) {
                 seq = seq.max(ledger / LEDGER_ID_SHARD_STRIDE + 1);
             }
         }
+        let metadata = (id == 0).then(|| {
+            let store: Rc<dyn crate::metadata::MetadataStore> =
+                Rc::new(crate::metadata::LogMetadataStore::new(log.clone()));
+            Metadata::new(store)
+        });
         Rc::new(Self {
             id,
             nshards,
             config,
             log,
+            metadata,
             topics: RefCell::new(HashMap::new()),
+            np_topics: RefCell::new(HashMap::new()),
             next_ledger_seq: Cell::new(seq),
             mesh,
             pending: RefCell::new(HashMap::new()),
@@ -350,13 +416,16 @@ impl Shard {
             return futures::future::ready(Err(CoreError::new(ErrorCode::ServiceNotReady, "shard is shut down")))
                 .boxed_local();
         }
+        if is_non_persistent(&op) {
+            return futures::future::ready(self.handle_non_persistent(op)).boxed_local();
+        }
         match op {
-            Op::Send { topic, sequence_id, num_messages, blob } => {
-                self.handle_send(&topic, sequence_id, num_messages, blob)
+            Op::Send { topic, producer, sequence_id, num_messages, blob } => {
+                self.handle_send(&topic, &producer, sequence_id, num_messages, blob)
             }
-            Op::CreateProducer { topic, name } => {
+            Op::CreateProducer { topic, name, mode, policy } => {
                 let me = self.clone();
-                async move { me.handle_create_producer(&topic, name).await }.boxed_local()
+                async move { me.handle_create_producer(&topic, name, mode, policy).await }.boxed_local()
             }
             Op::CloseProducer { topic, name } => {
                 if let Some(t) = self.topics.borrow().get(&topic) {
@@ -364,10 +433,54 @@ impl Shard {
                 }
                 futures::future::ready(Ok(Reply::Done)).boxed_local()
             }
-            Op::Subscribe { req, consumer } => {
+            Op::Subscribe { req, consumer, policy } => {
                 let me = self.clone();
-                async move { me.handle_subscribe(req, consumer).await }.boxed_local()
+                async move { me.handle_subscribe(req, consumer, policy).await }.boxed_local()
             }
+            Op::Admin { op, json } => {
+                let me = self.clone();
+                async move { crate::admin::execute(me, &op, &json).await.map(Reply::Json) }.boxed_local()
+            }
+            Op::TopicPolicy { topic } => {
+                let me = self.clone();
+                async move { crate::admin::topic_policy(&me, &topic).await.map(Reply::Policy) }.boxed_local()
+            }
+            Op::ListTopics { prefix } => {
+                let mut key = META_TOPIC_PREFIX.to_vec();
+                key.extend_from_slice(prefix.as_bytes());
+                let names = self
+                    .log
+                    .meta_prefix(&key)
+                    .into_iter()
+                    .filter_map(|(k, _)| String::from_utf8(k.get(META_TOPIC_PREFIX.len()..)?.to_vec()).ok())
+                    .collect();
+                futures::future::ready(Ok(Reply::Topics(names))).boxed_local()
+            }
+            Op::CreateTopic { topic } => {
+                let me = self.clone();
+                async move {
+                    let tn = TopicName::parse(&topic)
+                        .map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+                    let (_, lsn) = me.get_or_create_topic(&tn)?;
+                    match lsn {
+                        Some(lsn) => me.log.wait_durable(lsn).await?,
+                        None => {
+                            return Err(CoreError::new(ErrorCode::NotAllowed, format!("topic {topic} already exists")))
+                        }
+                    }
+                    Ok(Reply::Done)
+                }
+                .boxed_local()
+            }
+            Op::DeleteTopic { topic } => {
+                let me = self.clone();
+                async move { me.handle_delete_topic(&topic).await }.boxed_local()
+            }
+            Op::LastMessageId { topic } => futures::future::ready(self.last_message_id(&topic).map(|id| match id {
+                Some(id) => Reply::Json(format!("{{\"id\":\"{id}\"}}")),
+                None => Reply::Json("{\"id\":null}".to_string()),
+            }))
+            .boxed_local(),
             Op::Flow { topic, subscription, consumer, permits } => {
                 if let Some(sub) = self.subscription(&topic, &subscription) {
                     sub.flow(consumer, permits);
@@ -391,6 +504,15 @@ impl Shard {
             Op::CloseConsumer { topic, subscription, consumer } => {
                 if let Some(sub) = self.subscription(&topic, &subscription) {
                     sub.remove_consumer(self, consumer);
+                    // A non-durable subscription (a reader) lives only as long
+                    // as its consumer: nothing of it is kept.
+                    if !sub.durable && sub.consumer_count() == 0 {
+                        if let Some(t) = self.topics.borrow().get(&topic) {
+                            t.subs.borrow_mut().remove(&subscription);
+                        }
+                        sub.removed.set(true);
+                        sub.wake.notify();
+                    }
                 }
                 futures::future::ready(Ok(Reply::Done)).boxed_local()
             }
@@ -430,6 +552,110 @@ impl Shard {
         }
     }
 
+    /// Runs an op about a non-persistent topic (see `is_non_persistent`);
+    /// all synchronous: nothing waits for a disk.
+    fn handle_non_persistent(&self, op: Op) -> OpResult {
+        let np = |t: &str| self.np_topics.borrow().get(t).cloned();
+        let not_loaded =
+            || CoreError::new(ErrorCode::TopicNotFound, "non-persistent topic has no producer or consumer");
+        match op {
+            Op::CreateProducer { topic, name, mode, policy } => {
+                if mode == ProducerAccessMode::WaitForExclusive {
+                    return Err(CoreError::new(
+                        ErrorCode::NotAllowed,
+                        "WaitForExclusive is not supported on non-persistent topics",
+                    ));
+                }
+                let t = self.np_topic(&topic);
+                let name = if name.is_empty() {
+                    let n = self.next_producer.get();
+                    self.next_producer.set(n + 1);
+                    format!("magnetar-{}-{}-{}", self.id, self.started_ms, n)
+                } else {
+                    name
+                };
+                let added = t.producers.borrow_mut().add(&topic, &name, mode, policy.policies.max_producers_per_topic);
+                added.map(|_| Reply::Producer { name, last_sequence_id: -1 })
+            }
+            Op::Send { topic, producer, num_messages, blob, .. } => {
+                let t = np(&topic).ok_or_else(not_loaded)?;
+                t.producers.borrow().check_send(&topic, &producer)?;
+                if blob.len() > self.config.message_bytes_max as usize {
+                    return Err(CoreError::new(
+                        ErrorCode::MessageTooLarge,
+                        format!(
+                            "message of {} bytes exceeds the limit of {}",
+                            blob.len(),
+                            self.config.message_bytes_max
+                        ),
+                    ));
+                }
+                magnetar_wire::peek_message(&blob)
+                    .map_err(|e| CoreError::new(ErrorCode::ProtocolError, format!("bad message blob: {e}")))?;
+                let (id, events) = t.publish(blob, num_messages);
+                for (to, ev) in events {
+                    self.deliver(to, ev);
+                }
+                Ok(Reply::Sent(id))
+            }
+            Op::CloseProducer { topic, name } => {
+                if let Some(t) = np(&topic) {
+                    t.producers.borrow_mut().remove(&name);
+                    self.drop_idle_np(&t);
+                }
+                Ok(Reply::Done)
+            }
+            Op::Subscribe { req, consumer, policy } => {
+                if !valid_subscription_name(&req.subscription) {
+                    return Err(CoreError::new(ErrorCode::NotAllowed, "invalid subscription name"));
+                }
+                let t = self.np_topic(&req.topic);
+                let r = t.subscribe(&req.subscription, consumer, policy.policies.max_consumers_per_topic);
+                if r.is_err() {
+                    self.drop_idle_np(&t);
+                }
+                r.map(|_| Reply::Done)
+            }
+            Op::Flow { topic, subscription, consumer, permits } => {
+                if let Some(t) = np(&topic) {
+                    t.flow(&subscription, consumer, permits);
+                }
+                Ok(Reply::Done)
+            }
+            Op::Ack { topic, subscription, consumer, .. } => {
+                // Nothing is kept, so there is nothing to acknowledge.
+                match np(&topic) {
+                    Some(t) if t.has_consumer(&subscription, consumer) => Ok(Reply::Done),
+                    _ => Err(CoreError::new(ErrorCode::ConsumerNotFound, "consumer is not attached")),
+                }
+            }
+            Op::CloseConsumer { topic, subscription, consumer } => {
+                if let Some(t) = np(&topic) {
+                    t.unsubscribe(&subscription, consumer);
+                    self.drop_idle_np(&t);
+                }
+                Ok(Reply::Done)
+            }
+            other => Err(CoreError::new(ErrorCode::UnknownError, format!("internal: {other:?} is not a topic op"))),
+        }
+    }
+
+    fn np_topic(&self, key: &str) -> Rc<crate::nonpersistent::NpTopic> {
+        let partition = TopicName::parse(key).ok().and_then(|t| t.partition()).and_then(|p| i32::try_from(p).ok());
+        self.np_topics
+            .borrow_mut()
+            .entry(key.to_string())
+            .or_insert_with(|| Rc::new(crate::nonpersistent::NpTopic::new(key.to_string(), partition.unwrap_or(-1))))
+            .clone()
+    }
+
+    /// Forgets a non-persistent topic nobody uses any more.
+    fn drop_idle_np(&self, t: &crate::nonpersistent::NpTopic) {
+        if t.producers.borrow().len() == 0 && t.consumer_count() == 0 {
+            self.np_topics.borrow_mut().remove(&t.key);
+        }
+    }
+
     fn subscription(&self, topic: &str, sub: &str) -> Option<Rc<Subscription>> {
         self.topics.borrow().get(topic)?.subs.borrow().get(sub).cloned()
     }
@@ -437,6 +663,7 @@ impl Shard {
     fn handle_send(
         self: &Rc<Self>,
         topic: &str,
+        producer: &str,
         sequence_id: u64,
         num_messages: u32,
         blob: Bytes,
@@ -463,6 +690,7 @@ impl Shard {
                     ),
                 ));
             }
+            t.producers.borrow().check_send(topic, producer)?;
             if blob.len() > self.config.message_bytes_max as usize {
                 return Err(CoreError::new(
                     ErrorCode::MessageTooLarge,
@@ -482,6 +710,20 @@ impl Shard {
                     format!("send says {num_messages} messages, its metadata {}", peek.num_messages),
                 ));
             }
+            let tracked = t.dedup.loaded.get() || t.dedup.loading.get();
+            let seq = peek.sequence_id;
+            let chunk = peek.chunk.map_or(0, |(id, _)| id);
+            if t.dedup.enabled.get() {
+                if peek.producer_name != producer {
+                    return Err(CoreError::new(
+                        ErrorCode::ProtocolError,
+                        format!("message metadata names producer {:?}, not {producer:?}", peek.producer_name),
+                    ));
+                }
+                if let crate::dedup::Check::Duplicate(original) = t.dedup.check(producer, seq, chunk) {
+                    return Ok(Err((t, original)));
+                }
+            }
             // The index keeps publish time and key hash beside the position,
             // for seek by time and lookup by key without reading payloads.
             let extras = magnetar_storage::IndexExtras {
@@ -491,10 +733,27 @@ impl Shard {
             let a = self.log.append_with(t.ledger, blob, extras)?;
             assert_eq!(a.entry, t.next_entry.get(), "entry ids of a ledger are dense");
             t.next_entry.set(a.entry + 1);
-            Ok((t, a))
+            if tracked {
+                t.dedup.record(producer, seq, chunk, num_messages, a.entry, a.lsn);
+            }
+            Ok(Ok((t, a)))
         })();
         let (topic, appended) = match appended {
-            Ok(x) => x,
+            Ok(Ok(x)) => x,
+            Ok(Err((t, original))) => {
+                // A resend: answer with the original receipt, once durable.
+                let me = self.clone();
+                return async move {
+                    match original {
+                        Some((entry, lsn)) => {
+                            me.log.wait_durable(lsn).await?;
+                            Ok(Reply::Sent(MessageId::new(t.ledger, entry, t.partition, -1)))
+                        }
+                        None => Ok(Reply::Sent(crate::dedup::duplicate_id(t.partition))),
+                    }
+                }
+                .boxed_local();
+            }
             Err(e) => return futures::future::ready(Err(e)).boxed_local(),
         };
         let _ = sequence_id;
@@ -563,8 +822,35 @@ impl Shard {
         Ok((topic, created_lsn))
     }
 
-    async fn handle_create_producer(self: Rc<Self>, topic: &str, name: String) -> OpResult {
+    /// Whether `tn` exists (loaded or recorded in the log).
+    fn topic_exists(&self, key: &str) -> bool {
+        self.topics.borrow().contains_key(key) || self.log.meta(&topic_meta_key(key)).is_some()
+    }
+
+    /// Refuses to create `tn` when its namespace does not auto-create topics.
+    fn check_auto_creation(&self, tn: &TopicName, policy: &TopicPolicy) -> Result<(), CoreError> {
+        let key = tn.to_string();
+        if !policy.in_partitioned && !policy.policies.auto_topic_creation && !self.topic_exists(&key) {
+            return Err(CoreError::new(
+                ErrorCode::TopicNotFound,
+                format!(
+                    "topic {key} does not exist and namespace {} does not create topics automatically",
+                    tn.namespace_name()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    async fn handle_create_producer(
+        self: Rc<Self>,
+        topic: &str,
+        name: String,
+        mode: ProducerAccessMode,
+        policy: TopicPolicy,
+    ) -> OpResult {
         let tn = TopicName::parse(topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+        self.check_auto_creation(&tn, &policy)?;
         let (t, lsn) = self.get_or_create_topic(&tn)?;
         let name = if name.is_empty() {
             let n = self.next_producer.get();
@@ -573,11 +859,16 @@ impl Shard {
         } else {
             name
         };
-        if !t.producers.borrow_mut().insert(name.clone()) {
-            return Err(CoreError::new(
-                ErrorCode::ProducerBusy,
-                format!("producer {name:?} is already connected to {topic}"),
-            ));
+        if policy.policies.deduplication {
+            self.ensure_dedup_loaded(&t).await?;
+        }
+        t.dedup.enabled.set(policy.policies.deduplication);
+        let admission = t.producers.borrow_mut().add(topic, &name, mode, policy.policies.max_producers_per_topic)?;
+        if let Admission::Wait(rx) = admission {
+            // WaitForExclusive: the topic attaches us when the holder leaves.
+            if rx.await.is_err() {
+                return Err(CoreError::new(ErrorCode::ServiceNotReady, "topic unloaded while waiting"));
+            }
         }
         if let Some(lsn) = lsn {
             if let Err(e) = self.log.wait_durable(lsn).await {
@@ -585,12 +876,20 @@ impl Shard {
                 return Err(e.into());
             }
         }
-        Ok(Reply::Producer { name, last_sequence_id: -1 })
+        let last_sequence_id =
+            if t.dedup.enabled.get() { t.dedup.last_persisted(&name, self.log.durable_lsn()) } else { -1 };
+        Ok(Reply::Producer { name, last_sequence_id })
     }
 
-    async fn handle_subscribe(self: Rc<Self>, req: SubscribeRequest, consumer: ConsumerRef) -> OpResult {
+    async fn handle_subscribe(
+        self: Rc<Self>,
+        req: SubscribeRequest,
+        consumer: ConsumerRef,
+        policy: TopicPolicy,
+    ) -> OpResult {
         let tn =
             TopicName::parse(&req.topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+        self.check_auto_creation(&tn, &policy)?;
         if !valid_subscription_name(&req.subscription) {
             return Err(CoreError::new(
                 ErrorCode::NotAllowed,
@@ -598,6 +897,14 @@ impl Shard {
             ));
         }
         let (t, created_lsn) = self.get_or_create_topic(&tn)?;
+        let max = policy.policies.max_consumers_per_topic;
+        let attached: usize = t.subs.borrow().values().map(|s| s.consumer_count()).sum();
+        if max != 0 && attached >= max as usize {
+            return Err(CoreError::new(
+                ErrorCode::ConsumerBusy,
+                format!("topic {} reached the namespace's max_consumers_per_topic ({max})", t.key),
+            ));
+        }
         let existing = t.subs.borrow().get(&req.subscription).cloned();
         let (sub, sub_lsn) = match existing {
             Some(sub) => (sub, None),
@@ -642,6 +949,128 @@ impl Shard {
                 return Err(e.into());
             }
         }
+        Ok(Reply::Done)
+    }
+
+    /// Rebuilds the topic's dedup state: snapshot, then a replay of the
+    /// durable entries after it. Appends made meanwhile are tracked live.
+    async fn ensure_dedup_loaded(self: &Rc<Self>, t: &Rc<Topic>) -> Result<(), CoreError> {
+        while t.dedup.loading.get() {
+            glommio::timer::sleep(Duration::from_millis(2)).await;
+        }
+        if t.dedup.loaded.get() {
+            return Ok(());
+        }
+        t.dedup.loading.set(true);
+        let result = async {
+            let snap: crate::dedup::Snapshot = match self.log.meta(&dedup_meta_key(&t.key)) {
+                Some(v) => serde_json::from_slice(&v).map_err(|e| {
+                    CoreError::new(ErrorCode::PersistenceError, format!("unreadable dedup snapshot of {}: {e}", t.key))
+                })?,
+                None => crate::dedup::Snapshot::default(),
+            };
+            t.dedup.restore(&snap);
+            let end = t.next_entry.get();
+            while t.durable_next.get() < end && !self.closed.get() {
+                glommio::timer::sleep(Duration::from_millis(2)).await;
+            }
+            for entry in snap.next_entry..end {
+                match self.log.read(t.ledger, entry).await {
+                    Ok(blob) => match magnetar_wire::peek_message(&blob) {
+                        Ok(p) => {
+                            let chunk = p.chunk.map_or(0, |(id, _)| id);
+                            t.dedup.record(p.producer_name, p.sequence_id, chunk, p.num_messages, entry, 0)
+                        }
+                        Err(e) => tracing::warn!(topic = %t.key, entry, "dedup replay: undecodable entry: {e}"),
+                    },
+                    // Gone (retention) or unreadable: nothing to learn from it.
+                    Err(e) => tracing::warn!(topic = %t.key, entry, "dedup replay: cannot read entry: {e}"),
+                }
+            }
+            tracing::info!(topic = %t.key, from = snap.next_entry, to = end, "dedup state restored");
+            Ok(())
+        }
+        .await;
+        t.dedup.loading.set(false);
+        if result.is_ok() {
+            t.dedup.loaded.set(true);
+        }
+        result
+    }
+
+    /// Writes the dedup snapshot of every topic whose state changed.
+    fn flush_dedup(&self) -> Result<Option<u64>, CoreError> {
+        let mut last = None;
+        let topics: Vec<Rc<Topic>> = self.topics.borrow().values().cloned().collect();
+        for t in topics {
+            if !t.dedup.loaded.get() || t.dedup.loading.get() || !t.dedup.dirty.replace(false) {
+                continue;
+            }
+            let snap = t.dedup.snapshot(t.next_entry.get());
+            let bytes = serde_json::to_vec(&snap)
+                .map_err(|e| CoreError::new(ErrorCode::UnknownError, format!("encoding a dedup snapshot: {e}")))?;
+            last = Some(self.log.put_meta(&dedup_meta_key(&t.key), Bytes::from(bytes))?);
+        }
+        Ok(last)
+    }
+
+    /// The last durable entry of `topic` as `L:E:P:-1` (a batch's last
+    /// message is not singled out), `None` when the topic has no entry.
+    fn last_message_id(&self, topic: &str) -> Result<Option<MessageId>, CoreError> {
+        let tn = TopicName::parse(topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+        let partition = tn.partition().and_then(|p| i32::try_from(p).ok()).unwrap_or(-1);
+        let (ledger, next) = match self.topics.borrow().get(topic) {
+            Some(t) => (t.ledger, t.durable_next.get()),
+            None => {
+                let Some(ledger) = self.log.meta(&topic_meta_key(topic)).as_deref().and_then(decode_topic_meta) else {
+                    return Err(CoreError::new(ErrorCode::TopicNotFound, format!("topic {topic} does not exist")));
+                };
+                (ledger, self.log.next_entry(ledger))
+            }
+        };
+        Ok(next.checked_sub(1).map(|e| MessageId::new(ledger, e, partition, -1)))
+    }
+
+    async fn handle_delete_topic(self: Rc<Self>, topic: &str) -> OpResult {
+        if !self.topic_exists(topic) {
+            return Err(CoreError::new(ErrorCode::TopicNotFound, format!("topic {topic} does not exist")));
+        }
+        if let Some(t) = self.topics.borrow().get(topic) {
+            let consumers: usize = t.subs.borrow().values().map(|s| s.consumer_count()).sum();
+            if t.producers.borrow().len() > 0 || consumers > 0 {
+                return Err(CoreError::new(
+                    ErrorCode::NotAllowed,
+                    format!("topic {topic} has connected producers or consumers"),
+                ));
+            }
+        }
+        let key = topic_meta_key(topic);
+        let Some(ledger) = self.log.meta(&key).as_deref().and_then(decode_topic_meta) else {
+            return Err(CoreError::new(ErrorCode::TopicNotFound, format!("topic {topic} does not exist")));
+        };
+        if let Some(t) = self.topics.borrow_mut().remove(topic) {
+            t.deleted.set(true);
+            for s in t.subs.borrow().values() {
+                s.wake.notify();
+            }
+        }
+        // The ledger id stays reserved (x/ record) so that a topic created
+        // later never gets it, and with it this topic's entries.
+        let mut tomb = META_DELETED_LEDGER_PREFIX.to_vec();
+        tomb.extend_from_slice(&ledger.to_le_bytes());
+        self.log.put_meta(&tomb, Bytes::from(encode_topic_meta(ledger)))?;
+        let mut prefix = META_CURSOR_PREFIX.to_vec();
+        prefix.extend_from_slice(topic.as_bytes());
+        prefix.push(b'\n');
+        for (k, _) in self.log.meta_prefix(&prefix) {
+            self.log.put_meta(&k, Bytes::new())?;
+        }
+        if self.log.meta(&dedup_meta_key(topic)).is_some() {
+            self.log.put_meta(&dedup_meta_key(topic), Bytes::new())?;
+        }
+        let lsn = self.log.put_meta(&key, Bytes::new())?;
+        self.log.wait_durable(lsn).await?;
+        tracing::info!(topic, ledger, shard = self.id, "deleted topic");
         Ok(Reply::Done)
     }
 
@@ -761,6 +1190,7 @@ impl Shard {
 
     /// Writes every changed cursor to the log. Returns the last position written.
     fn flush_cursors(&self) -> Result<Option<u64>, CoreError> {
+        let dedup = self.flush_dedup()?;
         let dirty = std::mem::take(&mut *self.dirty_cursors.borrow_mut());
         let mut last = None;
         for (t, s) in dirty {
@@ -769,7 +1199,7 @@ impl Shard {
             }
             s.dirty.set(false);
         }
-        Ok(last)
+        Ok(last.or(dedup))
     }
 
     /// Background task: persists changed cursors every interval.
@@ -857,6 +1287,21 @@ impl Shard {
     }
 }
 
+/// Whether `op` is a producer/consumer op on a non-persistent topic.
+fn is_non_persistent(op: &Op) -> bool {
+    const NP: &str = "non-persistent://";
+    match op {
+        Op::CreateProducer { topic, .. }
+        | Op::Send { topic, .. }
+        | Op::CloseProducer { topic, .. }
+        | Op::Flow { topic, .. }
+        | Op::Ack { topic, .. }
+        | Op::CloseConsumer { topic, .. } => topic.starts_with(NP),
+        Op::Subscribe { req, .. } => req.topic.starts_with(NP),
+        _ => false,
+    }
+}
+
 fn encode_topic_meta(ledger: u64) -> Vec<u8> {
     let mut v = vec![TOPIC_META_VERSION];
     v.extend_from_slice(&ledger.to_le_bytes());
@@ -901,10 +1346,26 @@ impl Broker {
         ownership::shard_of(topic, self.shard.config.bundles_per_namespace, self.shard.nshards)
     }
 
-    fn parse_topic(&self, topic: &str) -> Result<(String, u32), CoreError> {
+    /// Parses `topic`, asks shard 0 for its policies (namespace exists, not a
+    /// partitioned topic's own name) and finds its owner with the
+    /// namespace's bundle count.
+    async fn resolve_topic(&self, topic: &str) -> Result<(String, u32, TopicPolicy), CoreError> {
         let tn = TopicName::parse(topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
-        let owner = self.owner_of(&tn);
-        Ok((tn.to_string(), owner))
+        let key = tn.to_string();
+        let policy = match self.shard.call(0, Op::TopicPolicy { topic: key.clone() }).await? {
+            Reply::Policy(p) => p,
+            other => return Err(unexpected(other)),
+        };
+        let owner = ownership::shard_of(&tn, policy.policies.bundles, self.shard.nshards);
+        Ok((key, owner, policy))
+    }
+
+    /// Runs an admin operation (on shard 0) and returns its JSON answer.
+    pub async fn admin(&self, op: &str, json: &str) -> Result<String, CoreError> {
+        match self.shard.call(0, Op::Admin { op: op.to_string(), json: json.to_string() }).await? {
+            Reply::Json(j) => Ok(j),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// Registers where this connection's consumer events go.
@@ -920,8 +1381,19 @@ impl Broker {
     }
 
     pub async fn create_producer(&self, topic: &str, producer_name: &str) -> Result<ProducerHandle, CoreError> {
-        let (topic, owner) = self.parse_topic(topic)?;
-        let op = Op::CreateProducer { topic: topic.clone(), name: producer_name.to_string() };
+        self.create_producer_with(topic, producer_name, ProducerAccessMode::Shared).await
+    }
+
+    /// Attaches a producer with an access mode; with `WaitForExclusive` this
+    /// resolves only when the producer holds the topic.
+    pub async fn create_producer_with(
+        &self,
+        topic: &str,
+        producer_name: &str,
+        mode: ProducerAccessMode,
+    ) -> Result<ProducerHandle, CoreError> {
+        let (topic, owner, policy) = self.resolve_topic(topic).await?;
+        let op = Op::CreateProducer { topic: topic.clone(), name: producer_name.to_string(), mode, policy };
         match self.shard.call(owner, op).await? {
             Reply::Producer { name, last_sequence_id } => {
                 Ok(ProducerHandle { topic, owner, producer_name: name, last_sequence_id })
@@ -939,7 +1411,13 @@ impl Broker {
         num_messages: u32,
         blob: Bytes,
     ) -> LocalBoxFuture<'static, Result<MessageId, CoreError>> {
-        let op = Op::Send { topic: producer.topic.clone(), sequence_id, num_messages, blob };
+        let op = Op::Send {
+            topic: producer.topic.clone(),
+            producer: producer.producer_name.clone(),
+            sequence_id,
+            num_messages,
+            blob,
+        };
         let fut = self.shard.call(producer.owner, op);
         async move {
             match fut.await? {
@@ -957,11 +1435,11 @@ impl Broker {
 
     /// Attaches a consumer; its messages go to `sink` (see `register_sink`).
     pub async fn subscribe(&self, mut req: SubscribeRequest, sink: u64) -> Result<ConsumerHandle, CoreError> {
-        let (topic, owner) = self.parse_topic(&req.topic)?;
+        let (topic, owner, policy) = self.resolve_topic(&req.topic).await?;
         req.topic = topic.clone();
         let consumer = ConsumerRef { shard: self.shard.id, sink, consumer_id: req.consumer_id };
         let subscription = req.subscription.clone();
-        self.shard.call(owner, Op::Subscribe { req, consumer }).await?;
+        self.shard.call(owner, Op::Subscribe { req, consumer, policy }).await?;
         Ok(ConsumerHandle { topic, subscription, owner, consumer })
     }
 
@@ -1012,7 +1490,8 @@ impl Broker {
 
     /// Per-subscription statistics of `topic` as a JSON object.
     pub async fn topic_stats(&self, topic: &str) -> Result<String, CoreError> {
-        let (topic, owner) = self.parse_topic(topic)?;
+        // The owner comes from the namespace's bundle count (shard 0 knows it).
+        let (topic, owner, _) = self.resolve_topic(topic).await?;
         match self.shard.call(owner, Op::TopicStats { topic }).await? {
             Reply::Stats(json) => Ok(json),
             other => Err(unexpected(other)),

@@ -30,7 +30,10 @@ pub(crate) struct Topic {
     pub(crate) next_entry: Cell<u64>,
     /// Entries below this are durable and may be dispatched.
     pub(crate) durable_next: Cell<u64>,
-    pub(crate) producers: RefCell<HashSet<String>>,
+    pub(crate) producers: RefCell<crate::producers::TopicProducers>,
+    /// Set when the topic was deleted: its dispatchers stop.
+    pub(crate) deleted: Cell<bool>,
+    pub(crate) dedup: crate::dedup::Dedup,
     pub(crate) subs: RefCell<HashMap<String, Rc<Subscription>>>,
 }
 
@@ -44,7 +47,9 @@ impl Topic {
             next_entry: Cell::new(next_entry),
             // Everything recovered from the log is durable.
             durable_next: Cell::new(next_entry),
-            producers: RefCell::new(HashSet::new()),
+            producers: RefCell::new(crate::producers::TopicProducers::default()),
+            deleted: Cell::new(false),
+            dedup: crate::dedup::Dedup::default(),
             subs: RefCell::new(HashMap::new()),
         }
     }
@@ -90,6 +95,9 @@ pub(crate) struct Subscription {
     /// Messages sent to consumers since the subscription was loaded.
     pub(crate) delivered_total: Cell<u64>,
     pub(crate) wake: Signal,
+    /// Set when a non-durable subscription lost its last consumer and was
+    /// dropped: its dispatcher stops.
+    pub(crate) removed: Cell<bool>,
     pub(crate) dirty: Cell<bool>,
     /// Log position of the last cursor record written (0: none this run).
     pub(crate) persisted_lsn: Cell<u64>,
@@ -138,9 +146,15 @@ impl Subscription {
             partition,
             delivered_total: Cell::new(0),
             wake: Signal::new(),
+            removed: Cell::new(false),
             dirty: Cell::new(false),
             persisted_lsn: Cell::new(0),
         })
+    }
+
+    /// Consumers attached now (for the max-consumers policy).
+    pub(crate) fn consumer_count(&self) -> usize {
+        self.consumers.borrow().len()
     }
 
     pub(crate) fn has_consumer(&self, c: ConsumerRef) -> bool {

@@ -88,6 +88,12 @@ struct Conn {
     producers: RefCell<HashMap<u64, ConnProducer>>,
     consumers: RefCell<HashMap<u64, ConsumerHandle>>,
     sink: Cell<Option<u64>>,
+    /// Producer ids whose creation is under way.
+    pending_producers: RefCell<std::collections::HashSet<u64>>,
+    /// Set once cleanup ran: producers created after it are closed at once.
+    gone: Cell<bool>,
+    /// `host:port` this connection reached (for lookup answers).
+    local_addr: Option<String>,
     inflight_bytes: Rc<Cell<usize>>,
     drained: Rc<Signal>,
 }
@@ -102,6 +108,7 @@ enum End {
 pub(crate) async fn run(broker: Broker, stream: TcpStream, limits: ConnectionLimits) {
     let _ = stream.set_nodelay(true);
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let local_addr = stream.local_addr().ok().map(|a| a.to_string());
     let (mut reader, mut writer) = stream.split();
     let out = Rc::new(Outbox { buf: RefCell::new(BytesMut::new()), signal: Signal::new(), closed: Cell::new(false) });
 
@@ -137,6 +144,9 @@ pub(crate) async fn run(broker: Broker, stream: TcpStream, limits: ConnectionLim
         producers: RefCell::new(HashMap::new()),
         consumers: RefCell::new(HashMap::new()),
         sink: Cell::new(None),
+        pending_producers: RefCell::new(std::collections::HashSet::new()),
+        gone: Cell::new(false),
+        local_addr,
         inflight_bytes: Rc::new(Cell::new(0)),
         drained: Rc::new(Signal::new()),
     });
@@ -236,8 +246,10 @@ impl Conn {
             Command::Send { producer_id, sequence_id, num_messages } => {
                 self.on_send(producer_id, sequence_id, num_messages, payload)
             }
-            Command::Producer { request_id, producer_id, topic, producer_name } => {
-                if self.producers.borrow().contains_key(&producer_id) {
+            Command::Producer { request_id, producer_id, topic, producer_name, access_mode } => {
+                if self.producers.borrow().contains_key(&producer_id)
+                    || self.pending_producers.borrow().contains(&producer_id)
+                {
                     self.out.error(request_id, &CoreError::new(ErrorCode::ProducerBusy, "producer id already in use"));
                 } else if self.producers.borrow().len() >= self.limits.producers_max {
                     self.out.error(
@@ -245,21 +257,35 @@ impl Conn {
                         &CoreError::new(ErrorCode::TooManyRequests, "too many producers on this connection"),
                     );
                 } else {
-                    match self.broker.create_producer(&topic, &producer_name).await {
-                        Ok(handle) => {
-                            self.out.push(
-                                &Command::ProducerSuccess {
-                                    request_id,
-                                    producer_name: handle.producer_name.clone(),
-                                    last_sequence_id: handle.last_sequence_id,
-                                },
-                                &[],
-                            );
-                            let receipts = self.spawn_receipt_writer(producer_id);
-                            self.producers.borrow_mut().insert(producer_id, ConnProducer { handle, receipts });
+                    // Created in its own task: a WaitForExclusive producer may
+                    // wait a long time, and must not stop this connection's
+                    // other requests meanwhile.
+                    self.pending_producers.borrow_mut().insert(producer_id);
+                    let me = self.clone();
+                    glommio::spawn_local(async move {
+                        let created = me.broker.create_producer_with(&topic, &producer_name, access_mode).await;
+                        me.pending_producers.borrow_mut().remove(&producer_id);
+                        match created {
+                            Ok(handle) if me.out.closed.get() || me.gone.get() => {
+                                // The connection ended while we waited.
+                                let _ = me.broker.close_producer(&handle).await;
+                            }
+                            Ok(handle) => {
+                                me.out.push(
+                                    &Command::ProducerSuccess {
+                                        request_id,
+                                        producer_name: handle.producer_name.clone(),
+                                        last_sequence_id: handle.last_sequence_id,
+                                    },
+                                    &[],
+                                );
+                                let receipts = me.spawn_receipt_writer(producer_id);
+                                me.producers.borrow_mut().insert(producer_id, ConnProducer { handle, receipts });
+                            }
+                            Err(e) => me.out.error(request_id, &e),
                         }
-                        Err(e) => self.out.error(request_id, &e),
-                    }
+                    })
+                    .detach();
                 }
                 Ok(())
             }
@@ -399,6 +425,22 @@ impl Conn {
                 self.out.push(&Command::Pong, &[]);
                 Ok(())
             }
+            Command::AdminRequest { request_id, op, json } => {
+                let me = self.clone();
+                glommio::spawn_local(async move {
+                    match me.broker.admin(&op, &json).await {
+                        Ok(mut json) => {
+                            if op == "topics.lookup" {
+                                json = add_broker_address(&json, me.local_addr.as_deref());
+                            }
+                            me.out.push(&Command::AdminResponse { request_id, json }, &[]);
+                        }
+                        Err(e) => me.out.error(request_id, &e),
+                    }
+                })
+                .detach();
+                Ok(())
+            }
             Command::Pong => Ok(()),
             Command::Connect { .. } => Err("Connect sent twice".into()),
             other => Err(format!("unexpected command from a client: {}", other.name())),
@@ -492,6 +534,7 @@ impl Conn {
     /// Detaches everything this connection created: consumers' unacked
     /// messages go back to their subscriptions, producer names are freed.
     async fn cleanup(self: &Rc<Self>) {
+        self.gone.set(true);
         let consumers: Vec<ConsumerHandle> = self.consumers.borrow_mut().drain().map(|(_, c)| c).collect();
         for c in consumers {
             let _ = self.broker.close_consumer(&c).await;
@@ -504,5 +547,15 @@ impl Conn {
         if let Some(sink) = self.sink.take() {
             self.broker.unregister_sink(sink);
         }
+    }
+}
+/// Lookup answers name the broker that owns the topic: in a single-broker
+/// deployment, the address this connection reached.
+fn add_broker_address(json: &str, local: Option<&str>) -> String {
+    let Some(local) = local else { return json.to_string() };
+    let quoted = format!("{local:?}");
+    match json.strip_suffix('}') {
+        Some(head) if head.starts_with('{') => format!("{head},\"broker\":{quoted}}}"),
+        _ => json.to_string(),
     }
 }

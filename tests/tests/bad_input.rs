@@ -123,6 +123,7 @@ fn bad_connections(addr: SocketAddr) {
             producer_id: 1,
             topic: "bad-checksum".into(),
             producer_name: String::new(),
+            access_mode: Default::default(),
         },
         &[],
     );
@@ -169,7 +170,13 @@ fn bad_connections(addr: SocketAddr) {
         other => panic!("send without producer answered with {other:?}"),
     }
     c.send(
-        &Command::Producer { request_id: 7, producer_id: 1, topic: "bad-blob".into(), producer_name: String::new() },
+        &Command::Producer {
+            request_id: 7,
+            producer_id: 1,
+            topic: "bad-blob".into(),
+            producer_name: String::new(),
+            access_mode: Default::default(),
+        },
         &[],
     );
     match c.next_command("create producer") {

@@ -41,6 +41,13 @@ async fn subscribe(client: &Client, topic: &str, sub: &str) -> Consumer {
 /// Asserts the log of a restarted broker says every shard found the
 /// clean-shutdown marker (core logs `recovered entry log shard=N clean=…`).
 fn assert_recovered_clean(broker: &BrokerProcess, clean: bool) {
+    // The listening line arrives on stdout, the recovery lines on stderr,
+    // which a separate thread drains: give that thread time to catch up.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let count = |log: &str| log.lines().filter(|l| l.contains("recovered entry log")).count();
+    while count(&broker.log()) < broker.shards() as usize && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let log = broker.log();
     let lines: Vec<&str> = log.lines().filter(|l| l.contains("recovered entry log")).collect();
     assert_eq!(lines.len(), broker.shards() as usize, "recovery lines in the log:\n{}", broker.log_tail());

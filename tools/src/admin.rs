@@ -1,26 +1,43 @@
-//! `magnetar admin …`: administrative commands against a running broker.
+//! `magnetar admin`: tenants, namespaces (and their policies) and topics,
+//! over the native protocol's `AdminRequest`; and `magnetar admin
+//! subscriptions stats TOPIC` (issue #4, wire `TopicStats`): the topic's
+//! per-subscription statistics as one pretty-printed JSON document
+//! (`docs/semantics.md`).
 //!
-//! Today: `magnetar admin subscriptions stats TOPIC` prints the topic's
-//! per-subscription statistics as one JSON object on stdout (layout in
-//! `docs/semantics.md`).
+//! Output contract (relied on by scripts): `list` commands print one name a
+//! line; `get`/`policies`/`lookup` commands print one JSON document on one
+//! line; commands that change something print nothing. Errors go to stderr
+//! with a non-zero exit status.
 
 use crate::produce::DEFAULT_URL;
-use magnetar_client::Client;
+use magnetar_client::{normalize_topic, Client};
+use serde_json::{json, Value};
 use std::error::Error;
 
 #[derive(clap::Args, Debug)]
 pub struct AdminArgs {
+    /// Broker: `magnetar://HOST:PORT` or `HOST:PORT`.
+    #[arg(long, default_value = DEFAULT_URL, global = true)]
+    pub url: String,
+
     #[command(subcommand)]
     pub command: AdminCmd,
 }
 
 #[derive(clap::Subcommand, Debug)]
 pub enum AdminCmd {
+    /// Tenants: list, create, get, delete.
+    #[command(subcommand)]
+    Tenants(TenantsCmd),
+    /// Namespaces and their policies.
+    #[command(subcommand)]
+    Namespaces(NamespacesCmd),
+    /// Topics: partitioned and not.
+    #[command(subcommand)]
+    Topics(TopicsCmd),
     /// Subscriptions of a topic.
-    Subscriptions {
-        #[command(subcommand)]
-        command: SubscriptionsCmd,
-    },
+    #[command(subcommand)]
+    Subscriptions(SubscriptionsCmd),
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -29,25 +46,218 @@ pub enum SubscriptionsCmd {
     Stats {
         /// Topic: `persistent://tenant/ns/topic`, `tenant/ns/topic`, or `topic`.
         topic: String,
-        /// Broker: `magnetar://HOST:PORT` or `HOST:PORT`.
-        #[arg(long, default_value = DEFAULT_URL)]
-        url: String,
     },
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum TenantsCmd {
+    List,
+    Create {
+        tenant: String,
+    },
+    Get {
+        tenant: String,
+    },
+    /// Delete a tenant without namespaces.
+    Delete {
+        tenant: String,
+    },
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+impl OnOff {
+    fn on(self) -> bool {
+        self == OnOff::On
+    }
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum NamespacesCmd {
+    /// Namespaces of a tenant.
+    List { tenant: String },
+    /// Create TENANT/NS.
+    Create {
+        namespace: String,
+        /// Bundles of the namespace's hash ring (fixed at creation).
+        #[arg(long)]
+        bundles: Option<u32>,
+    },
+    /// Delete a namespace without topics.
+    Delete { namespace: String },
+    /// Print the namespace's policies (JSON).
+    Policies { namespace: String },
+    /// Retention of acknowledged messages (-1 = unbounded).
+    SetRetention {
+        namespace: String,
+        #[arg(long, allow_hyphen_values = true)]
+        minutes: i64,
+        #[arg(long, allow_hyphen_values = true)]
+        size_mb: i64,
+    },
+    /// Message TTL in seconds (0 = none).
+    SetMessageTtl { namespace: String, seconds: u64 },
+    /// Broker-side deduplication.
+    SetDeduplication { namespace: String, state: OnOff },
+    /// Producers per topic (0 = unlimited).
+    SetMaxProducers { namespace: String, max: u32 },
+    /// Consumers per topic (0 = unlimited).
+    SetMaxConsumers { namespace: String, max: u32 },
+    /// Automatic topic creation; `--default-partitions N` makes new topics partitioned.
+    SetAutoTopicCreation {
+        namespace: String,
+        state: OnOff,
+        #[arg(long)]
+        default_partitions: Option<u32>,
+    },
+    /// Set any policy fields from a JSON object, e.g. '{"max_producers_per_topic":2}'.
+    SetPolicies { namespace: String, json: String },
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum TopicsCmd {
+    /// Topics of TENANT/NS (partitioned topics and their partitions included).
+    List { namespace: String },
+    /// Create a non-partitioned topic.
+    Create { topic: String },
+    /// Create a partitioned topic with N partitions.
+    CreatePartitioned {
+        topic: String,
+        #[arg(long, short = 'p')]
+        partitions: u32,
+    },
+    /// Grow a partitioned topic to N partitions.
+    UpdatePartitioned {
+        topic: String,
+        #[arg(long, short = 'p')]
+        partitions: u32,
+    },
+    /// Print `{"partitions":N}` (0: not partitioned).
+    GetPartitionedMetadata { topic: String },
+    /// Delete a topic (a partitioned one with all its partitions).
+    Delete { topic: String },
+    /// Which broker and shard own the topic (JSON).
+    Lookup { topic: String },
+    /// The id of the topic's last stored entry: `{"id":"L:E:P:-1"}` (or
+    /// null), per partition for a partitioned topic.
+    LastMessageId { topic: String },
 }
 
 pub fn run(args: AdminArgs) -> Result<(), Box<dyn Error>> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(async {
-        match args.command {
-            AdminCmd::Subscriptions { command: SubscriptionsCmd::Stats { topic, url } } => {
-                let client = Client::connect(&url).await?;
-                let json = client.topic_stats(&topic).await?;
-                client.close();
-                // Pretty-printed for people; still one JSON document for scripts.
-                let value: serde_json::Value = serde_json::from_str(&json)?;
-                println!("{}", serde_json::to_string_pretty(&value)?);
-                Ok(())
+    runtime.block_on(admin(args))
+}
+
+enum Print {
+    Nothing,
+    Lines,
+    Json,
+}
+
+fn topic(t: &str) -> Result<String, Box<dyn Error>> {
+    Ok(normalize_topic(t)?)
+}
+
+async fn admin(args: AdminArgs) -> Result<(), Box<dyn Error>> {
+    let (op, body, print) = match args.command {
+        AdminCmd::Subscriptions(SubscriptionsCmd::Stats { topic }) => {
+            let client = Client::connect(&args.url).await?;
+            let json = client.topic_stats(&topic).await;
+            client.close();
+            // Pretty-printed for people; still one JSON document for scripts.
+            let value: serde_json::Value = serde_json::from_str(&json?)?;
+            println!("{}", serde_json::to_string_pretty(&value)?);
+            return Ok(());
+        }
+        AdminCmd::Tenants(c) => match c {
+            TenantsCmd::List => ("tenants.list", json!({}), Print::Lines),
+            TenantsCmd::Create { tenant } => ("tenants.create", json!({ "tenant": tenant }), Print::Nothing),
+            TenantsCmd::Get { tenant } => ("tenants.get", json!({ "tenant": tenant }), Print::Json),
+            TenantsCmd::Delete { tenant } => ("tenants.delete", json!({ "tenant": tenant }), Print::Nothing),
+        },
+        AdminCmd::Namespaces(c) => {
+            let set = |ns: String, policies: Value| {
+                ("namespaces.set-policies", json!({ "namespace": ns, "policies": policies }), Print::Nothing)
+            };
+            match c {
+                NamespacesCmd::List { tenant } => ("namespaces.list", json!({ "tenant": tenant }), Print::Lines),
+                NamespacesCmd::Create { namespace, bundles } => {
+                    let policies = match bundles {
+                        Some(b) => json!({ "bundles": b }),
+                        None => json!({}),
+                    };
+                    ("namespaces.create", json!({ "namespace": namespace, "policies": policies }), Print::Nothing)
+                }
+                NamespacesCmd::Delete { namespace } => {
+                    ("namespaces.delete", json!({ "namespace": namespace }), Print::Nothing)
+                }
+                NamespacesCmd::Policies { namespace } => {
+                    ("namespaces.policies", json!({ "namespace": namespace }), Print::Json)
+                }
+                NamespacesCmd::SetRetention { namespace, minutes, size_mb } => {
+                    set(namespace, json!({ "retention_minutes": minutes, "retention_size_mb": size_mb }))
+                }
+                NamespacesCmd::SetMessageTtl { namespace, seconds } => {
+                    set(namespace, json!({ "message_ttl_seconds": seconds }))
+                }
+                NamespacesCmd::SetDeduplication { namespace, state } => {
+                    set(namespace, json!({ "deduplication": state.on() }))
+                }
+                NamespacesCmd::SetMaxProducers { namespace, max } => {
+                    set(namespace, json!({ "max_producers_per_topic": max }))
+                }
+                NamespacesCmd::SetMaxConsumers { namespace, max } => {
+                    set(namespace, json!({ "max_consumers_per_topic": max }))
+                }
+                NamespacesCmd::SetAutoTopicCreation { namespace, state, default_partitions } => {
+                    let mut p = json!({ "auto_topic_creation": state.on() });
+                    if let Some(n) = default_partitions {
+                        p["default_partitions"] = json!(n);
+                    }
+                    set(namespace, p)
+                }
+                NamespacesCmd::SetPolicies { namespace, json } => {
+                    let policies: Value =
+                        serde_json::from_str(&json).map_err(|e| format!("policies are not JSON: {e}"))?;
+                    set(namespace, policies)
+                }
             }
         }
-    })
+        AdminCmd::Topics(c) => match c {
+            TopicsCmd::List { namespace } => ("topics.list", json!({ "namespace": namespace }), Print::Lines),
+            TopicsCmd::Create { topic: t } => ("topics.create", json!({ "topic": topic(&t)? }), Print::Nothing),
+            TopicsCmd::CreatePartitioned { topic: t, partitions } => {
+                ("topics.create-partitioned", json!({ "topic": topic(&t)?, "partitions": partitions }), Print::Nothing)
+            }
+            TopicsCmd::UpdatePartitioned { topic: t, partitions } => {
+                ("topics.update-partitioned", json!({ "topic": topic(&t)?, "partitions": partitions }), Print::Nothing)
+            }
+            TopicsCmd::GetPartitionedMetadata { topic: t } => {
+                ("topics.partitioned-metadata", json!({ "topic": topic(&t)? }), Print::Json)
+            }
+            TopicsCmd::Delete { topic: t } => ("topics.delete", json!({ "topic": topic(&t)? }), Print::Nothing),
+            TopicsCmd::Lookup { topic: t } => ("topics.lookup", json!({ "topic": topic(&t)? }), Print::Json),
+            TopicsCmd::LastMessageId { topic: t } => {
+                ("topics.last-message-id", json!({ "topic": topic(&t)? }), Print::Json)
+            }
+        },
+    };
+    let client = Client::connect(&args.url).await?;
+    let answer = client.admin().call(op, body).await;
+    client.close();
+    let answer = answer?;
+    match print {
+        Print::Nothing => {}
+        Print::Json => println!("{answer}"),
+        Print::Lines => {
+            for v in answer.as_array().map(Vec::as_slice).unwrap_or_default() {
+                println!("{}", v.as_str().unwrap_or_default());
+            }
+        }
+    }
+    Ok(())
 }

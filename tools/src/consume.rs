@@ -6,7 +6,8 @@
 //! stdout gets one object per received message:
 //! `{"id":"L:E:P:B","key":…,"properties":{…},"publish_time_ms":…,
 //! "receive_time_ms":…,"redelivery_count":…,"payload":"…"}`, with
-//! `"payload_base64"` instead of `"payload"` when the payload is not UTF-8.
+//! `"payload_base64"` instead of `"payload"` when the payload is not UTF-8,
+//! then `"topic"` (the topic or partition it came from).
 //! Status lines go to stderr.
 //!
 //! Flags of issue #4, also a contract: `--type exclusive|failover|shared|key_shared`
@@ -41,8 +42,20 @@ pub enum SubType {
 #[derive(clap::Args, Debug)]
 pub struct ConsumeArgs {
     /// Topic: `persistent://tenant/ns/topic`, `tenant/ns/topic`, or `topic`
-    /// (= `persistent://public/default/topic`).
-    pub topic: String,
+    /// (= `persistent://public/default/topic`). A partitioned topic's name
+    /// covers all its partitions.
+    #[arg(required_unless_present = "topics_pattern")]
+    pub topic: Option<String>,
+
+    /// Instead of TOPIC: every topic of one namespace whose full name matches
+    /// this regular expression, e.g. `persistent://public/default/orders-.*`;
+    /// topics created later that match are picked up.
+    #[arg(long, conflicts_with = "topic")]
+    pub topics_pattern: Option<String>,
+
+    /// How often the namespace is listed again for `--topics-pattern`.
+    #[arg(long, default_value_t = 5.0)]
+    pub pattern_refresh_s: f64,
 
     /// Subscription name.
     #[arg(long, short = 's')]
@@ -115,13 +128,13 @@ pub fn run(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
     runtime.block_on(consume(args))
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)).unwrap_or(0)
 }
 
 /// One line of `--output jsonl`. Field order follows the documented contract.
 #[derive(serde::Serialize)]
-struct ReceiveRecord<'a> {
+pub(crate) struct ReceiveRecord<'a> {
     id: String,
     key: Option<&'a str>,
     /// Duplicate property names: the last value wins (a JSON object has unique keys).
@@ -133,9 +146,12 @@ struct ReceiveRecord<'a> {
     payload: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     payload_base64: Option<String>,
+    /// The topic (a partition's own name for a partitioned topic); added by
+    /// issue #5 for multi-topic consumption.
+    topic: &'a str,
 }
 
-fn record(msg: &Message, receive_time_ms: u64) -> ReceiveRecord<'_> {
+pub(crate) fn record(msg: &Message, receive_time_ms: u64) -> ReceiveRecord<'_> {
     let (payload, payload_base64) = match std::str::from_utf8(&msg.payload) {
         Ok(text) => (Some(text), None),
         Err(_) => (None, Some(base64::engine::general_purpose::STANDARD.encode(&msg.payload))),
@@ -149,13 +165,14 @@ fn record(msg: &Message, receive_time_ms: u64) -> ReceiveRecord<'_> {
         redelivery_count: msg.redelivery_count,
         payload,
         payload_base64,
+        topic: &msg.topic,
     }
 }
 
 /// Longest payload shown in text mode, in characters.
 const TEXT_PAYLOAD_SHOWN_MAX: usize = 200;
 
-fn text_line(msg: &Message) -> String {
+pub(crate) fn text_line(msg: &Message) -> String {
     let props: Vec<String> = msg.properties().iter().map(|(k, v)| format!("{k}={v}")).collect();
     let shown = match std::str::from_utf8(&msg.payload) {
         Ok(text) => {
@@ -194,7 +211,7 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
     };
     let client = Client::connect(&args.url).await?;
     let mut builder = client
-        .subscribe(args.topic.as_str(), args.subscription.as_str())
+        .subscribe(args.topic.clone().unwrap_or_default(), args.subscription.as_str())
         .sub_type(match args.sub_type {
             SubType::Exclusive => SubscriptionType::Exclusive,
             SubType::Failover => SubscriptionType::Failover,
@@ -224,7 +241,17 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
     if let Some(tag) = &args.filter_tag {
         builder = builder.filter_tag(tag.as_str());
     }
-    let consumer = builder.subscribe().await?;
+    // A partitioned topic's name covers all its partitions.
+    let consumer = match &args.topics_pattern {
+        Some(pattern) => {
+            let refresh = match args.pattern_refresh_s {
+                s if s.is_finite() && s > 0.0 => Duration::from_secs_f64(s),
+                s => return Err(format!("--pattern-refresh-s must be positive, got {s}").into()),
+            };
+            builder.subscribe_pattern(pattern, refresh).await?
+        }
+        None => std::sync::Arc::new(builder.subscribe_partitioned().await?),
+    };
 
     let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
     let ctrl_c = tokio::signal::ctrl_c();
@@ -277,7 +304,7 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
         if args.nack_every.is_some_and(|n| received.is_multiple_of(n)) {
             consumer.negative_acknowledge(&msg);
         } else {
-            consumer.ack(&msg.id).await?;
+            consumer.ack(&msg).await?;
         }
     };
     stdout.flush()?;
@@ -324,10 +351,13 @@ mod tests {
         let json = serde_json::to_string(&record(&message(b"hi"), 11)).unwrap();
         assert_eq!(
             json,
-            r#"{"id":"1:2:-1:-1","key":"k1","properties":{"a":"1","b":"2"},"publish_time_ms":10,"receive_time_ms":11,"redelivery_count":0,"payload":"hi"}"#
+            r#"{"id":"1:2:-1:-1","key":"k1","properties":{"a":"1","b":"2"},"publish_time_ms":10,"receive_time_ms":11,"redelivery_count":0,"payload":"hi","topic":"persistent://public/default/t"}"#
         );
         let json = serde_json::to_string(&record(&message(b"\xff\x00"), 11)).unwrap();
-        assert!(json.ends_with(r#""redelivery_count":0,"payload_base64":"/wA="}"#), "{json}");
+        assert!(
+            json.ends_with(r#""redelivery_count":0,"payload_base64":"/wA=","topic":"persistent://public/default/t"}"#),
+            "{json}"
+        );
         assert!(!json.contains(r#""payload":"#));
     }
 

@@ -7,6 +7,7 @@ mod admin;
 mod consume;
 mod inspect;
 mod produce;
+mod read;
 mod standalone;
 
 #[derive(Parser)]
@@ -27,7 +28,9 @@ enum Cmd {
     /// Examine a data directory offline (no broker running): shards, segments,
     /// ledgers, topics, cursors; verify checksums; dump entries.
     Inspect(inspect::InspectArgs),
-    /// Administrative commands (subscription statistics).
+    /// Read a topic from a position without a subscription (a Reader).
+    Read(read::ReadArgs),
+    /// Administer tenants, namespaces (policies) and topics.
     Admin(admin::AdminArgs),
 }
 
@@ -46,6 +49,7 @@ fn main() -> ExitCode {
         Cmd::Consume(args) => consume::run(args),
         Cmd::Inspect(args) => inspect::run(args).map_err(Into::into),
         Cmd::Admin(args) => admin::run(args),
+        Cmd::Read(args) => read::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -9,7 +9,10 @@
 
 use bytes::Bytes;
 use hdrhistogram::Histogram;
-use magnetar_client::{Client, ClientError, MessageId, OutgoingMessage, SendFuture};
+use magnetar_client::{
+    BatchingOptions, Client, ClientError, CompressionType, MessageId, OutgoingMessage, ProducerAccessMode, RoutedSend,
+    RoutingMode,
+};
 use std::error::Error;
 use std::io::{BufRead, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -72,6 +75,47 @@ pub struct ProduceArgs {
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
     pub max_pending: u64,
 
+    /// How keyless messages spread over a partitioned topic's partitions
+    /// (a message with a key always goes to the key's partition).
+    #[arg(long, value_enum, default_value_t = Routing::RoundRobin)]
+    pub routing: Routing,
+
+    /// Batch messages: send a batch once it holds N messages (turns batching on).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub batch_max_messages: Option<u64>,
+
+    /// Batch messages: send a batch once its first message waited MS
+    /// milliseconds (turns batching on; default 10 when batching).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub batch_max_delay_ms: Option<u64>,
+
+    /// Batch messages: send a batch once it holds this many payload bytes
+    /// (turns batching on; default 131072 when batching).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=8_388_608))]
+    pub batch_max_bytes: Option<u64>,
+
+    /// `default`: one batch for all messages; `key-based`: one batch per key
+    /// (turns batching on).
+    #[arg(long, value_enum)]
+    pub batching: Option<Batching>,
+
+    /// Compress each entry's payload (a message's or a batch's) with this codec.
+    #[arg(long, value_enum, default_value_t = Codec::None)]
+    pub compression: Codec,
+
+    /// Split messages above the chunk size (4 MiB, or --chunk-max-bytes)
+    /// into chunks that the consumer reassembles. Not with batching.
+    #[arg(long, conflicts_with_all = ["batch_max_messages", "batch_max_delay_ms", "batch_max_bytes", "batching"])]
+    pub chunking: bool,
+
+    /// Chunk size in bytes for --chunking.
+    #[arg(long, requires = "chunking", value_parser = clap::value_parser!(u64).range(1..=5_000_000))]
+    pub chunk_max_bytes: Option<u64>,
+
+    /// How this producer shares the topic with other producers.
+    #[arg(long, value_enum, default_value_t = AccessMode::Shared)]
+    pub access_mode: AccessMode,
+
     /// Broker: `magnetar://HOST:PORT` or `HOST:PORT`.
     #[arg(long, default_value = DEFAULT_URL)]
     pub url: String,
@@ -89,6 +133,96 @@ pub struct ProduceArgs {
     /// Tag every message with this (for subscriptions with `--filter-tag`).
     #[arg(long)]
     pub tag: Option<String>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Routing {
+    RoundRobin,
+    Single,
+    Key,
+    Latency,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Batching {
+    Default,
+    KeyBased,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Codec {
+    None,
+    Lz4,
+    Zlib,
+    Zstd,
+    Snappy,
+}
+
+impl From<Codec> for CompressionType {
+    fn from(c: Codec) -> Self {
+        match c {
+            Codec::None => CompressionType::None,
+            Codec::Lz4 => CompressionType::Lz4,
+            Codec::Zlib => CompressionType::Zlib,
+            Codec::Zstd => CompressionType::Zstd,
+            Codec::Snappy => CompressionType::Snappy,
+        }
+    }
+}
+
+impl ProduceArgs {
+    /// Batching options when any batching flag was given.
+    pub fn batching_options(&self) -> Option<BatchingOptions> {
+        if self.batch_max_messages.is_none()
+            && self.batch_max_delay_ms.is_none()
+            && self.batch_max_bytes.is_none()
+            && self.batching.is_none()
+        {
+            return None;
+        }
+        let mut o = BatchingOptions::default();
+        if let Some(n) = self.batch_max_messages {
+            o.max_messages = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if let Some(ms) = self.batch_max_delay_ms {
+            o.max_delay = Duration::from_millis(ms);
+        }
+        if let Some(b) = self.batch_max_bytes {
+            o.max_bytes = usize::try_from(b).unwrap_or(usize::MAX);
+        }
+        o.key_based = self.batching == Some(Batching::KeyBased);
+        Some(o)
+    }
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AccessMode {
+    Shared,
+    Exclusive,
+    WaitForExclusive,
+    ExclusiveWithFencing,
+}
+
+impl From<Routing> for RoutingMode {
+    fn from(r: Routing) -> Self {
+        match r {
+            Routing::RoundRobin => RoutingMode::RoundRobin,
+            Routing::Single => RoutingMode::SinglePartition,
+            Routing::Key => RoutingMode::KeyHash,
+            Routing::Latency => RoutingMode::Latency,
+        }
+    }
+}
+
+impl From<AccessMode> for ProducerAccessMode {
+    fn from(m: AccessMode) -> Self {
+        match m {
+            AccessMode::Shared => ProducerAccessMode::Shared,
+            AccessMode::Exclusive => ProducerAccessMode::Exclusive,
+            AccessMode::WaitForExclusive => ProducerAccessMode::WaitForExclusive,
+            AccessMode::ExclusiveWithFencing => ProducerAccessMode::ExclusiveWithFencing,
+        }
+    }
 }
 
 fn parse_property(s: &str) -> Result<(String, String), String> {
@@ -186,7 +320,7 @@ struct InFlight {
     key: Option<String>,
     payload_bytes: u64,
     queued_at: Instant,
-    receipt: SendFuture,
+    receipt: RoutedSend,
 }
 
 #[derive(serde::Serialize)]
@@ -215,8 +349,23 @@ async fn produce(args: ProduceArgs) -> Result<(), Box<dyn Error>> {
     let client = Client::connect(&args.url).await?;
     let requested_name = args.producer_name.clone().unwrap_or_else(generated_name);
     let max_pending = usize::try_from(args.max_pending)?;
-    let producer = client.producer(args.topic.as_str()).name(requested_name).max_pending(max_pending).create().await?;
-    let name = producer.name().to_string();
+    // A partitioned topic's name covers all its partitions (one producer
+    // each, named `<name>-<i>`); a plain topic gets one producer named `<name>`.
+    let mut builder = client
+        .producer(args.topic.as_str())
+        .name(requested_name.clone())
+        .max_pending(max_pending)
+        .access_mode(args.access_mode.into())
+        .compression(args.compression.into());
+    if let Some(b) = args.batching_options() {
+        builder = builder.batching(b);
+    }
+    if args.chunking {
+        let bytes = args.chunk_max_bytes.map_or(magnetar_client::DEFAULT_CHUNK_BYTES, |b| b as usize);
+        builder = builder.chunking(bytes);
+    }
+    let producer = builder.create_partitioned(args.routing.into()).await?;
+    let name = requested_name;
     let mut source = if args.stdin {
         Source::Stdin(spawn_stdin_reader())
     } else if let Some(text) = &args.message {
@@ -273,7 +422,7 @@ async fn produce(args: ProduceArgs) -> Result<(), Box<dyn Error>> {
         let mut last_id: Option<MessageId> = None;
         let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
         while let Some(inflight) = inflight_rx.recv().await {
-            match inflight.receipt.await {
+            match inflight.receipt.receipt().await {
                 Ok(id) => {
                     let micros = u64::try_from(inflight.queued_at.elapsed().as_micros()).unwrap_or(u64::MAX);
                     histogram.saturating_record(micros.max(1));

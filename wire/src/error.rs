@@ -57,6 +57,11 @@ pub enum WireError {
     /// is willing to build.
     #[error("{what} of about {len} bytes exceeds the encoder limit of {max} bytes")]
     EncodeTooLarge { what: &'static str, len: u64, max: u64 },
+
+    /// A batch payload does not hold the number of messages its metadata
+    /// announces (or holds bytes after the last one).
+    #[error("batch payload of {len} bytes: {reason} (expected {expected} messages, found {found})")]
+    BadBatch { len: u64, expected: u32, found: u32, reason: &'static str },
 }
 
 impl WireError {

@@ -22,7 +22,9 @@ use bytes::{Buf, BufMut, BytesMut};
 use flatbuffers::{FlatBufferBuilder, WIPOffset};
 
 use crate::error::WireError;
-use crate::types::{AckType, Command, ErrorCode, Frame, InitialPosition, MessageId, SubscriptionType};
+use crate::types::{
+    AckType, Command, ErrorCode, Frame, InitialPosition, MessageId, ProducerAccessMode, SubscriptionType,
+};
 use crate::{fb, verifier_options, ENCODE_VARIABLE_BYTES_MAX};
 
 /// Default bound on `frame_len` (bytes after the length field).
@@ -251,6 +253,8 @@ fn command_variable_bytes(command: &Command) -> u64 {
         Command::Producer { topic, producer_name, .. } => s(topic).saturating_add(s(producer_name)),
         Command::ProducerSuccess { producer_name, .. } => s(producer_name),
         Command::SendError { message, .. } | Command::Error { message, .. } => s(message),
+        Command::AdminRequest { op, json, .. } => s(op).saturating_add(s(json)),
+        Command::AdminResponse { json, .. } => s(json),
         Command::TopicStats { topic, json, .. } => s(topic).saturating_add(s(json)),
         Command::Subscribe { topic, subscription, consumer_name, filter_tag, .. } => {
             s(topic).saturating_add(s(subscription)).saturating_add(s(consumer_name)).saturating_add(s(filter_tag))
@@ -300,6 +304,25 @@ fn sub_type_from_fb(t: fb::SubscriptionType) -> Result<SubscriptionType, WireErr
         fb::SubscriptionType::Shared => Ok(SubscriptionType::Shared),
         fb::SubscriptionType::KeyShared => Ok(SubscriptionType::KeyShared),
         other => Err(WireError::BadEnum { field: "Subscribe.sub_type", value: u64::from(other.0) }),
+    }
+}
+
+fn access_mode_to_fb(m: ProducerAccessMode) -> fb::ProducerAccessMode {
+    match m {
+        ProducerAccessMode::Shared => fb::ProducerAccessMode::Shared,
+        ProducerAccessMode::Exclusive => fb::ProducerAccessMode::Exclusive,
+        ProducerAccessMode::WaitForExclusive => fb::ProducerAccessMode::WaitForExclusive,
+        ProducerAccessMode::ExclusiveWithFencing => fb::ProducerAccessMode::ExclusiveWithFencing,
+    }
+}
+
+fn access_mode_from_fb(m: fb::ProducerAccessMode) -> Result<ProducerAccessMode, WireError> {
+    match m {
+        fb::ProducerAccessMode::Shared => Ok(ProducerAccessMode::Shared),
+        fb::ProducerAccessMode::Exclusive => Ok(ProducerAccessMode::Exclusive),
+        fb::ProducerAccessMode::WaitForExclusive => Ok(ProducerAccessMode::WaitForExclusive),
+        fb::ProducerAccessMode::ExclusiveWithFencing => Ok(ProducerAccessMode::ExclusiveWithFencing),
+        other => Err(WireError::BadEnum { field: "Producer.access_mode", value: u64::from(other.0) }),
     }
 }
 
@@ -354,10 +377,16 @@ fn build_command<'b>(fbb: &mut FlatBufferBuilder<'b>, command: &Command) -> WIPO
             };
             (fb::AnyCommand::Connected, fb::Connected::create(fbb, &args).as_union_value())
         }
-        Command::Producer { request_id, producer_id, topic, producer_name } => {
+        Command::Producer { request_id, producer_id, topic, producer_name, access_mode } => {
             let topic = Some(fbb.create_string(topic));
             let producer_name = Some(fbb.create_string(producer_name));
-            let args = fb::ProducerArgs { request_id: *request_id, producer_id: *producer_id, topic, producer_name };
+            let args = fb::ProducerArgs {
+                request_id: *request_id,
+                producer_id: *producer_id,
+                topic,
+                producer_name,
+                access_mode: access_mode_to_fb(*access_mode),
+            };
             (fb::AnyCommand::Producer, fb::Producer::create(fbb, &args).as_union_value())
         }
         Command::ProducerSuccess { request_id, producer_name, last_sequence_id } => {
@@ -501,6 +530,17 @@ fn build_command<'b>(fbb: &mut FlatBufferBuilder<'b>, command: &Command) -> WIPO
             let args = fb::TopicStatsArgs { request_id: *request_id, topic, json };
             (fb::AnyCommand::TopicStats, fb::TopicStats::create(fbb, &args).as_union_value())
         }
+        Command::AdminRequest { request_id, op, json } => {
+            let op = Some(fbb.create_string(op));
+            let json = Some(fbb.create_string(json));
+            let args = fb::AdminRequestArgs { request_id: *request_id, op, json };
+            (fb::AnyCommand::AdminRequest, fb::AdminRequest::create(fbb, &args).as_union_value())
+        }
+        Command::AdminResponse { request_id, json } => {
+            let json = Some(fbb.create_string(json));
+            let args = fb::AdminResponseArgs { request_id: *request_id, json };
+            (fb::AnyCommand::AdminResponse, fb::AdminResponse::create(fbb, &args).as_union_value())
+        }
     };
     fb::BaseCommand::create(fbb, &fb::BaseCommandArgs { command_type, command: Some(table) })
 }
@@ -539,6 +579,7 @@ fn command_from_fb(base: &fb::BaseCommand<'_>) -> Result<Command, WireError> {
                 producer_id: c.producer_id(),
                 topic: string(c.topic(), "Producer.topic")?,
                 producer_name: string(c.producer_name(), "Producer.producer_name")?,
+                access_mode: access_mode_from_fb(c.access_mode())?,
             }
         }
         fb::AnyCommand::ProducerSuccess => {
@@ -666,6 +707,18 @@ fn command_from_fb(base: &fb::BaseCommand<'_>) -> Result<Command, WireError> {
                 topic: string(c.topic(), "TopicStats.topic")?,
                 json: string(c.json(), "TopicStats.json")?,
             }
+        }
+        fb::AnyCommand::AdminRequest => {
+            let c = base.command_as_admin_request().ok_or(MISSING)?;
+            Command::AdminRequest {
+                request_id: c.request_id(),
+                op: string(c.op(), "AdminRequest.op")?,
+                json: string(c.json(), "AdminRequest.json")?,
+            }
+        }
+        fb::AnyCommand::AdminResponse => {
+            let c = base.command_as_admin_response().ok_or(MISSING)?;
+            Command::AdminResponse { request_id: c.request_id(), json: string(c.json(), "AdminResponse.json")? }
         }
         other => return Err(WireError::UnknownCommand(other.0)),
     };

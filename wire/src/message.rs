@@ -80,6 +80,8 @@ pub struct MessagePeek<'a> {
     pub num_messages: u32,
     pub deliver_at_ms: u64,
     pub tag: Option<&'a str>,
+    /// `(chunk_id, num_chunks)` of a chunk of a chunked message.
+    pub chunk: Option<(u32, u32)>,
     /// The payload: the bytes after the metadata.
     pub payload: &'a [u8],
 }
@@ -104,6 +106,7 @@ pub fn peek_message(blob: &[u8]) -> Result<MessagePeek<'_>, WireError> {
         num_messages: meta.num_messages(),
         deliver_at_ms: meta.deliver_at_ms(),
         tag: meta.tag(),
+        chunk: meta.chunk().map(|c| (c.chunk_id(), c.num_chunks())),
         payload,
     })
 }

@@ -92,6 +92,9 @@ pub enum ErrorCode {
     NotAllowed = 14,
     /// The data disk is above its watermark; retry later.
     StorageFull = 15,
+    /// Another producer took the topic with `ExclusiveWithFencing`: this
+    /// producer may not send any more.
+    ProducerFenced = 16,
 }
 
 impl ErrorCode {
@@ -112,6 +115,7 @@ impl ErrorCode {
             13 => Self::MessageTooLarge,
             14 => Self::NotAllowed,
             15 => Self::StorageFull,
+            16 => Self::ProducerFenced,
             _ => Self::UnknownError,
         }
     }
@@ -143,6 +147,22 @@ pub enum AckType {
     #[default]
     Individual,
     Cumulative,
+}
+
+/// How a producer shares its topic with other producers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ProducerAccessMode {
+    /// Any number of producers (the default).
+    #[default]
+    Shared,
+    /// The only producer; a second one is refused with `ProducerBusy`.
+    Exclusive,
+    /// Waits (the `Producer` request stays unanswered) until the exclusive
+    /// producer leaves, then takes over.
+    WaitForExclusive,
+    /// Takes over at once: every other producer of the topic is fenced (its
+    /// later sends fail with `ProducerFenced`).
+    ExclusiveWithFencing,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -179,6 +199,7 @@ pub enum Command {
         producer_id: u64,
         topic: String,
         producer_name: String,
+        access_mode: ProducerAccessMode,
     },
     /// `last_sequence_id` is the highest sequence id persisted for this
     /// producer name (-1 when none is known).
@@ -290,6 +311,18 @@ pub enum Command {
         topic: String,
         json: String,
     },
+    /// An admin or lookup operation: `op` names it, `json` is a JSON object
+    /// with its arguments (see `docs/architecture.md`, "Admin").
+    AdminRequest {
+        request_id: u64,
+        op: String,
+        json: String,
+    },
+    /// The answer to an `AdminRequest`: a JSON value.
+    AdminResponse {
+        request_id: u64,
+        json: String,
+    },
 }
 
 /// A decoded frame: the command plus its payload (empty for most commands).
@@ -358,6 +391,8 @@ impl Command {
             Self::ActiveConsumerChange { .. } => "ActiveConsumerChange",
             Self::Seek { .. } => "Seek",
             Self::TopicStats { .. } => "TopicStats",
+            Self::AdminRequest { .. } => "AdminRequest",
+            Self::AdminResponse { .. } => "AdminResponse",
         }
     }
 

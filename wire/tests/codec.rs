@@ -258,7 +258,7 @@ fn malformed_commands_give_typed_errors() {
     let mut fbb = FlatBufferBuilder::new();
     let t = fb::Producer::create(
         &mut fbb,
-        &fb::ProducerArgs { request_id: 1, producer_id: 2, topic: None, producer_name: None },
+        &fb::ProducerArgs { request_id: 1, producer_id: 2, topic: None, producer_name: None, ..Default::default() },
     );
     let cmd = finish_base(&mut fbb, fb::AnyCommand::Producer, Some(t.as_union_value()));
     assert_eq!(decode_raw(&cmd), Err(WireError::MissingField("Producer.topic")));

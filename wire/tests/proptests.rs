@@ -83,14 +83,26 @@ fn arb_command() -> impl Strategy<Value = Command> {
                 shard
             }
         ),
-        (any::<u64>(), any::<u64>(), arb_string(), arb_string()).prop_map(
-            |(request_id, producer_id, topic, producer_name)| Command::Producer {
+        (any::<u64>(), any::<u64>(), arb_string(), arb_string(), 0u8..4).prop_map(
+            |(request_id, producer_id, topic, producer_name, mode)| Command::Producer {
                 request_id,
                 producer_id,
                 topic,
-                producer_name
+                producer_name,
+                access_mode: [
+                    ProducerAccessMode::Shared,
+                    ProducerAccessMode::Exclusive,
+                    ProducerAccessMode::WaitForExclusive,
+                    ProducerAccessMode::ExclusiveWithFencing
+                ][usize::from(mode)]
             }
         ),
+        (any::<u64>(), arb_string(), arb_string()).prop_map(|(request_id, op, json)| Command::AdminRequest {
+            request_id,
+            op,
+            json
+        }),
+        (any::<u64>(), arb_string()).prop_map(|(request_id, json)| Command::AdminResponse { request_id, json }),
         (any::<u64>(), arb_string(), any::<i64>()).prop_map(|(request_id, producer_name, last_sequence_id)| {
             Command::ProducerSuccess { request_id, producer_name, last_sequence_id }
         }),

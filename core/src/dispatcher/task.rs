@@ -41,7 +41,9 @@ async fn run(shard: Rc<Shard>, topic: Rc<Topic>, sub: Rc<Subscription>) {
             }
             None => sub.wake.wait().await,
         }
-        if shard.is_closed() {
+        // A deleted topic, or a non-durable subscription whose consumer left
+        // (issue #5), stops its dispatcher.
+        if shard.is_closed() || topic.deleted.get() || sub.removed.get() {
             return;
         }
         for (entry, hash) in sub.delayed.borrow_mut().take_due(now_ms()) {
@@ -230,7 +232,10 @@ fn deliver(shard: &Shard, topic: &Topic, sub: &Subscription, i: usize, entry: u6
         let mut consumers = sub.consumers.borrow_mut();
         let c = &mut consumers[i];
         assert!(c.permits > 0, "dispatch without a permit");
-        c.permits -= 1;
+        // Permits count messages: a batch takes as many as it holds (it goes
+        // out whole, even past the consumer's last permits).
+        let messages = magnetar_wire::peek_message(&blob).map_or(1, |p| u64::from(p.num_messages.max(1)));
+        c.permits = c.permits.saturating_sub(messages);
         c.unacked += 1;
         c.consumer
     };

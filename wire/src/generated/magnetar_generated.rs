@@ -13,10 +13,10 @@ pub mod wire {
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_ERROR_CODE: u16 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_ERROR_CODE: u16 = 15;
+pub const ENUM_MAX_ERROR_CODE: u16 = 16;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 16] = [
+pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 17] = [
   ErrorCode::UnknownError,
   ErrorCode::ProtocolError,
   ErrorCode::UnsupportedVersion,
@@ -33,6 +33,7 @@ pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 16] = [
   ErrorCode::MessageTooLarge,
   ErrorCode::NotAllowed,
   ErrorCode::StorageFull,
+  ErrorCode::ProducerFenced,
 ];
 
 /// Typed error codes (types.rs `ErrorCode`). Unknown values from a newer
@@ -58,9 +59,10 @@ impl ErrorCode {
   pub const MessageTooLarge: Self = Self(13);
   pub const NotAllowed: Self = Self(14);
   pub const StorageFull: Self = Self(15);
+  pub const ProducerFenced: Self = Self(16);
 
   pub const ENUM_MIN: u16 = 0;
-  pub const ENUM_MAX: u16 = 15;
+  pub const ENUM_MAX: u16 = 16;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::UnknownError,
     Self::ProtocolError,
@@ -78,6 +80,7 @@ impl ErrorCode {
     Self::MessageTooLarge,
     Self::NotAllowed,
     Self::StorageFull,
+    Self::ProducerFenced,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -98,6 +101,7 @@ impl ErrorCode {
       Self::MessageTooLarge => Some("MessageTooLarge"),
       Self::NotAllowed => Some("NotAllowed"),
       Self::StorageFull => Some("StorageFull"),
+      Self::ProducerFenced => Some("ProducerFenced"),
       _ => None,
     }
   }
@@ -413,6 +417,99 @@ impl<'a> ::flatbuffers::Verifiable for AckType {
 
 impl ::flatbuffers::SimpleToVerifyInSlice for AckType {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MIN_PRODUCER_ACCESS_MODE: u8 = 0;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MAX_PRODUCER_ACCESS_MODE: u8 = 3;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+#[allow(non_camel_case_types)]
+pub const ENUM_VALUES_PRODUCER_ACCESS_MODE: [ProducerAccessMode; 4] = [
+  ProducerAccessMode::Shared,
+  ProducerAccessMode::Exclusive,
+  ProducerAccessMode::WaitForExclusive,
+  ProducerAccessMode::ExclusiveWithFencing,
+];
+
+/// How a producer shares its topic (issue #5).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[repr(transparent)]
+pub struct ProducerAccessMode(pub u8);
+#[allow(non_upper_case_globals)]
+impl ProducerAccessMode {
+  pub const Shared: Self = Self(0);
+  pub const Exclusive: Self = Self(1);
+  pub const WaitForExclusive: Self = Self(2);
+  pub const ExclusiveWithFencing: Self = Self(3);
+
+  pub const ENUM_MIN: u8 = 0;
+  pub const ENUM_MAX: u8 = 3;
+  pub const ENUM_VALUES: &'static [Self] = &[
+    Self::Shared,
+    Self::Exclusive,
+    Self::WaitForExclusive,
+    Self::ExclusiveWithFencing,
+  ];
+  /// Returns the variant's name or "" if unknown.
+  pub fn variant_name(self) -> Option<&'static str> {
+    match self {
+      Self::Shared => Some("Shared"),
+      Self::Exclusive => Some("Exclusive"),
+      Self::WaitForExclusive => Some("WaitForExclusive"),
+      Self::ExclusiveWithFencing => Some("ExclusiveWithFencing"),
+      _ => None,
+    }
+  }
+}
+impl ::core::fmt::Debug for ProducerAccessMode {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter) -> ::core::fmt::Result {
+    if let Some(name) = self.variant_name() {
+      f.write_str(name)
+    } else {
+      f.write_fmt(format_args!("<UNKNOWN {:?}>", self.0))
+    }
+  }
+}
+impl<'a> ::flatbuffers::Follow<'a> for ProducerAccessMode {
+  type Inner = Self;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    let b = unsafe { ::flatbuffers::read_scalar_at::<u8>(buf, loc) };
+    Self(b)
+  }
+}
+
+impl ::flatbuffers::Push for ProducerAccessMode {
+    type Output = ProducerAccessMode;
+    #[inline]
+    unsafe fn push(&self, dst: &mut [u8], _written_len: usize) {
+        unsafe { ::flatbuffers::emplace_scalar::<u8>(dst, self.0) };
+    }
+}
+
+impl ::flatbuffers::EndianScalar for ProducerAccessMode {
+  type Scalar = u8;
+  #[inline]
+  fn to_little_endian(self) -> u8 {
+    self.0.to_le()
+  }
+  #[inline]
+  #[allow(clippy::wrong_self_convention)]
+  fn from_little_endian(v: u8) -> Self {
+    let b = u8::from_le(v);
+    Self(b)
+  }
+}
+
+impl<'a> ::flatbuffers::Verifiable for ProducerAccessMode {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    u8::run_verifier(v, pos)
+  }
+}
+
+impl ::flatbuffers::SimpleToVerifyInSlice for ProducerAccessMode {}
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_COMPRESSION_TYPE: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MAX_COMPRESSION_TYPE: u8 = 4;
@@ -511,10 +608,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for CompressionType {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_ANY_COMMAND: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_ANY_COMMAND: u8 = 21;
+pub const ENUM_MAX_ANY_COMMAND: u8 = 23;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ANY_COMMAND: [AnyCommand; 22] = [
+pub const ENUM_VALUES_ANY_COMMAND: [AnyCommand; 24] = [
   AnyCommand::NONE,
   AnyCommand::Connect,
   AnyCommand::Connected,
@@ -537,6 +634,8 @@ pub const ENUM_VALUES_ANY_COMMAND: [AnyCommand; 22] = [
   AnyCommand::ActiveConsumerChange,
   AnyCommand::Seek,
   AnyCommand::TopicStats,
+  AnyCommand::AdminRequest,
+  AnyCommand::AdminResponse,
 ];
 
 /// Add new commands only at the end.
@@ -567,9 +666,11 @@ impl AnyCommand {
   pub const ActiveConsumerChange: Self = Self(19);
   pub const Seek: Self = Self(20);
   pub const TopicStats: Self = Self(21);
+  pub const AdminRequest: Self = Self(22);
+  pub const AdminResponse: Self = Self(23);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 21;
+  pub const ENUM_MAX: u8 = 23;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::Connect,
@@ -593,6 +694,8 @@ impl AnyCommand {
     Self::ActiveConsumerChange,
     Self::Seek,
     Self::TopicStats,
+    Self::AdminRequest,
+    Self::AdminResponse,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -619,6 +722,8 @@ impl AnyCommand {
       Self::ActiveConsumerChange => Some("ActiveConsumerChange"),
       Self::Seek => Some("Seek"),
       Self::TopicStats => Some("TopicStats"),
+      Self::AdminRequest => Some("AdminRequest"),
+      Self::AdminResponse => Some("AdminResponse"),
       _ => None,
     }
   }
@@ -1148,6 +1253,7 @@ impl<'a> Producer<'a> {
   pub const VT_PRODUCER_ID: ::flatbuffers::VOffsetT = 6;
   pub const VT_TOPIC: ::flatbuffers::VOffsetT = 8;
   pub const VT_PRODUCER_NAME: ::flatbuffers::VOffsetT = 10;
+  pub const VT_ACCESS_MODE: ::flatbuffers::VOffsetT = 12;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -1163,6 +1269,7 @@ impl<'a> Producer<'a> {
     builder.add_request_id(args.request_id);
     if let Some(x) = args.producer_name { builder.add_producer_name(x); }
     if let Some(x) = args.topic { builder.add_topic(x); }
+    builder.add_access_mode(args.access_mode);
     builder.finish()
   }
 
@@ -1195,6 +1302,13 @@ impl<'a> Producer<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(Producer::VT_PRODUCER_NAME, None)}
   }
+  #[inline]
+  pub fn access_mode(&self) -> ProducerAccessMode {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<ProducerAccessMode>(Producer::VT_ACCESS_MODE, Some(ProducerAccessMode::Shared)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for Producer<'_> {
@@ -1207,6 +1321,7 @@ impl ::flatbuffers::Verifiable for Producer<'_> {
      .visit_field::<u64>("producer_id", Self::VT_PRODUCER_ID, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("producer_name", Self::VT_PRODUCER_NAME, false)?
+     .visit_field::<ProducerAccessMode>("access_mode", Self::VT_ACCESS_MODE, false)?
      .finish();
     Ok(())
   }
@@ -1216,6 +1331,7 @@ pub struct ProducerArgs<'a> {
     pub producer_id: u64,
     pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub producer_name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub access_mode: ProducerAccessMode,
 }
 impl<'a> Default for ProducerArgs<'a> {
   #[inline]
@@ -1225,6 +1341,7 @@ impl<'a> Default for ProducerArgs<'a> {
       producer_id: 0,
       topic: None,
       producer_name: None,
+      access_mode: ProducerAccessMode::Shared,
     }
   }
 }
@@ -1251,6 +1368,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ProducerBuilder<'a, 'b, A> {
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Producer::VT_PRODUCER_NAME, producer_name);
   }
   #[inline]
+  pub fn add_access_mode(&mut self, access_mode: ProducerAccessMode) {
+    self.fbb_.push_slot::<ProducerAccessMode>(Producer::VT_ACCESS_MODE, access_mode, ProducerAccessMode::Shared);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ProducerBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ProducerBuilder {
@@ -1272,6 +1393,7 @@ impl ::core::fmt::Debug for Producer<'_> {
       ds.field("producer_id", &self.producer_id());
       ds.field("topic", &self.topic());
       ds.field("producer_name", &self.producer_name());
+      ds.field("access_mode", &self.access_mode());
       ds.finish()
   }
 }
@@ -3578,6 +3700,253 @@ impl ::core::fmt::Debug for TopicStats<'_> {
       ds.finish()
   }
 }
+pub enum AdminRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// An admin or lookup operation (issue #5): `op` names it (e.g.
+/// "tenants.create", "topics.lookup"), `json` holds its arguments as a JSON
+/// object. Answered by `AdminResponse` or `Error`.
+pub struct AdminRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for AdminRequest<'a> {
+  type Inner = AdminRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> AdminRequest<'a> {
+  pub const VT_REQUEST_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_OP: ::flatbuffers::VOffsetT = 6;
+  pub const VT_JSON: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    AdminRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args AdminRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<AdminRequest<'bldr>> {
+    let mut builder = AdminRequestBuilder::new(_fbb);
+    builder.add_request_id(args.request_id);
+    if let Some(x) = args.json { builder.add_json(x); }
+    if let Some(x) = args.op { builder.add_op(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn request_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(AdminRequest::VT_REQUEST_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn op(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(AdminRequest::VT_OP, None)}
+  }
+  #[inline]
+  pub fn json(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(AdminRequest::VT_JSON, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for AdminRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("request_id", Self::VT_REQUEST_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("op", Self::VT_OP, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("json", Self::VT_JSON, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct AdminRequestArgs<'a> {
+    pub request_id: u64,
+    pub op: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub json: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for AdminRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    AdminRequestArgs {
+      request_id: 0,
+      op: None,
+      json: None,
+    }
+  }
+}
+
+pub struct AdminRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> AdminRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_request_id(&mut self, request_id: u64) {
+    self.fbb_.push_slot::<u64>(AdminRequest::VT_REQUEST_ID, request_id, 0);
+  }
+  #[inline]
+  pub fn add_op(&mut self, op: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(AdminRequest::VT_OP, op);
+  }
+  #[inline]
+  pub fn add_json(&mut self, json: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(AdminRequest::VT_JSON, json);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> AdminRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    AdminRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<AdminRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for AdminRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("AdminRequest");
+      ds.field("request_id", &self.request_id());
+      ds.field("op", &self.op());
+      ds.field("json", &self.json());
+      ds.finish()
+  }
+}
+pub enum AdminResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// The result of an `AdminRequest`, as a JSON value.
+pub struct AdminResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for AdminResponse<'a> {
+  type Inner = AdminResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> AdminResponse<'a> {
+  pub const VT_REQUEST_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_JSON: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    AdminResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args AdminResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<AdminResponse<'bldr>> {
+    let mut builder = AdminResponseBuilder::new(_fbb);
+    builder.add_request_id(args.request_id);
+    if let Some(x) = args.json { builder.add_json(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn request_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(AdminResponse::VT_REQUEST_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn json(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(AdminResponse::VT_JSON, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for AdminResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("request_id", Self::VT_REQUEST_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("json", Self::VT_JSON, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct AdminResponseArgs<'a> {
+    pub request_id: u64,
+    pub json: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for AdminResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    AdminResponseArgs {
+      request_id: 0,
+      json: None,
+    }
+  }
+}
+
+pub struct AdminResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> AdminResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_request_id(&mut self, request_id: u64) {
+    self.fbb_.push_slot::<u64>(AdminResponse::VT_REQUEST_ID, request_id, 0);
+  }
+  #[inline]
+  pub fn add_json(&mut self, json: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(AdminResponse::VT_JSON, json);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> AdminResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    AdminResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<AdminResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for AdminResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("AdminResponse");
+      ds.field("request_id", &self.request_id());
+      ds.field("json", &self.json());
+      ds.finish()
+  }
+}
 pub enum BaseCommandOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -3943,6 +4312,36 @@ impl<'a> BaseCommand<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn command_as_admin_request(&self) -> Option<AdminRequest<'a>> {
+    if self.command_type() == AnyCommand::AdminRequest {
+      self.command().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { AdminRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn command_as_admin_response(&self) -> Option<AdminResponse<'a>> {
+    if self.command_type() == AnyCommand::AdminResponse {
+      self.command().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { AdminResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for BaseCommand<'_> {
@@ -3974,6 +4373,8 @@ impl ::flatbuffers::Verifiable for BaseCommand<'_> {
           AnyCommand::ActiveConsumerChange => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ActiveConsumerChange>>("AnyCommand::ActiveConsumerChange", pos),
           AnyCommand::Seek => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Seek>>("AnyCommand::Seek", pos),
           AnyCommand::TopicStats => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<TopicStats>>("AnyCommand::TopicStats", pos),
+          AnyCommand::AdminRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<AdminRequest>>("AnyCommand::AdminRequest", pos),
+          AnyCommand::AdminResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<AdminResponse>>("AnyCommand::AdminResponse", pos),
           _ => Ok(()),
         }
      })?
@@ -4170,6 +4571,20 @@ impl ::core::fmt::Debug for BaseCommand<'_> {
         },
         AnyCommand::TopicStats => {
           if let Some(x) = self.command_as_topic_stats() {
+            ds.field("command", &x)
+          } else {
+            ds.field("command", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        AnyCommand::AdminRequest => {
+          if let Some(x) = self.command_as_admin_request() {
+            ds.field("command", &x)
+          } else {
+            ds.field("command", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        AnyCommand::AdminResponse => {
+          if let Some(x) = self.command_as_admin_response() {
             ds.field("command", &x)
           } else {
             ds.field("command", &"InvalidFlatbuffer: Union discriminant does not match value.")
@@ -4744,6 +5159,191 @@ impl ::core::fmt::Debug for MessageMetadata<'_> {
       ds.field("uncompressed_size", &self.uncompressed_size());
       ds.field("chunk", &self.chunk());
       ds.field("tag", &self.tag());
+      ds.finish()
+  }
+}
+pub enum SingleMessageMetadataOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// One message inside a batch (issue #5): the fields that differ from
+/// message to message. A batch's payload is, per message:
+/// `u32 LE metadata_len`, this table, `payload_size` payload bytes
+/// (see docs/format.md, "Batch payload").
+pub struct SingleMessageMetadata<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for SingleMessageMetadata<'a> {
+  type Inner = SingleMessageMetadata<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> SingleMessageMetadata<'a> {
+  pub const VT_PROPERTIES: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PARTITION_KEY: ::flatbuffers::VOffsetT = 6;
+  pub const VT_ORDERING_KEY: ::flatbuffers::VOffsetT = 8;
+  pub const VT_PAYLOAD_SIZE: ::flatbuffers::VOffsetT = 10;
+  pub const VT_EVENT_TIME_MS: ::flatbuffers::VOffsetT = 12;
+  pub const VT_SEQUENCE_ID: ::flatbuffers::VOffsetT = 14;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    SingleMessageMetadata { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args SingleMessageMetadataArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<SingleMessageMetadata<'bldr>> {
+    let mut builder = SingleMessageMetadataBuilder::new(_fbb);
+    builder.add_sequence_id(args.sequence_id);
+    builder.add_event_time_ms(args.event_time_ms);
+    builder.add_payload_size(args.payload_size);
+    if let Some(x) = args.ordering_key { builder.add_ordering_key(x); }
+    if let Some(x) = args.partition_key { builder.add_partition_key(x); }
+    if let Some(x) = args.properties { builder.add_properties(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn properties(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<KeyValue<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<KeyValue>>>>(SingleMessageMetadata::VT_PROPERTIES, None)}
+  }
+  #[inline]
+  pub fn partition_key(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(SingleMessageMetadata::VT_PARTITION_KEY, None)}
+  }
+  #[inline]
+  pub fn ordering_key(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(SingleMessageMetadata::VT_ORDERING_KEY, None)}
+  }
+  #[inline]
+  pub fn payload_size(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(SingleMessageMetadata::VT_PAYLOAD_SIZE, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn event_time_ms(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(SingleMessageMetadata::VT_EVENT_TIME_MS, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn sequence_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(SingleMessageMetadata::VT_SEQUENCE_ID, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for SingleMessageMetadata<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<KeyValue>>>>("properties", Self::VT_PROPERTIES, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("partition_key", Self::VT_PARTITION_KEY, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("ordering_key", Self::VT_ORDERING_KEY, false)?
+     .visit_field::<u32>("payload_size", Self::VT_PAYLOAD_SIZE, false)?
+     .visit_field::<u64>("event_time_ms", Self::VT_EVENT_TIME_MS, false)?
+     .visit_field::<u64>("sequence_id", Self::VT_SEQUENCE_ID, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct SingleMessageMetadataArgs<'a> {
+    pub properties: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<KeyValue<'a>>>>>,
+    pub partition_key: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub ordering_key: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+    pub payload_size: u32,
+    pub event_time_ms: u64,
+    pub sequence_id: u64,
+}
+impl<'a> Default for SingleMessageMetadataArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    SingleMessageMetadataArgs {
+      properties: None,
+      partition_key: None,
+      ordering_key: None,
+      payload_size: 0,
+      event_time_ms: 0,
+      sequence_id: 0,
+    }
+  }
+}
+
+pub struct SingleMessageMetadataBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> SingleMessageMetadataBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_properties(&mut self, properties: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<KeyValue<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SingleMessageMetadata::VT_PROPERTIES, properties);
+  }
+  #[inline]
+  pub fn add_partition_key(&mut self, partition_key: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SingleMessageMetadata::VT_PARTITION_KEY, partition_key);
+  }
+  #[inline]
+  pub fn add_ordering_key(&mut self, ordering_key: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SingleMessageMetadata::VT_ORDERING_KEY, ordering_key);
+  }
+  #[inline]
+  pub fn add_payload_size(&mut self, payload_size: u32) {
+    self.fbb_.push_slot::<u32>(SingleMessageMetadata::VT_PAYLOAD_SIZE, payload_size, 0);
+  }
+  #[inline]
+  pub fn add_event_time_ms(&mut self, event_time_ms: u64) {
+    self.fbb_.push_slot::<u64>(SingleMessageMetadata::VT_EVENT_TIME_MS, event_time_ms, 0);
+  }
+  #[inline]
+  pub fn add_sequence_id(&mut self, sequence_id: u64) {
+    self.fbb_.push_slot::<u64>(SingleMessageMetadata::VT_SEQUENCE_ID, sequence_id, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> SingleMessageMetadataBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    SingleMessageMetadataBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<SingleMessageMetadata<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for SingleMessageMetadata<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("SingleMessageMetadata");
+      ds.field("properties", &self.properties());
+      ds.field("partition_key", &self.partition_key());
+      ds.field("ordering_key", &self.ordering_key());
+      ds.field("payload_size", &self.payload_size());
+      ds.field("event_time_ms", &self.event_time_ms());
+      ds.field("sequence_id", &self.sequence_id());
       ds.finish()
   }
 }

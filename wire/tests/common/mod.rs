@@ -24,7 +24,17 @@ pub fn all_commands() -> Vec<Command> {
             producer_id: 0,
             topic: "persistent://public/default/orders".into(),
             producer_name: String::new(),
+            access_mode: ProducerAccessMode::Shared,
         },
+        Command::Producer {
+            request_id: 1,
+            producer_id: 2,
+            topic: "t".into(),
+            producer_name: "p".into(),
+            access_mode: ProducerAccessMode::ExclusiveWithFencing,
+        },
+        Command::AdminRequest { request_id: 9, op: "tenants.create".into(), json: "{\"tenant\":\"a\"}".into() },
+        Command::AdminResponse { request_id: 9, json: "null".into() },
         Command::ProducerSuccess { request_id: 1, producer_name: "p-1".into(), last_sequence_id: -1 },
         Command::ProducerSuccess { request_id: 0, producer_name: "\u{0}nul inside".into(), last_sequence_id: i64::MIN },
         Command::ProducerSuccess { request_id: 0, producer_name: "x".into(), last_sequence_id: 0 },
@@ -116,6 +126,8 @@ pub fn command_names() -> Vec<&'static str> {
         "ActiveConsumerChange",
         "Seek",
         "TopicStats",
+        "AdminRequest",
+        "AdminResponse",
     ]
 }
 

@@ -1,0 +1,80 @@
+//! Admin and lookup over the native protocol: tenants, namespaces and their
+//! policies, partitioned topics. Each call is one `AdminRequest` naming an
+//! operation with JSON arguments (the list is in `core/src/admin.rs` and
+//! `docs/architecture.md`); [`Admin::call`] is the generic form, the other
+//! methods are typed shortcuts.
+
+use crate::connection::Connection;
+use crate::error::{ClientError, Result};
+use magnetar_wire::Command;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// Made by [`Client::admin`](crate::Client::admin); cheap to clone.
+#[derive(Clone)]
+pub struct Admin {
+    pub(crate) conn: Arc<Connection>,
+}
+
+impl std::fmt::Debug for Admin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admin").finish_non_exhaustive()
+    }
+}
+
+impl Admin {
+    /// Run operation `op` with the JSON object `args`; returns its JSON answer.
+    /// A refusal comes back as `ClientError::Broker` with the broker's message.
+    pub async fn call(&self, op: &str, args: Value) -> Result<Value> {
+        let json = args.to_string();
+        let answer = self
+            .conn
+            .request("admin", |request_id| Command::AdminRequest { request_id, op: op.to_string(), json: json.clone() })
+            .await?;
+        match answer {
+            Command::AdminResponse { json, .. } => serde_json::from_str(&json)
+                .map_err(|e| ClientError::UnexpectedResponse { request: "AdminRequest", got: format!("{e}: {json}") }),
+            other => Err(ClientError::UnexpectedResponse { request: "AdminRequest", got: format!("{other:?}") }),
+        }
+    }
+
+    /// Partitions of `topic` (a full name); 0 when it is not partitioned.
+    pub async fn partitions(&self, topic: &str) -> Result<u32> {
+        let v = self.call("topics.partitioned-metadata", json!({ "topic": topic })).await?;
+        v.get("partitions").and_then(Value::as_u64).and_then(|p| u32::try_from(p).ok()).ok_or_else(|| {
+            ClientError::UnexpectedResponse { request: "topics.partitioned-metadata", got: v.to_string() }
+        })
+    }
+
+    /// Id of the last stored entry of a non-partitioned topic (or of one
+    /// partition); `None` when it has none.
+    pub async fn last_message_id(&self, topic: &str) -> Result<Option<magnetar_wire::MessageId>> {
+        let v = self.call("topics.last-message-id", json!({ "topic": topic })).await?;
+        match v.get("id") {
+            Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => s
+                .parse()
+                .map(Some)
+                .map_err(|_| ClientError::UnexpectedResponse { request: "topics.last-message-id", got: v.to_string() }),
+            _ => Err(ClientError::UnexpectedResponse { request: "topics.last-message-id", got: v.to_string() }),
+        }
+    }
+
+    pub async fn create_partitioned_topic(&self, topic: &str, partitions: u32) -> Result<()> {
+        self.call("topics.create-partitioned", json!({ "topic": topic, "partitions": partitions })).await.map(|_| ())
+    }
+
+    pub async fn create_tenant(&self, tenant: &str) -> Result<()> {
+        self.call("tenants.create", json!({ "tenant": tenant })).await.map(|_| ())
+    }
+
+    /// Create `tenant/ns`; `policies` may give any subset of the policy fields.
+    pub async fn create_namespace(&self, namespace: &str, policies: Value) -> Result<()> {
+        self.call("namespaces.create", json!({ "namespace": namespace, "policies": policies })).await.map(|_| ())
+    }
+
+    /// Change the given policy fields of `namespace`; returns the new policies.
+    pub async fn set_policies(&self, namespace: &str, policies: Value) -> Result<Value> {
+        self.call("namespaces.set-policies", json!({ "namespace": namespace, "policies": policies })).await
+    }
+}
