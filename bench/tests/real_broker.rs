@@ -57,6 +57,9 @@ fn short_run_writes_contract_json_and_svg() {
         "--shards",
         "2",
         "--no-pin",
+        // Not a watermark test: refuse produce only on a completely full disk.
+        "--broker-arg",
+        "--disk-refuse-pct=100",
         "--duration-s",
         "2",
         "--warmup-s",

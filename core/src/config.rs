@@ -28,6 +28,9 @@ pub struct BrokerConfig {
     pub allow_tmpfs: bool,
     /// How long shutdown waits for in-flight produce requests.
     pub shutdown_drain_timeout: Duration,
+    /// Data-disk watermarks: warn levels, the level at which produce is
+    /// refused with `StorageFull`, and where usage comes from.
+    pub disk_watermarks: crate::disk_watch::DiskWatermarks,
     /// Dispatch to a consumer pauses while it holds this many unacknowledged
     /// messages (Pulsar's `maxUnackedMessagesPerConsumer`).
     pub unacked_per_consumer_max: u32,
@@ -53,6 +56,7 @@ impl BrokerConfig {
             flush_bytes_max: 4 * 1024 * 1024,
             allow_tmpfs: false,
             shutdown_drain_timeout: Duration::from_secs(5),
+            disk_watermarks: crate::disk_watch::DiskWatermarks::default(),
             unacked_per_consumer_max: 50_000,
             unacked_per_subscription_max: 200_000,
             delayed_index_max: 100_000,

@@ -121,6 +121,7 @@ where
         let handle = builder
             .spawn(move || async move {
                 let (mesh, receivers) = Mesh::connect(n, ends).await;
+                tracing::debug!(shard = id, "mesh connected; opening the entry log");
                 let mut lc = LogConfig::new(config.data_dir.join(format!("shard-{id}")));
                 lc.segment_bytes = config.segment_bytes;
                 lc.write_cache_bytes = config.write_cache_bytes;
@@ -163,6 +164,7 @@ where
                     .detach();
                 }
                 glommio::spawn_local(shard.clone().cursor_flusher()).detach();
+                glommio::spawn_local(shard.clone().disk_watch()).detach();
                 ready.fetch_add(1, Ordering::SeqCst);
                 // Serve only once every shard has recovered, so no request is
                 // routed to a shard that is still reading its log.
@@ -187,15 +189,27 @@ where
     }
     drop(ready_tx);
     let running = Running { handles, shutdown: shutdown.clone() };
-    for _ in 0..n {
-        match ready_rx.recv() {
-            Ok(Ok(_)) => {}
+    // Recovery of a large log can take a while: say which shards are still
+    // starting every 10 s rather than waiting in silence.
+    let started_at = std::time::Instant::now();
+    let mut ready_shards = Vec::new();
+    while ready_shards.len() < n as usize {
+        match ready_rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(Ok(id)) => ready_shards.push(id),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let waiting: Vec<u32> = (0..n).filter(|i| !ready_shards.contains(i)).collect();
+                tracing::warn!(
+                    ?waiting,
+                    elapsed_s = started_at.elapsed().as_secs(),
+                    "still starting: waiting for shards (mesh connect or log recovery)"
+                );
+            }
             Ok(Err(e)) => {
                 running.shutdown();
                 let _ = running.join();
                 return Err(e);
             }
-            Err(_) => {
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
                 running.shutdown();
                 return Err(running.join().err().unwrap_or(StartError::Config("a shard exited during start".into())));
             }

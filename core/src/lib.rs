@@ -11,6 +11,7 @@ pub mod config;
 pub mod cursor;
 pub mod dedup;
 mod delayed;
+pub mod disk_watch;
 mod dispatcher;
 pub mod error;
 pub mod launch;
@@ -29,7 +30,7 @@ pub use config::BrokerConfig;
 pub use error::{CoreError, StartError};
 pub use launch::{launch, Running};
 pub use shard::{
-    Broker, ConsumerEvent, ConsumerHandle, ConsumerRef, ProducerHandle, SeekTarget, SubscribeRequest,
-    LEDGER_ID_SHARD_STRIDE, SHARDS_MAX,
+    decode_topic_meta, Broker, ConsumerEvent, ConsumerHandle, ConsumerRef, ProducerHandle, SeekTarget,
+    SubscribeRequest, LEDGER_ID_SHARD_STRIDE, SHARDS_MAX,
 };
 pub use topic_name::TopicName;

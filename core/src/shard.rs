@@ -34,6 +34,10 @@ pub const LEDGER_ID_SHARD_STRIDE: u64 = 1024;
 /// Most shards a broker may run (ledger ids reserve room for this many).
 pub const SHARDS_MAX: u32 = LEDGER_ID_SHARD_STRIDE as u32;
 
+/// Shares of the dispatchers' task queue; the default queue (flusher,
+/// produce path) has 1000.
+const DISPATCH_SHARES: usize = 250;
+
 const META_TOPIC_PREFIX: &[u8] = b"t/";
 const META_CURSOR_PREFIX: &[u8] = b"c/";
 /// `d/<topic>`: the topic's dedup snapshot (see `dedup.rs`).
@@ -249,6 +253,14 @@ pub(crate) struct Shard {
     dirty_cursors: RefCell<Vec<(Rc<Topic>, Rc<Subscription>)>>,
     cursor_flush: Signal,
     pub(crate) started_ms: u64,
+    /// Data disk usage in percent at the last check, and whether produce is
+    /// refused because it reached the refusal watermark.
+    disk_pct: Cell<u8>,
+    storage_full: Cell<bool>,
+    /// Task queue of the dispatchers, whose catch-up reads go to disk: fewer
+    /// shares than the default queue, where the log's flusher (the fsync
+    /// path of every receipt) runs.
+    pub(crate) dispatch_tq: glommio::TaskQueueHandle,
 }
 
 /// The handle a connection uses to reach the broker; one per shard, cheap to
@@ -323,6 +335,13 @@ impl Shard {
             dirty_cursors: RefCell::new(Vec::new()),
             cursor_flush: Signal::new(),
             started_ms: now_ms(),
+            disk_pct: Cell::new(0),
+            storage_full: Cell::new(false),
+            dispatch_tq: glommio::executor().create_task_queue(
+                glommio::Shares::Static(DISPATCH_SHARES),
+                glommio::Latency::NotImportant,
+                "dispatch",
+            ),
         })
     }
 
@@ -659,6 +678,18 @@ impl Shard {
                 .get(topic)
                 .cloned()
                 .ok_or_else(|| CoreError::new(ErrorCode::ProducerNotFound, "topic not loaded on its owner"))?;
+            if self.storage_full.get() {
+                // Retriable: consumers keep reading, and produce resumes by
+                // itself once usage drops below the watermark.
+                return Err(CoreError::new(
+                    ErrorCode::StorageFull,
+                    format!(
+                        "data disk is {}% full; produce is refused at {}% until space is freed",
+                        self.disk_pct.get(),
+                        self.config.disk_watermarks.refuse_pct
+                    ),
+                ));
+            }
             t.producers.borrow().check_send(topic, producer)?;
             if blob.len() > self.config.message_bytes_max as usize {
                 return Err(CoreError::new(
@@ -693,7 +724,13 @@ impl Shard {
                     return Ok(Err((t, original)));
                 }
             }
-            let a = self.log.append(t.ledger, blob)?;
+            // The index keeps publish time and key hash beside the position,
+            // for seek by time and lookup by key without reading payloads.
+            let extras = magnetar_storage::IndexExtras {
+                publish_time_ms: peek.publish_time_ms,
+                key_hash: peek.partition_key.map_or(0, |k| magnetar_storage::key_hash(k.as_bytes())),
+            };
+            let a = self.log.append_with(t.ledger, blob, extras)?;
             assert_eq!(a.entry, t.next_entry.get(), "entry ids of a ledger are dense");
             t.next_entry.set(a.entry + 1);
             if tracked {
@@ -1176,6 +1213,47 @@ impl Shard {
         }
     }
 
+    /// Background task: measures the data disk every `check_interval`, logs
+    /// when usage rises past a warning level, and refuses produce at or
+    /// above the refusal level (resuming below it).
+    pub(crate) async fn disk_watch(self: Rc<Self>) {
+        let wm = self.config.disk_watermarks.clone();
+        let dir = self.config.data_dir.clone();
+        while !self.closed.get() {
+            match wm.measure(&dir) {
+                Ok(pct) => self.on_disk_usage(pct, &wm),
+                Err(e) => tracing::warn!(shard = self.id, dir = %dir.display(), "cannot measure disk usage: {e}"),
+            }
+            glommio::timer::sleep(wm.check_interval).await;
+        }
+    }
+
+    fn on_disk_usage(&self, pct: u8, wm: &crate::disk_watch::DiskWatermarks) {
+        let before = self.disk_pct.replace(pct);
+        for &level in &wm.warn_pcts {
+            if before < level && pct >= level {
+                tracing::warn!(shard = self.id, used_pct = pct, level, "data disk usage passed a warning level");
+            }
+        }
+        let full = pct >= wm.refuse_pct;
+        if full != self.storage_full.replace(full) {
+            if full {
+                tracing::error!(
+                    shard = self.id,
+                    used_pct = pct,
+                    refuse_pct = wm.refuse_pct,
+                    "data disk full: refusing produce requests (StorageFull) until space is freed"
+                );
+            } else {
+                tracing::info!(
+                    shard = self.id,
+                    used_pct = pct,
+                    "data disk below the refusal level: accepting produce again"
+                );
+            }
+        }
+    }
+
     /// Clean shutdown: stop taking produce requests, let in-flight ones
     /// finish, persist cursors, close the log (which syncs and writes the
     /// clean-shutdown marker).
@@ -1230,7 +1308,9 @@ fn encode_topic_meta(ledger: u64) -> Vec<u8> {
     v
 }
 
-fn decode_topic_meta(v: &[u8]) -> Option<u64> {
+/// Decodes a topic record (`t/<topic>` metadata value): the topic's ledger
+/// id. `None` for a value in an unknown format. Public for offline tools.
+pub fn decode_topic_meta(v: &[u8]) -> Option<u64> {
     match v {
         [TOPIC_META_VERSION, rest @ ..] if rest.len() == 8 => {
             let mut b = [0u8; 8];

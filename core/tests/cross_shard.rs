@@ -35,6 +35,8 @@ fn config(dir: &std::path::Path) -> BrokerConfig {
     c.pin_cpus = false;
     c.segment_bytes = 4 * 1024 * 1024;
     c.write_cache_bytes = 1024 * 1024;
+    // Not a watermark test: refuse produce only on a completely full disk.
+    c.disk_watermarks.refuse_pct = 100;
     c
 }
 

@@ -5,7 +5,9 @@
 //!
 //! Defaults: 200000 entries of 1024 bytes, 256 appends waiting at a time, in a
 //! temporary directory under $TMPDIR. Prints entries/s, MB/s, fdatasyncs and
-//! latency percentiles from append to `wait_durable` returning.
+//! latency percentiles from append to `wait_durable` returning. With
+//! `MAGNETAR_APPEND_ABORT=1` it aborts after the last receipt instead of
+//! closing (what kill -9 leaves), for `examples/recover.rs` to time.
 
 #![allow(clippy::unwrap_used)] // a measuring tool: fail loudly
 
@@ -45,6 +47,12 @@ fn main() {
             t.await;
         }
         let secs = started.elapsed().as_secs_f64();
+        if std::env::var_os("MAGNETAR_APPEND_ABORT").is_some() {
+            // For recovery measurements: die like kill -9 after the last
+            // receipt (no checkpoint, no clean-shutdown marker).
+            println!("append: {count} x {size} B durable in {secs:.2} s; aborting without close");
+            std::process::abort();
+        }
         log.close().await.unwrap();
         let mut l = lat.borrow_mut();
         l.sort_unstable();

@@ -124,6 +124,15 @@ impl Disk for DmaDisk {
     }
 
     async fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        // glommio 0.9's Directory::open fails with EBADF on a relative path
+        // (e.g. the default `--data-dir ./data`): make it absolute first.
+        let abs;
+        let dir = if dir.is_relative() {
+            abs = std::env::current_dir()?.join(dir);
+            abs.as_path()
+        } else {
+            dir
+        };
         let d = Directory::open(dir).await.map_err(glommio_err)?;
         let synced = d.sync().await.map_err(glommio_err);
         let closed = d.close().await.map_err(glommio_err);

@@ -28,6 +28,12 @@ pub enum StorageError {
     /// An entry body or metadata record is larger than the configured limit.
     #[error("record of {len} bytes exceeds the limit of {max} bytes")]
     TooLarge { len: u64, max: u64 },
+    /// A ledger with appends not yet laid out in a batch cannot be deleted.
+    #[error("ledger {ledger} has appends in flight; delete it once they are durable")]
+    LedgerBusy { ledger: u64 },
+    /// The ledger was deleted; its id must not be reused.
+    #[error("ledger {ledger} was deleted")]
+    LedgerDeleted { ledger: u64 },
     /// `close` was called; the log accepts nothing more.
     #[error("log is closed")]
     Closed,

@@ -24,6 +24,9 @@ pub const CLEAN_BYTES: usize = 64;
 
 pub const KIND_ENTRY: u8 = 1;
 pub const KIND_META: u8 = 2;
+/// A ledger deletion: `ledger` set, no body; every entry of the ledger
+/// before it in log order is dead.
+pub const KIND_DELETE: u8 = 3;
 
 /// Largest metadata key (its length is stored in a u16).
 pub const META_KEY_BYTES_MAX: usize = u16::MAX as usize;
@@ -135,6 +138,43 @@ impl BatchHeader {
     }
 }
 
+impl BatchHeader {
+    /// Verifies the body checksum of a whole batch (`b` is the batch from
+    /// its header on, at least `batch_len` bytes).
+    pub fn verify_body(&self, b: &[u8]) -> Result<(), CorruptReason> {
+        let len = self.batch_len as usize;
+        if b.len() < len {
+            return Err(CorruptReason::ShortFile { len: b.len() as u64, need: len as u64 });
+        }
+        let computed = crc(&[&b[BATCH_HEADER_BYTES..len]]);
+        if computed != self.body_crc {
+            return Err(CorruptReason::BodyCrc { stored: self.body_crc, computed });
+        }
+        Ok(())
+    }
+}
+
+/// The smallest unit a device writes atomically; a torn write leaves whole
+/// sectors old or new.
+pub const SECTOR_BYTES: usize = 512;
+
+/// Whether a last batch whose body checksum fails can be a torn write. A
+/// torn write leaves some sectors as they were, and the space behind the tail
+/// is always zero (segments are preallocated and torn regions are zeroed
+/// before reuse), so a tear implies an all-zero sector among the records.
+/// Without one the batch was complete and has rotted: it may have been
+/// acknowledged, so it must be reported, never dropped. (Records that
+/// themselves hold 512 aligned zero bytes make rot there look like a tear:
+/// documented in `docs/format.md`.) Only sectors holding records count: a
+/// tear in the zero padding changes nothing. `b` holds the whole batch.
+pub fn could_be_torn(h: &BatchHeader, b: &[u8]) -> bool {
+    let used = BATCH_HEADER_BYTES + h.records_len as usize;
+    if b.len() < h.batch_len as usize || used > b.len() {
+        return true;
+    }
+    b[..used].chunks(SECTOR_BYTES).any(|c| c.iter().all(|&x| x == 0))
+}
+
 // ---------------------------------------------------------------- records
 
 /// Per-entry values the index keeps beside the position (issue 3 uses them
@@ -143,6 +183,16 @@ impl BatchHeader {
 pub struct IndexExtras {
     pub publish_time_ms: u64,
     pub key_hash: u32,
+}
+
+/// The key hash stored in the index for a message key: CRC-32 of the key
+/// bytes, with 0 (which means "no key") mapped to 1. One function, so that
+/// writers and lookups agree.
+pub fn key_hash(key: &[u8]) -> u32 {
+    match crc(&[key]) {
+        0 => 1,
+        h => h,
+    }
 }
 
 /// The 48-byte header of one record inside a batch.
@@ -185,7 +235,7 @@ impl RecordHeader {
     pub fn decode(b: &[u8]) -> Result<RecordHeader, CorruptReason> {
         assert!(b.len() >= RECORD_HEADER_BYTES);
         let kind = b[4];
-        if kind != KIND_ENTRY && kind != KIND_META {
+        if kind != KIND_ENTRY && kind != KIND_META && kind != KIND_DELETE {
             return Err(CorruptReason::Field { field: "record kind", expected: KIND_ENTRY as u64, found: kind as u64 });
         }
         Ok(RecordHeader {
@@ -206,6 +256,110 @@ impl RecordHeader {
         }
         Ok(())
     }
+}
+
+/// One record of a batch whose checksums passed, as [`records`] yields it.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordRef<'a> {
+    /// Offset of the record header from the start of the batch.
+    pub offset: usize,
+    pub header: RecordHeader,
+    pub body: &'a [u8],
+}
+
+/// Iterator over the records of a batch; see [`records`].
+#[derive(Debug)]
+pub struct Records<'a> {
+    b: &'a [u8],
+    records_end: usize,
+    off: usize,
+    left: u32,
+    done: bool,
+}
+
+/// Walks the records of a batch (`b` from the batch header on, whose header
+/// and body checksums passed), checking each record's bounds, kind and
+/// checksum, and at the end that the records fill exactly `records_len`.
+/// An error carries the offset (from the batch start) where it was found and
+/// ends the walk. Recovery and the offline inspector both read batches
+/// through this, so they accept and reject exactly the same bytes.
+pub fn records<'a>(h: &BatchHeader, b: &'a [u8]) -> Records<'a> {
+    let records_end = (BATCH_HEADER_BYTES + h.records_len as usize).min(b.len());
+    Records { b, records_end, off: BATCH_HEADER_BYTES, left: h.record_count, done: false }
+}
+
+impl<'a> Iterator for Records<'a> {
+    type Item = Result<RecordRef<'a>, (usize, CorruptReason)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let o = self.off;
+        if self.left == 0 {
+            self.done = true;
+            if o != self.records_end {
+                return Some(Err((
+                    o,
+                    CorruptReason::Field {
+                        field: "records length",
+                        expected: (self.records_end - BATCH_HEADER_BYTES) as u64,
+                        found: (o - BATCH_HEADER_BYTES) as u64,
+                    },
+                )));
+            }
+            return None;
+        }
+        let fail = |me: &mut Self, r: CorruptReason| {
+            me.done = true;
+            Some(Err((o, r)))
+        };
+        if o + RECORD_HEADER_BYTES > self.records_end {
+            let limit = (self.records_end - o) as u64;
+            return fail(self, CorruptReason::Length { len: RECORD_HEADER_BYTES as u64, limit });
+        }
+        let hdr = &self.b[o..o + RECORD_HEADER_BYTES];
+        let rh = match RecordHeader::decode(hdr) {
+            Ok(h) => h,
+            Err(r) => return fail(self, r),
+        };
+        let end = o + RECORD_HEADER_BYTES + rh.body_len as usize;
+        if end > self.records_end {
+            let limit = (self.records_end - o - RECORD_HEADER_BYTES) as u64;
+            return fail(self, CorruptReason::Length { len: rh.body_len as u64, limit });
+        }
+        let body = &self.b[o + RECORD_HEADER_BYTES..end];
+        if let Err(r) = rh.verify(hdr, body) {
+            return fail(self, r);
+        }
+        self.off = end;
+        self.left -= 1;
+        Some(Ok(RecordRef { offset: o, header: rh, body }))
+    }
+}
+
+/// Checks one entry record read back from disk (`raw` = record header and
+/// body) against what the index says of it: checksum, kind, ledger, entry
+/// id, length. Shared by reads in the broker and the offline inspector.
+pub fn check_entry_record(raw: &[u8], ie: &IndexEntry, ledger: u64, entry: u64) -> Result<RecordHeader, CorruptReason> {
+    let len = RECORD_HEADER_BYTES + ie.body_len as usize;
+    if raw.len() < len {
+        return Err(CorruptReason::ShortFile { len: raw.len() as u64, need: len as u64 });
+    }
+    let h = RecordHeader::decode(raw)?;
+    h.verify(raw, &raw[RECORD_HEADER_BYTES..len])?;
+    for (field, expected, found) in [
+        ("record crc", ie.record_crc as u64, h.crc as u64),
+        ("record kind", KIND_ENTRY as u64, h.kind as u64),
+        ("record ledger", ledger, h.ledger),
+        ("record entry", entry, h.entry),
+        ("record length", ie.body_len as u64, h.body_len as u64),
+    ] {
+        if expected != found {
+            return Err(CorruptReason::Field { field, expected, found });
+        }
+    }
+    Ok(h)
 }
 
 /// Splits a metadata record body `key_len u16 | key | value`.

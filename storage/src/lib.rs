@@ -28,11 +28,12 @@
 pub mod disk;
 mod error;
 pub mod format;
+pub mod inspect;
 mod log;
 mod recovery;
 pub mod sim;
 
 pub use disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
 pub use error::{CorruptReason, StorageError};
-pub use format::IndexExtras;
+pub use format::{key_hash, IndexEntry, IndexExtras};
 pub use log::{Appended, EntryLog, LogConfig, Recovery};

@@ -15,9 +15,9 @@ use tracing::{debug, error, info};
 use crate::disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
 use crate::error::{CorruptReason, Result, StorageError};
 use crate::format::{
-    encode_index_page, pad_to_page, BatchHeader, Checkpoint, CheckpointLedger, CleanMarker, IndexEntry, IndexExtras,
-    RecordHeader, BATCH_HEADER_BYTES, INDEX_ENTRIES_PER_PAGE, KIND_ENTRY, KIND_META, META_KEY_BYTES_MAX,
-    RECORD_HEADER_BYTES,
+    check_entry_record, encode_index_page, pad_to_page, BatchHeader, Checkpoint, CheckpointLedger, CleanMarker,
+    IndexEntry, IndexExtras, RecordHeader, BATCH_HEADER_BYTES, INDEX_ENTRIES_PER_PAGE, KIND_DELETE, KIND_ENTRY,
+    KIND_META, META_KEY_BYTES_MAX, RECORD_HEADER_BYTES,
 };
 
 /// Configuration of one shard's entry log.
@@ -41,6 +41,14 @@ pub struct LogConfig {
     /// Largest entry body. Default 5 MiB (Pulsar's default max message size);
     /// capped so that one entry always fits in one segment.
     pub entry_bytes_max: usize,
+    /// Bound on entries kept after a disk read (catch-up readers), separate
+    /// from the write cache so that catch-up cannot evict the tail. 0
+    /// disables the read cache and read-ahead. Default 64 MiB.
+    pub read_cache_bytes: usize,
+    /// A read from disk that continues a sequential read of the same ledger
+    /// also reads the ledger's following entries in that segment, up to this
+    /// many bytes, in one request, into the read cache. Default 1 MiB.
+    pub read_ahead_bytes: usize,
 }
 
 impl LogConfig {
@@ -53,6 +61,8 @@ impl LogConfig {
             checkpoint_interval: Duration::from_secs(30),
             allow_tmpfs: false,
             entry_bytes_max: 5 << 20,
+            read_cache_bytes: 64 << 20,
+            read_ahead_bytes: 1 << 20,
         }
     }
 
@@ -184,11 +194,16 @@ pub(crate) struct Ledger<F> {
     pub file_entries: u64,
     pub file_pages: u64,
     pub index_file: Option<Rc<F>>,
+    /// `delete_ledger` was called: `Some(None)` until its record is laid out
+    /// in a batch, then `Some(Some(position))`. The ledger stays in the
+    /// checkpoint (and its segments stay) until a checkpoint covers that
+    /// position, so a crash before the deletion is durable loses nothing.
+    pub deleted: Option<Option<u64>>,
 }
 
 impl<F> Ledger<F> {
     pub fn new() -> Self {
-        Ledger { next_entry: 0, index: Vec::new(), file_entries: 0, file_pages: 0, index_file: None }
+        Ledger { next_entry: 0, index: Vec::new(), file_entries: 0, file_pages: 0, index_file: None, deleted: None }
     }
 }
 
@@ -203,6 +218,7 @@ pub(crate) enum Mode {
 enum PendingKind {
     Entry { ledger: u64, entry: u64, body: Bytes, extras: IndexExtras },
     Meta { key: Bytes, value: Bytes },
+    Delete { ledger: u64 },
 }
 
 struct Pending {
@@ -215,6 +231,7 @@ impl Pending {
         match &self.kind {
             PendingKind::Entry { body, .. } => body.len(),
             PendingKind::Meta { key, value } => 2 + key.len() + value.len(),
+            PendingKind::Delete { .. } => 0,
         }
     }
 }
@@ -230,11 +247,26 @@ pub(crate) struct State<F> {
     /// (ledger, entry, lsn, bytes) in append order, for eviction.
     cache_fifo: VecDeque<(u64, u64, u64, usize)>,
     cache_bytes: usize,
+    /// Read cache: entries read from disk (and read ahead), FIFO-evicted.
+    rcache: HashMap<(u64, u64), Bytes>,
+    rcache_fifo: VecDeque<((u64, u64), usize)>,
+    rcache_bytes: usize,
+    /// Last entry read from disk per ledger, to detect sequential reads.
+    last_disk_read: HashMap<u64, u64>,
+    /// Reads served from the read cache, and disk reads issued (counters).
+    pub rcache_hits: u64,
+    pub disk_reads: u64,
     /// Metadata including appends not yet durable (what readers see).
     pub meta: BTreeMap<Vec<u8>, Bytes>,
     /// Metadata as of the durable log position (what a checkpoint saves).
     pub meta_durable: BTreeMap<Vec<u8>, Bytes>,
     pub segments: BTreeMap<u64, Rc<Segment<F>>>,
+    /// Live (not deleted) entries per segment start, from the index: a
+    /// segment at zero before the checkpoint position is garbage.
+    pub seg_live: BTreeMap<u64, u64>,
+    /// Ledgers whose deletion record was laid out at this log position;
+    /// their index files go once a checkpoint covers the position.
+    pub deleted_at: Vec<(u64, u64)>,
     /// Where the next batch goes; everything before it is durable.
     pub tail: u64,
     pub next_seq: u64,
@@ -259,9 +291,17 @@ impl<F> State<F> {
             cache: HashMap::new(),
             cache_fifo: VecDeque::new(),
             cache_bytes: 0,
+            rcache: HashMap::new(),
+            rcache_fifo: VecDeque::new(),
+            rcache_bytes: 0,
+            last_disk_read: HashMap::new(),
+            rcache_hits: 0,
+            disk_reads: 0,
             meta: BTreeMap::new(),
             meta_durable: BTreeMap::new(),
             segments: BTreeMap::new(),
+            seg_live: BTreeMap::new(),
+            deleted_at: Vec::new(),
             tail: 0,
             next_seq: 0,
             ckpt_seq: 0,
@@ -307,6 +347,23 @@ impl<F> State<F> {
             self.cache.remove(&(ledger, entry));
             self.cache_bytes -= len;
         }
+    }
+
+    /// Keeps an entry read from disk, within `bound` bytes (oldest first out).
+    fn rcache_put(&mut self, key: (u64, u64), body: Bytes, bound: usize) {
+        if body.len() > bound || self.rcache.contains_key(&key) {
+            return;
+        }
+        self.rcache_bytes += body.len();
+        self.rcache_fifo.push_back((key, body.len()));
+        self.rcache.insert(key, body);
+        while self.rcache_bytes > bound {
+            let Some((k, len)) = self.rcache_fifo.pop_front() else { break };
+            if self.rcache.remove(&k).is_some() {
+                self.rcache_bytes -= len;
+            }
+        }
+        assert!(self.rcache_bytes <= bound);
     }
 
     pub fn segment_at(&self, position: u64) -> Option<&Rc<Segment<F>>> {
@@ -443,6 +500,7 @@ impl<D: Disk> Shared<D> {
                             record_crc: crc,
                             extras,
                         });
+                        *st.seg_live.entry(seg.start).or_default() += 1;
                     }
                     PendingKind::Meta { key, value } => {
                         let klen = (key.len() as u16).to_le_bytes();
@@ -451,6 +509,14 @@ impl<D: Disk> Shared<D> {
                         body[2 + key.len()..body_len].copy_from_slice(&value);
                         RecordHeader::encode(hdr, KIND_META, 0, 0, IndexExtras::default(), &[&klen, &key, &value]);
                         metas.push((key, value));
+                    }
+                    PendingKind::Delete { ledger } => {
+                        RecordHeader::encode(hdr, KIND_DELETE, ledger, 0, IndexExtras::default(), &[]);
+                        let at = position + off as u64;
+                        if let Some(l) = st.ledgers.get_mut(&ledger) {
+                            l.deleted = Some(Some(at));
+                        }
+                        st.deleted_at.push((ledger, at));
                     }
                 }
                 off += RECORD_HEADER_BYTES + body_len;
@@ -529,6 +595,9 @@ impl<D: Disk> Shared<D> {
             let mut work = Vec::new();
             for id in ids {
                 let l = &st.ledgers[&id];
+                if matches!(l.deleted, Some(Some(p)) if p < position) {
+                    continue; // its deletion is durable and covered by this checkpoint
+                }
                 // Index entries are in log order: those before `position` are durable.
                 let k = l.index.partition_point(|e| e.position < position) as u64;
                 assert!(k >= l.file_entries);
@@ -607,7 +676,82 @@ impl<D: Disk> Shared<D> {
             f.sync().await.map_err(self.io("fdatasync clean marker", path))?;
             self.disk.sync_dir(&self.paths.dir).await.map_err(self.io("fsync shard directory", &self.paths.dir))?;
         }
+        // Garbage goes only now that a durable checkpoint no longer needs it.
+        self.collect_garbage(position).await?;
         debug!(ckpt_seq, position, clean, "checkpoint written");
+        Ok(())
+    }
+
+    /// Removes the index files of ledgers whose deletion record lies before
+    /// `position` (the durable checkpoint's), and every segment that ends
+    /// at or before it and holds no live entry: its metadata records are in
+    /// the checkpoint's snapshot and its entries belong to deleted ledgers.
+    /// A crash before the directory fsync may bring a name back; it is
+    /// unreferenced, and removed again (index files at open, segments at the
+    /// next checkpoint).
+    async fn collect_garbage(&self, position: u64) -> Result<()> {
+        let (index_files, segments) = {
+            let mut st = self.st.borrow_mut();
+            let st = &mut *st;
+            let (done, keep): (Vec<_>, Vec<_>) = st.deleted_at.drain(..).partition(|(_, p)| *p < position);
+            st.deleted_at = keep;
+            // A ledger id appended to again after its (empty) deletion is a
+            // new ledger: leave it and its index file alone.
+            let done: Vec<(u64, u64)> = done
+                .into_iter()
+                .filter(|(ledger, _)| {
+                    st.ledgers.get(ledger).is_none_or(|l| matches!(l.deleted, Some(Some(q)) if q < position))
+                })
+                .collect();
+            // Deleted ledgers this checkpoint no longer lists: forget them,
+            // and their entries no longer keep segments alive.
+            for (ledger, _) in &done {
+                if let Some(l) = st.ledgers.remove(ledger) {
+                    for e in &l.index {
+                        if let Some((&start, _)) = st.segments.range(..=e.position).next_back() {
+                            if let Some(n) = st.seg_live.get_mut(&start) {
+                                *n = n.saturating_sub(1);
+                            }
+                        }
+                    }
+                }
+            }
+            let dead: Vec<Rc<Segment<D::File>>> = st
+                .segments
+                .values()
+                .filter(|s| s.end() <= position && st.seg_live.get(&s.start).copied().unwrap_or(0) == 0)
+                .cloned()
+                .collect();
+            for s in &dead {
+                st.segments.remove(&s.start);
+                st.seg_live.remove(&s.start);
+            }
+            (done, dead)
+        };
+        if !index_files.is_empty() {
+            for (ledger, _) in &index_files {
+                let path = self.paths.index(*ledger);
+                match self.disk.remove(&path).await {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(StorageError::io("remove index file", path, e)),
+                }
+            }
+            self.disk
+                .sync_dir(&self.paths.index_dir)
+                .await
+                .map_err(self.io("fsync index directory", &self.paths.index_dir))?;
+        }
+        if !segments.is_empty() {
+            for s in &segments {
+                self.disk.remove(&s.path).await.map_err(self.io("remove dead segment", &s.path))?;
+            }
+            self.disk
+                .sync_dir(&self.paths.log_dir)
+                .await
+                .map_err(self.io("fsync log directory", &self.paths.log_dir))?;
+            info!(dir = %self.cfg.dir.display(), segments = segments.len(), "removed segments holding no live entry");
+        }
         Ok(())
     }
 
@@ -746,6 +890,9 @@ impl<D: Disk> EntryLog<D> {
             return Err(StorageError::TooLarge { len: body.len() as u64, max: self.sh.entry_max });
         }
         let l = st.ledgers.entry(ledger).or_insert_with(Ledger::new);
+        if l.deleted.is_some() {
+            return Err(StorageError::LedgerDeleted { ledger });
+        }
         let entry = l.next_entry;
         l.next_entry += 1;
         let lsn = st.next_lsn;
@@ -787,6 +934,39 @@ impl<D: Disk> EntryLog<D> {
         Ok(lsn)
     }
 
+    /// Deletes `ledger`: its entries become unreadable at once, a deletion
+    /// record is group-committed like an append (durable after
+    /// `wait_durable(lsn)`; replayed by recovery), and once a checkpoint
+    /// covers it the ledger's index file and every segment left without a
+    /// live entry are removed, freeing the space. Ledger ids must never be
+    /// reused after a deletion. `LedgerBusy` while appends to the ledger are
+    /// not yet laid out in a batch.
+    pub fn delete_ledger(&self, ledger: u64) -> Result<u64> {
+        let mut st = self.sh.st.borrow_mut();
+        let st = &mut *st;
+        check_mode(st.mode)?;
+        if let Some(l) = st.ledgers.get_mut(&ledger) {
+            if (l.index.len() as u64) < l.next_entry {
+                return Err(StorageError::LedgerBusy { ledger });
+            }
+            if l.deleted.is_some() {
+                return Err(StorageError::LedgerDeleted { ledger });
+            }
+            l.deleted = Some(None);
+        }
+        let lsn = st.next_lsn;
+        st.next_lsn += 1;
+        st.pending.push_back(Pending { lsn, kind: PendingKind::Delete { ledger } });
+        st.wake_flusher();
+        Ok(lsn)
+    }
+
+    /// Segments with their count of live entries, by start position.
+    pub fn segments(&self) -> Vec<(u64, u64)> {
+        let st = self.sh.st.borrow();
+        st.segments.keys().map(|s| (*s, st.seg_live.get(s).copied().unwrap_or(0))).collect()
+    }
+
     /// Resolves once everything appended with an lsn <= `lsn` is written and
     /// fdatasync'd. One fdatasync covers many appends (group commit). `Err`
     /// if the log failed (fail-stop; the cause was logged) — then nothing
@@ -815,24 +995,58 @@ impl<D: Disk> EntryLog<D> {
     /// [`StorageError::Corrupt`] naming file and offset; the bytes are never
     /// returned).
     pub async fn read(&self, ledger: u64, entry: u64) -> Result<Bytes> {
-        let (seg, ie) = {
-            let st = self.sh.st.borrow();
+        let (seg, ie, ahead) = {
+            let mut st = self.sh.st.borrow_mut();
+            let st = &mut *st;
+            let no = StorageError::NoSuchEntry { ledger, entry };
+            // The ledger first: a deleted ledger's entries may linger in the cache.
+            let l = st.ledgers.get(&ledger).ok_or(no)?;
+            if entry >= l.next_entry || l.deleted.is_some() {
+                return Err(StorageError::NoSuchEntry { ledger, entry });
+            }
             if let Some(b) = st.cache.get(&(ledger, entry)) {
                 return Ok(b.clone());
             }
-            let no = StorageError::NoSuchEntry { ledger, entry };
-            let l = st.ledgers.get(&ledger).ok_or(no)?;
+            if let Some(b) = st.rcache.get(&(ledger, entry)) {
+                st.rcache_hits += 1;
+                let b = b.clone();
+                st.last_disk_read.insert(ledger, entry);
+                return Ok(b);
+            }
             let Some(ie) = usize::try_from(entry).ok().and_then(|i| l.index.get(i)) else {
                 return Err(StorageError::NoSuchEntry { ledger, entry });
             };
             let Some(seg) = st.segment_at(ie.position) else {
                 return Err(StorageError::NoSuchEntry { ledger, entry });
             };
-            (seg.clone(), *ie)
+            let seg = seg.clone();
+            // Sequential catch-up: also fetch the following entries of this
+            // ledger that are durable (before the tail) and in this segment,
+            // up to read_ahead_bytes, in the same request.
+            let sequential = entry.checked_sub(1).is_some_and(|p| st.last_disk_read.get(&ledger) == Some(&p));
+            let mut ahead = Vec::new();
+            if sequential && self.sh.cfg.read_cache_bytes > 0 {
+                let limit = ie.position + self.sh.cfg.read_ahead_bytes as u64;
+                for (i, e) in l.index.iter().enumerate().skip(entry as usize + 1) {
+                    let end = e.position + (RECORD_HEADER_BYTES as u64) + e.body_len as u64;
+                    if end > limit || end > st.tail || end > seg.end() {
+                        break;
+                    }
+                    ahead.push((i as u64, *e));
+                }
+            }
+            st.last_disk_read.insert(ledger, entry);
+            st.disk_reads += 1;
+            (seg, *ie, ahead)
         };
         let off = ie.position - seg.start;
         let len = RECORD_HEADER_BYTES + ie.body_len as usize;
-        let raw = seg.file.read_at(off, len).await.map_err(self.sh.io("read entry", &seg.path))?;
+        let span_end = ahead.last().map_or(off + len as u64, |(_, e)| {
+            e.position - seg.start + (RECORD_HEADER_BYTES as u64) + e.body_len as u64
+        });
+        let raw =
+            seg.file.read_at(off, (span_end - off) as usize).await.map_err(self.sh.io("read entry", &seg.path))?;
+        let raw = Bytes::from(raw);
         let corrupt = |reason| StorageError::corrupt(&seg.path, off, reason);
         if raw.len() < len {
             return Err(corrupt(CorruptReason::ShortFile {
@@ -840,20 +1054,33 @@ impl<D: Disk> EntryLog<D> {
                 need: seg.start + len as u64,
             }));
         }
-        let h = RecordHeader::decode(&raw).map_err(corrupt)?;
-        h.verify(&raw, &raw[RECORD_HEADER_BYTES..]).map_err(corrupt)?;
-        for (field, expected, found) in [
-            ("record crc", ie.record_crc as u64, h.crc as u64),
-            ("record kind", KIND_ENTRY as u64, h.kind as u64),
-            ("record ledger", ledger, h.ledger),
-            ("record entry", entry, h.entry),
-            ("record length", ie.body_len as u64, h.body_len as u64),
-        ] {
-            if expected != found {
-                return Err(corrupt(CorruptReason::Field { field, expected, found }));
+        check_entry_record(&raw[..len], &ie, ledger, entry).map_err(corrupt)?;
+        let body = raw.slice(RECORD_HEADER_BYTES..len);
+        let bound = self.sh.cfg.read_cache_bytes;
+        let mut st = self.sh.st.borrow_mut();
+        // Each entry read ahead is verified on its own; one that fails is
+        // simply not cached (reading it later reports the damage).
+        for (i, e) in ahead {
+            let s = (e.position - ie.position) as usize;
+            let n = RECORD_HEADER_BYTES + e.body_len as usize;
+            if let Some(rec) = raw.get(s..s + n) {
+                if check_entry_record(rec, &e, ledger, i).is_ok() {
+                    // A copy, so the cache's bound counts the memory it holds
+                    // (a slice would pin the whole read-ahead buffer).
+                    st.rcache_put((ledger, i), Bytes::copy_from_slice(&rec[RECORD_HEADER_BYTES..]), bound);
+                }
             }
         }
-        Ok(Bytes::from(raw).slice(RECORD_HEADER_BYTES..))
+        if bound > 0 {
+            st.rcache_put((ledger, entry), Bytes::copy_from_slice(&body), bound);
+        }
+        Ok(body)
+    }
+
+    /// Read-cache counters: (reads served from the read cache, disk reads).
+    pub fn read_stats(&self) -> (u64, u64) {
+        let st = self.sh.st.borrow();
+        (st.rcache_hits, st.disk_reads)
     }
 
     /// Next entry id that `append` would assign (0 for an unknown ledger).
@@ -876,10 +1103,30 @@ impl<D: Disk> EntryLog<D> {
             .collect()
     }
 
+    /// The first entry of `ledger` whose publish time (as appended with
+    /// [`append_with`](Self::append_with)) is at least `time_ms`, by binary
+    /// search over the ledger's index without reading payloads; the ledger's
+    /// laid-out entry count when there is none. Exact when publish times are
+    /// non-decreasing in the ledger (one producer, or clocks in step);
+    /// otherwise a partition point of the index, as in Pulsar's seek by time.
+    /// Entries appended but not yet handed to a batch are not searched.
+    pub fn seek_time(&self, ledger: u64, time_ms: u64) -> u64 {
+        let st = self.sh.st.borrow();
+        st.ledgers.get(&ledger).map_or(0, |l| l.index.partition_point(|e| e.extras.publish_time_ms < time_ms) as u64)
+    }
+
+    /// The index entry of `ledger:entry` (position, length, checksum,
+    /// publish time, key hash), if it was laid out in a batch.
+    pub fn index_entry(&self, ledger: u64, entry: u64) -> Option<IndexEntry> {
+        let st = self.sh.st.borrow();
+        st.ledgers.get(&ledger).and_then(|l| usize::try_from(entry).ok().and_then(|i| l.index.get(i)).copied())
+    }
+
     /// Every ledger with its next entry id, sorted by ledger.
     pub fn ledgers(&self) -> Vec<(u64, u64)> {
         let st = self.sh.st.borrow();
-        let mut v: Vec<(u64, u64)> = st.ledgers.iter().map(|(id, l)| (*id, l.next_entry)).collect();
+        let mut v: Vec<(u64, u64)> =
+            st.ledgers.iter().filter(|(_, l)| l.deleted.is_none()).map(|(id, l)| (*id, l.next_entry)).collect();
         v.sort_unstable();
         v
     }

@@ -14,14 +14,10 @@ use tracing::{info, warn};
 use crate::disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
 use crate::error::{CorruptReason, Result, StorageError};
 use crate::format::{
-    crc, decode_index_page, split_meta, BatchHeader, Checkpoint, CleanMarker, IndexEntry, RecordHeader,
-    BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_ENTRY, RECORD_HEADER_BYTES,
+    could_be_torn, decode_index_page, records, split_meta, BatchHeader, Checkpoint, CleanMarker, IndexEntry,
+    BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_DELETE, KIND_ENTRY,
 };
 use crate::log::{checkpointer, flusher, EntryLog, Ledger, LogConfig, Paths, Recovery, Segment, Shared, State};
-
-/// The smallest unit a device writes atomically; a torn write leaves whole
-/// sectors old or new.
-const SECTOR_BYTES: usize = 512;
 
 /// Read granularity of the recovery scan.
 const SCAN_CHUNK_BYTES: u64 = 1 << 20;
@@ -92,9 +88,8 @@ impl<F: DiskFile> SegReader<F> {
         if b.len() != h.batch_len as usize {
             return Ok(Err(CorruptReason::ShortFile { len: seg_len, need: off + h.batch_len as u64 }));
         }
-        let computed = crc(&[&b[BATCH_HEADER_BYTES..]]);
-        if computed != h.body_crc {
-            return Ok(Err(CorruptReason::BodyCrc { stored: h.body_crc, computed }));
+        if let Err(r) = h.verify_body(b) {
+            return Ok(Err(r));
         }
         Ok(Ok((h, b.to_vec())))
     }
@@ -218,6 +213,38 @@ impl<D: Disk> EntryLog<D> {
         if removed_segment {
             disk.sync_dir(&paths.log_dir).await.map_err(io_err("fsync log directory", &paths.log_dir))?;
         }
+        // Live entries per segment, for garbage collection of segments.
+        for l in st.ledgers.values() {
+            for e in &l.index {
+                if let Some((&start, _)) = st.segments.range(..=e.position).next_back() {
+                    *st.seg_live.entry(start).or_default() += 1;
+                }
+            }
+        }
+        for start in st.segments.keys() {
+            st.seg_live.entry(*start).or_default();
+        }
+        // Index files no checkpoint refers to: of deleted ledgers whose
+        // removal a crash interrupted, or written by a checkpoint that never
+        // completed. Nothing reads them; a later checkpoint recreates a file
+        // for a live ledger from page 0.
+        let referenced: std::collections::HashSet<u64> =
+            ckpt.as_ref().map(|c| c.ledgers.iter().map(|l| l.ledger).collect()).unwrap_or_default();
+        let mut removed_index = false;
+        for name in disk.list_dir(&paths.index_dir).await.map_err(io_err("list", &paths.index_dir))? {
+            let Some(ledger) = name.strip_suffix(".idx").filter(|s| s.len() == 20).and_then(|s| s.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            if !referenced.contains(&ledger) {
+                let p = paths.index(ledger);
+                disk.remove(&p).await.map_err(io_err("remove unreferenced index file", &p))?;
+                removed_index = true;
+            }
+        }
+        if removed_index {
+            disk.sync_dir(&paths.index_dir).await.map_err(io_err("fsync index directory", &paths.index_dir))?;
+        }
 
         // Leftovers of an interrupted checkpoint, and the marker: once we
         // accept appends, a later crash must not be mistaken for a clean stop.
@@ -321,7 +348,14 @@ async fn load_index<D: Disk>(
             CorruptReason::Field { field: "index entries", expected: entries, found: index.len() as u64 },
         ));
     }
-    Ok(Ledger { next_entry: entries, index, file_entries: entries, file_pages: pages, index_file: Some(Rc::new(file)) })
+    Ok(Ledger {
+        next_entry: entries,
+        index,
+        file_entries: entries,
+        file_pages: pages,
+        index_file: Some(Rc::new(file)),
+        deleted: None,
+    })
 }
 
 /// Scans the log from `position` (batch `seq`), replaying records into `st`.
@@ -388,6 +422,15 @@ async fn scan<D: Disk>(
             Err(reason) => {
                 let (later, nonzero_end, scanned) = search_valid(&segs[i..], position).await?;
                 out.scanned += scanned;
+                if nonzero_end == position && later.is_some() && segs.get(i + 1).is_some_and(|n| n.start == seg.end()) {
+                    // Nothing was ever written here, and valid data follows:
+                    // the next batch did not fit and went to the next
+                    // segment. Judge what is there, so that damage is
+                    // reported where it is.
+                    i += 1;
+                    position = seg.end();
+                    continue;
+                }
                 match later {
                     Some((j, q, lh))
                         if j == 1
@@ -411,25 +454,14 @@ async fn scan<D: Disk>(
                     }
                     None => {
                         // Nothing valid after it, so this was the one batch in
-                        // flight. A torn write leaves some sectors as they were
-                        // (zero: segments are preallocated and torn regions are
-                        // zeroed before reuse), so a checksum failure caused by
-                        // a tear implies an all-zero sector among the records.
-                        // Without one, the batch was complete and has rotted:
-                        // it may have been acknowledged, so refuse, don't drop.
-                        // (Records that themselves hold 512 aligned zero bytes
-                        // make bit rot there look like a tear: documented.)
+                        // flight: a torn write, unless it cannot be one (see
+                        // `could_be_torn`): then it may have been acknowledged.
                         if let CorruptReason::BodyCrc { stored, computed } = reason {
                             if let Some((_, r)) = reader.as_mut() {
                                 let page = r.get(off, PAGE_BYTES as usize).await?.to_vec();
                                 if let Ok(h) = BatchHeader::decode(&page) {
                                     let b = r.get(off, h.batch_len as usize).await?;
-                                    // Only sectors holding records count: a
-                                    // tear in the zero padding changes nothing.
-                                    let used = BATCH_HEADER_BYTES + h.records_len as usize;
-                                    if b.len() == h.batch_len as usize
-                                        && b[..used].chunks(SECTOR_BYTES).all(|c| c.iter().any(|&x| x != 0))
-                                    {
+                                    if !could_be_torn(&h, b) {
                                         return Err(StorageError::corrupt(
                                             &seg.path,
                                             off,
@@ -525,29 +557,15 @@ async fn zero<F: DiskFile>(seg: &Segment<F>, from: u64, to: u64) -> Result<()> {
 
 /// Applies the records of one verified batch; returns the entries replayed.
 fn replay<F>(st: &mut State<F>, path: &Path, batch_off: u64, position: u64, h: &BatchHeader, b: &[u8]) -> Result<u64> {
-    let records_end = BATCH_HEADER_BYTES + h.records_len as usize;
-    let mut o = BATCH_HEADER_BYTES;
     let mut entries = 0;
-    for _ in 0..h.record_count {
-        let corrupt = |reason| StorageError::corrupt(path, batch_off + o as u64, reason);
-        if o + RECORD_HEADER_BYTES > records_end {
-            return Err(corrupt(CorruptReason::Length {
-                len: RECORD_HEADER_BYTES as u64,
-                limit: (records_end - o) as u64,
-            }));
-        }
-        let hdr = &b[o..o + RECORD_HEADER_BYTES];
-        let rh = RecordHeader::decode(hdr).map_err(corrupt)?;
-        let end = o + RECORD_HEADER_BYTES + rh.body_len as usize;
-        if end > records_end {
-            return Err(corrupt(CorruptReason::Length {
-                len: rh.body_len as u64,
-                limit: (records_end - o - RECORD_HEADER_BYTES) as u64,
-            }));
-        }
-        let body = &b[o + RECORD_HEADER_BYTES..end];
-        rh.verify(hdr, body).map_err(corrupt)?;
-        if rh.kind == KIND_ENTRY {
+    for r in records(h, b) {
+        let r = r.map_err(|(o, reason)| StorageError::corrupt(path, batch_off + o as u64, reason))?;
+        let corrupt = |reason| StorageError::corrupt(path, batch_off + r.offset as u64, reason);
+        let rh = r.header;
+        if rh.kind == KIND_DELETE {
+            st.ledgers.remove(&rh.ledger);
+            st.deleted_at.push((rh.ledger, position + r.offset as u64));
+        } else if rh.kind == KIND_ENTRY {
             let l = st.ledgers.entry(rh.ledger).or_insert_with(Ledger::new);
             if rh.entry != l.index.len() as u64 {
                 return Err(corrupt(CorruptReason::EntryOrder {
@@ -557,7 +575,7 @@ fn replay<F>(st: &mut State<F>, path: &Path, batch_off: u64, position: u64, h: &
                 }));
             }
             l.index.push(IndexEntry {
-                position: position + o as u64,
+                position: position + r.offset as u64,
                 body_len: rh.body_len,
                 record_crc: rh.crc,
                 extras: rh.extras,
@@ -565,7 +583,7 @@ fn replay<F>(st: &mut State<F>, path: &Path, batch_off: u64, position: u64, h: &
             l.next_entry = l.index.len() as u64;
             entries += 1;
         } else {
-            let (k, v) = split_meta(body).map_err(corrupt)?;
+            let (k, v) = split_meta(r.body).map_err(corrupt)?;
             if v.is_empty() {
                 st.meta.remove(k);
                 st.meta_durable.remove(k);
@@ -575,18 +593,6 @@ fn replay<F>(st: &mut State<F>, path: &Path, batch_off: u64, position: u64, h: &
                 st.meta_durable.insert(k.to_vec(), v);
             }
         }
-        o = end;
-    }
-    if o != records_end {
-        return Err(StorageError::corrupt(
-            path,
-            batch_off + o as u64,
-            CorruptReason::Field {
-                field: "records length",
-                expected: h.records_len as u64,
-                found: (o - BATCH_HEADER_BYTES) as u64,
-            },
-        ));
     }
     Ok(entries)
 }

@@ -50,6 +50,25 @@ impl SimRng {
     }
 }
 
+/// The error an injected fault returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FaultError {
+    /// EIO: the device failed.
+    Io,
+    /// ENOSPC: the filesystem is full.
+    NoSpace,
+}
+
+impl FaultError {
+    fn to_io(self, what: &str) -> io::Error {
+        match self {
+            FaultError::Io => eio(what),
+            // ENOSPC is 28 on Linux; kind() is then StorageFull.
+            FaultError::NoSpace => io::Error::from_raw_os_error(28),
+        }
+    }
+}
+
 /// Which kind of operation a [`SimDisk::fail_nth`] fault hits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FaultKind {
@@ -70,6 +89,10 @@ struct Inode {
     durable: Vec<u8>,
     written: Vec<u8>,
     pending: Vec<FileOp>,
+    /// A sync failed: its unsynced writes were dropped from the durable path
+    /// (as Linux may drop dirty pages after a failed fsync, and report success
+    /// on the next one), so `written` no longer converges on `durable`.
+    sync_failed: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -95,7 +118,8 @@ struct SimState {
     ops: u64,
     crash_at: Option<(u64, u64)>,
     crashed: Option<SimDisk>,
-    faults: Vec<(FaultKind, u64)>,
+    faults: Vec<(FaultKind, u64, FaultError)>,
+    faults_fired: u64,
     kind_counts: HashMap<FaultKind, u64>,
 }
 
@@ -174,9 +198,10 @@ impl SimState {
             let n = self.kind_counts.entry(kind).or_insert(0);
             let nth = *n;
             *n += 1;
-            if let Some(i) = self.faults.iter().position(|f| *f == (kind, nth)) {
-                self.faults.swap_remove(i);
-                return Err(eio(what));
+            if let Some(i) = self.faults.iter().position(|f| (f.0, f.1) == (kind, nth)) {
+                let (_, _, err) = self.faults.swap_remove(i);
+                self.faults_fired += 1;
+                return Err(err.to_io(what));
             }
         }
         Ok(())
@@ -256,7 +281,7 @@ impl SimState {
                     }
                 }
             }
-            inodes.insert(id, Inode { durable: img.clone(), written: img, pending: Vec::new() });
+            inodes.insert(id, Inode { durable: img.clone(), written: img, pending: Vec::new(), sync_failed: false });
         }
         SimDisk {
             st: Rc::new(RefCell::new(SimState {
@@ -311,7 +336,21 @@ impl SimDisk {
     /// Makes the `nth` (0-based, counted from this disk's creation) operation
     /// of `kind` fail with EIO.
     pub fn fail_nth(&self, kind: FaultKind, nth: u64) {
-        self.st.borrow_mut().faults.push((kind, nth));
+        self.fail_nth_with(kind, nth, FaultError::Io);
+    }
+
+    /// Like [`fail_nth`](Self::fail_nth), with the error to return (EIO or
+    /// ENOSPC). A failed sync also drops that file's unsynced writes from
+    /// what can become durable: a later sync that succeeds does not bring
+    /// them back (Linux's behaviour after a failed fsync), so a log that
+    /// retried a sync and then acknowledged would lose data in the tests.
+    pub fn fail_nth_with(&self, kind: FaultKind, nth: u64, error: FaultError) {
+        self.st.borrow_mut().faults.push((kind, nth, error));
+    }
+
+    /// How many injected faults fired so far.
+    pub fn faults_fired(&self) -> u64 {
+        self.st.borrow().faults_fired
     }
 
     /// How many operations of `kind` ran so far.
@@ -340,6 +379,24 @@ impl SimDisk {
         let op = FileOp::Write { pos, data: bytes.to_vec() };
         apply(&mut inode.written, &op);
         apply(&mut inode.durable, &op);
+    }
+
+    /// Writes the written image of every file under `root` (a sim path
+    /// `/a/b` becomes `root/a/b`), so tools that read real files (the
+    /// offline inspector) can be tested on what a crash left.
+    pub fn export(&self, root: &Path) -> io::Result<()> {
+        let st = self.st.borrow();
+        for (dir, d) in &st.dirs {
+            let rel = dir.strip_prefix("/").unwrap_or(dir);
+            let out = root.join(rel);
+            std::fs::create_dir_all(&out)?;
+            for (name, ino) in &d.written {
+                if let Some(inode) = st.inodes.get(ino) {
+                    std::fs::write(out.join(name), &inode.written)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Sets a file's length in both images (test hook).
@@ -487,12 +544,23 @@ impl DiskFile for SimFile {
 
     async fn sync(&self) -> io::Result<()> {
         futures_lite::future::yield_now().await;
-        self.st.borrow_mut().step(Some(FaultKind::Sync), "fdatasync")?;
+        let fired = self.st.borrow().faults_fired;
+        let stepped = self.st.borrow_mut().step(Some(FaultKind::Sync), "fdatasync");
+        if let Err(e) = stepped {
+            if self.st.borrow().faults_fired > fired {
+                // Injected: the unsynced writes never become durable.
+                self.with(|ino| {
+                    ino.pending.clear();
+                    ino.sync_failed = true;
+                });
+            }
+            return Err(e);
+        }
         self.with(|ino| {
             for op in std::mem::take(&mut ino.pending) {
                 apply(&mut ino.durable, &op);
             }
-            debug_assert_eq!(ino.durable, ino.written);
+            debug_assert!(ino.sync_failed || ino.durable == ino.written);
         });
         Ok(())
     }

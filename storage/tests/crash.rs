@@ -12,8 +12,13 @@
 //! compared with the model. `crash_at_every_step` tries every n of one
 //! workload; `random_crashes` draws workload, crash point and tear pattern
 //! from a seed, also crashes during recovery itself, and chains rounds of
-//! append/crash/recover on the same data. Every seed is printed;
-//! `MAGNETAR_SEED=<seed>` replays one, `MAGNETAR_SEEDS=<n>` sets how many.
+//! append/crash/recover on the same data. In a third of the rounds an EIO or
+//! ENOSPC is injected on a write, sync or allocate: the log must fail-stop
+//! (no receipt after it; a failed sync also loses its writes in the
+//! simulator, so a retried sync that acknowledged would lose acknowledged
+//! data and fail the oracle), and the restart recovers. 2,000 seeds by
+//! default. Every seed is printed; `MAGNETAR_SEED=<seed>` replays one,
+//! `MAGNETAR_SEEDS=<n>` sets how many.
 
 #![allow(clippy::unwrap_used)] // tests may unwrap
 
@@ -24,7 +29,7 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 use common::{run, small_config, Model, Rec};
-use magnetar_storage::sim::{SimDisk, SimRng};
+use magnetar_storage::sim::{FaultError, FaultKind, SimDisk, SimRng};
 use magnetar_storage::{EntryLog, LogConfig, StorageError};
 
 /// Runs `steps` random operations on `log`, extending `model`. Returns when
@@ -36,13 +41,18 @@ async fn workload(log: &EntryLog<SimDisk>, model: &mut Model, rng: &mut SimRng, 
     let mut tasks = Vec::new();
     let mut stopped = false;
     for step in 0..steps {
-        match rng.below(20) {
+        match rng.below(24) {
             0..=11 => {
-                let ledger = rng.below(4);
+                let ledger = model.ledger_of(rng.below(4));
                 let body = common::body(rng, step as u64);
                 match log.append(ledger, body.clone()) {
                     Ok(a) => {
-                        assert_eq!(a.entry, model.next_entry(ledger));
+                        assert_eq!(
+                            a.entry,
+                            model.next_entry(ledger),
+                            "ledger {ledger} (replay: MAGNETAR_SEED={})",
+                            SEED.with(|s| s.get())
+                        );
                         model.recs.push(Rec::Entry { ledger, entry: a.entry, body });
                         lsns.push(a.lsn);
                     }
@@ -92,6 +102,20 @@ async fn workload(log: &EntryLog<SimDisk>, model: &mut Model, rng: &mut SimRng, 
                     futures_lite::future::yield_now().await;
                 }
             }
+            20..=22 => {
+                let ledger = model.ledger_of(rng.below(4));
+                match log.delete_ledger(ledger) {
+                    Ok(lsn) => {
+                        model.recs.push(Rec::Delete { ledger });
+                        lsns.push(lsn);
+                    }
+                    Err(StorageError::LedgerBusy { .. }) => {}
+                    Err(_) => {
+                        stopped = true;
+                        break;
+                    }
+                }
+            }
             _ => {
                 if rng.chance(1, 2) && log.checkpoint().await.is_err() {
                     stopped = true;
@@ -125,6 +149,12 @@ thread_local! {
     /// (recoveries, with a torn tail truncated, crashes inside recovery,
     ///  unacknowledged records lost, unacknowledged records recovered)
     static STATS: Cell<(u64, u64, u64, u64, u64)> = const { Cell::new((0, 0, 0, 0, 0)) };
+    /// Recoveries that found segments removed by garbage collection.
+    static GC_SEEN: Cell<u64> = const { Cell::new(0) };
+    /// The seed being run, for messages from inside the workload.
+    static SEED: Cell<u64> = const { Cell::new(0) };
+    /// Injected faults that fired, by (kind, error).
+    static FAULTS: std::cell::RefCell<std::collections::BTreeMap<String, u64>> = Default::default();
 }
 
 fn stat(f: impl FnOnce(&mut (u64, u64, u64, u64, u64))) {
@@ -141,11 +171,22 @@ fn print_stats(name: &str) {
         "{name}: {n} recoveries, {torn} truncated a torn tail, {in_rec} crashed inside recovery, \
          unacknowledged records: {lost} lost, {kept} recovered"
     );
+    println!("{name}: {} recoveries found segments removed by garbage collection", GC_SEEN.with(|g| g.get()));
+    FAULTS.with(|f| {
+        if !f.borrow().is_empty() {
+            println!("{name}: injected faults that fired: {:?}", f.borrow());
+        }
+    });
 }
 
 /// Verifies and counts what happened to unacknowledged records.
 async fn check(model: &Model, log: &EntryLog<SimDisk>, ctx: &str) -> Model {
     let m = model.verify(log, ctx).await;
+    // Holes in the segment sequence: garbage collection removed segments.
+    let segs = log.segments();
+    if segs.windows(2).any(|w| w[1].0 != w[0].0 + (64 << 10)) || segs.first().is_some_and(|s| s.0 > 0) {
+        GC_SEEN.with(|g| g.set(g.get() + 1));
+    }
     stat(|s| {
         s.3 += (model.recs.len() - m.recs.len()) as u64;
         s.4 += (m.recs.len() - model.acked) as u64;
@@ -186,6 +227,7 @@ async fn reopen(disk: SimDisk, crash_in_recovery: Option<(u64, u64)>, ctx: &str)
 /// One seed: three rounds of workload, crash, recovery (sometimes crashing
 /// again inside recovery), verification; then a clean close and reopen.
 async fn one_seed(seed: u64) {
+    SEED.with(|s| s.set(seed));
     let mut rng = SimRng::new(seed);
     let steps = 20 + rng.below(100) as usize;
     let mut model = Model::default();
@@ -207,7 +249,29 @@ async fn one_seed(seed: u64) {
     let (mut log, _) = EntryLog::open_with(disk.clone(), cfg()).await.unwrap();
     for round in 0..3 {
         let ctx = format!("seed {seed} round {round} (replay: MAGNETAR_SEED={seed})");
+        let fault = rng.chance(1, 3).then(|| {
+            let kind = [FaultKind::Write, FaultKind::Sync, FaultKind::Allocate][rng.below(3) as usize];
+            let error = if rng.chance(1, 2) { FaultError::Io } else { FaultError::NoSpace };
+            let ahead = if kind == FaultKind::Allocate { 2 } else { 12 };
+            disk.fail_nth_with(kind, disk.count(kind) + rng.below(ahead), error);
+            (kind, error)
+        });
+        let fired_before = disk.faults_fired();
         workload(&log, &mut model, &mut rng, steps, true).await;
+        if let Some((kind, error)) = fault {
+            if disk.faults_fired() > fired_before {
+                FAULTS.with(|f| *f.borrow_mut().entry(format!("{kind:?}/{error:?}")).or_default() += 1);
+                // Fail-stop: whatever the log did since, it is failed by the
+                // time close returns, and refuses new work. (A failed spare
+                // preallocation surfaces when the spare is needed or at close.)
+                assert!(log.close().await.is_err(), "{ctx}: close succeeded after an injected {kind:?} {error:?}");
+                assert!(log.is_failed(), "{ctx}: not failed after an injected {kind:?} {error:?}");
+                assert!(
+                    matches!(log.append(0, Bytes::from_static(b"no")), Err(StorageError::Failed)),
+                    "{ctx}: append accepted after fail-stop"
+                );
+            }
+        }
         let image = disk.crash(rng.next_u64());
         drop(log);
         let in_recovery = rng.chance(1, 3).then(|| (rng.below(12), rng.next_u64()));
@@ -236,7 +300,7 @@ fn random_crashes() {
     let seeds: Vec<u64> = match common::seed_from_env() {
         Some(s) => vec![s],
         None => {
-            let n: u64 = std::env::var("MAGNETAR_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
+            let n: u64 = std::env::var("MAGNETAR_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(2000);
             let base = common::fresh_seed();
             println!("random_crashes: {n} seeds from base {base}");
             (0..n).map(|i| base.wrapping_add(i.wrapping_mul(0x9E37_79B9))).collect()

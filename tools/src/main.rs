@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 mod admin;
 mod consume;
+mod inspect;
 mod produce;
 mod read;
 mod standalone;
@@ -24,6 +25,9 @@ enum Cmd {
     Produce(produce::ProduceArgs),
     /// Receive and acknowledge messages from a subscription.
     Consume(consume::ConsumeArgs),
+    /// Examine a data directory offline (no broker running): shards, segments,
+    /// ledgers, topics, cursors; verify checksums; dump entries.
+    Inspect(inspect::InspectArgs),
     /// Read a topic from a position without a subscription (a Reader).
     Read(read::ReadArgs),
     /// Administer tenants, namespaces (policies) and topics.
@@ -43,6 +47,7 @@ fn main() -> ExitCode {
         Cmd::Standalone(args) => standalone::run(args),
         Cmd::Produce(args) => produce::run(args),
         Cmd::Consume(args) => consume::run(args),
+        Cmd::Inspect(args) => inspect::run(args).map_err(Into::into),
         Cmd::Admin(args) => admin::run(args),
         Cmd::Read(args) => read::run(args),
     };

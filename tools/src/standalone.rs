@@ -30,6 +30,11 @@ pub struct StandaloneArgs {
     /// Accept a tmpfs data directory (for development only: no real durability).
     #[arg(long)]
     pub allow_tmpfs: bool,
+    /// Data-disk usage (percent) at which produce requests are refused with
+    /// the retriable StorageFull error; consumers keep reading. Warnings are
+    /// logged at 75 % and 85 %.
+    #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub disk_refuse_pct: u8,
     /// Dispatch to a consumer pauses while it holds this many unacknowledged messages.
     #[arg(long, default_value_t = 50_000, value_parser = clap::value_parser!(u32).range(1..))]
     pub unacked_per_consumer_max: u32,
@@ -58,6 +63,8 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     config.segment_bytes = args.segment_mib * 1024 * 1024;
     config.write_cache_bytes = args.write_cache_mib * 1024 * 1024;
     config.allow_tmpfs = args.allow_tmpfs;
+    config.disk_watermarks.refuse_pct = args.disk_refuse_pct;
+    config.disk_watermarks.warn_pcts.retain(|&p| p < args.disk_refuse_pct);
     config.unacked_per_consumer_max = args.unacked_per_consumer_max;
     config.unacked_per_subscription_max = args.unacked_per_subscription_max;
     config.delayed_index_max = args.delayed_index_max;

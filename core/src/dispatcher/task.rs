@@ -13,9 +13,19 @@ use std::collections::HashSet;
 use std::rc::Rc;
 use std::time::Duration;
 
-/// Starts the dispatcher of `sub`: it runs until the shard closes.
+/// Starts the dispatcher of `sub`: it runs until the shard closes, in the
+/// shard's dispatch task queue (fewer shares than the default queue, where
+/// the log's flusher runs), so catch-up reads from disk do not slow the
+/// fsync path of receipts.
 pub(crate) fn spawn(shard: Rc<Shard>, topic: Rc<Topic>, sub: Rc<Subscription>) {
-    glommio::spawn_local(async move { run(shard, topic, sub).await }).detach();
+    let tq = shard.dispatch_tq;
+    match glommio::spawn_local_into(async move { run(shard, topic, sub).await }, tq) {
+        Ok(t) => {
+            t.detach();
+        }
+        // Only if the queue were gone: it lives as long as the shard.
+        Err(e) => tracing::error!("cannot spawn a dispatcher in its task queue: {e}"),
+    }
 }
 
 async fn run(shard: Rc<Shard>, topic: Rc<Topic>, sub: Rc<Subscription>) {

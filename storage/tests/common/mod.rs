@@ -71,8 +71,19 @@ pub fn body(rng: &mut SimRng, tag: u64) -> Bytes {
 /// One appended record, in lsn order.
 #[derive(Debug, Clone)]
 pub enum Rec {
-    Entry { ledger: u64, entry: u64, body: Bytes },
-    Meta { key: Vec<u8>, value: Bytes },
+    Entry {
+        ledger: u64,
+        entry: u64,
+        body: Bytes,
+    },
+    Meta {
+        key: Vec<u8>,
+        value: Bytes,
+    },
+    /// `delete_ledger`: the ledger and its entries are gone (ids are never reused).
+    Delete {
+        ledger: u64,
+    },
 }
 
 /// What the test appended, and how much of it was acknowledged durable.
@@ -84,6 +95,13 @@ pub struct Model {
 }
 
 impl Model {
+    /// The ledger id the workload uses for `slot` now: a deletion moves the
+    /// slot to a fresh id (ids are never reused after a deletion).
+    pub fn ledger_of(&self, slot: u64) -> u64 {
+        let deleted = self.recs.iter().filter(|r| matches!(r, Rec::Delete { ledger } if ledger % 4 == slot)).count();
+        slot + 4 * deleted as u64
+    }
+
     pub fn next_entry(&self, ledger: u64) -> u64 {
         self.recs.iter().filter(|r| matches!(r, Rec::Entry { ledger: l, .. } if *l == ledger)).count() as u64
     }
@@ -102,6 +120,9 @@ impl Model {
             if m > 0 {
                 match &self.recs[m - 1] {
                     Rec::Entry { ledger, .. } => *counts.entry(*ledger).or_default() += 1,
+                    Rec::Delete { ledger } => {
+                        counts.remove(ledger);
+                    }
                     Rec::Meta { key, value } => {
                         if value.is_empty() {
                             meta.remove(key);
@@ -117,8 +138,17 @@ impl Model {
             }
         }
         let Some(m) = matched else {
+            let shape: Vec<String> = self
+                .recs
+                .iter()
+                .map(|r| match r {
+                    Rec::Entry { ledger, entry, .. } => format!("e{ledger}:{entry}"),
+                    Rec::Meta { key, value } => format!("m{}={}", String::from_utf8_lossy(key), value.len()),
+                    Rec::Delete { ledger } => format!("DEL{ledger}"),
+                })
+                .collect();
             panic!(
-                "{context}: recovered state is no prefix >= acked {} of {} records\n recovered ledgers {recovered:?}\n recovered meta keys {:?}",
+                "{context}: recovered state is no prefix >= acked {} of {} records\n recovered ledgers {recovered:?}\n recovered meta keys {:?}\n records {shape:?}",
                 self.acked,
                 self.recs.len(),
                 recovered_meta.keys().collect::<Vec<_>>()
@@ -126,8 +156,18 @@ impl Model {
         };
         // Byte for byte, read back from disk (the write cache is empty after open).
         let mut seen: HashMap<u64, u64> = HashMap::new();
+        let deleted: Vec<u64> = self.recs[..m]
+            .iter()
+            .filter_map(|r| if let Rec::Delete { ledger } = r { Some(*ledger) } else { None })
+            .collect();
+        for d in &deleted {
+            assert!(log.read(*d, 0).await.is_err(), "{context}: entry of deleted ledger {d} readable");
+        }
         for r in &self.recs[..m] {
             if let Rec::Entry { ledger, entry, body } = r {
+                if deleted.contains(ledger) {
+                    continue;
+                }
                 let n = seen.entry(*ledger).or_default();
                 assert_eq!(*n, *entry, "{context}: model entry ids dense");
                 *n += 1;

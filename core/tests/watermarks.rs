@@ -1,0 +1,129 @@
+#![allow(clippy::unwrap_used)]
+//! Goal: at the refusal watermark produce is refused with the retriable
+//! `StorageFull` while consumers keep reading, and produce resumes by itself
+//! once usage drops. Method: one shard whose disk usage comes from an
+//! injected function reading a percentage the test sets; produce, raise the
+//! usage past 90 %, produce (refused) and consume (works), lower it, produce.
+
+use bytes::Bytes;
+use glommio::channels::local_channel;
+use magnetar_core::disk_watch::DiskWatermarks;
+use magnetar_core::{Broker, BrokerConfig, ConsumerEvent, SubscribeRequest};
+use magnetar_wire::{encode_message, ErrorCode, InitialPosition, MessageMetadata, SubscriptionType};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+fn blob(seq: u64) -> Bytes {
+    let meta = MessageMetadata {
+        producer_name: "p".into(),
+        sequence_id: seq,
+        publish_time_ms: 1000 + seq,
+        partition_key: Some(format!("k{seq}")),
+        num_messages: 1,
+        ..Default::default()
+    };
+    encode_message(&meta, format!("m{seq}").as_bytes())
+}
+
+#[test]
+fn produce_refused_at_the_watermark_while_consumers_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let used_pct = Arc::new(AtomicU64::new(50));
+    let mut c = BrokerConfig::new(dir.path(), 1);
+    c.pin_cpus = false;
+    c.segment_bytes = 4 << 20;
+    c.write_cache_bytes = 1 << 20;
+    let u = used_pct.clone();
+    c.disk_watermarks = DiskWatermarks {
+        check_interval: Duration::from_millis(10),
+        usage: Some(Arc::new(move |_| Ok((u.load(Ordering::SeqCst), 100)))),
+        ..DiskWatermarks::default()
+    };
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let (done_tx, done_rx) = mpsc::channel();
+    let running = magnetar_core::launch(c, shutdown.clone(), move |broker: Broker| {
+        let used_pct = used_pct.clone();
+        let done_tx = done_tx.clone();
+        async move {
+            let topic = "persistent://public/default/wm";
+            let p = broker.create_producer(topic, "p").await.unwrap();
+            for seq in 0..3 {
+                broker.send(&p, seq, 1, blob(seq)).await.unwrap();
+            }
+            used_pct.store(92, Ordering::SeqCst);
+            glommio::timer::sleep(Duration::from_millis(100)).await;
+            let e = broker.send(&p, 3, 1, blob(3)).await.unwrap_err();
+            assert_eq!(e.code, ErrorCode::StorageFull, "{e}");
+            assert!(e.code.is_retriable());
+            // Consumers keep reading.
+            let (tx, rx) = local_channel::new_unbounded();
+            let sink = broker.register_sink(tx);
+            let req = SubscribeRequest {
+                topic: topic.into(),
+                subscription: "s".into(),
+                consumer_id: 1,
+                sub_type: SubscriptionType::Exclusive,
+                consumer_name: "c".into(),
+                initial_position: InitialPosition::Earliest,
+                durable: true,
+                priority_level: 0,
+                filter_tag: String::new(),
+            };
+            let consumer = broker.subscribe(req, sink).await.unwrap();
+            broker.flow(&consumer, 10);
+            for seq in 0..3u64 {
+                let ev = glommio::timer::timeout(Duration::from_secs(10), async { Ok(rx.recv().await) })
+                    .await
+                    .unwrap()
+                    .unwrap();
+                match ev {
+                    ConsumerEvent::Message { message_id, .. } => assert_eq!(message_id.entry, seq),
+                    other => panic!("{other:?}"),
+                }
+            }
+            // Space freed: produce resumes without a restart.
+            used_pct.store(80, Ordering::SeqCst);
+            glommio::timer::sleep(Duration::from_millis(100)).await;
+            let id = broker.send(&p, 3, 1, blob(3)).await.unwrap();
+            assert_eq!(id.entry, 3);
+            let _ = done_tx.send(());
+            std::future::pending::<()>().await
+        }
+    })
+    .unwrap();
+    let r = done_rx.recv_timeout(Duration::from_secs(60));
+    shutdown.store(true, Ordering::SeqCst);
+    running.join().unwrap();
+    r.expect("scenario timed out or failed (see panic above)");
+
+    // The core passed publish time and key hash to the index.
+    let img = magnetar_storage::inspect::ShardImage::load(
+        &dir.path().join("shard-0"),
+        magnetar_storage::inspect::ScanMode::Verify,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let (_, l) = img.ledgers.iter().next().unwrap();
+    assert_eq!(l.index.len(), 4);
+    for (seq, e) in l.index.iter().enumerate() {
+        assert_eq!(e.extras.publish_time_ms, 1000 + seq as u64);
+        assert_eq!(e.extras.key_hash, magnetar_storage::key_hash(format!("k{seq}").as_bytes()));
+    }
+}
+
+#[test]
+fn statvfs_reports_the_data_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let (used, total) = magnetar_core::disk_watch::statvfs_usage(dir.path()).unwrap();
+    assert!(total > 0 && used <= total, "{used} of {total}");
+    let pct = DiskWatermarks::default().measure(dir.path()).unwrap();
+    assert!(pct <= 100);
+    // Same as df's Use% (rounded down here, up there): within 1 %.
+    if let Ok(out) = std::process::Command::new("df").arg("--output=pcent").arg(dir.path()).output() {
+        let text = String::from_utf8_lossy(&out.stdout);
+        if let Some(df) = text.lines().nth(1).and_then(|l| l.trim().trim_end_matches('%').parse::<i32>().ok()) {
+            assert!((df - i32::from(pct)).abs() <= 1, "df says {df} %, statvfs_usage {pct} %");
+        }
+    }
+}

@@ -1,0 +1,717 @@
+//! Read-only view of a shard directory for offline tools (`magnetar
+//! inspect`): no broker, no glommio, plain `std` reads, nothing written.
+//!
+//! [`ShardImage::load`] reads the checkpoint, the clean-shutdown marker, the
+//! index pages the checkpoint names and the segments, and rebuilds what
+//! recovery would: every ledger's index (entry → position, length, checksum,
+//! publish time, key hash), the metadata map, and where the log ends. It
+//! decodes every byte through the same `format` functions as recovery
+//! (`BatchHeader::decode`/`verify_body`, [`records`], [`could_be_torn`],
+//! [`check_entry_record`], `decode_index_page`, `Checkpoint::decode`), so the
+//! tool and the broker accept and reject exactly the same bytes.
+//!
+//! Two modes:
+//! - [`ScanMode::Tail`]: index files for everything before the checkpoint,
+//!   then the log from the checkpoint position (what a crash recovery reads).
+//! - [`ScanMode::Verify`]: every batch and record of every segment from the
+//!   first, checksums included, and every index entry compared with the
+//!   record it points at. Damage is `StorageError::Corrupt` naming the file
+//!   and offset.
+//!
+//! The verdicts mirror recovery (`docs/format.md`, "Open"): a damaged batch
+//! followed by a valid one is `Corrupt`; a damaged last batch that cannot be
+//! a torn write is `Corrupt` (`DamagedNotTorn`); a torn last batch is
+//! reported as [`Tail::Torn`] (recovery will truncate it; it was never
+//! acknowledged), not as an error.
+//!
+//! Not for a directory a running broker is writing: the view would be a
+//! moving target (the tool says so; nothing here can damage the files).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::disk::PAGE_BYTES;
+use crate::error::{CorruptReason, Result, StorageError};
+use crate::format::{
+    check_entry_record, could_be_torn, decode_index_page, records, split_meta, BatchHeader, Checkpoint, CleanMarker,
+    IndexEntry, BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_DELETE, KIND_ENTRY, RECORD_HEADER_BYTES,
+};
+
+/// Bytes read per `pread` while scanning.
+const CHUNK_BYTES: u64 = 1 << 20;
+
+/// How much of the log [`ShardImage::load`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScanMode {
+    /// Index files, then the log from the checkpoint position (fast).
+    Tail,
+    /// Every batch and record checksum from the first segment on, and every
+    /// index entry against its record.
+    Verify,
+}
+
+/// One segment file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentInfo {
+    /// First log position held by the segment (from its name).
+    pub start: u64,
+    pub path: PathBuf,
+    /// File size in bytes (preallocated: usually `segment_bytes`).
+    pub file_bytes: u64,
+    /// Batches scanned in this segment (0 for segments the scan skipped).
+    pub batches: u64,
+    /// Entries whose record lies in this segment (from the index).
+    pub entries: u64,
+    /// Body bytes of those entries.
+    pub entry_bytes: u64,
+}
+
+/// One ledger as the index describes it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LedgerInfo {
+    /// Entries `0..entries.len()`, by entry id.
+    pub index: Vec<IndexEntry>,
+    /// Entries `0..indexed` are in the ledger's index file (per checkpoint).
+    pub indexed: u64,
+    /// Sum of the entries' body lengths.
+    pub bytes: u64,
+}
+
+/// Where the log ends, and in what state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tail {
+    /// A valid clean-shutdown marker names the checkpoint: the log ends at
+    /// its position (the tail was not scanned in `Tail` mode).
+    Clean { position: u64 },
+    /// Zeros after the last valid batch: the state a recovery leaves.
+    End { position: u64 },
+    /// The last batch is torn (a crash during its write; never
+    /// acknowledged): the next open zeroes `bytes` bytes from `offset` of
+    /// `file`.
+    Torn { position: u64, file: PathBuf, offset: u64, bytes: u64, reason: CorruptReason },
+}
+
+impl Tail {
+    /// The log position after the last valid batch.
+    pub fn position(&self) -> u64 {
+        match self {
+            Tail::Clean { position } | Tail::End { position } | Tail::Torn { position, .. } => *position,
+        }
+    }
+}
+
+/// Counters of what a load read and checked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Checked {
+    pub bytes_scanned: u64,
+    pub batches: u64,
+    pub records: u64,
+    pub index_pages: u64,
+    /// Index entries compared with their records (`Verify` only).
+    pub index_entries: u64,
+}
+
+/// A read-only picture of one shard directory. Plain data: owned by whoever
+/// loaded it, usable from any thread.
+#[derive(Debug, Clone)]
+pub struct ShardImage {
+    pub dir: PathBuf,
+    pub checkpoint: Option<Checkpoint>,
+    /// A clean-shutdown marker matches the checkpoint.
+    pub clean: bool,
+    pub segments: Vec<SegmentInfo>,
+    /// Every ledger with an entry, by id.
+    pub ledgers: BTreeMap<u64, LedgerInfo>,
+    /// Metadata as recovery would restore it (last write per key wins;
+    /// deleted keys absent).
+    pub meta: BTreeMap<Vec<u8>, Vec<u8>>,
+    pub tail: Tail,
+    pub checked: Checked,
+    /// Files in `log/` or `index/` that do not belong to the format.
+    pub stray_files: Vec<PathBuf>,
+    ckpt_pos: u64,
+    ckpt_ledgers: std::collections::HashSet<u64>,
+    /// Deleted ledgers met with gaps during a full scan.
+    dead: std::collections::HashSet<u64>,
+    /// Indexes of ledgers whose deletion record the scan replayed.
+    deleted_after: BTreeMap<u64, Vec<IndexEntry>>,
+}
+
+fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StorageError {
+    let path = path.to_path_buf();
+    move |e| StorageError::Io { op, path, source: e }
+}
+
+fn corrupt(file: &Path, offset: u64, reason: CorruptReason) -> StorageError {
+    StorageError::Corrupt { file: file.to_path_buf(), offset, reason }
+}
+
+/// Reads a segment file in large chunks and serves slices of it.
+struct Reader {
+    file: File,
+    path: PathBuf,
+    len: u64,
+    buf: Vec<u8>,
+    buf_off: u64,
+    scanned: u64,
+}
+
+impl Reader {
+    fn open(path: &Path, len: u64) -> Result<Reader> {
+        let file = File::open(path).map_err(io_err("open segment", path))?;
+        Ok(Reader { file, path: path.to_path_buf(), len, buf: Vec::new(), buf_off: 0, scanned: 0 })
+    }
+
+    /// Bytes [off, off+len) of the file, shorter only at its end.
+    fn get(&mut self, off: u64, len: usize) -> Result<&[u8]> {
+        let end = (off + len as u64).min(self.len);
+        if off < self.buf_off || end > self.buf_off + self.buf.len() as u64 {
+            let want = (len as u64).max(CHUNK_BYTES).min(self.len.saturating_sub(off));
+            self.buf.resize(want as usize, 0);
+            let mut got = 0usize;
+            while got < self.buf.len() {
+                let n = self
+                    .file
+                    .read_at(&mut self.buf[got..], off + got as u64)
+                    .map_err(io_err("read segment", &self.path))?;
+                if n == 0 {
+                    break;
+                }
+                got += n;
+            }
+            self.buf.truncate(got);
+            self.buf_off = off;
+            self.scanned += got as u64;
+        }
+        let s = (off.saturating_sub(self.buf_off) as usize).min(self.buf.len());
+        let e = (end.saturating_sub(self.buf_off) as usize).clamp(s, self.buf.len());
+        Ok(&self.buf[s..e])
+    }
+
+    /// A fully valid batch at `off` (header and body checksums), or why not.
+    fn batch(&mut self, off: u64) -> Result<std::result::Result<(BatchHeader, Vec<u8>), CorruptReason>> {
+        let len = self.len;
+        let page = self.get(off, PAGE_BYTES as usize)?;
+        if page.len() < BATCH_HEADER_BYTES {
+            return Ok(Err(CorruptReason::ShortFile { len, need: off + PAGE_BYTES }));
+        }
+        let h = match BatchHeader::decode(page) {
+            Ok(h) => h,
+            Err(r) => return Ok(Err(r)),
+        };
+        if off + h.batch_len as u64 > len {
+            return Ok(Err(CorruptReason::Length { len: h.batch_len as u64, limit: len - off }));
+        }
+        let b = self.get(off, h.batch_len as usize)?;
+        if let Err(r) = h.verify_body(b) {
+            return Ok(Err(r));
+        }
+        Ok(Ok((h, b.to_vec())))
+    }
+}
+
+fn read_file(path: &Path) -> Result<Option<Vec<u8>>> {
+    match std::fs::read(path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(StorageError::Io { op: "read", path: path.to_path_buf(), source: e }),
+    }
+}
+
+/// Parses `<20 digits><suffix>`.
+fn numbered(name: &str, suffix: &str) -> Option<u64> {
+    name.strip_suffix(suffix).filter(|s| s.len() == 20).and_then(|s| s.parse().ok())
+}
+
+impl ShardImage {
+    /// Whether `dir` looks like a shard directory (has a `log/` directory).
+    pub fn is_shard_dir(dir: &Path) -> bool {
+        dir.join("log").is_dir()
+    }
+
+    /// Loads a shard directory; see the module docs. `progress(done, total)`
+    /// is called with bytes of log read so far, about every chunk.
+    pub fn load(dir: &Path, mode: ScanMode, progress: &mut dyn FnMut(u64, u64)) -> Result<ShardImage> {
+        let log_dir = dir.join("log");
+        let index_dir = dir.join("index");
+        let ckpt_path = dir.join("checkpoint");
+        let checkpoint = match read_file(&ckpt_path)? {
+            Some(b) => Some(Checkpoint::decode(&b).map_err(|r| corrupt(&ckpt_path, 0, r))?),
+            None => None,
+        };
+        let marker = read_file(&dir.join("CLEAN"))?.and_then(|b| CleanMarker::decode(&b));
+        let clean = match (&checkpoint, &marker) {
+            (Some(c), Some(m)) => {
+                m.ckpt_seq == c.ckpt_seq && m.position == c.position && m.next_batch_seq == c.next_batch_seq
+            }
+            _ => false,
+        };
+
+        let mut stray_files = Vec::new();
+        let mut segments = Vec::new();
+        for ent in std::fs::read_dir(&log_dir).map_err(io_err("list", &log_dir))? {
+            let ent = ent.map_err(io_err("list", &log_dir))?;
+            let path = ent.path();
+            let name = ent.file_name().to_string_lossy().into_owned();
+            match numbered(&name, ".seg") {
+                Some(start) => {
+                    let md = ent.metadata().map_err(io_err("stat", &path))?;
+                    segments.push(SegmentInfo {
+                        start,
+                        path,
+                        file_bytes: md.len(),
+                        batches: 0,
+                        entries: 0,
+                        entry_bytes: 0,
+                    });
+                }
+                None => stray_files.push(path),
+            }
+        }
+        segments.sort_by_key(|s| s.start);
+        if let Ok(rd) = std::fs::read_dir(&index_dir) {
+            for ent in rd.flatten() {
+                let name = ent.file_name().to_string_lossy().into_owned();
+                if numbered(&name, ".idx").is_none() {
+                    stray_files.push(ent.path());
+                }
+            }
+        }
+
+        let mut img = ShardImage {
+            dir: dir.to_path_buf(),
+            checkpoint: checkpoint.clone(),
+            clean,
+            segments,
+            ledgers: BTreeMap::new(),
+            meta: BTreeMap::new(),
+            tail: Tail::End { position: 0 },
+            checked: Checked::default(),
+            stray_files,
+            ckpt_pos: checkpoint.as_ref().map_or(0, |c| c.position),
+            ckpt_ledgers: checkpoint.as_ref().map(|c| c.ledgers.iter().map(|l| l.ledger).collect()).unwrap_or_default(),
+            dead: Default::default(),
+            deleted_after: BTreeMap::new(),
+        };
+
+        // Index files and metadata as of the checkpoint.
+        let (ckpt_pos, ckpt_seq) = checkpoint.as_ref().map_or((0, 0), |c| (c.position, c.next_batch_seq));
+        let mut from_files: BTreeMap<u64, Vec<IndexEntry>> = BTreeMap::new();
+        if let Some(c) = &checkpoint {
+            for (k, v) in &c.meta {
+                img.meta.insert(k.clone(), v.clone());
+            }
+            for cl in &c.ledgers {
+                let path = index_dir.join(format!("{:020}.idx", cl.ledger));
+                let es = load_index(&path, cl.ledger, cl.indexed_entries, cl.pages, c.position)?;
+                img.checked.index_pages += cl.pages;
+                from_files.insert(cl.ledger, es);
+            }
+        }
+
+        let total: u64 = img.segments.iter().map(|s| s.file_bytes).sum();
+        match mode {
+            ScanMode::Tail => {
+                for (id, es) in from_files {
+                    let l = img.ledgers.entry(id).or_default();
+                    l.indexed = es.len() as u64;
+                    l.index = es;
+                }
+                if clean {
+                    img.tail = Tail::Clean { position: ckpt_pos };
+                } else {
+                    img.scan(ckpt_pos, Some(ckpt_seq), true, total, progress)?;
+                }
+            }
+            ScanMode::Verify => {
+                // From the very first batch; its seq is taken from the log
+                // (0 unless earlier segments were ever removed).
+                let start = img.segments.first().map_or(0, |s| s.start);
+                img.scan(start, None, false, total, progress)?;
+                // Ledgers not in the checkpoint with every entry before it
+                // were deleted before it.
+                let (cp, cl) = (img.ckpt_pos, img.ckpt_ledgers.clone());
+                img.ledgers.retain(|id, l| cl.contains(id) || l.index.last().is_some_and(|e| e.position >= cp));
+                if start > ckpt_pos {
+                    return Err(corrupt(
+                        &log_dir,
+                        0,
+                        CorruptReason::Field {
+                            field: "first segment start (checkpoint position)",
+                            expected: ckpt_pos,
+                            found: start,
+                        },
+                    ));
+                }
+                // Every index entry in the files must equal what the log says.
+                for (id, es) in &from_files {
+                    let path = index_dir.join(format!("{id:020}.idx"));
+                    let scanned = img
+                        .ledgers
+                        .get(id)
+                        .map(|l| &l.index[..])
+                        .or_else(|| img.deleted_after.get(id).map(|v| &v[..]))
+                        .unwrap_or(&[]);
+                    for (i, e) in es.iter().enumerate() {
+                        if scanned.get(i) != Some(e) {
+                            let page = (i / crate::format::INDEX_ENTRIES_PER_PAGE) as u64 * PAGE_BYTES;
+                            let found = scanned.get(i).map_or(u64::MAX, |s| s.position);
+                            return Err(corrupt(
+                                &path,
+                                page,
+                                CorruptReason::Field {
+                                    field: "index entry position (as found in the log)",
+                                    expected: e.position,
+                                    found,
+                                },
+                            ));
+                        }
+                        img.checked.index_entries += 1;
+                    }
+                    if let Some(l) = img.ledgers.get_mut(id) {
+                        l.indexed = es.len() as u64;
+                    }
+                }
+                if clean && img.tail.position() != ckpt_pos {
+                    return Err(corrupt(
+                        &dir.join("CLEAN"),
+                        0,
+                        CorruptReason::Field {
+                            field: "clean marker position (log end)",
+                            expected: img.tail.position(),
+                            found: ckpt_pos,
+                        },
+                    ));
+                }
+            }
+        }
+
+        // Per-segment totals from the index.
+        for l in img.ledgers.values_mut() {
+            l.bytes = l.index.iter().map(|e| e.body_len as u64).sum();
+        }
+        for l in img.ledgers.values() {
+            for e in &l.index {
+                let i = img.segments.partition_point(|s| s.start <= e.position);
+                if let Some(s) = i.checked_sub(1).and_then(|i| img.segments.get_mut(i)) {
+                    s.entries += 1;
+                    s.entry_bytes += e.body_len as u64;
+                }
+            }
+        }
+        Ok(img)
+    }
+
+    /// Scans batches from `position` (batch `seq`, or whatever the first
+    /// batch says when `None`), replaying entries into the ledger indexes
+    /// and, at or after the checkpoint position, metadata into the map.
+    fn scan(
+        &mut self,
+        mut position: u64,
+        mut seq: Option<u64>,
+        tail_only: bool,
+        total: u64,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<()> {
+        let ckpt_pos = self.checkpoint.as_ref().map_or(0, |c| c.position);
+        let segs: Vec<(u64, u64, PathBuf)> =
+            self.segments.iter().map(|s| (s.start, s.file_bytes - s.file_bytes % PAGE_BYTES, s.path.clone())).collect();
+        let mut done_before = 0u64;
+        let Some(mut i) = segs.iter().position(|(start, len, _)| start + len > position) else {
+            self.tail = Tail::End { position };
+            return Ok(());
+        };
+        if !tail_only {
+            // In Verify mode the ledgers are rebuilt from the log alone.
+            self.ledgers.clear();
+        }
+        'segments: while i < segs.len() {
+            let (start, len, path) = segs[i].clone();
+            if position < start && !tail_only && start <= ckpt_pos {
+                // Segments removed by garbage collection (all before the
+                // checkpoint): continue with the next batch present.
+                position = start;
+                seq = None;
+            }
+            if position < start {
+                return Err(corrupt(
+                    &path,
+                    0,
+                    CorruptReason::Field {
+                        field: "segment start (expected log position)",
+                        expected: position,
+                        found: start,
+                    },
+                ));
+            }
+            let mut r = Reader::open(&path, len)?;
+            loop {
+                progress(done_before + r.scanned, total);
+                if position + PAGE_BYTES > start + len {
+                    break; // rest of the segment unused: next segment
+                }
+                let off = position - start;
+                match r.batch(off)? {
+                    Ok((h, b)) => {
+                        let expected = seq.unwrap_or(h.seq);
+                        if h.seq != expected || h.position != position {
+                            let (field, expected, found) = if h.seq != expected {
+                                ("batch seq", expected, h.seq)
+                            } else {
+                                ("batch position", position, h.position)
+                            };
+                            return Err(corrupt(&path, off, CorruptReason::Field { field, expected, found }));
+                        }
+                        self.apply(&path, off, position, &h, &b, position >= ckpt_pos)?;
+                        self.segments[i].batches += 1;
+                        self.checked.batches += 1;
+                        position += h.batch_len as u64;
+                        seq = Some(expected + 1);
+                    }
+                    Err(reason) => {
+                        // Damaged or absent: the same case analysis as recovery.
+                        let (later, nonzero_end) = search_valid(&segs[i..], position, &mut r)?;
+                        // The next segment follows: contiguous, or after
+                        // segments that garbage collection removed (all
+                        // before the checkpoint).
+                        let next_follows =
+                            |n: &(u64, u64, PathBuf)| n.0 == start + len || (!tail_only && n.0 <= ckpt_pos);
+                        if nonzero_end == position && later.is_some() && segs.get(i + 1).is_some_and(next_follows) {
+                            // Never written here: the batch went to the next
+                            // segment (as in recovery).
+                            position = start + len;
+                            done_before += r.scanned;
+                            i += 1;
+                            continue 'segments;
+                        }
+                        match later {
+                            Some((j, q, lh))
+                                if j == 1
+                                    && Some(lh.seq) == seq.or(Some(lh.seq))
+                                    && q == segs[i + 1].0
+                                    && q == start + len
+                                    && lh.batch_len as u64 > start + len - position =>
+                            {
+                                // The batch did not fit and went to the next segment.
+                                position = q;
+                                done_before += r.scanned;
+                                i += 1;
+                                continue 'segments;
+                            }
+                            Some((_, q, lh)) => {
+                                return Err(corrupt(
+                                    &path,
+                                    off,
+                                    CorruptReason::DamageBeforeValidBatch { later_seq: lh.seq, later_position: q },
+                                ));
+                            }
+                            None => {
+                                if let CorruptReason::BodyCrc { stored, computed } = reason {
+                                    let page = r.get(off, PAGE_BYTES as usize)?.to_vec();
+                                    if let Ok(h) = BatchHeader::decode(&page) {
+                                        let b = r.get(off, h.batch_len as usize)?;
+                                        if !could_be_torn(&h, b) {
+                                            return Err(corrupt(
+                                                &path,
+                                                off,
+                                                CorruptReason::DamagedNotTorn {
+                                                    batch_len: h.batch_len,
+                                                    stored,
+                                                    computed,
+                                                },
+                                            ));
+                                        }
+                                    }
+                                }
+                                self.tail = if nonzero_end > position {
+                                    Tail::Torn {
+                                        position,
+                                        file: path,
+                                        offset: off,
+                                        bytes: nonzero_end - position,
+                                        reason,
+                                    }
+                                } else {
+                                    Tail::End { position }
+                                };
+                                self.checked.bytes_scanned += done_before + r.scanned;
+                                progress(total, total);
+                                return Ok(());
+                            }
+                        }
+                    }
+                }
+            }
+            done_before += r.scanned;
+            i += 1;
+        }
+        self.checked.bytes_scanned += done_before;
+        progress(total, total);
+        self.tail = Tail::End { position };
+        Ok(())
+    }
+
+    /// Applies one verified batch.
+    fn apply(&mut self, path: &Path, off: u64, position: u64, h: &BatchHeader, b: &[u8], meta: bool) -> Result<()> {
+        for r in records(h, b) {
+            let r = r.map_err(|(o, reason)| corrupt(path, off + o as u64, reason))?;
+            self.checked.records += 1;
+            let rh = r.header;
+            if rh.kind == KIND_DELETE {
+                if let Some(l) = self.ledgers.remove(&rh.ledger) {
+                    // Kept so that a full verify can still compare the
+                    // ledger's index file (the checkpoint may list it).
+                    self.deleted_after.insert(rh.ledger, l.index);
+                }
+            } else if rh.kind == KIND_ENTRY {
+                // Before the checkpoint, a ledger the checkpoint does not list
+                // was deleted; garbage collection may have removed some of
+                // its segments, so its entries need not be dense. Skip it.
+                let dead = |me: &Self| position < me.ckpt_pos && !me.ckpt_ledgers.contains(&rh.ledger);
+                if self.dead.contains(&rh.ledger) && dead(self) {
+                    continue;
+                }
+                let l = self.ledgers.entry(rh.ledger).or_default();
+                if rh.entry != l.index.len() as u64 && dead(self) {
+                    self.ledgers.remove(&rh.ledger);
+                    self.dead.insert(rh.ledger);
+                    continue;
+                }
+                let l = self.ledgers.entry(rh.ledger).or_default();
+                if rh.entry != l.index.len() as u64 {
+                    return Err(corrupt(
+                        path,
+                        off + r.offset as u64,
+                        CorruptReason::EntryOrder {
+                            ledger: rh.ledger,
+                            expected: l.index.len() as u64,
+                            found: rh.entry,
+                        },
+                    ));
+                }
+                l.index.push(IndexEntry {
+                    position: position + r.offset as u64,
+                    body_len: rh.body_len,
+                    record_crc: rh.crc,
+                    extras: rh.extras,
+                });
+            } else if meta {
+                let (k, v) = split_meta(r.body).map_err(|reason| corrupt(path, off + r.offset as u64, reason))?;
+                if v.is_empty() {
+                    self.meta.remove(k);
+                } else {
+                    self.meta.insert(k.to_vec(), v.to_vec());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The segment holding log position `p`.
+    pub fn segment_at(&self, p: u64) -> Option<&SegmentInfo> {
+        let i = self.segments.partition_point(|s| s.start <= p).checked_sub(1)?;
+        self.segments.get(i).filter(|s| p < s.start + s.file_bytes)
+    }
+
+    /// Reads one entry's body from its segment, with the record checksum and
+    /// fields checked against the index (`Corrupt` naming file and offset
+    /// otherwise; the bytes are never returned then).
+    pub fn read_entry(&self, ledger: u64, entry: u64) -> Result<(IndexEntry, Vec<u8>)> {
+        let no = StorageError::NoSuchEntry { ledger, entry };
+        let l = self.ledgers.get(&ledger).ok_or(no)?;
+        let ie = *usize::try_from(entry)
+            .ok()
+            .and_then(|i| l.index.get(i))
+            .ok_or(StorageError::NoSuchEntry { ledger, entry })?;
+        let seg = self.segment_at(ie.position).ok_or(StorageError::NoSuchEntry { ledger, entry })?;
+        let off = ie.position - seg.start;
+        let len = RECORD_HEADER_BYTES + ie.body_len as usize;
+        let file = File::open(&seg.path).map_err(io_err("open segment", &seg.path))?;
+        let mut raw = vec![0u8; len];
+        file.read_exact_at(&mut raw, off).map_err(io_err("read entry", &seg.path))?;
+        check_entry_record(&raw, &ie, ledger, entry).map_err(|r| corrupt(&seg.path, off, r))?;
+        raw.drain(..RECORD_HEADER_BYTES);
+        Ok((ie, raw))
+    }
+}
+
+/// Loads and checks pages `0..pages` of an index file (like recovery).
+fn load_index(path: &Path, ledger: u64, entries: u64, pages: u64, ckpt_position: u64) -> Result<Vec<IndexEntry>> {
+    let file = File::open(path).map_err(io_err("open index file", path))?;
+    let need = pages * PAGE_BYTES;
+    let mut b = vec![0u8; need as usize];
+    let mut got = 0usize;
+    while got < b.len() {
+        let n = file.read_at(&mut b[got..], got as u64).map_err(io_err("read index file", path))?;
+        if n == 0 {
+            return Err(corrupt(path, got as u64, CorruptReason::ShortFile { len: got as u64, need }));
+        }
+        got += n;
+    }
+    let mut index: Vec<IndexEntry> = Vec::with_capacity(entries as usize);
+    for (i, page) in b.chunks(PAGE_BYTES as usize).enumerate() {
+        let off = i as u64 * PAGE_BYTES;
+        let (first, es) = decode_index_page(page, ledger).map_err(|r| corrupt(path, off, r))?;
+        if first != index.len() as u64 {
+            let reason =
+                CorruptReason::Field { field: "index page first entry", expected: index.len() as u64, found: first };
+            return Err(corrupt(path, off, reason));
+        }
+        for e in es {
+            if e.position >= ckpt_position {
+                let reason =
+                    CorruptReason::Field { field: "index entry position", expected: ckpt_position, found: e.position };
+                return Err(corrupt(path, off, reason));
+            }
+            index.push(e);
+        }
+    }
+    if index.len() as u64 != entries {
+        let reason = CorruptReason::Field { field: "index entries", expected: entries, found: index.len() as u64 };
+        return Err(corrupt(path, 0, reason));
+    }
+    Ok(index)
+}
+
+/// Looks for a fully valid batch at any page after `from`, in `segs[0]`
+/// (read through `r0`) and then in the later segments. Returns it (segment
+/// index relative to `segs`, position, header) and the end of the last
+/// non-zero page of `segs[0]` at or after `from`.
+#[allow(clippy::type_complexity)]
+fn search_valid(
+    segs: &[(u64, u64, PathBuf)],
+    from: u64,
+    r0: &mut Reader,
+) -> Result<(Option<(usize, u64, BatchHeader)>, u64)> {
+    let mut nonzero_end = from;
+    for (j, (start, len, path)) in segs.iter().enumerate() {
+        let mut own;
+        let r = if j == 0 {
+            &mut *r0
+        } else {
+            own = Reader::open(path, *len)?;
+            &mut own
+        };
+        let mut q = from.max(*start);
+        while q + PAGE_BYTES <= start + len {
+            let off = q - start;
+            let page = r.get(off, PAGE_BYTES as usize)?;
+            if page.len() < PAGE_BYTES as usize {
+                break;
+            }
+            if j == 0 && page.iter().any(|&b| b != 0) {
+                nonzero_end = q + PAGE_BYTES;
+            }
+            if q > from && page[..8] == BATCH_MAGIC {
+                if let Ok((h, _)) = r.batch(off)? {
+                    return Ok((Some((j, q, h)), nonzero_end));
+                }
+            }
+            q += PAGE_BYTES;
+        }
+    }
+    Ok((None, nonzero_end))
+}
