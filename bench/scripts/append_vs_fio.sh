@@ -19,15 +19,9 @@ mkdir -p "$DIR"
 WORK=$(mktemp -d "$DIR/run.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 
-fio --name=prep --filename="$WORK/fio.dat" --size=512m --bs=1m --rw=write --direct=1 --ioengine=sync >/dev/null 2>&1
+source bench/scripts/fio_lib.sh
 declare -A FIO
-for bs in 1m 4m; do
-  FIO[$bs]=$(fio --name=w --filename="$WORK/fio.dat" --size=512m --bs="$bs" --rw=write --direct=1 \
-      --fdatasync=1 --ioengine=sync --output-format=json 2>/dev/null |
-    python3 -c 'import json,sys; print("%.1f" % (json.load(sys.stdin)["jobs"][0]["write"]["bw_bytes"]/1e6))')
-  echo "fio O_DIRECT seq write + fdatasync, bs=$bs: ${FIO[$bs]} MB/s"
-done
-rm -f "$WORK/fio.dat"
+fio_write_limits "$WORK" 512m 1m 4m
 
 for spec in "200000 1024 256" "8192 65536 64"; do
   set -- $spec
@@ -35,7 +29,7 @@ for spec in "200000 1024 256" "8192 65536 64"; do
   echo "$OUT"
   MBPS=$(echo "$OUT" | sed -n 's/.* \([0-9.]*\) MB\/s.*/\1/p')
   for bs in 1m 4m; do
-    python3 -c "print('  entry size $2: ratio to fio bs=$bs: %.2f' % ($MBPS / ${FIO[$bs]}))"
+    python3 -c "print('  entry size $2: ratio to fio bs=$bs: %.2f' % ($MBPS / ${FIO[$bs]% *}))"
   done
   rm -rf "$WORK/a-$2"
 done

@@ -27,21 +27,9 @@ mkdir -p "$OUT"
 WORK=$(mktemp -d "$DIR/fio.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 
-fio_run() { # block size -> "MB/s sync_p50_us"
-  fio --name=w --filename="$WORK/fio.dat" --size=256m --bs="$1" --rw=write --direct=1 \
-      --fdatasync=1 --ioengine=sync --output-format=json 2>/dev/null |
-    python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; w=j["write"]; s=j["sync"]["lat_ns"]
-p=s.get("percentile",{}).get("50.000000", s["mean"]); print("%.1f %.0f" % (w["bw_bytes"]/1e6, p/1e3))'
-}
-# Lay the file out first: measured runs overwrite allocated blocks, as the
-# broker does with its preallocated segments.
-fio --name=prep --filename="$WORK/fio.dat" --size=256m --bs=1m --rw=write --direct=1 --ioengine=sync >/dev/null 2>&1
+source bench/scripts/fio_lib.sh
 declare -A FIO
-for bs in 4k 64k 1m; do
-  FIO[$bs]=$(fio_run $bs)
-  echo "fio O_DIRECT seq write + fdatasync bs=$bs: ${FIO[$bs]% *} MB/s, fdatasync p50 ${FIO[$bs]#* } us"
-done
-rm -f "$WORK/fio.dat"
+fio_write_limits "$WORK" 256m 4k 64k 1m
 
 "$B" --data-dir "$DIR" --duration-s "$DURATION" --json "$OUT/canonical.json" --plot "$OUT/canonical.svg" -q "${EXTRA[@]}"
 "$B" --data-dir "$DIR" --duration-s 10 --partitions 1 --max-pending 1 --json "$OUT/one-at-a-time.json" -q "${EXTRA[@]}"

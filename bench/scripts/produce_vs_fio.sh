@@ -21,23 +21,9 @@ BROKER_PID=
 cleanup() { [ -n "$BROKER_PID" ] && kill "$BROKER_PID" 2>/dev/null; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-fio_mbps() { # block size -> "MB/s sync_p50_us"
-  local bs=$1
-  fio --name=w --filename="$WORK/fio.dat" --size=256m --bs="$bs" --rw=write --direct=1 \
-      --fdatasync=1 --ioengine=sync --output-format=json 2>/dev/null |
-    python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; w=j["write"]; s=j["sync"]["lat_ns"]
-p=s.get("percentile",{}).get("50.000000", s["mean"]); print("%.1f %.0f" % (w["bw_bytes"]/1e6, p/1e3))'
-}
-
-# Lay the file out first so every measured run overwrites allocated blocks,
-# as the broker does with its preallocated segments.
-fio --name=prep --filename="$WORK/fio.dat" --size=256m --bs=1m --rw=write --direct=1 --ioengine=sync >/dev/null 2>&1
+source bench/scripts/fio_lib.sh
 declare -A FIO
-for bs in 4k 64k 1m; do
-  FIO[$bs]=$(fio_mbps $bs)
-  echo "fio O_DIRECT seq write + fdatasync, bs=$bs: ${FIO[$bs]% *} MB/s (fdatasync p50 ${FIO[$bs]#* } us)"
-done
-rm -f "$WORK/fio.dat"
+fio_write_limits "$WORK" 256m 4k 64k 1m
 
 "$M" standalone --data-dir "$WORK/data" --listen 127.0.0.1:0 >"$WORK/broker.out" 2>"$WORK/broker.err" &
 BROKER_PID=$!

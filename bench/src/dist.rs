@@ -121,18 +121,6 @@ impl KeyGen {
     }
 }
 
-/// Partition of a key, like a Pulsar client's key-hash routing (a stable
-/// hash of the key bytes modulo the partitions).
-pub fn partition_of_key(key: &str, partitions: u32) -> u32 {
-    // FNV-1a: stable across runs and platforms, unlike std's SipHash keys.
-    let mut h: u32 = 0x811C_9DC5;
-    for b in key.as_bytes() {
-        h ^= u32::from(*b);
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    h % partitions
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -35,7 +35,7 @@ struct Args {
     subscriptions: Option<u32>,
     #[arg(long)]
     topics: Option<u32>,
-    /// Partitions per topic (emulated as topics `<t>-partition-<i>` until #5).
+    /// Partitions per topic (a partitioned topic, created through the admin API).
     #[arg(long)]
     partitions: Option<u32>,
     /// Message size: `1024`, `100..16384` (uniform) or `100:5,1024:4,16384:1` (weighted).
@@ -49,13 +49,16 @@ struct Args {
     max_pending: Option<u32>,
     #[arg(long)]
     receiver_queue_size: Option<u32>,
-    /// Messages per batch (batching arrives with #5).
+    /// Messages per batch (> 1 turns the producers' batching on).
     #[arg(long)]
     batch_max_messages: Option<u32>,
-    /// Compression (arrives with #5).
+    /// With batching: longest wait of a batch's first message, ms (default 1).
+    #[arg(long)]
+    batch_max_delay_ms: Option<u64>,
+    /// Producers' compression codec.
     #[arg(long, value_enum)]
     compression: Option<Compression>,
-    /// Subscription type (Failover, Shared, Key_Shared arrive with #4).
+    /// Subscription type (Exclusive takes one consumer per subscription).
     #[arg(long, value_enum)]
     subscription_type: Option<SubType>,
     #[arg(long, value_enum)]
@@ -133,6 +136,7 @@ fn workload(args: &Args) -> Result<Workload, Box<dyn std::error::Error>> {
         max_pending,
         receiver_queue_size,
         batch_max_messages,
+        batch_max_delay_ms,
         compression,
         subscription_type,
         key_distribution,

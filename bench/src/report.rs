@@ -56,7 +56,7 @@ pub struct Report {
     pub git_commit: String,
     pub git_dirty: bool,
     pub workload: Workload,
-    /// Partition topics this run used (partitions emulated as topics until #5).
+    /// Partition topics this run used (`<topic>-partition-<i>`).
     pub topics: Vec<String>,
     pub environment: Environment,
     pub measured_s: f64,

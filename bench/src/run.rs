@@ -4,10 +4,10 @@
 //! `partitions` partitions; `producers` producers per topic each write to all
 //! of its partitions (round-robin, or by key hash when keys are on); each of
 //! `subscriptions` subscriptions per topic has `consumers` consumers reading
-//! all partitions. One producer or consumer = one client connection; its
-//! per-partition producers/consumers share it. Until partitioned topics
-//! exist (#5), partition `i` of topic `T` is the plain topic
-//! `T-partition-<i>`.
+//! all partitions. Each topic is a real partitioned topic, created through
+//! the admin API before the run; a producer is a client `PartitionedProducer`
+//! (round-robin; a keyed message goes by its key's hash) and a consumer a
+//! `subscribe_partitioned()` consumer, each on its own client connection.
 //!
 //! Latency accounting: with `rate > 0` message `i` of a producer has the
 //! intended send time `start + i / rate_per_producer`; the producer never
@@ -21,13 +21,14 @@
 //! nanosecond resolution; payloads under 8 bytes fall back to the metadata's
 //! millisecond `publish_time`.
 
-use crate::dist::{partition_of_key, KeyGen, Rng, SizeGen};
+use crate::dist::{KeyGen, Rng, SizeGen};
 use crate::stats::{Recorder, Tick, Totals};
-use crate::workload::{SubType, Workload, WorkloadError};
+use crate::workload::{Workload, WorkloadError};
 use bytes::{BufMut, Bytes, BytesMut};
+use futures::stream::{FuturesUnordered, StreamExt};
 use magnetar_client::{
-    Client, ClientError, ClientOptions, Consumer, InitialPosition, OutgoingMessage, Producer, SendFuture,
-    SubscriptionType,
+    Client, ClientError, ClientOptions, InitialPosition, MultiTopicConsumer, OutgoingMessage, PartitionedProducer,
+    RoutedSend, RoutingMode,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -108,15 +109,6 @@ pub struct RunOutcome {
     pub cpu: crate::cpu::CpuUse,
 }
 
-fn sub_type(t: SubType) -> SubscriptionType {
-    match t {
-        SubType::Exclusive => SubscriptionType::Exclusive,
-        SubType::Failover => SubscriptionType::Failover,
-        SubType::Shared => SubscriptionType::Shared,
-        SubType::KeyShared => SubscriptionType::KeyShared,
-    }
-}
-
 /// Random, incompressible filler that payloads are cut from.
 fn filler(len: usize, seed: u64) -> Bytes {
     let mut rng = Rng::new(seed ^ 0xF111);
@@ -144,8 +136,8 @@ fn now_ms() -> u64 {
 }
 
 struct ProducerCtx {
-    producers: Vec<Arc<Producer>>,
-    receipts: Vec<mpsc::UnboundedSender<(Instant, usize, SendFuture)>>,
+    producer: Arc<PartitionedProducer>,
+    receipts: mpsc::Sender<(Instant, usize, RoutedSend)>,
 }
 
 struct ProducerPlan {
@@ -157,37 +149,57 @@ struct ProducerPlan {
     stop_at: Option<Instant>,
 }
 
-/// Open one logical producer: a connection and one producer per partition,
-/// plus the tasks that await their receipts in order.
+/// Open one logical producer: a connection and a partitioned producer on
+/// `topic` (with the workload's batching and codec), plus the task that
+/// awaits its receipts. Receipts of different partitions complete
+/// independently, so they are awaited as they come, not in send order (one
+/// slow partition must not delay the time recorded for the others).
 async fn open_producer(
     opts: &RunOptions,
-    partitions: &[String],
+    topic: &str,
     rec: &Recorder,
     collectors: &mut Vec<JoinHandle<()>>,
 ) -> Result<(Client, ProducerCtx), RunError> {
+    let w = &opts.workload;
     let client = Client::connect_with(&opts.url, opts.client_options.clone()).await.map_err(client_err(&opts.url))?;
-    let mut ctx = ProducerCtx { producers: Vec::new(), receipts: Vec::new() };
-    for topic in partitions {
-        let producer = client
-            .producer(topic.clone())
-            .max_pending(opts.workload.max_pending as usize)
-            .create()
-            .await
-            .map_err(client_err(format!("create producer on {topic}")))?;
-        let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, usize, SendFuture)>();
-        let rec = rec.clone();
-        collectors.push(tokio::spawn(async move {
-            while let Some((intended, bytes, receipt)) = rx.recv().await {
-                match receipt.await {
-                    Ok(_) => rec.published(intended, Instant::now(), bytes),
-                    Err(e) => rec.publish_failed(e.to_string()),
-                }
-            }
-        }));
-        ctx.producers.push(Arc::new(producer));
-        ctx.receipts.push(tx);
+    let mut builder =
+        client.producer(topic.to_string()).max_pending(w.max_pending as usize).compression(w.compression_type());
+    if let Some(batching) = w.batching() {
+        builder = builder.batching(batching);
     }
-    Ok((client, ctx))
+    let producer = builder
+        .create_partitioned(RoutingMode::RoundRobin)
+        .await
+        .map_err(client_err(format!("create producer on {topic}")))?;
+    // Bounded by what may be in flight (max_pending entries of up to a batch
+    // each, per partition): with batching the broker frees entry permits
+    // faster than one client thread records receipts, and an unbounded
+    // queue here let the producer run seconds ahead of its own receipts.
+    let bound = (w.max_pending as usize).saturating_mul(w.batch_max_messages.max(1) as usize);
+    let limit = bound.saturating_mul(w.partitions as usize).max(1);
+    let (tx, mut rx) = mpsc::channel::<(Instant, usize, RoutedSend)>(limit);
+    let rec = rec.clone();
+    collectors.push(tokio::spawn(async move {
+        let mut in_flight = FuturesUnordered::new();
+        let mut open = true;
+        loop {
+            tokio::select! {
+                next = rx.recv(), if open && in_flight.len() < limit => match next {
+                    Some((intended, bytes, receipt)) => in_flight.push(async move {
+                        let r = receipt.receipt().await;
+                        (intended, Instant::now(), bytes, r)
+                    }),
+                    None => open = false,
+                },
+                Some((intended, at, bytes, r)) = in_flight.next(), if !in_flight.is_empty() => match r {
+                    Ok(_) => rec.published(intended, at, bytes),
+                    Err(e) => rec.publish_failed(e.to_string()),
+                },
+                else => break,
+            }
+        }
+    }));
+    Ok((client, ProducerCtx { producer: Arc::new(producer), receipts: tx }))
 }
 
 async fn produce_loop(ctx: ProducerCtx, plan: ProducerPlan, w: Workload, rec: Recorder, filler: Bytes) {
@@ -197,7 +209,6 @@ async fn produce_loop(ctx: ProducerCtx, plan: ProducerPlan, w: Workload, rec: Re
     };
     let keys = KeyGen::new(w.key_distribution, w.keys, w.zipf_exponent);
     let mut rng = Rng::new(w.seed.wrapping_mul(1_000_003).wrapping_add(u64::from(plan.index)));
-    let partitions = ctx.producers.len() as u64;
     let start = Instant::now();
     let mut i: u64 = 0;
     loop {
@@ -223,16 +234,13 @@ async fn produce_loop(ctx: ProducerCtx, plan: ProducerPlan, w: Workload, rec: Re
             now
         };
         let size = sizes.next(&mut rng);
-        let key = keys.next(&mut rng).map(|k| format!("k{k}"));
-        let partition = match &key {
-            Some(k) => partition_of_key(k, partitions as u32) as usize,
-            None => ((i + u64::from(plan.index)) % partitions) as usize,
-        };
+        // The client routes: keyed messages by the key's hash (FNV-1a),
+        // the others round-robin.
         let mut msg = OutgoingMessage::new(payload(&filler, size, rec.stamp(intended)));
-        msg.key = key;
-        match ctx.producers[partition].send_async(msg).await {
+        msg.key = keys.next(&mut rng).map(|k| format!("k{k}"));
+        match ctx.producer.send_async(msg).await {
             Ok(receipt) => {
-                let _ = ctx.receipts[partition].send((intended, size, receipt));
+                let _ = ctx.receipts.send((intended, size, receipt)).await;
             }
             Err(e) => {
                 let fatal = !matches!(e, ClientError::MessageTooLarge { .. });
@@ -247,7 +255,7 @@ async fn produce_loop(ctx: ProducerCtx, plan: ProducerPlan, w: Workload, rec: Re
     // Dropping `ctx.receipts` lets the collectors end once every receipt is in.
 }
 
-async fn consume_loop(consumer: Consumer, rec: Recorder, mut stop: watch::Receiver<bool>, timed: bool) {
+async fn consume_loop(consumer: MultiTopicConsumer, rec: Recorder, mut stop: watch::Receiver<bool>, timed: bool) {
     loop {
         let msg = tokio::select! {
             biased;
@@ -268,7 +276,7 @@ async fn consume_loop(consumer: Consumer, rec: Recorder, mut stop: watch::Receiv
                     let age = Duration::from_millis(now_ms().saturating_sub(m.publish_time_ms()));
                     rec.received(now.checked_sub(age).unwrap_or(now), now, bytes);
                 }
-                if consumer.ack(&m.id).await.is_err() {
+                if consumer.ack(&m).await.is_err() {
                     break;
                 }
             }
@@ -279,10 +287,11 @@ async fn consume_loop(consumer: Consumer, rec: Recorder, mut stop: watch::Receiv
     let _ = consumer.close().await;
 }
 
-/// Subscribe every consumer of every topic; spawn their receive loops.
+/// Subscribe every consumer of every topic (all its partitions); spawn
+/// their receive loops.
 async fn open_consumers(
     opts: &RunOptions,
-    topics: &[Vec<String>],
+    topics: &[String],
     rec: &Recorder,
     stop: &watch::Receiver<bool>,
     timed: bool,
@@ -290,23 +299,21 @@ async fn open_consumers(
 ) -> Result<Vec<JoinHandle<()>>, RunError> {
     let w = &opts.workload;
     let mut tasks = Vec::new();
-    for partitions in topics {
+    for topic in topics {
         for s in 0..w.subscriptions {
             for _c in 0..w.consumers {
                 let client = Client::connect_with(&opts.url, opts.client_options.clone())
                     .await
                     .map_err(client_err(&opts.url))?;
-                for topic in partitions {
-                    let consumer = client
-                        .subscribe(topic.clone(), format!("sub-{s}"))
-                        .sub_type(sub_type(w.subscription_type))
-                        .initial_position(InitialPosition::Earliest)
-                        .receiver_queue_size(w.receiver_queue_size)
-                        .subscribe()
-                        .await
-                        .map_err(client_err(format!("subscribe to {topic}")))?;
-                    tasks.push(tokio::spawn(consume_loop(consumer, rec.clone(), stop.clone(), timed)));
-                }
+                let consumer = client
+                    .subscribe(topic.clone(), format!("sub-{s}"))
+                    .sub_type(w.subscription_type())
+                    .initial_position(InitialPosition::Earliest)
+                    .receiver_queue_size(w.receiver_queue_size)
+                    .subscribe_partitioned()
+                    .await
+                    .map_err(client_err(format!("subscribe to {topic}")))?;
+                tasks.push(tokio::spawn(consume_loop(consumer, rec.clone(), stop.clone(), timed)));
                 clients.push(client);
             }
         }
@@ -393,7 +400,7 @@ pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
     w.validate()?;
     let size = w.size_dist()?;
     let run_id = new_run_id();
-    let topics: Vec<Vec<String>> = (0..w.topics).map(|t| w.partition_topics(&run_id, t)).collect();
+    let topics: Vec<String> = (0..w.topics).map(|t| w.topic_name(&run_id, t)).collect();
     let rec = Recorder::new(w.subscriptions);
     let filler = filler(size.max().max(STAMP_BYTES), w.seed);
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -402,6 +409,13 @@ pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
     // A probe connection: is the broker there, and what is it?
     let probe = Client::connect_with(&opts.url, opts.client_options.clone()).await.map_err(client_err(&opts.url))?;
     let server_version = probe.server_info().server_version.clone();
+    for topic in &topics {
+        probe
+            .admin()
+            .create_partitioned_topic(topic, w.partitions)
+            .await
+            .map_err(client_err(format!("create partitioned topic {topic} ({} partitions)", w.partitions)))?;
+    }
     probe.close();
 
     let backlog_mode = w.backlog_messages > 0;
@@ -414,10 +428,10 @@ pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
     let mut collectors = Vec::new();
     let mut producer_ctxs = Vec::new();
     let mut all_producers = Vec::new();
-    for partitions in &topics {
+    for topic in &topics {
         for _ in 0..w.producers {
-            let (client, ctx) = open_producer(&opts, partitions, &rec, &mut collectors).await?;
-            all_producers.extend(ctx.producers.iter().cloned());
+            let (client, ctx) = open_producer(&opts, topic, &rec, &mut collectors).await?;
+            all_producers.push(ctx.producer.clone());
             producer_ctxs.push(ctx);
             clients.push(client);
         }
@@ -503,6 +517,6 @@ pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
     }
     drop(clients);
     let totals = rec.totals();
-    let flat_topics = topics.into_iter().flatten().collect();
+    let flat_topics = (0..w.topics).flat_map(|t| w.partition_topics(&run_id, t)).collect();
     Ok(RunOutcome { run_id, topics: flat_topics, server_version, totals, backlog, drained, cpu })
 }

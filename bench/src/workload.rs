@@ -1,8 +1,10 @@
 //! What a run does: the workload, from defaults, a TOML file and flags (flags
-//! win), and the checks that refuse what this broker cannot do yet.
+//! win), and the checks that refuse nonsense.
 
+use magnetar_client::{BatchingOptions, CompressionType, SubscriptionType};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
+use std::time::Duration;
 
 /// Errors in a workload description; each names the setting at fault.
 #[derive(Debug, thiserror::Error)]
@@ -13,11 +15,10 @@ pub enum WorkloadError {
     Parse { path: String, source: Box<toml::de::Error> },
     #[error("{setting}: {reason}")]
     Invalid { setting: &'static str, reason: String },
-    /// A feature the broker does not have yet: refused rather than ignored,
-    /// so a script never measures something other than what it asked for.
-    #[error("{setting} = {value}: not supported by this broker yet ({issue})")]
-    Unsupported { setting: &'static str, value: String, issue: &'static str },
 }
+
+/// Most messages in one batch (the client's `BATCH_MESSAGES_LIMIT`).
+pub const BATCH_MESSAGES_MAX: usize = 100_000;
 
 /// Subscription type as the workload names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
@@ -141,8 +142,8 @@ pub struct Workload {
     /// Topic name prefix; each run adds a unique suffix so runs never share data.
     pub topic_prefix: String,
     pub topics: u32,
-    /// Partitions per topic, emulated as topics `<topic>-partition-<i>`
-    /// until partitioned topics exist (#5).
+    /// Partitions per topic: each topic is a partitioned topic (its
+    /// partitions are the topics `<topic>-partition-<i>`).
     pub partitions: u32,
     /// Producers per topic; each writes to all of the topic's partitions.
     pub producers: u32,
@@ -163,6 +164,8 @@ pub struct Workload {
     pub max_pending: u32,
     /// Messages per batch; unset (0) or 1 = no batching.
     pub batch_max_messages: u32,
+    /// With batching: a batch goes out once its first message waited this long.
+    pub batch_max_delay_ms: u64,
     pub compression: Compression,
     /// Flow permits per consumer and partition.
     pub receiver_queue_size: u32,
@@ -194,6 +197,7 @@ impl Default for Workload {
             rate: 0,
             max_pending: 1000,
             batch_max_messages: 0,
+            batch_max_delay_ms: 1,
             compression: Compression::None,
             receiver_queue_size: 1000,
             warmup_s: 2.0,
@@ -222,7 +226,7 @@ impl Workload {
         SizeDist::parse(&self.size)
     }
 
-    /// Refuse nonsense and what the broker cannot do yet.
+    /// Refuse nonsense.
     pub fn validate(&self) -> Result<(), WorkloadError> {
         let invalid =
             |setting: &'static str, reason: &str| Err(WorkloadError::Invalid { setting, reason: reason.into() });
@@ -256,27 +260,11 @@ impl Workload {
         if size.max() > 5 * 1024 * 1024 {
             return invalid("size", "the broker refuses messages over 5 MiB");
         }
-        // Features of later issues. Each check goes away when its feature lands.
-        if self.batch_max_messages > 1 {
-            return Err(WorkloadError::Unsupported {
-                setting: "batch_max_messages",
-                value: self.batch_max_messages.to_string(),
-                issue: "batching arrives with issue #5",
-            });
+        if self.batch_max_messages > 1 && self.batch_max_delay_ms == 0 {
+            return invalid("batch_max_delay_ms", "batching needs a delay of at least 1 ms");
         }
-        if self.compression != Compression::None {
-            return Err(WorkloadError::Unsupported {
-                setting: "compression",
-                value: format!("{:?}", self.compression).to_lowercase(),
-                issue: "compression arrives with issue #5",
-            });
-        }
-        if self.subscription_type != SubType::Exclusive {
-            return Err(WorkloadError::Unsupported {
-                setting: "subscription_type",
-                value: format!("{:?}", self.subscription_type).to_lowercase(),
-                issue: "Failover, Shared and Key_Shared arrive with issue #4",
-            });
+        if self.batch_max_messages as usize > BATCH_MESSAGES_MAX {
+            return invalid("batch_max_messages", "the client batches at most 100000 messages");
         }
         if self.subscription_type == SubType::Exclusive && self.consumers > 1 {
             return invalid(
@@ -287,9 +275,48 @@ impl Workload {
         Ok(())
     }
 
+    /// The producers' batching: `None` unless `batch_max_messages > 1`.
+    /// Batches also close at the client's default 128 KiB (or one message
+    /// larger than that). Key-based batches for Key_Shared with keys, so a
+    /// batch never mixes keys that the broker dispatches to different consumers.
+    pub fn batching(&self) -> Option<BatchingOptions> {
+        (self.batch_max_messages > 1).then(|| BatchingOptions {
+            max_messages: self.batch_max_messages as usize,
+            max_delay: Duration::from_millis(self.batch_max_delay_ms),
+            key_based: self.subscription_type == SubType::KeyShared && self.key_distribution != KeyDist::None,
+            ..BatchingOptions::default()
+        })
+    }
+
+    /// The producers' codec.
+    pub fn compression_type(&self) -> CompressionType {
+        match self.compression {
+            Compression::None => CompressionType::None,
+            Compression::Lz4 => CompressionType::Lz4,
+            Compression::Zstd => CompressionType::Zstd,
+            Compression::Snappy => CompressionType::Snappy,
+        }
+    }
+
+    /// The consumers' subscription type.
+    pub fn subscription_type(&self) -> SubscriptionType {
+        match self.subscription_type {
+            SubType::Exclusive => SubscriptionType::Exclusive,
+            SubType::Failover => SubscriptionType::Failover,
+            SubType::Shared => SubscriptionType::Shared,
+            SubType::KeyShared => SubscriptionType::KeyShared,
+        }
+    }
+
+    /// Name of (partitioned) topic `t` of a run with unique `run_id`.
+    pub fn topic_name(&self, run_id: &str, t: u32) -> String {
+        format!("{}-{run_id}-{t}", self.topic_prefix)
+    }
+
     /// Partition topic names of topic `t` of a run with unique `run_id`.
     pub fn partition_topics(&self, run_id: &str, t: u32) -> Vec<String> {
-        (0..self.partitions).map(|p| format!("{}-{run_id}-{t}-partition-{p}", self.topic_prefix)).collect()
+        let topic = self.topic_name(run_id, t);
+        (0..self.partitions).map(|p| format!("{topic}-partition-{p}")).collect()
     }
 }
 
@@ -334,16 +361,39 @@ mod tests {
     }
 
     #[test]
-    fn unsupported_features_are_refused_by_name() {
-        let mut w = Workload { batch_max_messages: 100, ..Workload::default() };
-        let e = w.validate().unwrap_err().to_string();
-        assert!(e.contains("batch_max_messages") && e.contains("not supported by this broker yet"), "{e}");
-        w.batch_max_messages = 1;
+    fn batching_compression_and_sub_types_reach_the_client_settings() {
+        let w = Workload::default();
         w.validate().unwrap();
-        w.compression = Compression::Lz4;
-        assert!(w.validate().unwrap_err().to_string().contains("not supported by this broker yet"));
-        w.compression = Compression::None;
-        w.subscription_type = SubType::Shared;
-        assert!(w.validate().unwrap_err().to_string().contains("not supported by this broker yet"));
+        assert!(w.batching().is_none());
+        assert_eq!(w.compression_type(), CompressionType::None);
+        assert_eq!(w.subscription_type(), SubscriptionType::Exclusive);
+        // A batch of one is no batching.
+        assert!(Workload { batch_max_messages: 1, ..Workload::default() }.batching().is_none());
+
+        let w = Workload::from_toml(
+            "batch_max_messages = 100\nbatch_max_delay_ms = 5\ncompression = \"lz4\"\n\
+             subscription_type = \"key_shared\"\nkey_distribution = \"zipf\"\nconsumers = 2\n",
+        )
+        .unwrap();
+        w.validate().unwrap();
+        let b = w.batching().unwrap();
+        assert_eq!(b.max_messages, 100);
+        assert_eq!(b.max_delay, Duration::from_millis(5));
+        assert!(b.key_based, "Key_Shared with keys batches per key");
+        assert_eq!(w.compression_type(), CompressionType::Lz4);
+        assert_eq!(w.subscription_type(), SubscriptionType::KeyShared);
+        for (c, t) in [(Compression::Zstd, CompressionType::Zstd), (Compression::Snappy, CompressionType::Snappy)] {
+            assert_eq!(Workload { compression: c, ..Workload::default() }.compression_type(), t);
+        }
+        for (s, t) in [(SubType::Failover, SubscriptionType::Failover), (SubType::Shared, SubscriptionType::Shared)] {
+            let w = Workload { subscription_type: s, consumers: 3, ..Workload::default() };
+            w.validate().unwrap();
+            assert_eq!(w.subscription_type(), t);
+        }
+
+        // Still refused: nonsense, and several consumers on one Exclusive subscription.
+        assert!(Workload { batch_max_messages: 10, batch_max_delay_ms: 0, ..Workload::default() }.validate().is_err());
+        assert!(Workload { batch_max_messages: 200_000, ..Workload::default() }.validate().is_err());
+        assert!(Workload { consumers: 2, ..Workload::default() }.validate().is_err());
     }
 }

@@ -27,6 +27,8 @@ const DELAY: Duration = Duration::from_millis(20);
 const TEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 type Subscribers = Arc<Mutex<HashMap<String, (mpsc::UnboundedSender<Vec<u8>>, u64)>>>;
+/// Partition counts of the partitioned topics, by short name.
+type Partitioned = Arc<Mutex<HashMap<String, u64>>>;
 
 fn frame(command: &Command, payload: &[u8]) -> Vec<u8> {
     let mut dst = BytesMut::new();
@@ -39,16 +41,17 @@ async fn fake_broker(delay: Duration) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let subs: Subscribers = Arc::default();
+    let partitioned: Partitioned = Arc::default();
     tokio::spawn(async move {
         loop {
             let (stream, _) = listener.accept().await.unwrap();
-            tokio::spawn(connection(stream, delay, subs.clone()));
+            tokio::spawn(connection(stream, delay, subs.clone(), partitioned.clone()));
         }
     });
     addr
 }
 
-async fn connection(stream: TcpStream, delay: Duration, subs: Subscribers) {
+async fn connection(stream: TcpStream, delay: Duration, subs: Subscribers, partitioned: Partitioned) {
     stream.set_nodelay(true).unwrap();
     let (mut rd, mut wr) = stream.into_split();
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
@@ -124,6 +127,24 @@ async fn connection(stream: TcpStream, delay: Duration, subs: Subscribers) {
                 if request_id != 0 =>
             {
                 reply(Command::Success { request_id })
+            }
+            // The harness creates its topics partitioned, and the client's
+            // partitioned producer and consumer ask for the partition count.
+            Command::AdminRequest { request_id, op, json } => {
+                let args: serde_json::Value = serde_json::from_str(&json).unwrap();
+                let topic = args["topic"].as_str().unwrap();
+                let short = topic.rsplit('/').next().unwrap().to_string();
+                let answer = match op.as_str() {
+                    "topics.create-partitioned" => {
+                        partitioned.lock().unwrap().insert(short, args["partitions"].as_u64().unwrap());
+                        serde_json::Value::Null
+                    }
+                    "topics.partitioned-metadata" => {
+                        serde_json::json!({ "partitions": partitioned.lock().unwrap().get(&short).copied().unwrap_or(0) })
+                    }
+                    other => panic!("fake broker: unexpected admin op {other}"),
+                };
+                reply(Command::AdminResponse { request_id, json: answer.to_string() });
             }
             Command::Ping => reply(Command::Pong),
             _ => {}

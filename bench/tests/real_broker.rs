@@ -120,14 +120,51 @@ fn short_run_writes_contract_json_and_svg() {
     assert!(!Path::new(&dir.path().join("run-")).exists());
 }
 
+/// Batching, a codec and a Shared subscription reach a real broker: every
+/// acknowledged message arrives (counted per message, not per batch), and
+/// the settings are recorded in the result.
 #[test]
-fn unsupported_features_fail_clearly() {
-    for args in
-        [&["--batch-max-messages", "100"][..], &["--compression", "lz4"][..], &["--subscription-type", "shared"][..]]
-    {
-        let out = run_bench(&[args, &["--url", "127.0.0.1:1"]].concat());
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{args:?} must fail");
-        assert!(stderr.contains("not supported by this broker yet"), "{args:?}: {stderr}");
-    }
+fn batched_compressed_shared_run_drains() {
+    let broker = magnetar_tests::magnetar_bin();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let json = dir.path().join("run.json");
+    let out = run_bench(&[
+        "--broker-bin",
+        broker.to_str().unwrap(),
+        "--data-dir",
+        dir.path().to_str().unwrap(),
+        "--shards",
+        "2",
+        "--no-pin",
+        "--duration-s",
+        "1",
+        "--warmup-s",
+        "0.2",
+        "--max-pending",
+        "50",
+        "--batch-max-messages",
+        "50",
+        "--batch-max-delay-ms",
+        "2",
+        "--compression",
+        "lz4",
+        "--subscription-type",
+        "shared",
+        "--consumers",
+        "2",
+        "--json",
+        json.to_str().unwrap(),
+        "--no-history",
+        "-q",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed\nstderr:\n{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(number(&v, "produce.msgs_per_s") > 0.0);
+    assert_eq!(v["publish_errors"], 0, "{}", v["last_error"]);
+    assert!(v["drained"].as_bool().unwrap(), "both Shared consumers together got every acknowledged message");
+    let w = &v["workload"];
+    assert_eq!((w["batch_max_messages"].as_u64(), w["batch_max_delay_ms"].as_u64()), (Some(50), Some(2)));
+    assert_eq!((w["compression"].as_str(), w["subscription_type"].as_str()), (Some("lz4"), Some("shared")));
+    assert_eq!(v["topics"].as_array().unwrap().len(), 4);
 }

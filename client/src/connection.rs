@@ -104,7 +104,11 @@ pub(crate) struct ConsumerSlot {
     pub closed: Arc<AtomicBool>,
     /// Capacity = receiver queue size, so a broker that respects flow permits
     /// never makes the reader wait here.
-    pub deliver: mpsc::Sender<Delivery>,
+    /// Unbounded on purpose: the broker bounds what it sends by flow
+    /// permits (plus at most one whole batch entry past them), and the
+    /// connection's one reader must never wait on one consumer's queue —
+    /// that would stall every other consumer and request on the connection.
+    pub deliver: mpsc::UnboundedSender<Delivery>,
     /// Failover: whether the broker says this consumer is the active one.
     pub active: Arc<AtomicBool>,
 }
@@ -663,9 +667,7 @@ async fn dispatch(
                 Err(e) => vec![Err(e)],
             };
             for delivery in deliveries {
-                // Waits only if the broker overran the flow permits; that
-                // pushes back on the socket rather than growing memory.
-                let _ = deliver.send(delivery).await;
+                let _ = deliver.send(delivery);
             }
         }
         Command::CloseProducer { producer_id, .. } => {

@@ -256,10 +256,10 @@ impl ConsumerBuilder {
         let closed = Arc::new(AtomicBool::new(false));
         let active = Arc::new(AtomicBool::new(false));
         let queue = self.receiver_queue_size;
-        // With a retry topic, two broker-side consumers share the queue, each
-        // with its own permits: room for both.
-        let room = if self.retry_enabled { queue as usize * 2 } else { queue as usize };
-        let (deliver, rx) = mpsc::channel(room);
+        // The queue holds what the broker sent within our permits (twice that
+        // with a retry topic: two broker-side consumers share it), plus at
+        // most one batch entry past them each.
+        let (deliver, rx) = mpsc::unbounded_channel();
         let retry_deliver = deliver.clone();
         // Registered before subscribing: the broker may push messages right
         // after its Success, before our Flow even (it should not, but then
@@ -388,7 +388,7 @@ impl ConsumerBuilder {
 }
 
 struct Receiving {
-    rx: mpsc::Receiver<Delivery>,
+    rx: mpsc::UnboundedReceiver<Delivery>,
     /// Messages handed to the application since the last `Flow`.
     unflowed: u32,
     /// The same for the retry topic's consumer.
