@@ -25,18 +25,12 @@ trap 'rm -rf "$WORK"' EXIT
 # ROUNDS rounds (default 3) each measure fio and the log back to back, the
 # ratio is taken within a round, and the median ratio is printed at the end.
 ROUNDS=${ROUNDS:-3}
+source bench/scripts/fio_lib.sh
 declare -A RATIOS
 for round in $(seq 1 "$ROUNDS"); do
   echo "round $round:"
-  fio --name=prep --filename="$WORK/fio.dat" --size=1g --bs=1m --rw=write --direct=1 --ioengine=psync >/dev/null 2>&1
   declare -A FIO
-  for bs in 1m 64k; do
-    FIO[$bs]=$(fio --name=r --filename="$WORK/fio.dat" --size=1g --bs="$bs" --rw=read --direct=1 \
-        --ioengine=psync --output-format=json 2>/dev/null |
-      python3 -c 'import json,sys; print("%.1f" % (json.load(sys.stdin)["jobs"][0]["read"]["bw_bytes"]/1e6))')
-    echo "  fio O_DIRECT seq read, bs=$bs: ${FIO[$bs]} MB/s"
-  done
-  rm -f "$WORK/fio.dat"
+  fio_read_limits "$WORK" 1g 1m 64k
   for spec in "1048576 1024" "16384 65536"; do
     set -- $spec
     OUT=$("$EX/catchup" "$1" "$2" "$WORK/c-$2")
