@@ -121,7 +121,7 @@ where
         let handle = builder
             .spawn(move || async move {
                 let (mesh, receivers) = Mesh::connect(n, ends).await;
-                tracing::debug!(shard = id, "mesh connected; opening the entry log");
+                tracing::info!(shard = id, "mesh connected; opening the entry log");
                 let mut lc = LogConfig::new(config.data_dir.join(format!("shard-{id}")));
                 lc.segment_bytes = config.segment_bytes;
                 lc.write_cache_bytes = config.write_cache_bytes;

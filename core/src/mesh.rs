@@ -15,6 +15,28 @@ use glommio::channels::shared_channel::{ConnectedReceiver, SharedReceiver, Share
 /// Capacity of each cross-shard channel, in messages.
 pub const MESH_CHANNEL_CAPACITY: usize = 1024;
 
+/// How often the connect handshake is polled again even without a wake-up.
+const CONNECT_REPOLL: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Polls `fut` at least every `tick`, whether or not it was woken.
+///
+/// glommio's shared-channel connect registers a connection waker that the
+/// peer executor must wake across threads; a start was seen (twice, under
+/// load, after kill -9 and restart) where one shard never got past start-up
+/// while its peer had connected — the signature of a lost wake-up in that
+/// handshake (compare glommio issue 555, full meshes hanging at join). The
+/// connect future re-checks the peer's state on every poll, so polling it
+/// again on a timer turns a lost wake-up into a 10 ms delay instead of a hang.
+async fn repoll<F: std::future::Future>(fut: F, tick: std::time::Duration) -> F::Output {
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        let timer = Box::pin(glommio::timer::sleep(tick));
+        if let futures::future::Either::Left((out, _)) = futures::future::select(fut.as_mut(), timer).await {
+            return out;
+        }
+    }
+}
+
 /// A message between shards.
 #[derive(Debug)]
 pub(crate) enum MeshMsg {
@@ -66,7 +88,7 @@ impl Mesh {
         let receivers = futures::future::join_all(
             ends.receivers.into_iter().map(|(from, r)| async move { (from, r.connect().await) }),
         );
-        let (senders, receivers) = futures::future::join(senders, receivers).await;
+        let (senders, receivers) = repoll(futures::future::join(senders, receivers), CONNECT_REPOLL).await;
         let mut outs: Vec<Option<LocalSender<MeshMsg>>> = (0..n).map(|_| None).collect();
         for (to, connected) in senders {
             let (tx, rx) = local_channel::new_unbounded::<MeshMsg>();
