@@ -56,20 +56,7 @@ pub fn encode_batch_record_into(msg: &BatchMessage, dst: &mut BytesMut) {
     let payload_size = u32::try_from(msg.payload.len()).unwrap_or(u32::MAX);
     assert_eq!(len_u64(msg.payload.len()), u64::from(payload_size), "batch record payload above 4 GiB");
     with_builder(|fbb| {
-        let properties = if msg.properties.is_empty() {
-            None
-        } else {
-            let tables: Vec<_> = msg
-                .properties
-                .iter()
-                .map(|(k, v)| {
-                    let key = Some(fbb.create_string(k));
-                    let value = Some(fbb.create_string(v));
-                    fb::KeyValue::create(fbb, &fb::KeyValueArgs { key, value })
-                })
-                .collect();
-            Some(fbb.create_vector(&tables))
-        };
+        let properties = crate::message::encode_properties(fbb, &msg.properties);
         let partition_key = msg.partition_key.as_deref().map(|k| fbb.create_string(k));
         let ordering_key = msg.ordering_key.as_deref().map(|k| fbb.create_vector(k));
         let root = fb::SingleMessageMetadata::create(

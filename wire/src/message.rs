@@ -162,6 +162,26 @@ fn metadata_variable_bytes(meta: &MessageMetadata) -> u64 {
         .saturating_add(meta.tag.as_deref().map_or(0, s))
 }
 
+/// Message properties as a vector of `KeyValue` tables (`None` when empty,
+/// so an absent field costs nothing). Shared by message and batch metadata.
+pub(crate) fn encode_properties<'a>(
+    fbb: &mut FlatBufferBuilder<'a>,
+    properties: &[(String, String)],
+) -> Option<flatbuffers::WIPOffset<flatbuffers::Vector<'a, flatbuffers::ForwardsUOffset<fb::KeyValue<'a>>>>> {
+    if properties.is_empty() {
+        return None;
+    }
+    let tables: Vec<_> = properties
+        .iter()
+        .map(|(k, v)| {
+            let key = Some(fbb.create_string(k));
+            let value = Some(fbb.create_string(v));
+            fb::KeyValue::create(fbb, &fb::KeyValueArgs { key, value })
+        })
+        .collect();
+    Some(fbb.create_vector(&tables))
+}
+
 fn compression_to_fb(c: CompressionType) -> fb::CompressionType {
     match c {
         CompressionType::None => fb::CompressionType::None,
@@ -190,20 +210,7 @@ fn build_metadata<'b>(
     let producer_name = Some(fbb.create_string(&meta.producer_name));
     let partition_key = meta.partition_key.as_deref().map(|k| fbb.create_string(k));
     let ordering_key = meta.ordering_key.as_deref().map(|k| fbb.create_vector(k));
-    let properties = if meta.properties.is_empty() {
-        None
-    } else {
-        let tables: Vec<_> = meta
-            .properties
-            .iter()
-            .map(|(k, v)| {
-                let key = Some(fbb.create_string(k));
-                let value = Some(fbb.create_string(v));
-                fb::KeyValue::create(fbb, &fb::KeyValueArgs { key, value })
-            })
-            .collect();
-        Some(fbb.create_vector(&tables))
-    };
+    let properties = encode_properties(fbb, &meta.properties);
     let chunk = meta.chunk.as_ref().map(|c| {
         let uuid = Some(fbb.create_string(&c.uuid));
         fb::ChunkInfo::create(
