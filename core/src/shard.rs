@@ -656,6 +656,22 @@ impl Shard {
         }
     }
 
+    /// The topic and subscription `consumer` is attached to, or why not.
+    fn attached(
+        &self,
+        topic: &str,
+        subscription: &str,
+        consumer: ConsumerRef,
+    ) -> Result<(Rc<Topic>, Rc<Subscription>), CoreError> {
+        let not_found = |why: &str| CoreError::new(ErrorCode::ConsumerNotFound, why);
+        let t = self.topics.borrow().get(topic).cloned().ok_or_else(|| not_found("topic not loaded"))?;
+        let sub = t.subs.borrow().get(subscription).cloned().ok_or_else(|| not_found("no such subscription"))?;
+        if !sub.has_consumer(consumer) {
+            return Err(not_found("consumer is not attached"));
+        }
+        Ok((t, sub))
+    }
+
     fn subscription(&self, topic: &str, sub: &str) -> Option<Rc<Subscription>> {
         self.topics.borrow().get(topic)?.subs.borrow().get(sub).cloned()
     }
@@ -1081,18 +1097,7 @@ impl Shard {
         consumer: ConsumerRef,
         target: SeekTarget,
     ) -> OpResult {
-        let t = self
-            .topics
-            .borrow()
-            .get(topic)
-            .cloned()
-            .ok_or_else(|| CoreError::new(ErrorCode::ConsumerNotFound, "topic not loaded"))?;
-        let sub = self
-            .subscription(topic, subscription)
-            .ok_or_else(|| CoreError::new(ErrorCode::ConsumerNotFound, "no such subscription"))?;
-        if !sub.has_consumer(consumer) {
-            return Err(CoreError::new(ErrorCode::ConsumerNotFound, "consumer is not attached"));
-        }
+        let (t, sub) = self.attached(topic, subscription, consumer)?;
         let entry = match target {
             SeekTarget::Id(id) if id.ledger == t.ledger => id.entry.min(t.durable_next.get()),
             SeekTarget::Id(id) => {
@@ -1141,21 +1146,7 @@ impl Shard {
         ids: &[MessageId],
         persist_now: bool,
     ) -> Result<Option<u64>, CoreError> {
-        let t = self
-            .topics
-            .borrow()
-            .get(topic)
-            .cloned()
-            .ok_or_else(|| CoreError::new(ErrorCode::ConsumerNotFound, "topic not loaded"))?;
-        let sub = t
-            .subs
-            .borrow()
-            .get(subscription)
-            .cloned()
-            .ok_or_else(|| CoreError::new(ErrorCode::ConsumerNotFound, "no such subscription"))?;
-        if !sub.has_consumer(consumer) {
-            return Err(CoreError::new(ErrorCode::ConsumerNotFound, "consumer is not attached"));
-        }
+        let (t, sub) = self.attached(topic, subscription, consumer)?;
         if ack_type == AckType::Cumulative && ids.len() != 1 {
             return Err(CoreError::new(ErrorCode::ProtocolError, "a cumulative ack carries exactly one id"));
         }
