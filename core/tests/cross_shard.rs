@@ -4,10 +4,12 @@
 //! from shard 0, use topics owned by shard 0 and by shard 1; produce, consume
 //! within permits, ack; then restart and check the cursor survived.
 
+mod common;
+
 use bytes::Bytes;
 use glommio::channels::local_channel;
-use magnetar_core::{ownership, Broker, BrokerConfig, ConsumerEvent, SubscribeRequest, TopicName};
-use magnetar_wire::{encode_message, AckType, InitialPosition, MessageMetadata, SubscriptionType};
+use magnetar_core::{ownership, Broker, BrokerConfig, ConsumerEvent, TopicName};
+use magnetar_wire::{encode_message, AckType, MessageMetadata};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
@@ -105,17 +107,7 @@ fn produce_consume_ack_across_shards_and_restart() {
                 }
                 let (tx, rx) = local_channel::new_unbounded();
                 let sink = broker.register_sink(tx);
-                let req = SubscribeRequest {
-                    topic: topic.clone(),
-                    subscription: "s".into(),
-                    consumer_id: 1,
-                    sub_type: SubscriptionType::Exclusive,
-                    consumer_name: "c".into(),
-                    initial_position: InitialPosition::Earliest,
-                    durable: true,
-                    priority_level: 0,
-                    filter_tag: String::new(),
-                };
+                let req = common::exclusive_from_earliest(topic);
                 let c = broker.subscribe(req.clone(), sink).await.unwrap();
                 // Exclusive: a second consumer is refused.
                 let mut second = req.clone();
@@ -148,17 +140,7 @@ fn produce_consume_ack_across_shards_and_restart() {
             for topic in &topics {
                 let (tx, rx) = local_channel::new_unbounded();
                 let sink = broker.register_sink(tx);
-                let req = SubscribeRequest {
-                    topic: topic.clone(),
-                    subscription: "s".into(),
-                    consumer_id: 1,
-                    sub_type: SubscriptionType::Exclusive,
-                    consumer_name: "c".into(),
-                    initial_position: InitialPosition::Earliest,
-                    durable: true,
-                    priority_level: 0,
-                    filter_tag: String::new(),
-                };
+                let req = common::exclusive_from_earliest(topic);
                 let c = broker.subscribe(req, sink).await.unwrap();
                 broker.flow(&c, 100);
                 for seq in 5..20u64 {

@@ -5,11 +5,13 @@
 //! injected function reading a percentage the test sets; produce, raise the
 //! usage past 90 %, produce (refused) and consume (works), lower it, produce.
 
+mod common;
+
 use bytes::Bytes;
 use glommio::channels::local_channel;
 use magnetar_core::disk_watch::DiskWatermarks;
-use magnetar_core::{Broker, BrokerConfig, ConsumerEvent, SubscribeRequest};
-use magnetar_wire::{encode_message, ErrorCode, InitialPosition, MessageMetadata, SubscriptionType};
+use magnetar_core::{Broker, BrokerConfig, ConsumerEvent};
+use magnetar_wire::{encode_message, ErrorCode, MessageMetadata};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
@@ -59,17 +61,7 @@ fn produce_refused_at_the_watermark_while_consumers_read() {
             // Consumers keep reading.
             let (tx, rx) = local_channel::new_unbounded();
             let sink = broker.register_sink(tx);
-            let req = SubscribeRequest {
-                topic: topic.into(),
-                subscription: "s".into(),
-                consumer_id: 1,
-                sub_type: SubscriptionType::Exclusive,
-                consumer_name: "c".into(),
-                initial_position: InitialPosition::Earliest,
-                durable: true,
-                priority_level: 0,
-                filter_tag: String::new(),
-            };
+            let req = common::exclusive_from_earliest(topic);
             let consumer = broker.subscribe(req, sink).await.unwrap();
             broker.flow(&consumer, 10);
             for seq in 0..3u64 {
