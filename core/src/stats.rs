@@ -6,14 +6,23 @@
 use crate::dispatcher::Policy;
 use crate::topic::Topic;
 
-/// Layout: `{"topic":…,"next_entry":…,"subscriptions":{NAME:{"type":…,
+/// Layout: `{"topic":…,"next_entry":…,"ledgers":[{"ledger":…,"first":…,
+/// "entries":…,"bytes":…}],"subscriptions":{NAME:{"type":…,
 /// "ack_floor":…,"msg_backlog":…,"unacked":…,"delayed":…,"replay":…,
 /// "msg_out_total":…,"consumers":[{"name":…,"priority":…,"permits":…,
 /// "unacked":…,"active":…}]}}}`. `msg_backlog` counts entries not
 /// acknowledged (sent or not); `active` is meaningful for Failover/Exclusive.
+/// `next_entry`, `ack_floor` and `first` are topic positions (entries
+/// numbered across ledgers, see `ledgers.rs`); `ledgers` lists the stored
+/// ledgers, oldest first, the last one current.
 pub(crate) fn topic_stats_json(t: &Topic) -> String {
     let mut out = String::new();
-    out.push_str(&format!("{{\"topic\":{},\"next_entry\":{},\"subscriptions\":{{", quote(&t.key), t.next_entry.get()));
+    out.push_str(&format!(
+        "{{\"topic\":{},\"next_entry\":{},\"ledgers\":{},\"subscriptions\":{{",
+        quote(&t.key),
+        t.next_entry.get(),
+        ledgers_json(&t.ledgers.borrow())
+    ));
     let subs = t.subs.borrow();
     let mut names: Vec<&String> = subs.keys().collect();
     names.sort();
@@ -59,6 +68,18 @@ pub(crate) fn topic_stats_json(t: &Topic) -> String {
     }
     out.push_str("}}");
     out
+}
+
+/// The stored ledgers as a JSON array.
+fn ledgers_json(l: &crate::ledgers::TopicLedgers) -> String {
+    let items: Vec<String> = l
+        .all()
+        .iter()
+        .map(|x| {
+            format!("{{\"ledger\":{},\"first\":{},\"entries\":{},\"bytes\":{}}}", x.id, x.first, x.entries, x.bytes)
+        })
+        .collect();
+    format!("[{}]", items.join(","))
 }
 
 /// A JSON string literal.

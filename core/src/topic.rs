@@ -1,7 +1,10 @@
 //! Topics and subscriptions on their owner shard.
 //!
-//! A topic appends to one ledger of its shard's entry log. Each subscription
-//! has a cursor, its consumers, the entries delivered and not acknowledged
+//! A topic appends to its current ledger in its shard's entry log; its
+//! ledgers roll over and old ones are deleted by retention (`ledgers.rs`,
+//! `retention.rs`). Everything here counts in topic positions (numbering
+//! the topic's entries across ledgers); message ids are made from them at
+//! the edges. Each subscription has a cursor, its consumers, the entries delivered and not acknowledged
 //! (with the consumer holding each), and a dispatcher task
 //! (`dispatcher::task`) that hands entries to consumers within their flow
 //! permits. All of this is owned by the topic's shard and never crosses cores.
@@ -10,6 +13,7 @@ use crate::cursor::Cursor;
 use crate::delayed::DelayedIndex;
 use crate::dispatcher::{failover, ConsumerState, Policy};
 use crate::error::{CoreError, ErrorCode};
+use crate::ledgers::{Lookup, TopicLedgers};
 use crate::shard::{ConsumerEvent, ConsumerRef, Shard};
 use crate::signal::Signal;
 use crate::topic_name::TopicName;
@@ -23,12 +27,13 @@ pub(crate) struct Topic {
     pub(crate) name: TopicName,
     /// The full name, `persistent://tenant/ns/local`.
     pub(crate) key: String,
-    pub(crate) ledger: u64,
+    /// The topic's ledgers, the last one current.
+    pub(crate) ledgers: RefCell<TopicLedgers>,
     /// Partition index, or -1 for a non-partitioned topic.
     pub(crate) partition: i32,
-    /// Next entry id the log will assign.
+    /// Position the next append gets.
     pub(crate) next_entry: Cell<u64>,
-    /// Entries below this are durable and may be dispatched.
+    /// Positions below this are durable and may be dispatched.
     pub(crate) durable_next: Cell<u64>,
     pub(crate) producers: RefCell<crate::producers::TopicProducers>,
     /// Set when the topic was deleted: its dispatchers stop.
@@ -38,11 +43,12 @@ pub(crate) struct Topic {
 }
 
 impl Topic {
-    pub(crate) fn new(name: TopicName, key: String, ledger: u64, partition: i32, next_entry: u64) -> Self {
+    pub(crate) fn new(name: TopicName, key: String, ledgers: TopicLedgers, partition: i32) -> Self {
+        let next_entry = ledgers.next();
         Self {
             name,
             key,
-            ledger,
+            ledgers: RefCell::new(ledgers),
             partition,
             next_entry: Cell::new(next_entry),
             // Everything recovered from the log is durable.
@@ -51,6 +57,22 @@ impl Topic {
             deleted: Cell::new(false),
             dedup: crate::dedup::Dedup::default(),
             subs: RefCell::new(HashMap::new()),
+        }
+    }
+
+    /// The message id of a stored position.
+    pub(crate) fn message_id(&self, pos: u64) -> Option<MessageId> {
+        self.ledgers.borrow().message_id(pos, self.partition)
+    }
+
+    /// The position of `id` if it is one of this topic's appended
+    /// entries: `Ok(None)` when retention deleted its ledger, an error when
+    /// it is not a message of this topic.
+    pub(crate) fn position_of(&self, id: &MessageId) -> Result<Option<u64>, CoreError> {
+        match self.ledgers.borrow().lookup(id.ledger, id.entry) {
+            Lookup::At(p) if p < self.next_entry.get() => Ok(Some(p)),
+            Lookup::Trimmed => Ok(None),
+            _ => Err(CoreError::new(ErrorCode::NotAllowed, format!("{id}: no such message on this topic"))),
         }
     }
 
@@ -325,15 +347,9 @@ impl Subscription {
         self.wake.notify();
     }
 
-    /// Applies acks against the topic's `ledger`, whose next entry is
-    /// `next_entry`. Returns whether the cursor changed.
-    pub(crate) fn ack(
-        &self,
-        ledger: u64,
-        next_entry: u64,
-        ack_type: AckType,
-        ids: &[MessageId],
-    ) -> Result<bool, CoreError> {
+    /// Applies acks of `topic`'s messages. Ids in ledgers retention deleted
+    /// are acknowledged already. Returns whether the cursor changed.
+    pub(crate) fn ack(&self, topic: &Topic, ack_type: AckType, ids: &[MessageId]) -> Result<bool, CoreError> {
         if ack_type == AckType::Cumulative
             && matches!(self.sub_type.get(), SubscriptionType::Shared | SubscriptionType::KeyShared)
         {
@@ -342,21 +358,49 @@ impl Subscription {
                 format!("cumulative ack is not allowed on {:?} subscription {:?}", self.sub_type.get(), self.name),
             ));
         }
-        let mut cursor = self.cursor.borrow_mut();
-        let mut changed = false;
+        let mut positions = Vec::with_capacity(ids.len());
         for id in ids {
-            if id.ledger != ledger || id.entry >= next_entry {
-                return Err(CoreError::new(
-                    ErrorCode::NotAllowed,
-                    format!("ack of {id}: no such message on this topic"),
-                ));
+            if let Some(p) = topic.position_of(id)? {
+                positions.push(p);
             }
-            changed |= match ack_type {
-                AckType::Individual => cursor.ack(id.entry),
-                AckType::Cumulative => cursor.ack_cumulative(id.entry),
-            };
+        }
+        let mut changed = false;
+        {
+            let mut cursor = self.cursor.borrow_mut();
+            for &p in &positions {
+                changed |= match ack_type {
+                    AckType::Individual => cursor.ack(p),
+                    AckType::Cumulative => cursor.ack_cumulative(p),
+                };
+            }
         }
         if changed {
+            self.forget_acked(ack_type, &positions);
+        }
+        Ok(changed)
+    }
+
+    /// Acknowledges everything before `floor` whatever the subscription
+    /// type (TTL expiry; positions retention deleted). Returns whether the
+    /// cursor changed.
+    pub(crate) fn ack_below(&self, floor: u64) -> bool {
+        let Some(last) = floor.checked_sub(1) else { return false };
+        let changed = self.cursor.borrow_mut().ack_cumulative(last);
+        if changed {
+            self.forget_acked(AckType::Cumulative, &[]);
+        }
+        if self.read_pos.get() < floor {
+            self.read_pos.set(floor);
+        }
+        changed
+    }
+
+    /// After the cursor moved: drop what it now covers from the
+    /// delivered/set-aside/redelivery-count state (`positions`: the
+    /// individually acked ones).
+    fn forget_acked(&self, ack_type: AckType, positions: &[u64]) {
+        let cursor = self.cursor.borrow();
+        {
             let mut deliveries = self.deliveries.borrow_mut();
             let mut replay = self.replay.borrow_mut();
             let mut pending = self.pending.borrow_mut();
@@ -366,11 +410,11 @@ impl Subscription {
             // sweeps below the new floor.
             let acked: Vec<u64> = match ack_type {
                 AckType::Individual => {
-                    for id in ids {
-                        deliveries.remove(&id.entry);
-                        replay.remove(&id.entry);
+                    for p in positions {
+                        deliveries.remove(p);
+                        replay.remove(p);
                     }
-                    ids.iter().map(|i| i.entry).filter(|e| pending.contains_key(e)).collect()
+                    positions.iter().copied().filter(|e| pending.contains_key(e)).collect()
                 }
                 AckType::Cumulative => {
                     deliveries.retain(|e, _| !cursor.is_acked(*e));
@@ -388,6 +432,5 @@ impl Subscription {
             // Room freed, and Key_Shared newcomers may be waiting on the floor.
             self.wake.notify();
         }
-        Ok(changed)
     }
 }

@@ -8,7 +8,6 @@ use crate::shard::{now_ms, ConsumerEvent, ConsumerRef, Shard};
 use crate::topic::{Pending, Subscription, Topic};
 use bytes::Bytes;
 use futures::FutureExt;
-use magnetar_wire::MessageId;
 use std::collections::HashSet;
 use std::rc::Rc;
 use std::time::Duration;
@@ -155,6 +154,13 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
         if pos >= topic.durable_next.get() {
             return;
         }
+        let start = topic.ledgers.borrow().start();
+        if pos < start {
+            // Deleted by retention (a reader's position; durable
+            // subscriptions are never behind it): skip to what is kept.
+            sub.ack_below(start);
+            continue;
+        }
         if sub.cursor.borrow().is_acked(pos)
             || sub.replay.borrow().contains_key(&pos)
             || sub.pending.borrow().contains_key(&pos)
@@ -206,7 +212,12 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
 /// Reads one entry. Unreadable data (failed checksum, I/O error) is never
 /// served: every consumer is closed with the reason and `None` returned.
 async fn read(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>, entry: u64) -> Option<Bytes> {
-    match shard.log.read(topic.ledger, entry).await {
+    let located = topic.ledgers.borrow().locate(entry);
+    let result = match located {
+        Some((ledger, e)) => shard.log.read(ledger, e).await,
+        None => Err(magnetar_storage::StorageError::NoSuchEntry { ledger: u64::MAX, entry }),
+    };
+    match result {
         Ok(b) => Some(b),
         Err(e) => {
             tracing::error!(topic = %topic.key, entry, "read failed: {e}");
@@ -228,6 +239,12 @@ async fn read(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>, entr
 }
 
 fn deliver(shard: &Shard, topic: &Topic, sub: &Subscription, i: usize, entry: u64, key_hash: u16, blob: Bytes) {
+    // Just read, and retention deletes only what every durable cursor is
+    // past (readers are moved past it, which the caller checked after the
+    // read): the position is stored.
+    let message_id = topic.message_id(entry);
+    assert!(message_id.is_some(), "dispatching position {entry} of {}, which is not stored", topic.key);
+    let Some(message_id) = message_id else { return };
     let consumer = {
         let mut consumers = sub.consumers.borrow_mut();
         let c = &mut consumers[i];
@@ -249,7 +266,6 @@ fn deliver(shard: &Shard, topic: &Topic, sub: &Subscription, i: usize, entry: u6
     };
     let previous = sub.pending.borrow_mut().insert(entry, Pending { consumer, key_hash });
     assert!(previous.is_none(), "entry {entry} delivered while another consumer holds it");
-    let message_id = MessageId::new(topic.ledger, entry, topic.partition, -1);
     shard.deliver(
         consumer,
         ConsumerEvent::Message { consumer_id: consumer.consumer_id, message_id, redelivery_count, blob },
