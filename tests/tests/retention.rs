@@ -308,7 +308,7 @@ fn retention_deletes_acknowledged_ledgers_and_their_segments() {
 
         // slow finishes: every closed ledger goes, the current one stays,
         // and the data directory returns under a bound: the current ledger
-        // (a few hundred KiB), the segment being written and its spare,
+        // (a few hundred KiB) in the segment being written, its spare,
         // index files and the checkpoint.
         let mut last = None;
         for _ in 1200..3000 {
@@ -321,7 +321,7 @@ fn retention_deletes_acknowledged_ledgers_and_their_segments() {
         })
         .await;
         let current = ledgers(&client, topic).await;
-        let bound = 3 * (4 << 20) + (1 << 20);
+        let bound = 2 * (4 << 20) + (1 << 20);
         wait_for("data directory under the bound", Duration::from_secs(15), || async {
             dir_bytes(dir.path()) <= bound
         })
