@@ -29,9 +29,11 @@ pub(crate) const TOPIC_RECORD_V1: u8 = 1;
 pub(crate) const TOPIC_RECORD_V2: u8 = 2;
 /// Bytes of one ledger in a version 2 topic record.
 const LEDGER_RECORD_BYTES: usize = 48;
-/// Most ledgers one topic record may list (the record must fit one log
-/// entry; 100,000 × 48 B = 4.8 MB is under the 5 MiB entry limit).
-pub const TOPIC_LEDGERS_MAX: usize = 100_000;
+/// Most ledgers one topic record may list: the record is one log record,
+/// and 50,000 × 48 B = 2.4 MB fits the smallest segment (4 MiB). Past it
+/// the current ledger simply stops rolling over (50,000 ledgers of the
+/// default 50,000 entries is 2.5 billion entries kept).
+pub const TOPIC_LEDGERS_MAX: usize = 50_000;
 
 /// One ledger of a topic.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,11 +94,11 @@ pub fn decode_topic_record(v: &[u8]) -> Option<Vec<LedgerInfo>> {
         a.copy_from_slice(s);
         Some(u64::from_le_bytes(a))
     };
-    match v.first()? {
-        &TOPIC_RECORD_V1 if v.len() == 9 => {
+    match *v.first()? {
+        TOPIC_RECORD_V1 if v.len() == 9 => {
             Some(vec![LedgerInfo { id: u64_at(v, 1)?, first: 0, entries: 0, bytes: 0, created_ms: 0, closed_ms: 0 }])
         }
-        &TOPIC_RECORD_V2 => {
+        TOPIC_RECORD_V2 => {
             let count = u32::from_le_bytes(v.get(1..5)?.try_into().ok()?) as usize;
             if count == 0 || count > TOPIC_LEDGERS_MAX || v.len() != 5 + count * LEDGER_RECORD_BYTES {
                 return None;
@@ -268,7 +270,15 @@ impl Default for Rollover {
 impl Rollover {
     /// Whether `cur` (the current ledger) should be closed now. An empty
     /// ledger never rolls over.
-    pub fn due(&self, cur: &LedgerInfo, now_ms: u64) -> bool {
+    pub fn due(&self, ledgers: &TopicLedgers, now_ms: u64) -> bool {
+        if ledgers.all().len() >= TOPIC_LEDGERS_MAX {
+            return false;
+        }
+        self.due_for(ledgers.current(), now_ms)
+    }
+
+    /// [`due`](Self::due) for the current ledger alone.
+    pub fn due_for(&self, cur: &LedgerInfo, now_ms: u64) -> bool {
         let age = now_ms.saturating_sub(cur.created_ms);
         cur.entries > 0
             && (age >= self.max_age_ms
@@ -389,12 +399,17 @@ mod tests {
     fn rollover_by_entries_bytes_and_age_after_the_minimum() {
         let r = Rollover { max_entries: 10, max_bytes: 1000, max_age_ms: 5000, min_age_ms: 100 };
         let cur = |entries, bytes| LedgerInfo { id: 1, first: 0, entries, bytes, created_ms: 1000, closed_ms: 0 };
-        assert!(!r.due(&cur(9, 999), 1200));
-        assert!(r.due(&cur(10, 0), 1200));
-        assert!(r.due(&cur(1, 1000), 1200));
-        assert!(!r.due(&cur(10, 1000), 1050), "younger than the minimum");
-        assert!(r.due(&cur(1, 1), 6000), "by age");
-        assert!(!r.due(&cur(0, 0), 60_000), "an empty ledger stays");
+        assert!(!r.due_for(&cur(9, 999), 1200));
+        assert!(r.due_for(&cur(10, 0), 1200));
+        assert!(r.due_for(&cur(1, 1000), 1200));
+        assert!(!r.due_for(&cur(10, 1000), 1050), "younger than the minimum");
+        assert!(r.due_for(&cur(1, 1), 6000), "by age");
+        assert!(!r.due_for(&cur(0, 0), 60_000), "an empty ledger stays");
+        assert!(r.due(&TopicLedgers::new(vec![cur(10, 0)]), 1200));
+        let full: Vec<LedgerInfo> = (0..TOPIC_LEDGERS_MAX as u64)
+            .map(|i| LedgerInfo { id: i + 1, first: i * 10, entries: 10, bytes: 0, created_ms: 1000, closed_ms: 1 })
+            .collect();
+        assert!(!r.due(&TopicLedgers::new(full), 1200), "a full ledger list stops rolling");
     }
 
     #[test]

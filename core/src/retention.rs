@@ -48,8 +48,11 @@ async fn run(shard: Rc<Shard>) {
         if shard.is_closed() {
             return;
         }
-        if let Err(e) = enforce(&shard).await {
-            tracing::error!(shard = shard.id, "retention pass failed: {e}");
+        match enforce(&shard).await {
+            Ok(()) => {}
+            // Shutdown closed the log under the pass: nothing is wrong.
+            Err(_) if shard.is_closed() => return,
+            Err(e) => tracing::error!(shard = shard.id, "retention pass failed: {e}"),
         }
     }
 }
@@ -87,9 +90,7 @@ pub(crate) async fn enforce(shard: &Rc<Shard>) -> Result<(), CoreError> {
             continue;
         }
         let now = now_ms();
-        if shard.config.ledger_rollover.due(t.ledgers.borrow().current(), now) {
-            shard.roll_ledger(&t, now)?;
-        }
+        shard.maybe_roll(&t);
         let retention = Retention::from_policy(policies.retention_minutes, policies.retention_size_mb);
         if let Some(lsn) = trim(shard, &t, retention, now)? {
             last_deletion = Some(lsn);
@@ -97,6 +98,9 @@ pub(crate) async fn enforce(shard: &Rc<Shard>) -> Result<(), CoreError> {
     }
     if let Some(lsn) = last_deletion {
         shard.log.wait_durable(lsn).await?;
+        if shard.is_closed() {
+            return Ok(()); // the clean close writes the checkpoint
+        }
         // Segments go only once a durable checkpoint covers the deletions.
         shard.log.checkpoint().await?;
         shard.measure_disk();

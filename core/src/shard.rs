@@ -757,7 +757,7 @@ impl Shard {
                 publish_time_ms: peek.publish_time_ms,
                 key_hash: peek.partition_key.map_or(0, |k| magnetar_storage::key_hash(k.as_bytes())),
             };
-            self.maybe_roll(&t)?;
+            self.maybe_roll(&t);
             let (ledger, first) = {
                 let l = t.ledgers.borrow();
                 (l.current().id, l.current().first)
@@ -904,13 +904,16 @@ impl Shard {
     }
 
     /// Rolls the topic's current ledger over if it is due (see
-    /// [`crate::ledgers::Rollover`]). Called before an append.
-    pub(crate) fn maybe_roll(&self, t: &Topic) -> Result<(), CoreError> {
+    /// [`crate::ledgers::Rollover`]). Called before an append; a rollover
+    /// that cannot be written leaves the current ledger in place (if the
+    /// log failed, the append right after reports it).
+    pub(crate) fn maybe_roll(&self, t: &Topic) {
         let now = now_ms();
-        if self.config.ledger_rollover.due(t.ledgers.borrow().current(), now) {
-            self.roll_ledger(t, now)?;
+        if self.config.ledger_rollover.due(&t.ledgers.borrow(), now) {
+            if let Err(e) = self.roll_ledger(t, now) {
+                tracing::warn!(topic = %t.key, "ledger rollover failed, appending to the current ledger: {e}");
+            }
         }
-        Ok(())
     }
 
     /// Closes the topic's current ledger and opens a new one. The new list

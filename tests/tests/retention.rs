@@ -282,8 +282,8 @@ fn retention_deletes_acknowledged_ledgers_and_their_segments() {
             last = Some(receive(&fast, "fast").await.id);
         }
         fast.ack_confirmed(AckType::Cumulative, &[last.unwrap()]).await.unwrap();
-        for i in 0..1050 {
-            assert_eq!(receive(&slow, "slow").await.id, ids[i]);
+        for id in &ids[..1050] {
+            assert_eq!(receive(&slow, "slow").await.id, *id);
         }
         slow.ack_confirmed(AckType::Cumulative, &[ids[1049]]).await.unwrap();
 
@@ -299,8 +299,8 @@ fn retention_deletes_acknowledged_ledgers_and_their_segments() {
         assert_eq!(kept[..20], all_ledgers[10..], "nothing slow needs goes: {kept:?}");
         assert!(broker.log().contains("retention: deleted ledger"), "a log line per deletion");
         // slow goes on from #1050, nothing missing.
-        for i in 1050..1200 {
-            assert_eq!(receive(&slow, "slow after deletion").await.id, ids[i]);
+        for id in &ids[1050..1200] {
+            assert_eq!(receive(&slow, "slow after deletion").await.id, *id);
         }
         // Some segments went already (those holding only ledgers 0..9).
         let segments_mid = segment_files(dir.path());
