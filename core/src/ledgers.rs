@@ -128,6 +128,18 @@ pub fn decode_topic_record(v: &[u8]) -> Option<Vec<LedgerInfo>> {
     }
 }
 
+/// How many leading *closed* ledgers of a recorded list the log no longer
+/// has (`in_log` says whether it has one): retention appends the ledgers'
+/// deletion records before the new topic record, so a crash in between
+/// leaves such a prefix, which the loader drops. A closed ledger is never
+/// empty (an empty ledger does not roll over), so "not in the log" means
+/// deleted. Missing ledgers after a present one are not dropped: they are
+/// damage, and reading them reports it.
+pub fn deleted_prefix(list: &[LedgerInfo], in_log: impl Fn(u64) -> bool) -> usize {
+    let closed = list.len().saturating_sub(1);
+    list[..closed].iter().take_while(|l| !in_log(l.id)).count()
+}
+
 /// Where a `(ledger, entry)` lies among a topic's ledgers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lookup {
@@ -410,6 +422,15 @@ mod tests {
             .map(|i| LedgerInfo { id: i + 1, first: i * 10, entries: 10, bytes: 0, created_ms: 1000, closed_ms: 1 })
             .collect();
         assert!(!r.due(&TopicLedgers::new(full), 1200), "a full ledger list stops rolling");
+    }
+
+    #[test]
+    fn ledgers_deleted_before_the_record_was_rewritten_are_dropped_at_load() {
+        let l = four();
+        assert_eq!(deleted_prefix(&l, |_| true), 0);
+        assert_eq!(deleted_prefix(&l, |id| id > 2048), 2);
+        assert_eq!(deleted_prefix(&l, |id| id != 2048), 0, "a hole after a present ledger is not retention's");
+        assert_eq!(deleted_prefix(&l, |_| false), 3, "never the current ledger (empty, so not in the log)");
     }
 
     #[test]

@@ -886,7 +886,7 @@ impl Shard {
     /// deletion is written before the record) and are dropped. Returns
     /// whether the list changed that way (the caller rewrites the record).
     fn recovered_ledgers(&self, topic: &str, mut list: Vec<LedgerInfo>) -> (TopicLedgers, bool) {
-        let gone = list[..list.len() - 1].iter().take_while(|l| !self.ledgers_at_start.contains(&l.id)).count();
+        let gone = crate::ledgers::deleted_prefix(&list, |id| self.ledgers_at_start.contains(&id));
         if gone > 0 {
             let ids: Vec<u64> = list[..gone].iter().map(|l| l.id).collect();
             tracing::info!(topic, ledgers = ?ids, "ledgers deleted by retention before a restart dropped from the topic");
