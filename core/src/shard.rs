@@ -319,6 +319,16 @@ impl Shard {
         for &l in &ledgers_at_start {
             seq = seq.max(l / LEDGER_ID_SHARD_STRIDE + 1);
         }
+        for l in orphan_ledgers(&log, &ledgers_at_start) {
+            match log.delete_ledger(l) {
+                Ok(_) => tracing::info!(
+                    shard = id,
+                    ledger = l,
+                    "deleted a ledger no topic names (topic deleted before a crash)"
+                ),
+                Err(e) => tracing::warn!(shard = id, ledger = l, "cannot delete an orphan ledger: {e}"),
+            }
+        }
         let metadata = (id == 0).then(|| {
             let store: Rc<dyn crate::metadata::MetadataStore> =
                 Rc::new(crate::metadata::LogMetadataStore::new(log.clone()));
@@ -1208,14 +1218,6 @@ impl Shard {
         let mut v1 = vec![crate::ledgers::TOPIC_RECORD_V1];
         v1.extend_from_slice(&ledger.to_le_bytes());
         self.log.put_meta(&tomb, Bytes::from(v1))?;
-        for l in &list {
-            match self.log.delete_ledger(l.id) {
-                Ok(_) => {}
-                // Never written to, or already gone.
-                Err(magnetar_storage::StorageError::LedgerDeleted { .. }) => {}
-                Err(e) => tracing::warn!(topic, ledger = l.id, "deleting a ledger of a deleted topic: {e}"),
-            }
-        }
         let mut prefix = META_CURSOR_PREFIX.to_vec();
         prefix.extend_from_slice(topic.as_bytes());
         prefix.push(b'\n');
@@ -1225,7 +1227,18 @@ impl Shard {
         if self.log.meta(&dedup_meta_key(topic)).is_some() {
             self.log.put_meta(&dedup_meta_key(topic), Bytes::new())?;
         }
-        let lsn = self.log.put_meta(&key, Bytes::new())?;
+        let mut lsn = self.log.put_meta(&key, Bytes::new())?;
+        // The ledgers go after the topic record: a crash in between leaves
+        // ledgers no record names, which the next start deletes (see
+        // `orphan_ledgers`), never a topic whose ledgers are gone.
+        for l in &list {
+            match self.log.delete_ledger(l.id) {
+                Ok(d) => lsn = d,
+                // Never written to, or already gone.
+                Err(magnetar_storage::StorageError::LedgerDeleted { .. }) => {}
+                Err(e) => tracing::warn!(topic, ledger = l.id, "deleting a ledger of a deleted topic: {e}"),
+            }
+        }
         self.log.wait_durable(lsn).await?;
         tracing::info!(topic, ledger, shard = self.id, "deleted topic");
         Ok(Reply::Done)
@@ -1437,6 +1450,24 @@ impl Shard {
             Err(e) => tracing::error!(shard = self.id, "closing the log failed: {e}"),
         }
     }
+}
+
+/// Ledgers of the log that no topic record names: a topic deletion writes
+/// the empty topic record before deleting the ledgers, so a crash in between
+/// leaves these (every ledger is named by its topic's record before its
+/// first entry is appended). Nothing when any topic record does not decode
+/// (a format this version does not know might name them).
+fn orphan_ledgers(log: &EntryLog, in_log: &std::collections::HashSet<u64>) -> Vec<u64> {
+    let mut named = std::collections::HashSet::new();
+    for (_, v) in log.meta_prefix(META_TOPIC_PREFIX) {
+        match decode_topic_record(&v) {
+            Some(list) => named.extend(list.into_iter().map(|l| l.id)),
+            None => return Vec::new(),
+        }
+    }
+    let mut out: Vec<u64> = in_log.iter().copied().filter(|l| !named.contains(l)).collect();
+    out.sort_unstable();
+    out
 }
 
 /// Whether `op` is a producer/consumer op on a non-persistent topic.

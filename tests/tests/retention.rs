@@ -297,7 +297,10 @@ fn retention_deletes_acknowledged_ledgers_and_their_segments() {
         // new, empty current ledger follows.)
         let kept = ledgers(&client, topic).await;
         assert_eq!(kept[..20], all_ledgers[10..], "nothing slow needs goes: {kept:?}");
-        assert!(broker.log().contains("retention: deleted ledger"), "a log line per deletion");
+        wait_for("a log line per deletion", Duration::from_secs(5), || async {
+            broker.log().matches("retention: deleted ledger").count() == 10
+        })
+        .await;
         // slow goes on from #1050, nothing missing.
         for id in &ids[1050..1200] {
             assert_eq!(receive(&slow, "slow after deletion").await.id, *id);
@@ -368,7 +371,10 @@ fn ttl_expires_old_backlog() {
             backlog(stats(&client, topic).await) == 0
         })
         .await;
-        assert!(broker.log().contains("TTL: expired unacknowledged messages"), "a log line per expiry");
+        wait_for("a log line per expiry", Duration::from_secs(5), || async {
+            broker.log().contains("TTL: expired unacknowledged messages")
+        })
+        .await;
         // Expired counts as acknowledged: the closed ledgers go too.
         wait_for("expired ledgers deleted", Duration::from_secs(10), || async {
             ledgers(&client, topic).await.len() == 1
