@@ -23,6 +23,7 @@ mod producers;
 mod shard;
 pub mod signal;
 mod stats;
+pub mod sub_state;
 mod topic;
 pub mod topic_name;
 

@@ -227,15 +227,29 @@ async fn read(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>, entr
     }
 }
 
-fn deliver(shard: &Shard, topic: &Topic, sub: &Subscription, i: usize, entry: u64, key_hash: u16, blob: Bytes) {
+fn deliver(
+    shard: &Rc<Shard>,
+    topic: &Rc<Topic>,
+    sub: &Rc<Subscription>,
+    i: usize,
+    entry: u64,
+    key_hash: u16,
+    blob: Bytes,
+) {
+    let num_messages = magnetar_wire::peek_message(&blob).map_or(1, |p| p.num_messages.max(1));
+    // A batch some of whose messages are acknowledged goes out with their
+    // bits, and the client hands out only the others.
+    let (ack_set, acked) = match sub.batch_acks.borrow().get((topic.ledger, entry)) {
+        Some(bits) if bits.size() == num_messages => (bits.words().to_vec(), bits.acked_count()),
+        _ => (Vec::new(), 0),
+    };
     let consumer = {
         let mut consumers = sub.consumers.borrow_mut();
         let c = &mut consumers[i];
         assert!(c.permits > 0, "dispatch without a permit");
-        // Permits count messages: a batch takes as many as it holds (it goes
-        // out whole, even past the consumer's last permits).
-        let messages = magnetar_wire::peek_message(&blob).map_or(1, |p| u64::from(p.num_messages.max(1)));
-        c.permits = c.permits.saturating_sub(messages);
+        // Permits count messages: a batch takes as many as it hands out (it
+        // goes out whole, even past the consumer's last permits).
+        c.permits = c.permits.saturating_sub(u64::from(num_messages - acked));
         c.unacked += 1;
         c.consumer
     };
@@ -247,11 +261,16 @@ fn deliver(shard: &Shard, topic: &Topic, sub: &Subscription, i: usize, entry: u6
         *n += 1;
         *n - 1
     };
-    let previous = sub.pending.borrow_mut().insert(entry, Pending { consumer, key_hash });
+    if redelivery_count > 0 {
+        // Redelivery counts persist (bounded) so they go on after a restart.
+        sub.state_dirty.set(true);
+        shard.mark_cursor_dirty(topic, sub);
+    }
+    let previous = sub.pending.borrow_mut().insert(entry, Pending { consumer, key_hash, num_messages });
     assert!(previous.is_none(), "entry {entry} delivered while another consumer holds it");
     let message_id = MessageId::new(topic.ledger, entry, topic.partition, -1);
     shard.deliver(
         consumer,
-        ConsumerEvent::Message { consumer_id: consumer.consumer_id, message_id, redelivery_count, blob },
+        ConsumerEvent::Message { consumer_id: consumer.consumer_id, message_id, redelivery_count, blob, ack_set },
     );
 }
