@@ -543,7 +543,7 @@ impl Shard {
                         return Err(CoreError::new(ErrorCode::TopicNotFound, format!("no topic {topic}")));
                     }
                     let (t, _) = self.get_or_create_topic(&tn)?;
-                    Ok(Reply::Stats(crate::stats::topic_stats_json(&t)))
+                    Ok(Reply::Stats(crate::stats::topic_stats_json(&self.log, &t)))
                 })();
                 futures::future::ready(r).boxed_local()
             }
@@ -756,8 +756,11 @@ impl Shard {
             let extras = magnetar_storage::IndexExtras {
                 publish_time_ms: peek.publish_time_ms,
                 key_hash: peek.partition_key.map_or(0, |k| magnetar_storage::key_hash(k.as_bytes())),
+                tag_hash: magnetar_storage::tag_hash(peek.tag.map(str::as_bytes)),
             };
+            let blob_bytes = blob.len() as u64;
             let a = self.log.append_with(t.ledger, blob, extras)?;
+            t.rate_in.record(now_ms(), u64::from(num_messages), blob_bytes);
             assert_eq!(a.entry, t.next_entry.get(), "entry ids of a ledger are dense");
             t.next_entry.set(a.entry + 1);
             if tracked {

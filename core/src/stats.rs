@@ -5,13 +5,99 @@
 
 use crate::dispatcher::Policy;
 use crate::topic::Topic;
+use std::cell::Cell;
+
+/// Shortest span a rate is measured over.
+const RATE_WINDOW_MS: u64 = 1_000;
+
+/// Messages and bytes per second, over the last window of at least
+/// `RATE_WINDOW_MS` (or the current one, once it is that long). Owned by
+/// one shard; never crosses cores.
+#[derive(Debug, Default)]
+pub(crate) struct RateMeter {
+    window_start_ms: Cell<u64>,
+    msgs: Cell<u64>,
+    bytes: Cell<u64>,
+    /// Rates of the last closed window, and when it closed.
+    last: Cell<(f64, f64)>,
+    last_end_ms: Cell<u64>,
+}
+
+impl RateMeter {
+    pub(crate) fn record(&self, now_ms: u64, msgs: u64, bytes: u64) {
+        self.roll(now_ms);
+        self.msgs.set(self.msgs.get() + msgs);
+        self.bytes.set(self.bytes.get() + bytes);
+    }
+
+    fn roll(&self, now_ms: u64) {
+        let start = self.window_start_ms.get();
+        if start == 0 {
+            self.window_start_ms.set(now_ms);
+            return;
+        }
+        let span = now_ms.saturating_sub(start);
+        if span >= RATE_WINDOW_MS {
+            let per_s = 1000.0 / span as f64;
+            self.last.set((self.msgs.get() as f64 * per_s, self.bytes.get() as f64 * per_s));
+            self.last_end_ms.set(now_ms);
+            self.window_start_ms.set(now_ms);
+            self.msgs.set(0);
+            self.bytes.set(0);
+        }
+    }
+
+    /// `(messages/s, bytes/s)` at `now_ms`. A window that closed more than
+    /// a window ago says nothing about now: then the open window (at least
+    /// a window long by then) is measured instead.
+    pub(crate) fn rates(&self, now_ms: u64) -> (f64, f64) {
+        self.roll(now_ms);
+        if now_ms.saturating_sub(self.last_end_ms.get()) <= RATE_WINDOW_MS {
+            self.last.get()
+        } else {
+            (0.0, 0.0)
+        }
+    }
+}
+
+/// A subscription's dispatch counters. Owned by the topic's shard.
+#[derive(Debug, Default)]
+pub(crate) struct SubCounters {
+    /// Entries the dispatcher read from storage.
+    pub(crate) entries_read: Cell<u64>,
+    /// Entries a tag filter skipped from the index alone, unread.
+    pub(crate) skipped_by_index: Cell<u64>,
+    /// Messages and bytes sent to consumers.
+    pub(crate) out: RateMeter,
+}
+
+/// Bytes of the entries of `t` not acknowledged by a subscription whose
+/// cursor is `cursor`, from the index (no entry is read). A partly
+/// acknowledged batch counts whole. Costs one index lookup per entry of
+/// the backlog.
+fn backlog_bytes(log: &magnetar_storage::EntryLog, t: &Topic, cursor: &crate::cursor::Cursor) -> u64 {
+    (cursor.ack_floor..t.durable_next.get())
+        .filter(|e| !cursor.acked.contains(e))
+        .filter_map(|e| log.index_entry(t.ledger, e))
+        .map(|ie| u64::from(ie.body_len))
+        .sum()
+}
 
 /// Layout: `{"topic":…,"next_entry":…,"subscriptions":{NAME:{"type":…,
-/// "ack_floor":…,"msg_backlog":…,"unacked":…,"delayed":…,"replay":…,
-/// "msg_out_total":…,"consumers":[{"name":…,"priority":…,"permits":…,
+/// "ack_floor":…,"msg_backlog":…,"backlog_bytes":…,"unacked":…,
+/// "delayed":…,"replay":…,"msg_out_total":…,"msg_rate_in":…,
+/// "byte_rate_in":…,"msg_rate_out":…,"byte_rate_out":…,"durable":…,
+/// "filter_tag":…,"entries_read":…,"skipped_by_index":…,
+/// "partial_batches":…,"consumers":[{"name":…,"priority":…,"permits":…,
 /// "unacked":…,"active":…}]}}}`. `msg_backlog` counts entries not
-/// acknowledged (sent or not); `active` is meaningful for Failover/Exclusive.
-pub(crate) fn topic_stats_json(t: &Topic) -> String {
+/// acknowledged (sent or not; a batch entry counts once), `backlog_bytes`
+/// their stored bytes; `unacked` counts entries delivered and not
+/// acknowledged; rates are per second over the last second or so (in:
+/// appended to the topic; out: sent to this subscription's consumers);
+/// `active` is meaningful for Failover/Exclusive.
+pub(crate) fn topic_stats_json(log: &magnetar_storage::EntryLog, t: &Topic) -> String {
+    let now = crate::shard::now_ms();
+    let (msg_in, byte_in) = t.rate_in.rates(now);
     let mut out = String::new();
     out.push_str(&format!("{{\"topic\":{},\"next_entry\":{},\"subscriptions\":{{", quote(&t.key), t.next_entry.get()));
     let subs = t.subs.borrow();
@@ -30,16 +116,28 @@ pub(crate) fn topic_stats_json(t: &Topic) -> String {
         if i > 0 {
             out.push(',');
         }
+        let (msg_out, byte_out) = s.counters.out.rates(now);
+        let filter = s.filter_tag.borrow().as_deref().map_or_else(|| "null".to_string(), quote);
         out.push_str(&format!(
-            "{}:{{\"type\":\"{:?}\",\"ack_floor\":{},\"msg_backlog\":{},\"unacked\":{},\"delayed\":{},\"replay\":{},\"msg_out_total\":{},\"consumers\":[",
+            "{}:{{\"type\":\"{:?}\",\"ack_floor\":{},\"msg_backlog\":{},\"backlog_bytes\":{},\"unacked\":{},\"delayed\":{},\"replay\":{},\"msg_out_total\":{},\"msg_rate_in\":{:.1},\"byte_rate_in\":{:.1},\"msg_rate_out\":{:.1},\"byte_rate_out\":{:.1},\"durable\":{},\"filter_tag\":{},\"entries_read\":{},\"skipped_by_index\":{},\"partial_batches\":{},\"consumers\":[",
             quote(name),
             s.sub_type.get(),
             cursor.ack_floor,
             backlog,
+            backlog_bytes(log, t, &cursor),
             s.pending.borrow().len(),
             s.delayed.borrow().len(),
             s.replay.borrow().len(),
             s.delivered_total.get(),
+            msg_in,
+            byte_in,
+            msg_out,
+            byte_out,
+            s.durable,
+            filter,
+            s.counters.entries_read.get(),
+            s.counters.skipped_by_index.get(),
+            s.batch_acks.borrow().len(),
         ));
         for (j, c) in s.consumers.borrow().iter().enumerate() {
             if j > 0 {
@@ -79,7 +177,22 @@ fn quote(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::quote;
+    use super::{quote, RateMeter};
+
+    #[test]
+    fn rate_covers_the_last_window() {
+        let m = RateMeter::default();
+        m.record(10_000, 0, 0);
+        for i in 0..10 {
+            m.record(10_000 + i * 100, 5, 500);
+        }
+        assert_eq!(m.rates(10_500), (0.0, 0.0), "no window closed yet");
+        let (msgs, bytes) = m.rates(11_000);
+        assert!((msgs - 50.0).abs() < 1e-9 && (bytes - 5000.0).abs() < 1e-9, "{msgs} {bytes}");
+        assert_eq!(m.rates(11_900), (msgs, bytes), "still the last window");
+        // Idle for long: the open window (nothing in it) is measured.
+        assert_eq!(m.rates(15_000), (0.0, 0.0));
+    }
 
     #[test]
     fn quotes_escape() {

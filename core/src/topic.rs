@@ -35,6 +35,8 @@ pub(crate) struct Topic {
     pub(crate) deleted: Cell<bool>,
     pub(crate) dedup: crate::dedup::Dedup,
     pub(crate) subs: RefCell<HashMap<String, Rc<Subscription>>>,
+    /// Messages and bytes appended (the subscriptions' rate in).
+    pub(crate) rate_in: crate::stats::RateMeter,
 }
 
 impl Topic {
@@ -51,6 +53,7 @@ impl Topic {
             deleted: Cell::new(false),
             dedup: crate::dedup::Dedup::default(),
             subs: RefCell::new(HashMap::new()),
+            rate_in: Default::default(),
         }
     }
 
@@ -113,6 +116,8 @@ pub(crate) struct Subscription {
     /// subscription refuses a consumer of another type than the one it had,
     /// so its own consumers can come back (0: no hold).
     pub(crate) type_held_until_ms: Cell<u64>,
+    /// Dispatch counters and the outgoing rate (stats).
+    pub(crate) counters: crate::stats::SubCounters,
 }
 
 pub(crate) fn policy_for(t: SubscriptionType) -> Policy {
@@ -165,6 +170,7 @@ impl Subscription {
             // A new subscription's type is news to the log.
             state_dirty: Cell::new(true),
             type_held_until_ms: Cell::new(0),
+            counters: Default::default(),
         })
     }
 

@@ -163,6 +163,16 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
             sub.read_pos.set(pos + 1);
             continue;
         }
+        if super::filter::unmatched_by_index(shard, sub, topic.ledger, pos) {
+            // Filtered out without reading the entry: it counts as
+            // acknowledged for this subscription.
+            sub.counters.skipped_by_index.set(sub.counters.skipped_by_index.get() + 1);
+            sub.read_pos.set(pos + 1);
+            if sub.cursor.borrow_mut().ack(pos) {
+                shard.mark_cursor_dirty(topic, sub);
+            }
+            continue;
+        }
         // Entries set aside are bounded like the unacked ones.
         if sub.replay.borrow().len() >= shard.config.unacked_per_subscription_max as usize {
             return;
@@ -206,6 +216,7 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
 /// Reads one entry. Unreadable data (failed checksum, I/O error) is never
 /// served: every consumer is closed with the reason and `None` returned.
 async fn read(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>, entry: u64) -> Option<Bytes> {
+    sub.counters.entries_read.set(sub.counters.entries_read.get() + 1);
     match shard.log.read(topic.ledger, entry).await {
         Ok(b) => Some(b),
         Err(e) => {
@@ -255,6 +266,7 @@ fn deliver(
     };
     sub.policy.borrow_mut().delivered(i, &sub.consumers.borrow());
     sub.delivered_total.set(sub.delivered_total.get() + 1);
+    sub.counters.out.record(now_ms(), u64::from(num_messages - acked), blob.len() as u64);
     let redelivery_count = {
         let mut d = sub.deliveries.borrow_mut();
         let n = d.entry(entry).or_insert(0);
