@@ -491,7 +491,8 @@ fn ack_commands(main: u64, retry: &Option<Arc<RetryRoute>>, batch: AckBatch) -> 
 /// One `Ack` of `acks` (id, batch size); the sizes go on the wire only
 /// when some id is a batch-index ack.
 fn individual_ack(consumer_id: u64, acks: &[(MessageId, u32)], request_id: u64) -> Command {
-    let batch_sizes = if acks.iter().any(|(_, n)| *n > 0) { acks.iter().map(|(_, n)| *n).collect() } else { Vec::new() };
+    let batch_sizes =
+        if acks.iter().any(|(_, n)| *n > 0) { acks.iter().map(|(_, n)| *n).collect() } else { Vec::new() };
     Command::Ack {
         consumer_id,
         ack_type: AckType::Individual,
@@ -502,7 +503,11 @@ fn individual_ack(consumer_id: u64, acks: &[(MessageId, u32)], request_id: u64) 
 }
 
 /// `group` for acks carrying their batch sizes.
-fn group_sized(main: u64, retry: &Option<Arc<RetryRoute>>, acks: &[(MessageId, u32)]) -> Vec<(u64, Vec<(MessageId, u32)>)> {
+fn group_sized(
+    main: u64,
+    retry: &Option<Arc<RetryRoute>>,
+    acks: &[(MessageId, u32)],
+) -> Vec<(u64, Vec<(MessageId, u32)>)> {
     let mut out: Vec<(u64, Vec<(MessageId, u32)>)> = Vec::new();
     for a in acks {
         let c = route(main, retry, &a.0);

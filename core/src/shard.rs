@@ -71,16 +71,9 @@ pub enum ConsumerEvent {
     },
     /// The broker closed the consumer (e.g. unreadable data); the client should
     /// be told and may subscribe again.
-    Closed {
-        consumer_id: u64,
-        code: ErrorCode,
-        message: String,
-    },
+    Closed { consumer_id: u64, code: ErrorCode, message: String },
     /// Failover: the consumer became (or stopped being) the active one.
-    ActiveChange {
-        consumer_id: u64,
-        is_active: bool,
-    },
+    ActiveChange { consumer_id: u64, is_active: bool },
 }
 
 /// A producer attached to a topic, as seen by the connection that created it.
@@ -851,7 +844,9 @@ impl Shard {
                             now_ms(),
                             self.config.subscription_type_hold.as_millis() as u64,
                         ),
-                        Some(Err(e)) => tracing::error!(topic = %key, sub = sub_name, "unreadable subscription state: {e}"),
+                        Some(Err(e)) => {
+                            tracing::error!(topic = %key, sub = sub_name, "unreadable subscription state: {e}")
+                        }
                         None => {}
                     }
                     topic.subs.borrow_mut().insert(sub_name.to_string(), sub.clone());

@@ -201,7 +201,9 @@ fn dma_backend_real_directory() {
         let mut waits = Vec::new();
         for i in 0..400u64 {
             let b = common::body(&mut rng, i);
-            let a = log.append_with(i % 4, b.clone(), IndexExtras { publish_time_ms: i, key_hash: 0, tag_hash: 0 }).unwrap();
+            let a = log
+                .append_with(i % 4, b.clone(), IndexExtras { publish_time_ms: i, key_hash: 0, tag_hash: 0 })
+                .unwrap();
             bodies.push(b);
             waits.push(a.lsn);
         }
@@ -327,13 +329,12 @@ fn seek_by_publish_time_and_key_hash_survive_restart() {
         let (log, _) = EntryLog::open_with(disk.clone(), small_config("/s")).await.unwrap();
         let mut last = 0;
         for i in 0..300u64 {
-            let extras =
-                IndexExtras {
-                    publish_time_ms: 1000 + i * 10,
-                    key_hash: magnetar_storage::key_hash(&i.to_le_bytes()),
-                    // Odd entries carry a tag, even ones none.
-                    tag_hash: magnetar_storage::tag_hash((i % 2 == 1).then_some(b"t".as_slice())),
-                };
+            let extras = IndexExtras {
+                publish_time_ms: 1000 + i * 10,
+                key_hash: magnetar_storage::key_hash(&i.to_le_bytes()),
+                // Odd entries carry a tag, even ones none.
+                tag_hash: magnetar_storage::tag_hash((i % 2 == 1).then_some(b"t".as_slice())),
+            };
             last = log.append_with(3, Bytes::from(vec![1u8; 100]), extras).unwrap().lsn;
             if i == 150 {
                 log.wait_durable(last).await.unwrap();
