@@ -754,6 +754,7 @@ impl Shard {
             let blob_bytes = blob.len() as u64;
             let a = self.log.append_with(t.ledger, blob, extras)?;
             t.rate_in.record(now_ms(), u64::from(num_messages), blob_bytes);
+            t.note_messages(a.entry, num_messages);
             assert_eq!(a.entry, t.next_entry.get(), "entry ids of a ledger are dense");
             t.next_entry.set(a.entry + 1);
             if tracked {

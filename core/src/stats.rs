@@ -60,6 +60,47 @@ impl RateMeter {
     }
 }
 
+/// Messages per batch entry of a topic (entries of one message are not
+/// kept), learned at append and when a dispatcher reads an entry, so that
+/// backlogs can be counted in messages without reading entries. After a
+/// restart, a batch not read since counts as one message. Bounded: every
+/// `PRUNE_EVERY` notes, batches every subscription has acknowledged (below
+/// the lowest ack floor) are dropped. Owned by the topic's shard.
+#[derive(Debug, Default)]
+pub(crate) struct BatchSizes {
+    sizes: std::cell::RefCell<std::collections::BTreeMap<(u64, u64), u32>>,
+    notes: Cell<u64>,
+}
+
+const PRUNE_EVERY: u64 = 1024;
+
+impl BatchSizes {
+    /// `(ledger, entry)` holds `messages` messages. `floor` gives the lowest
+    /// position still unacknowledged by some subscription, for pruning.
+    pub(crate) fn note(&self, key: (u64, u64), messages: u32, floor: impl FnOnce() -> (u64, u64)) {
+        if messages <= 1 {
+            return;
+        }
+        self.sizes.borrow_mut().insert(key, messages);
+        self.notes.set(self.notes.get() + 1);
+        if self.notes.get() % PRUNE_EVERY == 0 {
+            let keep = self.sizes.borrow_mut().split_off(&floor());
+            *self.sizes.borrow_mut() = keep;
+        }
+    }
+
+    /// Messages beyond one per entry in the batches of `ledger` at
+    /// `from..to` that `acked` does not cover.
+    fn extra_messages(&self, ledger: u64, from: u64, to: u64, acked: impl Fn(u64) -> bool) -> u64 {
+        self.sizes
+            .borrow()
+            .range((ledger, from)..(ledger, to))
+            .filter(|((_, e), _)| !acked(*e))
+            .map(|(_, n)| u64::from(n - 1))
+            .sum()
+    }
+}
+
 /// A subscription's dispatch counters. Owned by the topic's shard.
 #[derive(Debug, Default)]
 pub(crate) struct SubCounters {
@@ -84,14 +125,14 @@ fn backlog_bytes(log: &magnetar_storage::EntryLog, t: &Topic, cursor: &crate::cu
 }
 
 /// Layout: `{"topic":…,"next_entry":…,"subscriptions":{NAME:{"type":…,
-/// "ack_floor":…,"msg_backlog":…,"backlog_bytes":…,"unacked":…,
+/// "ack_floor":…,"msg_backlog":…,"backlog_messages":…,"backlog_bytes":…,"unacked":…,
 /// "delayed":…,"replay":…,"msg_out_total":…,"msg_rate_in":…,
 /// "byte_rate_in":…,"msg_rate_out":…,"byte_rate_out":…,"durable":…,
 /// "filter_tag":…,"entries_read":…,"skipped_by_index":…,
 /// "partial_batches":…,"consumers":[{"name":…,"priority":…,"permits":…,
 /// "unacked":…,"active":…}]}}}`. `msg_backlog` counts entries not
-/// acknowledged (sent or not; a batch entry counts once), `backlog_bytes`
-/// their stored bytes; `unacked` counts entries delivered and not
+/// acknowledged (sent or not; a batch entry counts once), `backlog_messages`
+/// their messages (see `BatchSizes`), `backlog_bytes` their stored bytes; `unacked` counts entries delivered and not
 /// acknowledged; rates are per second over the last second or so (in:
 /// appended to the topic; out: sent to this subscription's consumers);
 /// `active` is meaningful for Failover/Exclusive.
@@ -109,6 +150,10 @@ pub(crate) fn topic_stats_json(log: &magnetar_storage::EntryLog, t: &Topic) -> S
         let next = t.durable_next.get();
         let above_floor = cursor.acked.range(cursor.ack_floor..next).count() as u64;
         let backlog = next.saturating_sub(cursor.ack_floor).saturating_sub(above_floor);
+        let partly_acked: u64 = s.batch_acks.borrow().iter().map(|(_, bits)| u64::from(bits.acked_count())).sum();
+        let backlog_messages = (backlog
+            + t.batch_sizes.extra_messages(t.ledger, cursor.ack_floor, next, |e| cursor.acked.contains(&e)))
+        .saturating_sub(partly_acked);
         let active = match &*s.policy.borrow() {
             Policy::Single(a) => a.current,
             _ => None,
@@ -119,11 +164,12 @@ pub(crate) fn topic_stats_json(log: &magnetar_storage::EntryLog, t: &Topic) -> S
         let (msg_out, byte_out) = s.counters.out.rates(now);
         let filter = s.filter_tag.borrow().as_deref().map_or_else(|| "null".to_string(), quote);
         out.push_str(&format!(
-            "{}:{{\"type\":\"{:?}\",\"ack_floor\":{},\"msg_backlog\":{},\"backlog_bytes\":{},\"unacked\":{},\"delayed\":{},\"replay\":{},\"msg_out_total\":{},\"msg_rate_in\":{:.1},\"byte_rate_in\":{:.1},\"msg_rate_out\":{:.1},\"byte_rate_out\":{:.1},\"durable\":{},\"filter_tag\":{},\"entries_read\":{},\"skipped_by_index\":{},\"partial_batches\":{},\"consumers\":[",
+            "{}:{{\"type\":\"{:?}\",\"ack_floor\":{},\"msg_backlog\":{},\"backlog_messages\":{},\"backlog_bytes\":{},\"unacked\":{},\"delayed\":{},\"replay\":{},\"msg_out_total\":{},\"msg_rate_in\":{:.1},\"byte_rate_in\":{:.1},\"msg_rate_out\":{:.1},\"byte_rate_out\":{:.1},\"durable\":{},\"filter_tag\":{},\"entries_read\":{},\"skipped_by_index\":{},\"partial_batches\":{},\"consumers\":[",
             quote(name),
             s.sub_type.get(),
             cursor.ack_floor,
             backlog,
+            backlog_messages,
             backlog_bytes(log, t, &cursor),
             s.pending.borrow().len(),
             s.delayed.borrow().len(),
@@ -177,7 +223,24 @@ fn quote(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{quote, RateMeter};
+    use super::{quote, BatchSizes, RateMeter, PRUNE_EVERY};
+
+    #[test]
+    fn batch_sizes_count_extra_messages_and_prune() {
+        let b = BatchSizes::default();
+        b.note((1, 3), 10, || (1, 0));
+        b.note((1, 4), 1, || (1, 0));
+        b.note((1, 7), 5, || (1, 0));
+        assert_eq!(b.extra_messages(1, 0, 10, |_| false), 9 + 4);
+        assert_eq!(b.extra_messages(1, 0, 10, |e| e == 3), 4);
+        assert_eq!(b.extra_messages(1, 4, 7, |_| false), 0, "end is exclusive");
+        assert_eq!(b.extra_messages(2, 0, 10, |_| false), 0, "another ledger");
+        for e in 10..10 + PRUNE_EVERY {
+            b.note((1, e), 2, || (1, 9));
+        }
+        assert_eq!(b.extra_messages(1, 0, 9, |_| false), 0, "pruned below the floor");
+        assert_eq!(b.extra_messages(1, 10, 11, |_| false), 1, "kept above it");
+    }
 
     #[test]
     fn rate_covers_the_last_window() {

@@ -37,6 +37,8 @@ pub(crate) struct Topic {
     pub(crate) subs: RefCell<HashMap<String, Rc<Subscription>>>,
     /// Messages and bytes appended (the subscriptions' rate in).
     pub(crate) rate_in: crate::stats::RateMeter,
+    /// Messages per batch entry, for backlogs in messages.
+    pub(crate) batch_sizes: crate::stats::BatchSizes,
 }
 
 impl Topic {
@@ -54,7 +56,17 @@ impl Topic {
             dedup: crate::dedup::Dedup::default(),
             subs: RefCell::new(HashMap::new()),
             rate_in: Default::default(),
+            batch_sizes: Default::default(),
         }
+    }
+
+    /// Records that `entry` holds `messages` messages (for backlogs in
+    /// messages); batches every subscription acknowledged are pruned.
+    pub(crate) fn note_messages(&self, entry: u64, messages: u32) {
+        self.batch_sizes.note((self.ledger, entry), messages, || {
+            let floor = self.subs.borrow().values().map(|s| s.cursor.borrow().ack_floor).min();
+            (self.ledger, floor.unwrap_or(self.next_entry.get()))
+        });
     }
 
     /// Called when `entry` became durable: wake the dispatchers.

@@ -93,6 +93,8 @@ fn batch_index_ack_redelivers_only_the_unacked_indexes() {
         c.ack_confirmed(AckType::Individual, &even).await.expect("ack the even indexes");
         let stats = sub_stats(&client, &topic, "bi").await;
         assert_eq!(stats["partial_batches"], 1, "{stats}");
+        assert_eq!(stats["msg_backlog"], 1, "one entry: {stats}");
+        assert_eq!(stats["backlog_messages"], 5, "five of its messages: {stats}");
         c.close().await.expect("close");
 
         // Closed with the batch unacked: it comes back without the even ones.
@@ -281,6 +283,7 @@ fn stats_show_backlog_bytes_rates_and_non_durable_subscriptions() {
         tokio::time::sleep(Duration::from_millis(1100)).await;
         let stats = sub_stats(&client, &topic, "d").await;
         assert_eq!(stats["msg_backlog"], 200, "{stats}");
+        assert_eq!(stats["backlog_messages"], 200, "{stats}");
         let bytes = stats["backlog_bytes"].as_u64().unwrap();
         assert!((200 * 1000..200 * 1200).contains(&bytes), "backlog bytes {bytes}: {stats}");
         assert!(stats["unacked"].as_u64().unwrap() >= 50, "{stats}");

@@ -248,6 +248,7 @@ fn deliver(
     blob: Bytes,
 ) {
     let num_messages = magnetar_wire::peek_message(&blob).map_or(1, |p| p.num_messages.max(1));
+    topic.note_messages(entry, num_messages);
     // A batch some of whose messages are acknowledged goes out with their
     // bits, and the client hands out only the others.
     let (ack_set, acked) = match sub.batch_acks.borrow().get((topic.ledger, entry)) {
