@@ -83,7 +83,7 @@ impl BatchSizes {
         }
         self.sizes.borrow_mut().insert(key, messages);
         self.notes.set(self.notes.get() + 1);
-        if self.notes.get() % PRUNE_EVERY == 0 {
+        if self.notes.get().is_multiple_of(PRUNE_EVERY) {
             let keep = self.sizes.borrow_mut().split_off(&floor());
             *self.sizes.borrow_mut() = keep;
         }
