@@ -44,6 +44,9 @@ pub struct BrokerConfig {
     pub ledger_rollover: crate::ledgers::Rollover,
     /// How often each shard enforces retention and TTL on its topics.
     pub retention_check_interval: Duration,
+    /// After a restart, how long a subscription keeps the type it had
+    /// against a consumer of another type, while its own consumers reconnect.
+    pub subscription_type_hold: Duration,
 }
 
 impl BrokerConfig {
@@ -66,6 +69,7 @@ impl BrokerConfig {
             delayed_index_max: 100_000,
             ledger_rollover: crate::ledgers::Rollover::default(),
             retention_check_interval: Duration::from_secs(120),
+            subscription_type_hold: Duration::from_secs(30),
         }
     }
 }

@@ -7,6 +7,7 @@
 //! over the cross-shard mesh.
 
 mod admin;
+mod atomics;
 pub mod config;
 pub mod cursor;
 pub mod dedup;
@@ -24,7 +25,9 @@ mod producers;
 mod retention;
 mod shard;
 pub mod signal;
+mod start_gate;
 mod stats;
+pub mod sub_state;
 mod topic;
 pub mod topic_name;
 

@@ -148,7 +148,7 @@ fn trim(shard: &Shard, t: &Topic, retention: Retention, now: u64) -> Result<Opti
     // Durable subscriptions are past `start` already; a reader behind it
     // moves on to the oldest entry kept.
     for s in &subs {
-        s.ack_below(start);
+        s.ack_below(&t.ledgers.borrow(), start);
     }
     Ok(Some(shard.persist_topic_record(t)?))
 }
@@ -172,7 +172,7 @@ async fn expire(shard: &Rc<Shard>, t: &Rc<Topic>, ttl_ms: u64) {
         if live <= floor || t.deleted.get() {
             continue;
         }
-        if s.ack_below(live) {
+        if s.ack_below(&t.ledgers.borrow(), live) {
             shard.mark_cursor_dirty(t, &s);
             tracing::info!(
                 topic = %t.key,

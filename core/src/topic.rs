@@ -40,6 +40,10 @@ pub(crate) struct Topic {
     pub(crate) deleted: Cell<bool>,
     pub(crate) dedup: crate::dedup::Dedup,
     pub(crate) subs: RefCell<HashMap<String, Rc<Subscription>>>,
+    /// Messages and bytes appended (the subscriptions' rate in).
+    pub(crate) rate_in: crate::stats::RateMeter,
+    /// Messages per batch entry, for backlogs in messages.
+    pub(crate) batch_sizes: crate::stats::BatchSizes,
 }
 
 impl Topic {
@@ -57,6 +61,8 @@ impl Topic {
             deleted: Cell::new(false),
             dedup: crate::dedup::Dedup::default(),
             subs: RefCell::new(HashMap::new()),
+            rate_in: Default::default(),
+            batch_sizes: Default::default(),
         }
     }
 
@@ -76,6 +82,15 @@ impl Topic {
         }
     }
 
+    /// Records that position `pos` holds `messages` messages (for backlogs
+    /// in messages); batches every subscription acknowledged are pruned.
+    pub(crate) fn note_messages(&self, pos: u64, messages: u32) {
+        self.batch_sizes.note(pos, messages, || {
+            let floor = self.subs.borrow().values().map(|s| s.cursor.borrow().ack_floor).min();
+            floor.unwrap_or(self.next_entry.get())
+        });
+    }
+
     /// Called when `entry` became durable: wake the dispatchers.
     pub(crate) fn on_durable(&self, entry: u64) {
         if entry >= self.durable_next.get() {
@@ -92,6 +107,9 @@ impl Topic {
 pub(crate) struct Pending {
     pub(crate) consumer: ConsumerRef,
     pub(crate) key_hash: u16,
+    /// Messages in the entry (a batch holds several): the size a
+    /// batch-index ack of it must name.
+    pub(crate) num_messages: u32,
 }
 
 pub(crate) struct Subscription {
@@ -123,9 +141,20 @@ pub(crate) struct Subscription {
     pub(crate) dirty: Cell<bool>,
     /// Log position of the last cursor record written (0: none this run).
     pub(crate) persisted_lsn: Cell<u64>,
+    /// Batch entries partly acknowledged (batch-index acks).
+    pub(crate) batch_acks: RefCell<crate::sub_state::BatchAcks>,
+    /// The `s/` record (type, filter, batch acks, redelivery counts)
+    /// changed since it was last written.
+    pub(crate) state_dirty: Cell<bool>,
+    /// After a restart: until this time (ms since the epoch) an idle
+    /// subscription refuses a consumer of another type than the one it had,
+    /// so its own consumers can come back (0: no hold).
+    pub(crate) type_held_until_ms: Cell<u64>,
+    /// Dispatch counters and the outgoing rate (stats).
+    pub(crate) counters: crate::stats::SubCounters,
 }
 
-fn policy_for(t: SubscriptionType) -> Policy {
+pub(crate) fn policy_for(t: SubscriptionType) -> Policy {
     match t {
         SubscriptionType::Exclusive | SubscriptionType::Failover => Policy::Single(failover::Active::default()),
         SubscriptionType::Shared => Policy::Shared(Default::default()),
@@ -171,6 +200,11 @@ impl Subscription {
             removed: Cell::new(false),
             dirty: Cell::new(false),
             persisted_lsn: Cell::new(0),
+            batch_acks: RefCell::new(Default::default()),
+            // A new subscription's type is news to the log.
+            state_dirty: Cell::new(true),
+            type_held_until_ms: Cell::new(0),
+            counters: Default::default(),
         })
     }
 
@@ -193,11 +227,17 @@ impl Subscription {
         }
         let mut consumers = self.consumers.borrow_mut();
         if consumers.is_empty() {
+            crate::sub_state::check_type_hold(self, new.sub_type, crate::shard::now_ms())?;
             if self.sub_type.get() != new.sub_type {
                 self.sub_type.set(new.sub_type);
                 *self.policy.borrow_mut() = policy_for(new.sub_type);
+                self.state_dirty.set(true);
             }
-            *self.filter_tag.borrow_mut() = (!new.filter_tag.is_empty()).then_some(new.filter_tag);
+            let filter = (!new.filter_tag.is_empty()).then_some(new.filter_tag);
+            if *self.filter_tag.borrow() != filter {
+                *self.filter_tag.borrow_mut() = filter;
+                self.state_dirty.set(true);
+            }
         } else if self.sub_type.get() == SubscriptionType::Exclusive {
             return Err(CoreError::new(
                 ErrorCode::ConsumerBusy,
@@ -335,6 +375,8 @@ impl Subscription {
         let max = self.delayed.borrow().max_entries();
         *self.delayed.borrow_mut() = DelayedIndex::new(max);
         self.deliveries.borrow_mut().clear();
+        self.batch_acks.borrow_mut().clear();
+        self.state_dirty.set(true);
         self.read_pos.set(entry);
         for c in self.consumers.borrow_mut().iter_mut() {
             c.unacked = 0;
@@ -347,9 +389,17 @@ impl Subscription {
         self.wake.notify();
     }
 
-    /// Applies acks of `topic`'s messages. Ids in ledgers retention deleted
-    /// are acknowledged already. Returns whether the cursor changed.
-    pub(crate) fn ack(&self, topic: &Topic, ack_type: AckType, ids: &[MessageId]) -> Result<bool, CoreError> {
+    /// Applies acks of `topic`'s messages. `batch_sizes` is empty or one per
+    /// id: a size above 1 makes the id a batch-index ack (`sub_state.rs`).
+    /// Ids in ledgers retention deleted are acknowledged already. Returns
+    /// whether the cursor or the batch-ack state changed.
+    pub(crate) fn ack(
+        &self,
+        topic: &Topic,
+        ack_type: AckType,
+        ids: &[MessageId],
+        batch_sizes: &[u32],
+    ) -> Result<bool, CoreError> {
         if ack_type == AckType::Cumulative
             && matches!(self.sub_type.get(), SubscriptionType::Shared | SubscriptionType::KeyShared)
         {
@@ -358,24 +408,31 @@ impl Subscription {
                 format!("cumulative ack is not allowed on {:?} subscription {:?}", self.sub_type.get(), self.name),
             ));
         }
-        let mut positions = Vec::with_capacity(ids.len());
-        for id in ids {
-            if let Some(p) = topic.position_of(id)? {
-                positions.push(p);
-            }
-        }
         let mut changed = false;
+        // Positions acknowledged whole by these ids (batch-index acks that
+        // left messages unacknowledged are not among them).
+        let mut whole: Vec<u64> = Vec::with_capacity(ids.len());
         {
             let mut cursor = self.cursor.borrow_mut();
-            for &p in &positions {
+            for (i, id) in ids.iter().enumerate() {
+                let Some(pos) = topic.position_of(id)? else { continue };
+                let size = batch_sizes.get(i).copied().unwrap_or(0);
+                if let Some(done) = crate::sub_state::batch_index_ack(self, &mut cursor, ack_type, *id, pos, size)? {
+                    changed |= done.changed;
+                    if done.whole {
+                        whole.push(pos);
+                    }
+                    continue;
+                }
+                whole.push(pos);
                 changed |= match ack_type {
-                    AckType::Individual => cursor.ack(p),
-                    AckType::Cumulative => cursor.ack_cumulative(p),
+                    AckType::Individual => cursor.ack(pos),
+                    AckType::Cumulative => cursor.ack_cumulative(pos),
                 };
             }
         }
         if changed {
-            self.forget_acked(ack_type, &positions);
+            self.forget_acked(&topic.ledgers.borrow(), ack_type, &whole);
         }
         Ok(changed)
     }
@@ -383,11 +440,11 @@ impl Subscription {
     /// Acknowledges everything before `floor` whatever the subscription
     /// type (TTL expiry; positions retention deleted). Returns whether the
     /// cursor changed.
-    pub(crate) fn ack_below(&self, floor: u64) -> bool {
+    pub(crate) fn ack_below(&self, ledgers: &TopicLedgers, floor: u64) -> bool {
         let Some(last) = floor.checked_sub(1) else { return false };
         let changed = self.cursor.borrow_mut().ack_cumulative(last);
         if changed {
-            self.forget_acked(AckType::Cumulative, &[]);
+            self.forget_acked(ledgers, AckType::Cumulative, &[]);
         }
         if self.read_pos.get() < floor {
             self.read_pos.set(floor);
@@ -395,11 +452,12 @@ impl Subscription {
         changed
     }
 
-    /// After the cursor moved: drop what it now covers from the
-    /// delivered/set-aside/redelivery-count state (`positions`: the
-    /// individually acked ones).
-    fn forget_acked(&self, ack_type: AckType, positions: &[u64]) {
+    /// After the cursor moved: drop what it now covers from the batch-ack,
+    /// delivered, set-aside and redelivery-count state (`whole`: the
+    /// positions individual acks acknowledged whole).
+    fn forget_acked(&self, ledgers: &TopicLedgers, ack_type: AckType, whole: &[u64]) {
         let cursor = self.cursor.borrow();
+        crate::sub_state::forget_acked(self, &cursor, ledgers, ack_type, whole);
         {
             let mut deliveries = self.deliveries.borrow_mut();
             let mut replay = self.replay.borrow_mut();
@@ -410,11 +468,11 @@ impl Subscription {
             // sweeps below the new floor.
             let acked: Vec<u64> = match ack_type {
                 AckType::Individual => {
-                    for p in positions {
-                        deliveries.remove(p);
-                        replay.remove(p);
+                    for e in whole {
+                        deliveries.remove(e);
+                        replay.remove(e);
                     }
-                    positions.iter().copied().filter(|e| pending.contains_key(e)).collect()
+                    whole.iter().copied().filter(|e| pending.contains_key(e)).collect()
                 }
                 AckType::Cumulative => {
                     deliveries.retain(|e, _| !cursor.is_acked(*e));
