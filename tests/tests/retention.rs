@@ -499,3 +499,61 @@ fn dedup_and_seek_work_across_ledgers() {
         broker.terminate();
     });
 }
+
+/// Batch-index acks (kept per `(ledger, entry)` beside the cursor) in a
+/// later ledger, while retention deletes the ledger before it: after a
+/// `kill -9` only the unacknowledged messages of the batch come back.
+#[test]
+fn batch_index_acks_in_a_later_ledger_survive_retention_and_kill9() {
+    run_async_with_timeout(Duration::from_secs(60), || async {
+        let dir = test_dir("batch-ledgers");
+        let mut broker = BrokerProcess::start_with(dir.path(), &options(1, 3, Some(1)));
+        let client = Client::connect(&broker.url()).await.unwrap();
+        let topic = "persistent://public/default/batches";
+        let c = subscribe(&client, topic, "bi").await;
+        let plain = produce(&client, topic, "p", 3, 10).await;
+        let options = magnetar_client::BatchingOptions {
+            max_messages: 10,
+            max_delay: Duration::from_secs(5),
+            ..Default::default()
+        };
+        let producer = client.producer(topic).batching(options).create().await.unwrap();
+        let mut receipts = Vec::new();
+        for i in 0..10 {
+            receipts.push(producer.send_async(OutgoingMessage::new(format!("b-{i}-"))).await.unwrap());
+        }
+        let mut batch = Vec::new();
+        for r in receipts {
+            batch.push(r.await.unwrap());
+        }
+        producer.close().await.unwrap();
+        assert!(batch.iter().all(|id| (id.ledger, id.entry) == (batch[0].ledger, 0)), "{batch:?}");
+        assert!(batch[0].ledger > plain[0].ledger, "the batch opens the second ledger");
+        for id in &plain {
+            assert_eq!(receive(&c, "plain").await.id, *id);
+        }
+        for id in &batch {
+            assert_eq!(receive(&c, "batch").await.id, *id);
+        }
+        c.ack_confirmed(AckType::Cumulative, &[plain[2]]).await.unwrap();
+        let even: Vec<MessageId> = batch.iter().copied().filter(|id| id.batch_index % 2 == 0).collect();
+        c.ack_confirmed(AckType::Individual, &even).await.unwrap();
+        // Retention deletes the first ledger (all acknowledged), not the second.
+        wait_for("first ledger deleted", Duration::from_secs(10), || async {
+            ledgers(&client, topic).await.first() == Some(&batch[0].ledger)
+        })
+        .await;
+        c.close().await.unwrap();
+        broker.kill9();
+        broker = broker.restart();
+        let client = Client::connect(&broker.url()).await.unwrap();
+        let c = subscribe(&client, topic, "bi").await;
+        let mut odd = Vec::new();
+        for _ in 0..5 {
+            odd.push(receive(&c, "after kill -9").await.id);
+        }
+        assert!(odd.iter().all(|id| id.batch_index % 2 == 1 && id.ledger == batch[0].ledger), "{odd:?}");
+        assert_quiet(&c, Duration::from_millis(300), "only the unacked indexes").await;
+        broker.terminate();
+    });
+}
