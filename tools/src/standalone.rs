@@ -91,6 +91,9 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
         min_age_ms: args.ledger_min_rollover_s.saturating_mul(1000),
     };
     config.retention_check_interval = std::time::Duration::from_secs(args.retention_check_interval_s);
+    // Restart time, reported in the log (issue #3): from here to "broker
+    // ready"; each shard's own share is its "recovered entry log" line.
+    let started = std::time::Instant::now();
     tracing::info!(data_dir = %args.data_dir.display(), shards, %addr, "starting standalone broker");
     let net = NetConfig::default();
     let running =
@@ -98,7 +101,7 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     // One line on stdout that scripts and tests wait for (the port matters
     // when --listen asked for port 0).
     println!("magnetar standalone listening on {addr}");
-    tracing::info!(%addr, "broker ready");
+    tracing::info!(%addr, start_ms = started.elapsed().as_millis() as u64, "broker ready");
     let result = running.join();
     drop(reservation);
     if shutdown.load(Ordering::SeqCst) {
