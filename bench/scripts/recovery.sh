@@ -11,6 +11,8 @@
 #   4. SIGTERM, restart                                      -> clean-2x
 #   5. kill -9 while idle (nothing written since the clean start), restart
 #                                                            -> kill9-2x-idle
+#   6. fill GIB GiB more (3x), wait 35 s (a checkpoint passes), kill -9,
+#      restart                                              -> kill9-3x-ckpt
 # Per restart: the broker's "broker ready start_ms" (whole start: every
 # shard's recovery, then the mesh and the listener) and each shard's
 # "recovered entry log" line (clean, scanned_bytes = the tail scanned since
@@ -30,6 +32,8 @@ rm -rf "$BASE"; mkdir -p "$BASE"
 trap 'kill -9 "${PID:-}" 2>/dev/null || true; rm -rf "$BASE"' EXIT
 
 start() { # label
+  # The previous broker's "listening on" must not be read for this one's.
+  rm -f "$BASE/out"
   "$M" standalone --data-dir "$D" --listen 127.0.0.1:0 --shards "$SHARDS" --no-pin --disk-refuse-pct 100 \
     > "$BASE/out" 2> "$BASE/err.$1" &
   PID=$!
@@ -66,4 +70,5 @@ term; start clean-1x; report clean-1x
 fill; kill9; start kill9-2x; report kill9-2x
 term; start clean-2x; report clean-2x
 kill9; start kill9-2x-idle; report kill9-2x-idle
+fill; sleep 35; kill9; start kill9-3x-ckpt; report kill9-3x-ckpt
 term
