@@ -45,7 +45,9 @@ pub struct StandaloneArgs {
     /// again from the log as the index drains.
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(2..))]
     pub delayed_index_max: u32,
-    /// A topic's current ledger rolls over after this many entries.
+    /// A topic's current ledger rolls over after this many entries (a
+    /// topic keeping over 341 ledgers: only once the ledger also holds 16×
+    /// its topic record, 48 B a ledger, so rewriting the record stays cheap).
     #[arg(long, default_value_t = 50_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub ledger_max_entries: u64,
     /// … or this many bytes of entries (default 2 GiB).
