@@ -39,6 +39,17 @@ pub const REDELIVERY_COUNTS_PERSISTED_MAX: usize = 10_000;
 /// messages per batch entry).
 pub const BATCH_SIZE_MAX: u32 = magnetar_wire::BATCH_MESSAGES_MAX;
 
+/// Most 64-bit ack-bit words one subscription holds (1 MiB), in memory and
+/// in its record. A batch's size is whatever its producer claimed (up to
+/// [`BATCH_SIZE_MAX`], 16,384 words), so without this bound a client that
+/// produces a few claimed-huge batches and acks one index of each would make
+/// the broker hold, and rewrite on every cursor flush, megabytes per entry,
+/// up to a record the log refuses (which then stops the cursor persisting).
+/// Past the bound an index ack of a batch not yet partly acknowledged is not
+/// kept: the entry is acknowledged once all its messages are (the client
+/// sends that ack), or comes back whole (at-least-once).
+pub const BATCH_ACK_WORDS_MAX: usize = 1 << 17;
+
 /// Longest tag filter kept (tags are short labels).
 pub const FILTER_TAG_BYTES_MAX: usize = 1024;
 
@@ -95,6 +106,8 @@ pub(crate) enum IndexAck {
     Partial,
     /// That was the last one: acknowledge the entry whole.
     Complete,
+    /// Not kept: the subscription holds [`BATCH_ACK_WORDS_MAX`] words already.
+    OverBudget,
 }
 
 /// Partially acknowledged batch entries of one subscription. Bounded by the
@@ -103,6 +116,8 @@ pub(crate) enum IndexAck {
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct BatchAcks {
     map: BTreeMap<EntryKey, AckBits>,
+    /// Bit words held by `map`, at most [`BATCH_ACK_WORDS_MAX`].
+    words: usize,
 }
 
 impl BatchAcks {
@@ -121,7 +136,15 @@ impl BatchAcks {
         if size == 0 || size > BATCH_SIZE_MAX || first > last || last >= size {
             return Err(format!("batch index {first}..={last} of a batch of {size} messages"));
         }
-        let bits = self.map.entry(key).or_insert_with(|| AckBits::new(size));
+        if !self.map.contains_key(&key) {
+            let need = size.div_ceil(64) as usize;
+            if self.words + need > BATCH_ACK_WORDS_MAX {
+                return Ok(IndexAck::OverBudget);
+            }
+            self.words += need;
+            self.map.insert(key, AckBits::new(size));
+        }
+        let bits = self.map.get_mut(&key).expect("inserted above");
         if bits.size != size {
             return Err(format!("batch of {size} messages, but this entry holds {}", bits.size));
         }
@@ -130,7 +153,7 @@ impl BatchAcks {
             changed |= bits.set(i);
         }
         if bits.all() {
-            self.map.remove(&key);
+            self.remove(key);
             return Ok(IndexAck::Complete);
         }
         Ok(if changed { IndexAck::Partial } else { IndexAck::Unchanged })
@@ -139,14 +162,23 @@ impl BatchAcks {
     /// Forgets the bits of entries for which `acked` holds (acknowledged whole).
     pub(crate) fn retain_unacked(&mut self, acked: impl Fn(EntryKey) -> bool) {
         self.map.retain(|k, _| !acked(*k));
+        self.words = self.map.values().map(|b| b.words.len()).sum();
     }
 
     pub(crate) fn remove(&mut self, key: EntryKey) {
-        self.map.remove(&key);
+        if let Some(bits) = self.map.remove(&key) {
+            self.words -= bits.words.len();
+        }
     }
 
     pub(crate) fn clear(&mut self) {
         self.map.clear();
+        self.words = 0;
+    }
+
+    /// Bit words held (bounded by [`BATCH_ACK_WORDS_MAX`]).
+    pub(crate) fn words(&self) -> usize {
+        self.words
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&EntryKey, &AckBits)> {
@@ -188,7 +220,8 @@ impl SubState {
     /// ceil(size/64) × u64 acked-bit words), u32 count_n, count_n × (u64
     /// ledger, u64 entry, u32 deliveries)`. Batches and counts ascend by
     /// `(ledger, entry)`; past the `*_PERSISTED_MAX` bounds the highest are
-    /// left out.
+    /// left out. The bit words of all batches total at most
+    /// [`BATCH_ACK_WORDS_MAX`] (the bound held in memory).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = vec![STATE_FORMAT_VERSION, type_code(self.sub_type)];
         let tag = self.filter_tag.as_deref().unwrap_or("").as_bytes();
@@ -251,6 +284,10 @@ impl SubState {
             if size == 0 || size > BATCH_SIZE_MAX {
                 return Err(r.err("bad batch size"));
             }
+            let need = size.div_ceil(64) as usize;
+            if batch_acks.words + need > BATCH_ACK_WORDS_MAX {
+                return Err(r.err("too many ack bits"));
+            }
             let mut bits = AckBits::new(size);
             for w in bits.words.iter_mut() {
                 *w = r.u64()?;
@@ -263,6 +300,7 @@ impl SubState {
             if bits.all() {
                 return Err(r.err("fully acknowledged batch"));
             }
+            batch_acks.words += need;
             batch_acks.map.insert(key, bits);
         }
         let n = r.u32()? as usize;
@@ -343,7 +381,7 @@ pub(crate) fn batch_index_ack(
         .ack(key, size, first, index)
         .map_err(|e| CoreError::new(ErrorCode::NotAllowed, format!("batch-index ack of {id}: {e}")))?;
     Ok(Some(match outcome {
-        IndexAck::Unchanged => IndexAckDone { changed, whole: false },
+        IndexAck::Unchanged | IndexAck::OverBudget => IndexAckDone { changed, whole: false },
         IndexAck::Partial => {
             sub.state_dirty.set(true);
             IndexAckDone { changed: true, whole: false }
@@ -523,6 +561,58 @@ mod tests {
         let mut long = bytes;
         long.push(0);
         assert!(SubState::decode(&long).is_err());
+    }
+
+    #[test]
+    fn claimed_huge_batches_cannot_grow_the_bits_without_bound() {
+        // A producer may claim up to BATCH_SIZE_MAX messages in a tiny
+        // entry; a consumer then acks index 0 of each such entry.
+        let mut b = BatchAcks::default();
+        let mut kept = 0;
+        for e in 0..100 {
+            match b.ack((1, e), BATCH_SIZE_MAX, 0, 0) {
+                Ok(IndexAck::Partial) => kept += 1,
+                Ok(IndexAck::OverBudget) => {}
+                other => panic!("entry {e}: {other:?}"),
+            }
+        }
+        assert!(b.words() <= BATCH_ACK_WORDS_MAX, "{} words held", b.words());
+        assert_eq!(kept, BATCH_ACK_WORDS_MAX / (BATCH_SIZE_MAX as usize / 64));
+        let s = SubState {
+            sub_type: SubscriptionType::Exclusive,
+            filter_tag: None,
+            batch_acks: b.clone(),
+            deliveries: Vec::new(),
+        };
+        let bytes = s.encode();
+        assert!(bytes.len() < 2 << 20, "a record of {} bytes", bytes.len());
+        assert_eq!(SubState::decode(&bytes).unwrap().batch_acks, b);
+        // Bits already held still take acks; freeing some makes room again.
+        assert_eq!(b.ack((1, 0), BATCH_SIZE_MAX, 1, 1), Ok(IndexAck::Partial));
+        b.remove((1, 0));
+        assert_eq!(b.ack((1, 99), BATCH_SIZE_MAX, 0, 0), Ok(IndexAck::Partial));
+        assert_eq!(b.words(), BATCH_ACK_WORDS_MAX);
+        b.retain_unacked(|(_, e)| e < 5);
+        assert_eq!(b.words(), b.iter().map(|(_, bits)| bits.words().len()).sum::<usize>());
+        b.clear();
+        assert_eq!(b.words(), 0);
+    }
+
+    #[test]
+    fn decode_refuses_more_bits_than_memory_holds() {
+        // A hand-made record with one batch past the words bound.
+        let batches = BATCH_ACK_WORDS_MAX / (BATCH_SIZE_MAX as usize / 64) + 1;
+        let mut r = vec![1u8, 0, 0, 0];
+        r.extend_from_slice(&(batches as u32).to_le_bytes());
+        for e in 0..batches as u64 {
+            r.extend_from_slice(&1u64.to_le_bytes());
+            r.extend_from_slice(&e.to_le_bytes());
+            r.extend_from_slice(&BATCH_SIZE_MAX.to_le_bytes());
+            r.extend_from_slice(&[0u8; BATCH_SIZE_MAX as usize / 8]);
+        }
+        r.extend_from_slice(&0u32.to_le_bytes());
+        let err = SubState::decode(&r).unwrap_err();
+        assert_eq!(err.reason, "too many ack bits", "{err}");
     }
 
     #[test]
