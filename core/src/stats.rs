@@ -65,7 +65,10 @@ impl RateMeter {
 /// backlogs can be counted in messages without reading entries. After a
 /// restart, a batch not read since counts as one message. Bounded: every
 /// `PRUNE_EVERY` notes, batches every subscription has acknowledged (below
-/// the lowest ack floor) are dropped. Owned by the topic's shard.
+/// the lowest ack floor) are dropped; and at most `BATCH_SIZES_TRACKED_MAX`
+/// batches are kept (the lowest: the next to be consumed), since a stalled
+/// subscription holds the floor while producers append without limit.
+/// Batches past that count as one message. Owned by the topic's shard.
 #[derive(Debug, Default)]
 pub(crate) struct BatchSizes {
     sizes: std::cell::RefCell<std::collections::BTreeMap<(u64, u64), u32>>,
@@ -74,6 +77,9 @@ pub(crate) struct BatchSizes {
 
 const PRUNE_EVERY: u64 = 1024;
 
+/// Most batch sizes a topic keeps (a few MiB at worst).
+const BATCH_SIZES_TRACKED_MAX: usize = 1 << 16;
+
 impl BatchSizes {
     /// `(ledger, entry)` holds `messages` messages. `floor` gives the lowest
     /// position still unacknowledged by some subscription, for pruning.
@@ -81,7 +87,13 @@ impl BatchSizes {
         if messages <= 1 {
             return;
         }
-        self.sizes.borrow_mut().insert(key, messages);
+        {
+            let mut sizes = self.sizes.borrow_mut();
+            sizes.insert(key, messages);
+            if sizes.len() > BATCH_SIZES_TRACKED_MAX {
+                sizes.pop_last();
+            }
+        }
         self.notes.set(self.notes.get() + 1);
         if self.notes.get().is_multiple_of(PRUNE_EVERY) {
             let keep = self.sizes.borrow_mut().split_off(&floor());
@@ -223,7 +235,23 @@ fn quote(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{quote, BatchSizes, RateMeter, PRUNE_EVERY};
+    use super::{quote, BatchSizes, RateMeter, BATCH_SIZES_TRACKED_MAX, PRUNE_EVERY};
+
+    #[test]
+    fn batch_sizes_stay_bounded_behind_a_stalled_subscription() {
+        // The floor never moves (a subscription that never acks) while
+        // batches keep coming.
+        let b = BatchSizes::default();
+        let n = BATCH_SIZES_TRACKED_MAX as u64 * 3;
+        for e in 0..n {
+            b.note((1, e), 10, || (1, 0));
+        }
+        assert!(b.sizes.borrow().len() <= BATCH_SIZES_TRACKED_MAX, "{} sizes kept", b.sizes.borrow().len());
+        // The lowest are kept: the next to be consumed count exactly.
+        assert_eq!(b.extra_messages(1, 0, 100, |_| false), 900);
+        // The others count as one message each.
+        assert_eq!(b.extra_messages(1, n - 100, n, |_| false), 0);
+    }
 
     #[test]
     fn batch_sizes_count_extra_messages_and_prune() {
