@@ -935,6 +935,7 @@ impl Shard {
                 "subscription names must be 1 to 256 characters without control characters",
             ));
         }
+        crate::sub_state::check_filter_tag(&req.filter_tag)?;
         let (t, created_lsn) = self.get_or_create_topic(&tn)?;
         let max = policy.policies.max_consumers_per_topic;
         let attached: usize = t.subs.borrow().values().map(|s| s.consumer_count()).sum();

@@ -421,6 +421,20 @@ pub(crate) fn forget_acked(
     }
 }
 
+/// Refuses a tag filter longer than the state record keeps: cut there, it
+/// would come back after a restart as another filter (whose hash matches
+/// nothing, so every entry counted as acknowledged) or, cut inside a
+/// character, as a record that does not decode.
+pub(crate) fn check_filter_tag(tag: &str) -> Result<(), crate::error::CoreError> {
+    if tag.len() > FILTER_TAG_BYTES_MAX {
+        return Err(crate::error::CoreError::new(
+            crate::error::ErrorCode::NotAllowed,
+            format!("a tag filter of {} bytes; at most {FILTER_TAG_BYTES_MAX}", tag.len()),
+        ));
+    }
+    Ok(())
+}
+
 /// Refuses a consumer of another type than the subscription had before a
 /// restart while the hold lasts; a consumer that may attach ends the hold.
 pub(crate) fn check_type_hold(

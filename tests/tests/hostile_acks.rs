@@ -255,3 +255,48 @@ fn bad_batch_index_acks_are_refused_and_the_connection_goes_on() {
         assert!(broker.terminate().success());
     });
 }
+
+/// A tag filter longer than the state record keeps is refused at subscribe
+/// (cut at 1,024 bytes it came back after a restart as another filter, and
+/// every entry counted as acknowledged); one of exactly 1,024 bytes holds
+/// across a restart.
+#[test]
+fn overlong_tag_filter_is_refused_and_the_longest_holds_across_restart() {
+    run_async_with_timeout(Duration::from_secs(120), || async move {
+        let dir = test_dir("hostile-long-filter");
+        let mut broker = BrokerProcess::start(dir.path(), 1);
+        let client = Client::connect(&broker.url()).await.expect("client");
+        let subscribe = |tag: String| {
+            client.subscribe("tagged", "f").filter_tag(tag).initial_position(InitialPosition::Earliest).subscribe()
+        };
+        match subscribe("é".repeat(512) + "x").await {
+            Err(magnetar_client::ClientError::Broker { code: magnetar_wire::ErrorCode::NotAllowed, .. }) => {}
+            other => panic!("a 1,025-byte filter: {:?}", other.map(|_| ())),
+        }
+        let longest = "é".repeat(512);
+        let consumer = subscribe(longest.clone()).await.expect("a 1,024-byte filter");
+        consumer.close().await.expect("close");
+        client.close();
+        assert!(broker.terminate().success());
+
+        let mut broker = broker.restart();
+        let client = Client::connect(&broker.url()).await.expect("client");
+        let producer = client.producer("tagged").create().await.expect("producer");
+        producer.send(OutgoingMessage::new("other").with_tag("other")).await.expect("send");
+        let id = producer.send(OutgoingMessage::new("mine").with_tag(longest.clone())).await.expect("send");
+        // The record decodes (the filter in it is whole): only the matching
+        // message comes.
+        let consumer = client
+            .subscribe("tagged", "f")
+            .filter_tag(longest)
+            .initial_position(InitialPosition::Earliest)
+            .subscribe()
+            .await
+            .expect("subscribe after restart");
+        let m = tokio::time::timeout(Duration::from_secs(10), consumer.receive()).await.expect("message").expect("ok");
+        assert_eq!(m.id, id);
+        client.close();
+        assert!(!broker.log().contains("unreadable subscription state"), "{}", broker.log_tail());
+        assert!(broker.terminate().success());
+    });
+}
