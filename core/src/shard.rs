@@ -1188,10 +1188,12 @@ impl Shard {
         if !batch_sizes.is_empty() && batch_sizes.len() != ids.len() {
             return Err(CoreError::new(ErrorCode::ProtocolError, "an ack's batch sizes must be one per id, or none"));
         }
-        let changed = sub.ack(t.ledger, t.next_entry.get(), ack_type, ids, batch_sizes)?;
-        if changed {
+        let acked = sub.ack(t.ledger, t.next_entry.get(), ack_type, ids, batch_sizes);
+        // A refused ack may have applied the ids before the refused one.
+        if acked.as_ref().map_or(true, |changed| *changed) {
             self.mark_cursor_dirty(&t, &sub);
         }
+        acked?;
         if !(persist_now && sub.durable) {
             return Ok(None);
         }

@@ -370,7 +370,8 @@ impl Subscription {
     /// Applies acks against the topic's `ledger`, whose next entry is
     /// `next_entry`. `batch_sizes` is empty or one per id: a size above 1
     /// makes the id a batch-index ack (`sub_state.rs`). Returns whether the
-    /// cursor or the batch-ack state changed.
+    /// cursor or the batch-ack state changed; an error names the first id
+    /// refused, the ones before it applied (the caller persists either way).
     pub(crate) fn ack(
         &self,
         ledger: u64,
@@ -392,15 +393,24 @@ impl Subscription {
         // Entries acknowledged whole by these ids (batch-index acks that
         // left messages unacknowledged are not among them).
         let mut whole: Vec<u64> = Vec::with_capacity(ids.len());
+        // A refused id ends the ack, but what the ids before it did stays
+        // done and accounted for below (their entries leave `pending`).
+        let mut refused = None;
         for (i, id) in ids.iter().enumerate() {
             if id.ledger != ledger || id.entry >= next_entry {
-                return Err(CoreError::new(
-                    ErrorCode::NotAllowed,
-                    format!("ack of {id}: no such message on this topic"),
-                ));
+                refused =
+                    Some(CoreError::new(ErrorCode::NotAllowed, format!("ack of {id}: no such message on this topic")));
+                break;
             }
             let size = batch_sizes.get(i).copied().unwrap_or(0);
-            if let Some(done) = crate::sub_state::batch_index_ack(self, &mut cursor, ack_type, *id, size)? {
+            let done = match crate::sub_state::batch_index_ack(self, &mut cursor, ack_type, *id, size) {
+                Ok(done) => done,
+                Err(e) => {
+                    refused = Some(e);
+                    break;
+                }
+            };
+            if let Some(done) = done {
                 changed |= done.changed;
                 if done.whole {
                     whole.push(id.entry);
@@ -446,6 +456,9 @@ impl Subscription {
             // Room freed, and Key_Shared newcomers may be waiting on the floor.
             self.wake.notify();
         }
-        Ok(changed)
+        match refused {
+            Some(e) => Err(e),
+            None => Ok(changed),
+        }
     }
 }

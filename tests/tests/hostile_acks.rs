@@ -300,3 +300,69 @@ fn overlong_tag_filter_is_refused_and_the_longest_holds_across_restart() {
         assert!(broker.terminate().success());
     });
 }
+
+/// An ack refused at its second id keeps what its first id did, and
+/// accounts for it: the entry leaves the consumer's unacked ones and the
+/// cursor is persisted (so a `kill -9` does not bring it back).
+#[test]
+fn an_ack_refused_midway_keeps_and_persists_what_it_applied() {
+    run_async_with_timeout(Duration::from_secs(120), || async move {
+        let dir = test_dir("hostile-midway");
+        let mut broker = BrokerProcess::start(dir.path(), 1);
+        let (url, addr) = (broker.url(), broker.addr());
+        let (c, ids) = tokio::task::spawn_blocking(move || {
+            let mut c = RawConnection::connect(addr);
+            c.handshake();
+            c.send(
+                &Command::Producer {
+                    request_id: 1,
+                    producer_id: 1,
+                    topic: "midway".into(),
+                    producer_name: "midway".into(),
+                    access_mode: Default::default(),
+                },
+                &[],
+            );
+            assert!(matches!(c.next_command("producer"), Command::ProducerSuccess { .. }));
+            for (seq, n) in [(0u64, 1u32), (1, 1), (2, 4)] {
+                c.send(&Command::Send { producer_id: 1, sequence_id: seq, num_messages: n }, &blob(seq, n));
+                assert!(matches!(c.next_command("send"), Command::SendReceipt { .. }));
+            }
+            subscribe(&mut c, "midway", "s", SubscriptionType::Exclusive, 5);
+            let ids: Vec<MessageId> = receive(&mut c, 3, 5).into_iter().map(|(id, _)| id).collect();
+            // Entry 0 whole, then index 9 of a batch of 4: refused.
+            match ack(&mut c, 5, AckType::Individual, vec![ids[0], in_batch(ids[2], 9)], vec![0, 4], 1) {
+                Command::Error { .. } => {}
+                other => panic!("an ack with an index past its batch answered with {other:?}"),
+            }
+            (c, ids)
+        })
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        let client = Client::connect(&url).await.expect("client");
+        let stats: serde_json::Value =
+            serde_json::from_str(&client.topic_stats("midway").await.expect("stats")).unwrap();
+        assert_eq!(stats["subscriptions"]["s"]["unacked"], 2, "{stats}");
+        assert_eq!(stats["subscriptions"]["s"]["consumers"][0]["unacked"], 2, "{stats}");
+        client.close();
+        // Several persist intervals, then a crash.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        broker.kill9();
+        drop(c);
+        let mut broker = broker.restart();
+        let addr = broker.addr();
+        tokio::task::spawn_blocking(move || {
+            let mut c = RawConnection::connect(addr);
+            c.handshake();
+            subscribe(&mut c, "midway", "s", SubscriptionType::Exclusive, 6);
+            let back: Vec<MessageId> = receive(&mut c, 2, 6).into_iter().map(|(id, _)| id).collect();
+            assert_eq!(back, ids[1..].to_vec(), "entry 0 was acked");
+            if let Some(f) = c.try_next(Duration::from_millis(300), "quiet") {
+                panic!("more came back: {:?}", f.command);
+            }
+        })
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        assert!(broker.terminate().success());
+    });
+}
