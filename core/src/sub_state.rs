@@ -361,6 +361,14 @@ pub(crate) fn batch_index_ack(
             format!("batch-index ack of {id} names a batch of {size} messages; the entry holds {outstanding:?}"),
         ));
     }
+    // Refused before anything changes: a cumulative ack would otherwise
+    // have moved the floor already.
+    if index >= size || size > BATCH_SIZE_MAX {
+        return Err(CoreError::new(
+            ErrorCode::NotAllowed,
+            format!("batch-index ack of {id}: no index {index} in a batch of {size} messages"),
+        ));
+    }
     let mut changed = false;
     let first = match ack_type {
         magnetar_wire::AckType::Individual => index,

@@ -366,3 +366,51 @@ fn an_ack_refused_midway_keeps_and_persists_what_it_applied() {
         assert!(broker.terminate().success());
     });
 }
+
+/// A cumulative batch-index ack with an index past its batch is refused
+/// before it moves anything (it used to move the floor, leaving the entries
+/// below it counted as unacked).
+#[test]
+fn a_refused_cumulative_index_ack_changes_nothing() {
+    run_async_with_timeout(Duration::from_secs(120), || async move {
+        let dir = test_dir("hostile-cumulative");
+        let mut broker = BrokerProcess::start(dir.path(), 1);
+        let (url, addr) = (broker.url(), broker.addr());
+        let c = tokio::task::spawn_blocking(move || {
+            let mut c = RawConnection::connect(addr);
+            c.handshake();
+            c.send(
+                &Command::Producer {
+                    request_id: 1,
+                    producer_id: 1,
+                    topic: "cumulative".into(),
+                    producer_name: "cumulative".into(),
+                    access_mode: Default::default(),
+                },
+                &[],
+            );
+            assert!(matches!(c.next_command("producer"), Command::ProducerSuccess { .. }));
+            for (seq, n) in [(0u64, 1u32), (1, 4)] {
+                c.send(&Command::Send { producer_id: 1, sequence_id: seq, num_messages: n }, &blob(seq, n));
+                assert!(matches!(c.next_command("send"), Command::SendReceipt { .. }));
+            }
+            subscribe(&mut c, "cumulative", "s", SubscriptionType::Exclusive, 5);
+            let ids: Vec<MessageId> = receive(&mut c, 2, 5).into_iter().map(|(id, _)| id).collect();
+            match ack(&mut c, 5, AckType::Cumulative, vec![in_batch(ids[1], 4)], vec![4], 1) {
+                Command::Error { .. } => {}
+                other => panic!("a cumulative ack past its batch answered with {other:?}"),
+            }
+            c
+        })
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        let client = Client::connect(&url).await.expect("client");
+        let stats: serde_json::Value =
+            serde_json::from_str(&client.topic_stats("cumulative").await.expect("stats")).unwrap();
+        let s = &stats["subscriptions"]["s"];
+        assert_eq!((s["ack_floor"].as_u64(), s["unacked"].as_u64()), (Some(0), Some(2)), "{stats}");
+        client.close();
+        drop(c);
+        assert!(broker.terminate().success());
+    });
+}
