@@ -177,6 +177,7 @@ impl BatchAcks {
     }
 
     /// Bit words held (bounded by [`BATCH_ACK_WORDS_MAX`]).
+    #[cfg(test)]
     pub(crate) fn words(&self) -> usize {
         self.words
     }
