@@ -129,11 +129,12 @@ pub(crate) struct SubCounters {
 /// acknowledged batch counts whole. Costs one index lookup per entry of
 /// the backlog.
 fn backlog_bytes(log: &magnetar_storage::EntryLog, t: &Topic, cursor: &crate::cursor::Cursor) -> u64 {
-    (cursor.ack_floor..t.durable_next.get())
-        .filter(|e| !cursor.acked.contains(e))
-        .filter_map(|e| log.index_entry(t.ledger, e))
-        .map(|ie| u64::from(ie.body_len))
-        .sum()
+    backlog_bytes_by(cursor, t.durable_next.get(), |e| log.index_entry(t.ledger, e).map(|ie| u64::from(ie.body_len)))
+}
+
+/// [`backlog_bytes`] over `len` (an entry's stored bytes, from the index).
+fn backlog_bytes_by(cursor: &crate::cursor::Cursor, next: u64, len: impl FnMut(u64) -> Option<u64>) -> u64 {
+    (cursor.ack_floor..next).filter(|e| !cursor.acked.contains(e)).filter_map(len).sum()
 }
 
 /// Layout: `{"topic":…,"next_entry":…,"subscriptions":{NAME:{"type":…,
