@@ -111,9 +111,13 @@ pub fn storage_records(data: &[u8]) {
     }
 }
 
-/// The broker's cursor record (`c/…`, `magnetar_core::cursor`).
+/// The broker's cursor record (`c/…`, `magnetar_core::cursor`). A record
+/// that decodes encodes to the same bytes.
 pub fn core_cursor(data: &[u8]) {
-    let _ = magnetar_core::cursor::Cursor::decode(data);
+    if let Ok(rec) = magnetar_core::cursor::CursorRecord::decode(data) {
+        let again = magnetar_core::cursor::CursorRecord::decode(&rec.encode());
+        assert_eq!(again.as_ref(), Ok(&rec), "a decoded c/ record re-encodes to another");
+    }
 }
 
 /// The broker's subscription state record (`s/…`,
