@@ -464,7 +464,14 @@ mod tests {
         let r = Rollover { max_entries: 10, max_bytes: 1 << 40, max_age_ms: 5000, min_age_ms: 0 };
         let list = |n: u64, cur_bytes: u64| {
             let mut l: Vec<LedgerInfo> = (0..n)
-                .map(|i| LedgerInfo { id: i + 1, first: i * 10, entries: 10, bytes: 100, created_ms: 1000, closed_ms: 1 })
+                .map(|i| LedgerInfo {
+                    id: i + 1,
+                    first: i * 10,
+                    entries: 10,
+                    bytes: 100,
+                    created_ms: 1000,
+                    closed_ms: 1,
+                })
                 .collect();
             let last = l.last_mut().unwrap();
             (last.bytes, last.closed_ms) = (cur_bytes, 0);

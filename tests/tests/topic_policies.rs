@@ -92,7 +92,18 @@ fn topic_retention_override_wins_over_namespace_and_survives_kill9() {
         }
         // Unknown topics are refused; nothing is set yet.
         let missing = run_cli(
-            ["admin", "--url", &url, "topics", "set-retention", "public/keep/nope", "--time-minutes", "0", "--size-mb", "0"],
+            [
+                "admin",
+                "--url",
+                &url,
+                "topics",
+                "set-retention",
+                "public/keep/nope",
+                "--time-minutes",
+                "0",
+                "--size-mb",
+                "0",
+            ],
             CLI_TIMEOUT,
         );
         assert!(!missing.status.success(), "override of a missing topic accepted");
@@ -171,10 +182,7 @@ fn topic_ttl_override_expires_only_that_topics_backlog() {
         }
         eprintln!("produced; setting the TTL");
         admin(&url, &["topics", "set-message-ttl", ttl, "--ttl-s", "1"]);
-        assert_eq!(
-            admin(&url, &["topics", "get-message-ttl", ttl]).stdout_lines,
-            [r#"{"message_ttl_seconds":1}"#]
-        );
+        assert_eq!(admin(&url, &["topics", "get-message-ttl", ttl]).stdout_lines, [r#"{"message_ttl_seconds":1}"#]);
         let backlog = |v: serde_json::Value| v["subscriptions"]["s"]["msg_backlog"].as_u64().unwrap();
         wait_for("topic TTL expired the backlog", Duration::from_secs(10), || async {
             backlog(stats(&client, ttl).await) == 0

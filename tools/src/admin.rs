@@ -275,15 +275,15 @@ async fn admin(args: AdminArgs) -> Result<(), Box<dyn Error>> {
                 json!({ "topic": topic(&t)?, "retention_minutes": time_minutes, "retention_size_mb": size_mb }),
                 Print::Nothing,
             ),
-            TopicsCmd::GetRetention { topic: t } => ("topics.get-retention", json!({ "topic": topic(&t)? }), Print::Json),
+            TopicsCmd::GetRetention { topic: t } => {
+                ("topics.get-retention", json!({ "topic": topic(&t)? }), Print::Json)
+            }
             TopicsCmd::RemoveRetention { topic: t } => {
                 ("topics.remove-retention", json!({ "topic": topic(&t)? }), Print::Nothing)
             }
-            TopicsCmd::SetMessageTtl { topic: t, ttl_s } => (
-                "topics.set-message-ttl",
-                json!({ "topic": topic(&t)?, "message_ttl_seconds": ttl_s }),
-                Print::Nothing,
-            ),
+            TopicsCmd::SetMessageTtl { topic: t, ttl_s } => {
+                ("topics.set-message-ttl", json!({ "topic": topic(&t)?, "message_ttl_seconds": ttl_s }), Print::Nothing)
+            }
             TopicsCmd::GetMessageTtl { topic: t } => {
                 ("topics.get-message-ttl", json!({ "topic": topic(&t)? }), Print::Json)
             }
