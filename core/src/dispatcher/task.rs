@@ -65,6 +65,8 @@ struct Peeked {
     key_hash: u16,
     deliver_at_ms: u64,
     tag_matches: bool,
+    /// Messages in the entry (a batch holds many), for the permit count.
+    messages: u64,
 }
 
 fn peek(sub: &Subscription, blob: &Bytes) -> Peeked {
@@ -73,10 +75,11 @@ fn peek(sub: &Subscription, blob: &Bytes) -> Peeked {
             key_hash: key_hash(p.ordering_key, p.partition_key),
             deliver_at_ms: p.deliver_at_ms,
             tag_matches: sub.filter_tag.borrow().as_deref().is_none_or(|want| p.tag == Some(want)),
+            messages: u64::from(p.num_messages.max(1)),
         },
         // Validated when appended; if it cannot be read now it is delivered
         // as it is and the client reports it.
-        Err(_) => Peeked { key_hash: 0, deliver_at_ms: 0, tag_matches: true },
+        Err(_) => Peeked { key_hash: 0, deliver_at_ms: 0, tag_matches: true, messages: 1 },
     }
 }
 
@@ -141,7 +144,8 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
             }
             Pick::Deliver(i) => {
                 sub.replay.borrow_mut().remove(&entry);
-                deliver(shard, topic, sub, i, entry, hash, blob);
+                let messages = peek(sub, &blob).messages;
+                deliver(shard, topic, sub, i, entry, hash, messages, blob);
             }
         }
     }
@@ -197,7 +201,7 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
             }
             Pick::Deliver(i) => {
                 sub.read_pos.set(pos + 1);
-                deliver(shard, topic, sub, i, pos, peeked.key_hash, blob);
+                deliver(shard, topic, sub, i, pos, peeked.key_hash, peeked.messages, blob);
             }
         }
     }
@@ -227,14 +231,26 @@ async fn read(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>, entr
     }
 }
 
-fn deliver(shard: &Shard, topic: &Topic, sub: &Subscription, i: usize, entry: u64, key_hash: u16, blob: Bytes) {
+/// `messages` comes from the caller's peek of `blob`: each peek runs the
+/// flatbuffers verifier over the metadata, and a second one here was ~2 % of
+/// broker CPU per message (perf, issue #6).
+#[allow(clippy::too_many_arguments)]
+fn deliver(
+    shard: &Shard,
+    topic: &Topic,
+    sub: &Subscription,
+    i: usize,
+    entry: u64,
+    key_hash: u16,
+    messages: u64,
+    blob: Bytes,
+) {
     let consumer = {
         let mut consumers = sub.consumers.borrow_mut();
         let c = &mut consumers[i];
         assert!(c.permits > 0, "dispatch without a permit");
         // Permits count messages: a batch takes as many as it holds (it goes
         // out whole, even past the consumer's last permits).
-        let messages = magnetar_wire::peek_message(&blob).map_or(1, |p| u64::from(p.num_messages.max(1)));
         c.permits = c.permits.saturating_sub(messages);
         c.unacked += 1;
         c.consumer
