@@ -3,13 +3,6 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
-/// mimalloc instead of glibc malloc: the broker allocates and frees small
-/// buffers per message on every shard thread (frames, futures, map nodes),
-/// and glibc's malloc showed ~10 % of broker CPU in perf at 80k msg/s
-/// (`_int_malloc`, `malloc_consolidate`, `unlink_chunk`; issue #6).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 mod admin;
 mod consume;
 mod inspect;
