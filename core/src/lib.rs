@@ -7,6 +7,7 @@
 //! over the cross-shard mesh.
 
 mod admin;
+mod atomics;
 pub mod config;
 pub mod cursor;
 pub mod dedup;
@@ -22,7 +23,9 @@ pub mod ownership;
 mod producers;
 mod shard;
 pub mod signal;
+mod start_gate;
 mod stats;
+pub mod sub_state;
 mod topic;
 pub mod topic_name;
 

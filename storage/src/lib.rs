@@ -35,5 +35,5 @@ pub mod sim;
 
 pub use disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
 pub use error::{CorruptReason, StorageError};
-pub use format::{key_hash, IndexEntry, IndexExtras};
+pub use format::{key_hash, tag_hash, IndexEntry, IndexExtras};
 pub use log::{Appended, EntryLog, LogConfig, Recovery};
