@@ -1372,9 +1372,24 @@ impl Shard {
     /// Writes the cursor record, and the state record when it changed
     /// (the state first: a crash between them leaves bits for entries the
     /// cursor does not yet acknowledge, never the other way round).
-    pub(crate) fn persist_cursor(&self, topic: &Topic, sub: &Subscription) -> Result<u64, CoreError> {
+    /// On failure the subscription is queued again (both records marked
+    /// changed), so the next flush retries it: a write error delays a
+    /// cursor, never drops it.
+    pub(crate) fn persist_cursor(&self, topic: &Rc<Topic>, sub: &Rc<Subscription>) -> Result<u64, CoreError> {
+        let state_dirty = sub.state_dirty.replace(false);
         sub.dirty.set(false);
-        if sub.state_dirty.replace(false) {
+        let written = self.write_cursor_records(topic, sub, state_dirty);
+        if written.is_err() {
+            if state_dirty {
+                sub.state_dirty.set(true);
+            }
+            self.mark_cursor_dirty(topic, sub);
+        }
+        written
+    }
+
+    fn write_cursor_records(&self, topic: &Topic, sub: &Subscription, state_dirty: bool) -> Result<u64, CoreError> {
+        if state_dirty {
             let state = crate::sub_state::encode(sub, &topic.ledgers.borrow());
             self.log.put_meta(&sub_meta_key(META_SUB_STATE_PREFIX, &topic.key, &sub.name), Bytes::from(state))?;
         }
@@ -1394,13 +1409,16 @@ impl Shard {
     fn flush_cursors(&self) -> Result<Option<u64>, CoreError> {
         let dedup = self.flush_dedup()?;
         let dirty = std::mem::take(&mut *self.dirty_cursors.borrow_mut());
-        let mut last = None;
-        for (t, s) in dirty {
-            if s.dirty.get() && s.durable {
-                last = Some(self.persist_cursor(&t, &s)?);
+        // Every subscription taken is written or (by `persist_cursor`)
+        // queued again: stopping at the first error would leave the rest
+        // marked dirty but in no queue, never persisted again.
+        let last = persist_each(dirty, |(t, s)| {
+            if !(s.dirty.get() && s.durable) {
+                s.dirty.set(false);
+                return Ok(None);
             }
-            s.dirty.set(false);
-        }
+            self.persist_cursor(t, s).map(Some)
+        })?;
         Ok(last.or(dedup))
     }
 
@@ -1739,4 +1757,48 @@ impl Broker {
 
 fn unexpected(r: Reply) -> CoreError {
     CoreError::new(ErrorCode::UnknownError, format!("internal: unexpected reply {r:?}"))
+}
+
+/// Runs `persist` on every item of `batch`, whatever fails: returns the last
+/// position written, or the first error once all were tried.
+fn persist_each<T, E>(batch: Vec<T>, mut persist: impl FnMut(&T) -> Result<Option<u64>, E>) -> Result<Option<u64>, E> {
+    let (mut last, mut first_err) = (None, None);
+    for item in &batch {
+        match persist(item) {
+            Ok(Some(lsn)) => last = Some(lsn),
+            Ok(None) => {}
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(last),
+    }
+}
+
+#[cfg(test)]
+mod flush_tests {
+    use super::persist_each;
+
+    #[test]
+    fn a_failed_write_does_not_skip_the_rest_of_the_batch() {
+        // Goal: one subscription whose record cannot be written (e.g. a
+        // state record over the entry size limit) must not stop the others
+        // in the same flush from being written. Method: fail the second of
+        // five; all five must be tried and the error still reported.
+        let mut tried = Vec::new();
+        let r = persist_each(vec![1u64, 2, 3, 4, 5], |&i| {
+            tried.push(i);
+            if i == 2 {
+                Err("too large")
+            } else {
+                Ok(Some(i * 10))
+            }
+        });
+        assert_eq!(tried, vec![1, 2, 3, 4, 5]);
+        assert_eq!(r, Err("too large"));
+        assert_eq!(persist_each(vec![1u64, 2], |&i| Ok::<_, ()>((i == 1).then_some(7))), Ok(Some(7)));
+    }
 }
