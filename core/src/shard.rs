@@ -741,6 +741,18 @@ impl Shard {
             if num_messages == 0 {
                 return Err(CoreError::new(ErrorCode::ProtocolError, "send with num_messages 0"));
             }
+            // A batch no consumer could split (`decode_batch` refuses it)
+            // would be stored and then undeliverable; its count would also
+            // inflate the backlog and rate figures.
+            if num_messages > magnetar_wire::BATCH_MESSAGES_MAX {
+                return Err(CoreError::new(
+                    ErrorCode::ProtocolError,
+                    format!(
+                        "send says {num_messages} messages; a batch holds at most {}",
+                        magnetar_wire::BATCH_MESSAGES_MAX
+                    ),
+                ));
+            }
             // Validate the metadata now so that no consumer is ever handed an
             // entry it cannot decode.
             let peek = magnetar_wire::peek_message(&blob)
