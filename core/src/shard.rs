@@ -256,6 +256,9 @@ pub(crate) struct Shard {
     draining: Cell<bool>,
     closed: Cell<bool>,
     dirty_cursors: RefCell<Vec<(Rc<Topic>, Rc<Subscription>)>>,
+    /// Subscriptions whose redelivery counts changed, written at most once
+    /// per `REDELIVERY_COUNTS_PERSIST_INTERVAL_MS` (see `flush_counts`).
+    dirty_counts: RefCell<Vec<(Rc<Topic>, Rc<Subscription>)>>,
     cursor_flush: Signal,
     pub(crate) started_ms: u64,
     /// Data disk usage in percent at the last check, and whether produce is
@@ -358,6 +361,7 @@ impl Shard {
             draining: Cell::new(false),
             closed: Cell::new(false),
             dirty_cursors: RefCell::new(Vec::new()),
+            dirty_counts: RefCell::new(Vec::new()),
             cursor_flush: Signal::new(),
             started_ms: now_ms(),
             disk_pct: Cell::new(0),
@@ -1391,6 +1395,11 @@ impl Shard {
         let state_dirty = sub.state_dirty.replace(false);
         sub.dirty.set(false);
         let written = self.write_cursor_records(topic, sub, state_dirty);
+        if written.is_ok() && state_dirty {
+            // The state record carries every redelivery count.
+            sub.counts_dirty.set(false);
+            sub.state_written_ms.set(now_ms());
+        }
         if written.is_err() {
             if state_dirty {
                 sub.state_dirty.set(true);
@@ -1417,8 +1426,50 @@ impl Shard {
         }
     }
 
+    /// Notes that a redelivery count of `sub` changed. Unlike an ack, this
+    /// does not queue a write at once: the state record carrying the counts
+    /// can be ~1.5 MB (10,000 partly acked batches' bits and 10,000 counts),
+    /// and under constant redelivery rewriting it on every cursor flush
+    /// (10 times a second) is write amplification for a figure that only
+    /// needs to be roughly right after a crash (docs/semantics.md states the
+    /// lag).
+    pub(crate) fn mark_counts_dirty(&self, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
+        if !sub.counts_dirty.replace(true) {
+            self.dirty_counts.borrow_mut().push((topic.clone(), sub.clone()));
+        }
+    }
+
+    /// Writes the state record of subscriptions whose redelivery counts
+    /// changed and whose state record is at least
+    /// `REDELIVERY_COUNTS_PERSIST_INTERVAL_MS` old (all of them if `force`);
+    /// the others wait in the queue.
+    fn flush_counts(&self, force: bool) -> Result<Option<u64>, CoreError> {
+        let now = now_ms();
+        let batch = std::mem::take(&mut *self.dirty_counts.borrow_mut());
+        persist_each(batch, |(t, s)| {
+            if !s.counts_dirty.get() {
+                // Written meanwhile along with another change.
+                return Ok(None);
+            }
+            if !s.durable || s.removed.get() {
+                s.counts_dirty.set(false);
+                return Ok(None);
+            }
+            if !force && !crate::sub_state::counts_write_due(now, s.state_written_ms.get()) {
+                self.dirty_counts.borrow_mut().push((t.clone(), s.clone()));
+                return Ok(None);
+            }
+            s.state_dirty.set(true);
+            self.persist_cursor(t, s).map(Some)
+        })
+    }
+
     /// Writes every changed cursor to the log. Returns the last position written.
     fn flush_cursors(&self) -> Result<Option<u64>, CoreError> {
+        self.flush_cursors_and_counts(false)
+    }
+
+    fn flush_cursors_and_counts(&self, force_counts: bool) -> Result<Option<u64>, CoreError> {
         let dedup = self.flush_dedup()?;
         let dirty = std::mem::take(&mut *self.dirty_cursors.borrow_mut());
         // Every subscription taken is written or (by `persist_cursor`)
@@ -1430,8 +1481,9 @@ impl Shard {
                 return Ok(None);
             }
             self.persist_cursor(t, s).map(Some)
-        })?;
-        Ok(last.or(dedup))
+        });
+        let counts = self.flush_counts(force_counts);
+        Ok(counts?.or(last?).or(dedup))
     }
 
     /// Background task: persists changed cursors every interval.
@@ -1511,7 +1563,7 @@ impl Shard {
                 "shutdown: in-flight appends did not finish"
             );
         }
-        if let Err(e) = self.flush_cursors() {
+        if let Err(e) = self.flush_cursors_and_counts(true) {
             tracing::error!(shard = self.id, "persisting cursors at shutdown failed: {e}");
         }
         self.closed.set(true);
