@@ -308,6 +308,7 @@ async fn consume_flow_replenishment_and_acks() {
                     durable,
                     priority_level,
                     filter_tag: _,
+                    key_shared_ranges: _,
                 } => {
                     assert_eq!(topic, "persistent://public/default/orders");
                     assert_eq!(subscription, "s1");

@@ -108,6 +108,9 @@ pub struct SubscribeRequest {
     pub priority_level: i32,
     /// Deliver only messages with this tag; empty = all.
     pub filter_tag: String,
+    /// Key_Shared sticky mode: inclusive hash ranges this consumer owns;
+    /// empty = auto split. Checked by `key_shared::check_sticky_ranges`.
+    pub key_shared_ranges: Vec<(u32, u32)>,
 }
 
 /// Where a seek moves a subscription's cursor.
@@ -1085,6 +1088,7 @@ impl Shard {
             ));
         }
         crate::sub_state::check_filter_tag(&req.filter_tag)?;
+        crate::dispatcher::key_shared::check_sticky_ranges(req.sub_type, &req.key_shared_ranges)?;
         let (t, created_lsn) = self.get_or_create_topic(&tn)?;
         let max = policy.policies.max_consumers_per_topic;
         let attached: usize = t.subs.borrow().values().map(|s| s.consumer_count()).sum();
@@ -1130,6 +1134,7 @@ impl Shard {
                 name,
                 priority: req.priority_level,
                 filter_tag: req.filter_tag.clone(),
+                key_shared_ranges: req.key_shared_ranges.clone(),
             },
         )?;
         if sub.state_dirty.get() {

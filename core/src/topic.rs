@@ -175,6 +175,8 @@ pub(crate) struct NewConsumer {
     pub(crate) name: String,
     pub(crate) priority: i32,
     pub(crate) filter_tag: String,
+    /// Key_Shared sticky ranges (inclusive), already checked; empty = auto.
+    pub(crate) key_shared_ranges: Vec<(u32, u32)>,
 }
 
 impl Subscription {
@@ -262,6 +264,10 @@ impl Subscription {
                 ),
             ));
         }
+        if let Policy::KeyShared(ranges) = &mut *self.policy.borrow_mut() {
+            // Before the consumer is listed: a refused one leaves no trace.
+            ranges.admit(c, &new.key_shared_ranges, &consumers)?;
+        }
         consumers.push(ConsumerState {
             consumer: c,
             name: new.name,
@@ -285,10 +291,10 @@ impl Subscription {
             }
             Policy::Shared(_) => {}
             Policy::KeyShared(ranges) => {
-                if let Some(me) = consumers.last_mut() {
+                // Admitted above. Sticky needs no joined_at (see key_shared).
+                if let Some(me) = consumers.last_mut().filter(|_| !ranges.is_sticky()) {
                     me.joined_at = Some(self.read_pos.get());
                 }
-                ranges.add(c);
             }
         }
         self.wake.notify();

@@ -331,6 +331,7 @@ impl Conn {
                 durable,
                 priority_level,
                 filter_tag,
+                key_shared_ranges,
             } => {
                 if self.consumers.borrow().contains_key(&consumer_id) {
                     self.out.error(request_id, &CoreError::new(ErrorCode::ConsumerBusy, "consumer id already in use"));
@@ -354,6 +355,7 @@ impl Conn {
                     durable,
                     priority_level,
                     filter_tag,
+                    key_shared_ranges,
                 };
                 match self.broker.subscribe(req, sink).await {
                     Ok(handle) => {

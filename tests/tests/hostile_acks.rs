@@ -48,6 +48,7 @@ fn subscribe(c: &mut RawConnection, topic: &str, sub: &str, sub_type: Subscripti
             durable: true,
             priority_level: 0,
             filter_tag: String::new(),
+            key_shared_ranges: Vec::new(),
         },
         &[],
     );

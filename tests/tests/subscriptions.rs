@@ -186,6 +186,7 @@ fn dispatch_stays_within_the_flow_permits() {
                         durable: true,
                         priority_level: 0,
                         filter_tag: String::new(),
+                        key_shared_ranges: Vec::new(),
                     },
                     &[],
                 );

@@ -256,9 +256,11 @@ fn command_variable_bytes(command: &Command) -> u64 {
         Command::AdminRequest { op, json, .. } => s(op).saturating_add(s(json)),
         Command::AdminResponse { json, .. } => s(json),
         Command::TopicStats { topic, json, .. } => s(topic).saturating_add(s(json)),
-        Command::Subscribe { topic, subscription, consumer_name, filter_tag, .. } => {
-            s(topic).saturating_add(s(subscription)).saturating_add(s(consumer_name)).saturating_add(s(filter_tag))
-        }
+        Command::Subscribe { topic, subscription, consumer_name, filter_tag, key_shared_ranges, .. } => s(topic)
+            .saturating_add(s(subscription))
+            .saturating_add(s(consumer_name))
+            .saturating_add(s(filter_tag))
+            .saturating_add(len_u64(key_shared_ranges.len()).saturating_mul(8)),
         Command::Ack { message_ids, batch_sizes, .. } => len_u64(message_ids.len())
             .saturating_mul(len_u64(std::mem::size_of::<fb::MessageIdData>()))
             .saturating_add(len_u64(batch_sizes.len()).saturating_mul(4)),
@@ -434,12 +436,18 @@ fn build_command<'b>(fbb: &mut FlatBufferBuilder<'b>, command: &Command) -> WIPO
             durable,
             priority_level,
             filter_tag,
+            key_shared_ranges,
         } => {
             let topic = Some(fbb.create_string(topic));
             let subscription = Some(fbb.create_string(subscription));
             let consumer_name = Some(fbb.create_string(consumer_name));
             // Absent when empty, so an old peer's frames and ours look alike.
             let filter_tag = (!filter_tag.is_empty()).then(|| fbb.create_string(filter_tag));
+            let key_shared_ranges = (!key_shared_ranges.is_empty()).then(|| {
+                let ranges: Vec<fb::KeyHashRange> =
+                    key_shared_ranges.iter().map(|&(start, end)| fb::KeyHashRange::new(start, end)).collect();
+                fbb.create_vector(&ranges)
+            });
             let args = fb::SubscribeArgs {
                 request_id: *request_id,
                 consumer_id: *consumer_id,
@@ -451,6 +459,7 @@ fn build_command<'b>(fbb: &mut FlatBufferBuilder<'b>, command: &Command) -> WIPO
                 durable: *durable,
                 priority_level: *priority_level,
                 filter_tag,
+                key_shared_ranges,
             };
             (fb::AnyCommand::Subscribe, fb::Subscribe::create(fbb, &args).as_union_value())
         }
@@ -634,6 +643,10 @@ fn command_from_fb(base: &fb::BaseCommand<'_>) -> Result<Command, WireError> {
                 durable: c.durable(),
                 priority_level: c.priority_level(),
                 filter_tag: c.filter_tag().unwrap_or_default().to_owned(),
+                key_shared_ranges: c
+                    .key_shared_ranges()
+                    .map(|v| v.iter().map(|r| (r.start(), r.end())).collect())
+                    .unwrap_or_default(),
             }
         }
         fb::AnyCommand::Success => {

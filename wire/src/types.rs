@@ -242,6 +242,10 @@ pub enum Command {
         priority_level: i32,
         /// Deliver only messages with this tag; empty = no filter.
         filter_tag: String,
+        /// Key_Shared sticky mode: inclusive `(start, end)` hash ranges this
+        /// consumer owns (the broker checks them: `start <= end <= 65535`).
+        /// Empty = auto split.
+        key_shared_ranges: Vec<(u32, u32)>,
     },
     /// Generic success answer to a request.
     Success {

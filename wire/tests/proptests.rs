@@ -117,12 +117,14 @@ fn arb_command() -> impl Strategy<Value = Command> {
         }),
         (
             (any::<u64>(), any::<u64>(), arb_string(), arb_string()),
-            (sub_type, arb_string(), position, any::<bool>(), any::<i32>(), arb_string())
+            (sub_type, arb_string(), position, any::<bool>(), any::<i32>(), arb_string()),
+            proptest::collection::vec((any::<u32>(), any::<u32>()), 0..4),
         )
             .prop_map(
                 |(
                     (request_id, consumer_id, topic, subscription),
                     (sub_type, consumer_name, initial_position, durable, priority_level, filter_tag),
+                    key_shared_ranges,
                 )| Command::Subscribe {
                     request_id,
                     consumer_id,
@@ -134,6 +136,7 @@ fn arb_command() -> impl Strategy<Value = Command> {
                     durable,
                     priority_level,
                     filter_tag,
+                    key_shared_ranges,
                 }
             ),
         any::<u64>().prop_map(|request_id| Command::Success { request_id }),

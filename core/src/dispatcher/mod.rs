@@ -45,6 +45,9 @@ pub(crate) enum Pick {
     /// log order) and go on with other keys. That consumer is blocked for
     /// the rest of the pass so later entries of its keys stay behind it.
     SetAside(ConsumerRef),
+    /// Key_Shared sticky only: no consumer owns its key hash now; keep it
+    /// in the replay set until one does. Blocks nobody.
+    Hold,
     /// Nobody can take it: end the pass.
     Stop,
 }

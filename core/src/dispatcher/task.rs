@@ -128,6 +128,7 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
                 blocked.insert(c);
                 continue;
             }
+            Pick::Hold => continue,
             Pick::Deliver(_) => {}
         }
         let Some(blob) = read(shard, topic, sub, entry).await else { return };
@@ -141,6 +142,7 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
             Pick::SetAside(c) => {
                 blocked.insert(c);
             }
+            Pick::Hold => {}
             Pick::Deliver(i) => {
                 sub.replay.borrow_mut().remove(&entry);
                 let messages = peek(sub, &blob).messages;
@@ -213,6 +215,10 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
             Pick::Stop => return,
             Pick::SetAside(c) => {
                 blocked.insert(c);
+                sub.read_pos.set(pos + 1);
+                sub.replay.borrow_mut().insert(pos, peeked.key_hash);
+            }
+            Pick::Hold => {
                 sub.read_pos.set(pos + 1);
                 sub.replay.borrow_mut().insert(pos, peeked.key_hash);
             }

@@ -15,5 +15,6 @@ pub fn exclusive_from_earliest(topic: &str) -> SubscribeRequest {
         durable: true,
         priority_level: 0,
         filter_tag: String::new(),
+        key_shared_ranges: Vec::new(),
     }
 }

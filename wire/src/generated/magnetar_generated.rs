@@ -973,6 +973,134 @@ impl<'a> MessageIdData {
 
 }
 
+/// One inclusive range of the Key_Shared key hash space.
+// struct KeyHashRange, aligned to 4
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq)]
+pub struct KeyHashRange(pub [u8; 8]);
+impl Default for KeyHashRange { 
+  fn default() -> Self { 
+    Self([0; 8])
+  }
+}
+impl ::core::fmt::Debug for KeyHashRange {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter) -> ::core::fmt::Result {
+    f.debug_struct("KeyHashRange")
+      .field("start", &self.start())
+      .field("end", &self.end())
+      .finish()
+  }
+}
+
+impl ::flatbuffers::SimpleToVerifyInSlice for KeyHashRange {}
+impl<'a> ::flatbuffers::Follow<'a> for KeyHashRange {
+  type Inner = &'a KeyHashRange;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    unsafe { <&'a KeyHashRange>::follow(buf, loc) }
+  }
+}
+impl<'a> ::flatbuffers::Follow<'a> for &'a KeyHashRange {
+  type Inner = &'a KeyHashRange;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    unsafe { ::flatbuffers::follow_cast_ref::<KeyHashRange>(buf, loc) }
+  }
+}
+impl<'b> ::flatbuffers::Push for KeyHashRange {
+    type Output = KeyHashRange;
+    #[inline]
+    unsafe fn push(&self, dst: &mut [u8], _written_len: usize) {
+        let src = unsafe { ::core::slice::from_raw_parts(self as *const KeyHashRange as *const u8, <Self as ::flatbuffers::Push>::size()) };
+        dst.copy_from_slice(src);
+    }
+    #[inline]
+    fn alignment() -> ::flatbuffers::PushAlignment {
+        ::flatbuffers::PushAlignment::new(4)
+    }
+}
+
+impl<'a> ::flatbuffers::Verifiable for KeyHashRange {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.in_buffer::<Self>(pos)
+  }
+}
+
+impl<'a> KeyHashRange {
+  #[allow(clippy::too_many_arguments)]
+  pub fn new(
+    start: u32,
+    end: u32,
+  ) -> Self {
+    let mut s = Self([0; 8]);
+    s.set_start(start);
+    s.set_end(end);
+    s
+  }
+
+  pub fn start(&self) -> u32 {
+    let mut mem = ::core::mem::MaybeUninit::<<u32 as ::flatbuffers::EndianScalar>::Scalar>::uninit();
+    // Safety:
+    // Created from a valid Table for this object
+    // Which contains a valid value in this slot
+    ::flatbuffers::EndianScalar::from_little_endian(unsafe {
+      ::core::ptr::copy_nonoverlapping(
+        self.0[0..].as_ptr(),
+        mem.as_mut_ptr() as *mut u8,
+        ::core::mem::size_of::<<u32 as ::flatbuffers::EndianScalar>::Scalar>(),
+      );
+      mem.assume_init()
+    })
+  }
+
+  pub fn set_start(&mut self, x: u32) {
+    let x_le = ::flatbuffers::EndianScalar::to_little_endian(x);
+    // Safety:
+    // Created from a valid Table for this object
+    // Which contains a valid value in this slot
+    unsafe {
+      ::core::ptr::copy_nonoverlapping(
+        &x_le as *const _ as *const u8,
+        self.0[0..].as_mut_ptr(),
+        ::core::mem::size_of::<<u32 as ::flatbuffers::EndianScalar>::Scalar>(),
+      );
+    }
+  }
+
+  pub fn end(&self) -> u32 {
+    let mut mem = ::core::mem::MaybeUninit::<<u32 as ::flatbuffers::EndianScalar>::Scalar>::uninit();
+    // Safety:
+    // Created from a valid Table for this object
+    // Which contains a valid value in this slot
+    ::flatbuffers::EndianScalar::from_little_endian(unsafe {
+      ::core::ptr::copy_nonoverlapping(
+        self.0[4..].as_ptr(),
+        mem.as_mut_ptr() as *mut u8,
+        ::core::mem::size_of::<<u32 as ::flatbuffers::EndianScalar>::Scalar>(),
+      );
+      mem.assume_init()
+    })
+  }
+
+  pub fn set_end(&mut self, x: u32) {
+    let x_le = ::flatbuffers::EndianScalar::to_little_endian(x);
+    // Safety:
+    // Created from a valid Table for this object
+    // Which contains a valid value in this slot
+    unsafe {
+      ::core::ptr::copy_nonoverlapping(
+        &x_le as *const _ as *const u8,
+        self.0[4..].as_mut_ptr(),
+        ::core::mem::size_of::<<u32 as ::flatbuffers::EndianScalar>::Scalar>(),
+      );
+    }
+  }
+
+}
+
 pub enum ConnectOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -1961,6 +2089,7 @@ impl<'a> Subscribe<'a> {
   pub const VT_DURABLE: ::flatbuffers::VOffsetT = 18;
   pub const VT_PRIORITY_LEVEL: ::flatbuffers::VOffsetT = 20;
   pub const VT_FILTER_TAG: ::flatbuffers::VOffsetT = 22;
+  pub const VT_KEY_SHARED_RANGES: ::flatbuffers::VOffsetT = 24;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -1974,6 +2103,7 @@ impl<'a> Subscribe<'a> {
     let mut builder = SubscribeBuilder::new(_fbb);
     builder.add_consumer_id(args.consumer_id);
     builder.add_request_id(args.request_id);
+    if let Some(x) = args.key_shared_ranges { builder.add_key_shared_ranges(x); }
     if let Some(x) = args.filter_tag { builder.add_filter_tag(x); }
     builder.add_priority_level(args.priority_level);
     if let Some(x) = args.consumer_name { builder.add_consumer_name(x); }
@@ -2058,6 +2188,16 @@ impl<'a> Subscribe<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(Subscribe::VT_FILTER_TAG, None)}
   }
+  /// Key_Shared sticky mode: the key hash ranges this consumer owns,
+  /// inclusive, within 0..=65535 (Pulsar's KeySharedPolicySticky). Absent
+  /// or empty = auto split.
+  #[inline]
+  pub fn key_shared_ranges(&self) -> Option<::flatbuffers::Vector<'a, KeyHashRange>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, KeyHashRange>>>(Subscribe::VT_KEY_SHARED_RANGES, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for Subscribe<'_> {
@@ -2076,6 +2216,7 @@ impl ::flatbuffers::Verifiable for Subscribe<'_> {
      .visit_field::<bool>("durable", Self::VT_DURABLE, false)?
      .visit_field::<i32>("priority_level", Self::VT_PRIORITY_LEVEL, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("filter_tag", Self::VT_FILTER_TAG, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, KeyHashRange>>>("key_shared_ranges", Self::VT_KEY_SHARED_RANGES, false)?
      .finish();
     Ok(())
   }
@@ -2091,6 +2232,7 @@ pub struct SubscribeArgs<'a> {
     pub durable: bool,
     pub priority_level: i32,
     pub filter_tag: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub key_shared_ranges: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, KeyHashRange>>>,
 }
 impl<'a> Default for SubscribeArgs<'a> {
   #[inline]
@@ -2106,6 +2248,7 @@ impl<'a> Default for SubscribeArgs<'a> {
       durable: false,
       priority_level: 0,
       filter_tag: None,
+      key_shared_ranges: None,
     }
   }
 }
@@ -2156,6 +2299,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> SubscribeBuilder<'a, 'b, A> {
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Subscribe::VT_FILTER_TAG, filter_tag);
   }
   #[inline]
+  pub fn add_key_shared_ranges(&mut self, key_shared_ranges: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , KeyHashRange>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Subscribe::VT_KEY_SHARED_RANGES, key_shared_ranges);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> SubscribeBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     SubscribeBuilder {
@@ -2183,6 +2330,7 @@ impl ::core::fmt::Debug for Subscribe<'_> {
       ds.field("durable", &self.durable());
       ds.field("priority_level", &self.priority_level());
       ds.field("filter_tag", &self.filter_tag());
+      ds.field("key_shared_ranges", &self.key_shared_ranges());
       ds.finish()
   }
 }

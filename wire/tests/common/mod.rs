@@ -60,6 +60,7 @@ pub fn all_commands() -> Vec<Command> {
             durable: true,
             priority_level: i32::MIN,
             filter_tag: "TagA".into(),
+            key_shared_ranges: vec![(0, 100), (200, 65535)],
         },
         Command::Subscribe {
             request_id: 0,
@@ -72,6 +73,7 @@ pub fn all_commands() -> Vec<Command> {
             durable: false,
             priority_level: 0,
             filter_tag: String::new(),
+            key_shared_ranges: Vec::new(),
         },
         Command::Success { request_id: u64::MAX },
         Command::Flow { consumer_id: 9, permits: u32::MAX },
