@@ -45,6 +45,7 @@ pub struct ConsumerBuilder {
     pub(crate) consumer_name: String,
     pub(crate) priority_level: i32,
     pub(crate) filter_tag: String,
+    pub(crate) key_shared_ranges: Vec<(u16, u16)>,
     pub(crate) nack_backoff: NackBackoff,
     pub(crate) ack_timeout: Option<Duration>,
     pub(crate) dead_letter: Option<DeadLetterPolicy>,
@@ -114,6 +115,24 @@ impl ConsumerBuilder {
         self
     }
 
+    /// Key_Shared sticky mode (Pulsar's `KeySharedPolicySticky`): this
+    /// consumer owns exactly these key hash ranges, each `(start, end)`
+    /// inclusive within `0..=65535` (the hash is CRC-32 of the ordering
+    /// key, else the key, modulo 65536). Empty (the default) = auto split.
+    ///
+    /// The broker refuses the subscribe (`ConsumerBusy`) when a range
+    /// overlaps one of another consumer of the subscription, or when the
+    /// subscription's attached consumers use the other mode (the first
+    /// consumer decides); and (`NotAllowed`) a range with `start > end`,
+    /// more than 256 ranges, ranges overlapping each other, or ranges on a
+    /// subscription type other than Key_Shared. Messages whose key hash no
+    /// consumer owns are not delivered: they wait until a consumer owning
+    /// them attaches.
+    pub fn key_shared_ranges(mut self, ranges: Vec<(u16, u16)>) -> Self {
+        self.key_shared_ranges = ranges;
+        self
+    }
+
     /// Delay before a negatively acknowledged message comes back:
     /// `min × 2^redelivery_count`, at most `max` (default 1 s .. 60 s).
     pub fn negative_ack_backoff(mut self, min: Duration, max: Duration) -> Self {
@@ -158,6 +177,10 @@ impl ConsumerBuilder {
         self
     }
 
+    fn wire_ranges(&self) -> Vec<(u32, u32)> {
+        self.key_shared_ranges.iter().map(|&(s, e)| (u32::from(s), u32::from(e))).collect()
+    }
+
     fn with_topic(&self, topic: String) -> ConsumerBuilder {
         ConsumerBuilder {
             conn: self.conn.clone(),
@@ -169,6 +192,7 @@ impl ConsumerBuilder {
             consumer_name: self.consumer_name.clone(),
             priority_level: self.priority_level,
             filter_tag: self.filter_tag.clone(),
+            key_shared_ranges: self.key_shared_ranges.clone(),
             nack_backoff: self.nack_backoff,
             ack_timeout: self.ack_timeout,
             dead_letter: self.dead_letter.clone(),
@@ -287,6 +311,7 @@ impl ConsumerBuilder {
                 durable: self.durable,
                 priority_level: self.priority_level,
                 filter_tag: self.filter_tag.clone(),
+                key_shared_ranges: self.wire_ranges(),
             })
             .await;
         match answer {
@@ -326,6 +351,8 @@ impl ConsumerBuilder {
                     durable: true,
                     priority_level: self.priority_level,
                     filter_tag: String::new(),
+                    // The same owners for the retry topic's keys.
+                    key_shared_ranges: self.wire_ranges(),
                 })
                 .await;
             if !matches!(answer, Ok(Command::Success { .. })) {

@@ -107,6 +107,7 @@ impl Client {
             consumer_name: String::new(),
             priority_level: 0,
             filter_tag: String::new(),
+            key_shared_ranges: Vec::new(),
             nack_backoff: NackBackoff::default(),
             ack_timeout: None,
             dead_letter: None,

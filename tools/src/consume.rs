@@ -105,6 +105,12 @@ pub struct ConsumeArgs {
     #[arg(long)]
     pub filter_tag: Option<String>,
 
+    /// Key_Shared sticky mode: the key hash ranges this consumer owns, as
+    /// inclusive `START-END` pairs (or single hashes) within 0..=65535,
+    /// comma separated, e.g. `0-32767,40000-50000`. Without it: auto split.
+    #[arg(long, value_parser = parse_key_shared_ranges)]
+    pub key_shared_ranges: Option<KeySharedRanges>,
+
     /// Messages the broker may push ahead of processing.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub receiver_queue_size: u32,
@@ -241,6 +247,9 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
     if let Some(tag) = &args.filter_tag {
         builder = builder.filter_tag(tag.as_str());
     }
+    if let Some(KeySharedRanges(ranges)) = &args.key_shared_ranges {
+        builder = builder.key_shared_ranges(ranges.clone());
+    }
     // A partitioned topic's name covers all its partitions.
     let consumer = match &args.topics_pattern {
         Some(pattern) => {
@@ -325,11 +334,46 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
+/// `--key-shared-ranges`: inclusive key hash ranges.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySharedRanges(pub Vec<(u16, u16)>);
+
+fn parse_key_shared_ranges(s: &str) -> Result<KeySharedRanges, String> {
+    let hash = |t: &str| {
+        t.trim().parse::<u16>().map_err(|e| format!("{t:?} is not a key hash in 0..=65535: {e}"))
+    };
+    let mut out = Vec::new();
+    for part in s.split(',') {
+        let (start, end) = match part.split_once('-') {
+            Some((a, b)) => (hash(a)?, hash(b)?),
+            None => {
+                let h = hash(part)?;
+                (h, h)
+            }
+        };
+        if start > end {
+            return Err(format!("range {part:?}: start is above end"));
+        }
+        out.push((start, end));
+    }
+    Ok(KeySharedRanges(out))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use bytes::Bytes;
     use magnetar_client::{MessageId, MessageMetadata};
+
+    #[test]
+    fn key_shared_ranges_flag_parses() {
+        assert_eq!(parse_key_shared_ranges("0-32767,40000-50000"), Ok(KeySharedRanges(vec![(0, 32767), (40000, 50000)])));
+        assert_eq!(parse_key_shared_ranges("7, 9-9"), Ok(KeySharedRanges(vec![(7, 7), (9, 9)])));
+        assert!(parse_key_shared_ranges("5-4").is_err());
+        assert!(parse_key_shared_ranges("0-65536").is_err());
+        assert!(parse_key_shared_ranges("").is_err());
+        assert!(parse_key_shared_ranges("a-b").is_err());
+    }
 
     fn message(payload: &'static [u8]) -> Message {
         Message {
