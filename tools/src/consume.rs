@@ -13,7 +13,8 @@
 //! Flags of issue #4, also a contract: `--type exclusive|failover|shared|key_shared`
 //! (alias `--subscription-type`), `--priority N`, `--nack-every N`,
 //! `--nack-delay-ms MS`, `--ack-timeout-s S`, `--dlq-max-redeliveries N`
-//! (dead-letter topic `<topic>-<subscription>-DLQ`), `--filter-tag T`.
+//! (dead-letter topic `<topic>-<subscription>-DLQ`), `--filter-tag T`,
+//! `--key-shared-ranges START-END,...` (Key_Shared sticky hash ranges).
 //! Semantics: `docs/semantics.md`.
 
 use crate::produce::{OutputFormat, DEFAULT_URL};
@@ -339,9 +340,7 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
 pub struct KeySharedRanges(pub Vec<(u16, u16)>);
 
 fn parse_key_shared_ranges(s: &str) -> Result<KeySharedRanges, String> {
-    let hash = |t: &str| {
-        t.trim().parse::<u16>().map_err(|e| format!("{t:?} is not a key hash in 0..=65535: {e}"))
-    };
+    let hash = |t: &str| t.trim().parse::<u16>().map_err(|e| format!("{t:?} is not a key hash in 0..=65535: {e}"));
     let mut out = Vec::new();
     for part in s.split(',') {
         let (start, end) = match part.split_once('-') {
@@ -367,7 +366,10 @@ mod tests {
 
     #[test]
     fn key_shared_ranges_flag_parses() {
-        assert_eq!(parse_key_shared_ranges("0-32767,40000-50000"), Ok(KeySharedRanges(vec![(0, 32767), (40000, 50000)])));
+        assert_eq!(
+            parse_key_shared_ranges("0-32767,40000-50000"),
+            Ok(KeySharedRanges(vec![(0, 32767), (40000, 50000)]))
+        );
         assert_eq!(parse_key_shared_ranges("7, 9-9"), Ok(KeySharedRanges(vec![(7, 7), (9, 9)])));
         assert!(parse_key_shared_ranges("5-4").is_err());
         assert!(parse_key_shared_ranges("0-65536").is_err());

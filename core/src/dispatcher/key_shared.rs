@@ -102,11 +102,13 @@ impl HashRanges {
         sticky: &[(u32, u32)],
         attached: &[ConsumerState],
     ) -> Result<(), CoreError> {
+        let wants_sticky = !sticky.is_empty();
         if attached.is_empty() {
             self.ranges.clear();
-            self.sticky = !sticky.is_empty();
-        } else if self.sticky != !sticky.is_empty() {
-            let (is, not) = if self.sticky { ("sticky hash ranges", "an auto-split") } else { ("auto split", "a sticky") };
+            self.sticky = wants_sticky;
+        } else if self.sticky != wants_sticky {
+            let (is, not) =
+                if self.sticky { ("sticky hash ranges", "an auto-split") } else { ("auto split", "a sticky") };
             return Err(CoreError::new(
                 ErrorCode::ConsumerBusy,
                 format!("this key_shared subscription uses {is} while it has consumers; cannot attach {not} consumer"),
@@ -318,7 +320,8 @@ mod tests {
         assert_eq!(h.owner(u16::MAX), None);
         // Unowned keys are held without blocking anyone; owned ones go out.
         let blocked = Default::default();
-        let ask = |key_hash| Ask { entry: 1, key_hash, outstanding_floor: 0, unacked_per_consumer_max: 5, blocked: &blocked };
+        let ask =
+            |key_hash| Ask { entry: 1, key_hash, outstanding_floor: 0, unacked_per_consumer_max: 5, blocked: &blocked };
         assert_eq!(h.pick(&attached, &ask(500)), Pick::Hold);
         assert_eq!(h.pick(&attached, &ask(150)), Pick::Deliver(1));
         // Leaving frees the ranges (no neighbour takes them over).
