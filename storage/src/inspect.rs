@@ -37,8 +37,13 @@ use crate::disk::PAGE_BYTES;
 use crate::error::{CorruptReason, Result, StorageError};
 use crate::format::{
     check_entry_record, could_be_torn, decode_index_page, records, split_meta, BatchHeader, Checkpoint, CleanMarker,
-    IndexEntry, BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_DELETE, KIND_ENTRY, RECORD_HEADER_BYTES,
+    IndexEntry, BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_DELETE, KIND_ENTRY, KIND_MOVE, RECORD_HEADER_BYTES,
 };
+
+/// Position of an entry a full scan has not met yet: its original record
+/// was in a segment compaction emptied and garbage collection removed; its
+/// `KIND_MOVE` copy comes later in the log.
+const HOLE: u64 = u64::MAX;
 
 /// Bytes read per `pread` while scanning.
 const CHUNK_BYTES: u64 = 1 << 20;
@@ -138,6 +143,9 @@ pub struct ShardImage {
     dead: std::collections::HashSet<u64>,
     /// Indexes of ledgers whose deletion record the scan replayed.
     deleted_after: BTreeMap<u64, Vec<IndexEntry>>,
+    /// Entries the scan saw moved by compaction (their index-file position
+    /// is the original's).
+    moved: std::collections::HashSet<(u64, u64)>,
 }
 
 fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StorageError {
@@ -295,6 +303,7 @@ impl ShardImage {
             ckpt_ledgers: checkpoint.as_ref().map(|c| c.ledgers.iter().map(|l| l.ledger).collect()).unwrap_or_default(),
             dead: Default::default(),
             deleted_after: BTreeMap::new(),
+            moved: Default::default(),
         };
 
         // Index files and metadata as of the checkpoint.
@@ -309,6 +318,19 @@ impl ShardImage {
                 let es = load_index(&path, cl.ledger, cl.indexed_entries, cl.pages, c.position)?;
                 img.checked.index_pages += cl.pages;
                 from_files.insert(cl.ledger, es);
+            }
+            // Entries compaction moved after their index page was written.
+            let ckpt_path = dir.join("checkpoint");
+            for r in &c.relocations {
+                let bad = |field, expected, found| corrupt(&ckpt_path, 0, CorruptReason::Field { field, expected, found });
+                let es = from_files.get_mut(&r.ledger).ok_or_else(|| bad("relocation ledger (not in the checkpoint)", 0, r.ledger))?;
+                let len = es.len() as u64;
+                let ie = usize::try_from(r.entry).ok().and_then(|i| es.get_mut(i)).ok_or_else(|| bad("relocation entry", len, r.entry))?;
+                if r.position >= c.position {
+                    return Err(bad("relocation position", c.position, r.position));
+                }
+                ie.position = r.position;
+                ie.record_crc = r.record_crc;
             }
         }
 
@@ -356,7 +378,15 @@ impl ShardImage {
                         .or_else(|| img.deleted_after.get(id).map(|v| &v[..]))
                         .unwrap_or(&[]);
                     for (i, e) in es.iter().enumerate() {
-                        if scanned.get(i) != Some(e) {
+                        // A moved entry: the copy must describe the same entry.
+                        let same = |s: &IndexEntry| {
+                            if img.moved.contains(&(*id, i as u64)) {
+                                (s.body_len, s.extras) == (e.body_len, e.extras)
+                            } else {
+                                s == e
+                            }
+                        };
+                        if !scanned.get(i).is_some_and(same) {
                             let page = (i / crate::format::INDEX_ENTRIES_PER_PAGE) as u64 * PAGE_BYTES;
                             let found = scanned.get(i).map_or(u64::MAX, |s| s.position);
                             return Err(corrupt(
@@ -389,6 +419,21 @@ impl ShardImage {
             }
         }
 
+        // An entry whose original went with a compacted segment must have
+        // been met as a copy.
+        for (id, l) in &img.ledgers {
+            if let Some(i) = l.index.iter().position(|e| e.position == HOLE) {
+                return Err(corrupt(
+                    &index_dir.join(format!("{id:020}.idx")),
+                    0,
+                    CorruptReason::Field {
+                        field: "entry missing from the log (no record or copy)",
+                        expected: i as u64,
+                        found: HOLE,
+                    },
+                ));
+            }
+        }
         // Per-segment totals from the index.
         for l in img.ledgers.values_mut() {
             l.bytes = l.index.iter().map(|e| e.body_len as u64).sum();
@@ -566,6 +611,20 @@ impl ShardImage {
                     // ledger's index file (the checkpoint may list it).
                     self.deleted_after.insert(rh.ledger, l.index);
                 }
+            } else if rh.kind == KIND_MOVE {
+                // A compaction copy: the entry lives here now. One for a
+                // ledger gone (deleted) is unreferenced.
+                let Some(l) = self.ledgers.get_mut(&rh.ledger) else { continue };
+                let at = position + r.offset as u64;
+                let ie = IndexEntry { position: at, body_len: rh.body_len, record_crc: rh.crc, extras: rh.extras };
+                let i = rh.entry as usize;
+                if i >= l.index.len() {
+                    // Full scan: the original was in a removed segment (a
+                    // hole nothing fills is reported at the end).
+                    l.index.resize(i + 1, IndexEntry { position: HOLE, ..ie });
+                }
+                l.index[i] = ie;
+                self.moved.insert((rh.ledger, rh.entry));
             } else if rh.kind == KIND_ENTRY {
                 // Before the checkpoint, a ledger the checkpoint does not list
                 // was deleted; garbage collection may have removed some of
@@ -581,6 +640,12 @@ impl ShardImage {
                     continue;
                 }
                 let l = self.ledgers.entry(rh.ledger).or_default();
+                if rh.entry > l.index.len() as u64 && self.ckpt_ledgers.contains(&rh.ledger) {
+                    // A live ledger whose earlier entries' segment was
+                    // compacted and removed: their copies come later.
+                    let hole = IndexEntry { position: HOLE, body_len: 0, record_crc: 0, extras: rh.extras };
+                    l.index.resize(rh.entry as usize, hole);
+                }
                 if rh.entry != l.index.len() as u64 {
                     return Err(corrupt(
                         path,

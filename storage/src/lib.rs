@@ -25,6 +25,7 @@
 //!
 //! On-disk layouts and the crash analysis: `docs/format.md`.
 
+mod compact;
 pub mod disk;
 mod error;
 pub mod format;
@@ -33,6 +34,7 @@ mod log;
 mod recovery;
 pub mod sim;
 
+pub use compact::CompactionStats;
 pub use disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
 pub use error::{CorruptReason, StorageError};
 pub use format::{key_hash, IndexEntry, IndexExtras};

@@ -6,7 +6,8 @@
 //! contains everything whose `wait_durable` returned Ok: in order, byte for
 //! byte, exactly once, with metadata last-write-wins.
 //!
-//! Method: a workload (appends to a few ledgers, metadata puts and deletes,
+//! Method: a workload (appends to a few ledgers, metadata puts and deletes, ledger deletions,
+//! compaction passes,
 //! waits from spawned tasks, checkpoints, sometimes a clean close) runs on a
 //! `SimDisk` that freezes at operation n; the crash image is opened and
 //! compared with the model. `crash_at_every_step` tries every n of one
@@ -97,6 +98,25 @@ async fn workload(log: &EntryLog<SimDisk>, model: &mut Model, rng: &mut SimRng, 
                     acked_lsn.set(acked_lsn.get().max(l));
                 }
             }
+            19 => {
+                // Compaction: copies live entries of sparse segments to the
+                // tail, then checkpoints (which deletes the emptied ones).
+                match log.compact().await {
+                    Ok(st) => {
+                        COMPACTED.with(|c| {
+                            let (m, r) = c.get();
+                            c.set((m + st.entries_moved, r + st.segments_removed));
+                        });
+                    }
+                    Err(StorageError::Corrupt { .. }) => {
+                        panic!("compaction found damage (replay: MAGNETAR_SEED={})", SEED.with(|s| s.get()))
+                    }
+                    Err(_) => {
+                        stopped = true;
+                        break;
+                    }
+                }
+            }
             18 => {
                 for _ in 0..rng.below(4) {
                     futures_lite::future::yield_now().await;
@@ -142,13 +162,18 @@ async fn workload(log: &EntryLog<SimDisk>, model: &mut Model, rng: &mut SimRng, 
 }
 
 fn cfg() -> LogConfig {
-    small_config("/shard-0")
+    let mut c = small_config("/shard-0");
+    // Compact eagerly, so that the small workloads do it often.
+    c.compaction_live_pct = 60;
+    c
 }
 
 thread_local! {
     /// (recoveries, with a torn tail truncated, crashes inside recovery,
     ///  unacknowledged records lost, unacknowledged records recovered)
     static STATS: Cell<(u64, u64, u64, u64, u64)> = const { Cell::new((0, 0, 0, 0, 0)) };
+    /// Entries moved and segments removed by compaction passes.
+    static COMPACTED: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
     /// Recoveries that found segments removed by garbage collection.
     static GC_SEEN: Cell<u64> = const { Cell::new(0) };
     /// The seed being run, for messages from inside the workload.
@@ -172,6 +197,8 @@ fn print_stats(name: &str) {
          unacknowledged records: {lost} lost, {kept} recovered"
     );
     println!("{name}: {} recoveries found segments removed by garbage collection", GC_SEEN.with(|g| g.get()));
+    let (moved, removed) = COMPACTED.with(|c| c.get());
+    println!("{name}: compaction moved {moved} entries; its checkpoints removed {removed} segments");
     FAULTS.with(|f| {
         if !f.borrow().is_empty() {
             println!("{name}: injected faults that fired: {:?}", f.borrow());
