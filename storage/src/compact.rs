@@ -263,3 +263,23 @@ pub(crate) async fn compactor<D: Disk>(weak: Weak<Shared<D>>, interval: Duration
         }
     }
 }
+
+/// The background key index task: every `interval`, writes full key index
+/// files and removes those of deleted ledgers (`keyindex.rs`).
+pub(crate) async fn key_upkeep<D: Disk>(weak: Weak<Shared<D>>, interval: Duration) {
+    if interval.is_zero() {
+        return;
+    }
+    loop {
+        glommio::timer::sleep(interval).await;
+        let Some(sh) = weak.upgrade() else { break };
+        if sh.st.borrow().mode != Mode::Open {
+            break;
+        }
+        let log = EntryLog { sh };
+        // Derived data: a failure is logged and retried next time.
+        if let Err(e) = log.maintain_key_index(false).await {
+            warn!(error = %e, "key index upkeep failed");
+        }
+    }
+}

@@ -61,6 +61,13 @@ pub struct LogConfig {
     /// Shares of the compaction task queue (glommio's default queue has
     /// 1,000), so that compaction yields to producers and readers. Default 50.
     pub compaction_shares: usize,
+    /// Items (durable entries with a key) per key index file; the part not
+    /// yet in a file stays in memory (32 bytes an item). Default 262,144.
+    pub key_index_items_per_file: usize,
+    /// How often the background task writes full key index files and
+    /// removes those of deleted ledgers (zero: never; lookups still work
+    /// from memory). Default 10 s.
+    pub key_index_interval: Duration,
 }
 
 impl LogConfig {
@@ -79,6 +86,8 @@ impl LogConfig {
             compaction_bytes_per_pass: 64 << 20,
             compaction_interval: Duration::from_secs(60),
             compaction_shares: 50,
+            key_index_items_per_file: 1 << 18,
+            key_index_interval: Duration::from_secs(10),
         }
     }
 
@@ -165,6 +174,7 @@ pub(crate) struct Paths {
     pub dir: PathBuf,
     pub log_dir: PathBuf,
     pub index_dir: PathBuf,
+    pub keys_dir: PathBuf,
     pub checkpoint: PathBuf,
     pub checkpoint_tmp: PathBuf,
     pub clean: PathBuf,
@@ -176,6 +186,7 @@ impl Paths {
             dir: dir.to_path_buf(),
             log_dir: dir.join("log"),
             index_dir: dir.join("index"),
+            keys_dir: dir.join("keys"),
             checkpoint: dir.join("checkpoint"),
             checkpoint_tmp: dir.join("checkpoint.tmp"),
             clean: dir.join("CLEAN"),
@@ -439,6 +450,8 @@ pub(crate) struct Shared<D: Disk> {
     pub ckpt_lock: glommio::sync::Semaphore,
     /// Serializes compaction passes (the background task and `compact`).
     pub compact_lock: glommio::sync::Semaphore,
+    /// The per-shard key index (`keyindex.rs`).
+    pub keys: RefCell<crate::keyindex::KeyIndex<D::File>>,
 }
 
 impl<D: Disk> Drop for Shared<D> {

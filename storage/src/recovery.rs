@@ -309,6 +309,9 @@ impl<D: Disk> EntryLog<D> {
             "entry log opened"
         );
 
+        // The key index: its files, extended later from the ledger indexes.
+        let keys = crate::keyindex::load(&disk, &paths.keys_dir).await?;
+
         let entry_max = config.effective_entry_bytes_max();
         let interval = config.checkpoint_interval;
         let sh = Rc::new(Shared {
@@ -319,20 +322,24 @@ impl<D: Disk> EntryLog<D> {
             st: RefCell::new(st),
             ckpt_lock: glommio::sync::Semaphore::new(1),
             compact_lock: glommio::sync::Semaphore::new(1),
+            keys: RefCell::new(keys),
         });
         glommio::spawn_local(flusher(Rc::downgrade(&sh))).detach();
         glommio::spawn_local(checkpointer(Rc::downgrade(&sh), interval)).detach();
-        // Compaction is background work: its own queue with few shares, so
-        // that producers' appends and readers go first.
-        let compaction_interval = sh.cfg.compaction_interval;
-        if !compaction_interval.is_zero() {
+        // Compaction and key index upkeep are background work: their own
+        // queue with few shares, so that producers' appends and readers go first.
+        let (compaction_interval, keys_interval) = (sh.cfg.compaction_interval, sh.cfg.key_index_interval);
+        if !compaction_interval.is_zero() || !keys_interval.is_zero() {
             let tq = glommio::executor().create_task_queue(
                 glommio::Shares::Static(sh.cfg.compaction_shares.max(1)),
                 glommio::Latency::NotImportant,
-                "magnetar-compaction",
+                "magnetar-storage-background",
             );
+            let qerr = |e| StorageError::Config(format!("background task queue: {e}"));
             let task = crate::compact::compactor(Rc::downgrade(&sh), compaction_interval);
-            glommio::spawn_local_into(task, tq).map_err(|e| StorageError::Config(format!("compaction task queue: {e}")))?.detach();
+            glommio::spawn_local_into(task, tq).map_err(qerr)?.detach();
+            let task = crate::compact::key_upkeep(Rc::downgrade(&sh), keys_interval);
+            glommio::spawn_local_into(task, tq).map_err(qerr)?.detach();
         }
         Ok((EntryLog { sh }, recovery))
     }

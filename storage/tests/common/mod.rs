@@ -53,6 +53,7 @@ pub fn small_config(dir: &str) -> LogConfig {
     c.allow_tmpfs = true;
     // Tests compact explicitly (`compact()`); no background task queue per open.
     c.compaction_interval = Duration::ZERO;
+    c.key_index_interval = Duration::ZERO;
     c
 }
 
