@@ -13,6 +13,7 @@ pub mod dedup;
 mod delayed;
 pub mod disk_watch;
 mod dispatcher;
+mod find;
 pub mod error;
 pub mod launch;
 mod mesh;

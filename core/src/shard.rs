@@ -214,6 +214,13 @@ pub(crate) enum Op {
     LastMessageId {
         topic: String,
     },
+    /// On the owner: messages of the topic with this key (`find.rs`).
+    FindMessages {
+        topic: String,
+        key: String,
+        before_ms: Option<u64>,
+        limit: u32,
+    },
 }
 
 #[derive(Debug)]
@@ -481,6 +488,14 @@ impl Shard {
                 None => Reply::Json("{\"id\":null}".to_string()),
             }))
             .boxed_local(),
+            Op::FindMessages { topic, key, before_ms, limit } => {
+                let me = self.clone();
+                async move {
+                    let v = crate::find::find_messages(&me, &topic, &key, before_ms, limit).await?;
+                    Ok(Reply::Json(v.to_string()))
+                }
+                .boxed_local()
+            }
             Op::Flow { topic, subscription, consumer, permits } => {
                 if let Some(sub) = self.subscription(&topic, &subscription) {
                     sub.flow(consumer, permits);
@@ -1032,6 +1047,14 @@ impl Shard {
 
     /// The last durable entry of `topic` as `L:E:P:-1` (a batch's last
     /// message is not singled out), `None` when the topic has no entry.
+    /// The ledger of a topic of this shard (loaded or only recorded).
+    pub(crate) fn topic_ledger(&self, topic: &str) -> Option<u64> {
+        if let Some(t) = self.topics.borrow().get(topic) {
+            return Some(t.ledger);
+        }
+        self.log.meta(&topic_meta_key(topic)).as_deref().and_then(decode_topic_meta)
+    }
+
     fn last_message_id(&self, topic: &str) -> Result<Option<MessageId>, CoreError> {
         let tn = TopicName::parse(topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
         let partition = tn.partition().and_then(|p| i32::try_from(p).ok()).unwrap_or(-1);
