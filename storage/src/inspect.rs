@@ -117,6 +117,15 @@ pub struct Checked {
     pub index_pages: u64,
     /// Index entries compared with their records (`Verify` only).
     pub index_entries: u64,
+    /// Key index item pages verified (`Verify` only).
+    pub key_pages: u64,
+}
+
+/// One key index file (`keys/<seq>.kix`; see `keyindex.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyFileInfo {
+    pub path: PathBuf,
+    pub header: crate::keyindex::KeyFileHeader,
 }
 
 /// A read-only picture of one shard directory. Plain data: owned by whoever
@@ -135,8 +144,11 @@ pub struct ShardImage {
     pub meta: BTreeMap<Vec<u8>, Vec<u8>>,
     pub tail: Tail,
     pub checked: Checked,
-    /// Files in `log/` or `index/` that do not belong to the format.
+    /// Files in `log/`, `index/` or `keys/` that do not belong to the format.
     pub stray_files: Vec<PathBuf>,
+    /// Key index files, by sequence number (derived data: the broker
+    /// rebuilds a damaged one from the ledger indexes).
+    pub key_files: Vec<KeyFileInfo>,
     ckpt_pos: u64,
     ckpt_ledgers: std::collections::HashSet<u64>,
     /// Deleted ledgers met with gaps during a full scan.
@@ -304,6 +316,7 @@ impl ShardImage {
             dead: Default::default(),
             deleted_after: BTreeMap::new(),
             moved: Default::default(),
+            key_files: Vec::new(),
         };
 
         // Index files and metadata as of the checkpoint.
@@ -418,6 +431,8 @@ impl ShardImage {
                 }
             }
         }
+
+        img.load_key_files(&dir.join("keys"), mode)?;
 
         // An entry whose original went with a compacted segment must have
         // been met as a copy.
@@ -614,6 +629,11 @@ impl ShardImage {
             } else if rh.kind == KIND_MOVE {
                 // A compaction copy: the entry lives here now. One for a
                 // ledger gone (deleted) is unreferenced.
+                // (A full scan may meet the copy before any surviving
+                // record of a ledger the checkpoint lists.)
+                if self.ckpt_ledgers.contains(&rh.ledger) && !self.deleted_after.contains_key(&rh.ledger) {
+                    self.ledgers.entry(rh.ledger).or_default();
+                }
                 let Some(l) = self.ledgers.get_mut(&rh.ledger) else { continue };
                 let at = position + r.offset as u64;
                 let ie = IndexEntry { position: at, body_len: rh.body_len, record_crc: rh.crc, extras: rh.extras };
@@ -671,6 +691,54 @@ impl ShardImage {
                     self.meta.insert(k.to_vec(), v.to_vec());
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Reads the key index files' headers; in `Verify` mode also every item
+    /// page, and each item against the ledger index (same key hash) when the
+    /// ledger still exists.
+    fn load_key_files(&mut self, dir: &Path, mode: ScanMode) -> Result<()> {
+        use crate::keyindex::{decode_key_file_header, decode_key_page, key_file_header_len};
+        let Ok(rd) = std::fs::read_dir(dir) else { return Ok(()) };
+        let mut files: Vec<(u64, PathBuf)> = Vec::new();
+        for ent in rd.flatten() {
+            let name = ent.file_name().to_string_lossy().into_owned();
+            match numbered(&name, ".kix") {
+                Some(seq) => files.push((seq, ent.path())),
+                None => self.stray_files.push(ent.path()),
+            }
+        }
+        files.sort();
+        for (_, path) in files {
+            let b = std::fs::read(&path).map_err(io_err("read key index file", &path))?;
+            let len = key_file_header_len(&b).map_err(|r| corrupt(&path, 0, r))?;
+            let header = decode_key_file_header(&b[..(len as usize).min(b.len())]).map_err(|r| corrupt(&path, 0, r))?;
+            if mode == ScanMode::Verify {
+                for p in 0..header.item_pages {
+                    let off = (header.header_pages + p as u64) * PAGE_BYTES;
+                    let page = b.get(off as usize..).unwrap_or(&[]);
+                    let items = decode_key_page(page, p).map_err(|r| corrupt(&path, off, r))?;
+                    for it in items {
+                        let ie = self.ledgers.get(&it.ledger).and_then(|l| l.index.get(it.entry as usize));
+                        if let Some(ie) = ie {
+                            if ie.extras.key_hash != it.key_hash {
+                                return Err(corrupt(
+                                    &path,
+                                    off,
+                                    CorruptReason::Field {
+                                        field: "key index item hash (as in the ledger index)",
+                                        expected: ie.extras.key_hash as u64,
+                                        found: it.key_hash as u64,
+                                    },
+                                ));
+                            }
+                        }
+                    }
+                    self.checked.key_pages += 1;
+                }
+            }
+            self.key_files.push(KeyFileInfo { path, header });
         }
         Ok(())
     }

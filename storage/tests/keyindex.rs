@@ -17,7 +17,8 @@ mod common;
 use bytes::Bytes;
 use common::{run, small_config};
 use magnetar_storage::sim::{SimDisk, SimRng};
-use magnetar_storage::{key_hash, EntryLog, IndexExtras, KeyHit, LogConfig};
+use magnetar_storage::inspect::{ScanMode, ShardImage};
+use magnetar_storage::{key_hash, EntryLog, IndexExtras, KeyHit, LogConfig, StorageError};
 
 fn cfg() -> LogConfig {
     let mut c = small_config("/shard-0");
@@ -89,8 +90,27 @@ fn find_newest_first_from_memory_files_and_after_crash() {
         assert!(in_memory < 40);
         check(&log, &model, "from files").await;
 
-        // A crash: the files plus what the log recovered past them.
+        // The inspector reads the files and checks every item page.
         let image = disk.fork();
+        {
+            let tmp = tempfile::tempdir().unwrap();
+            image.export(tmp.path()).unwrap();
+            let shard = tmp.path().join("shard-0");
+            let img = ShardImage::load(&shard, ScanMode::Verify, &mut |_, _| {}).unwrap();
+            assert_eq!(img.key_files.len(), files.len());
+            assert!(img.checked.key_pages >= files.len() as u64);
+            let victim = &img.key_files[0].path;
+            let mut b = std::fs::read(victim).unwrap();
+            let off = (img.key_files[0].header.header_pages * 4096) as usize + 40;
+            b[off] ^= 1;
+            std::fs::write(victim, b).unwrap();
+            match ShardImage::load(&shard, ScanMode::Verify, &mut |_, _| {}) {
+                Err(StorageError::Corrupt { file, .. }) => assert_eq!(&file, victim),
+                other => panic!("damaged key page not reported: {other:?}"),
+            }
+        }
+
+        // A crash: the files plus what the log recovered past them.
         drop(log);
         let (log, _) = EntryLog::open_with(image.clone(), cfg()).await.unwrap();
         check(&log, &model, "after crash").await;
