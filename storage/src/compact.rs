@@ -277,9 +277,13 @@ pub(crate) async fn key_upkeep<D: Disk>(weak: Weak<Shared<D>>, interval: Duratio
             break;
         }
         let log = EntryLog { sh };
-        // Derived data: a failure is logged and retried next time.
+        // A write or fsync failure has failed the log (fail-stop); a read
+        // failure is retried next time.
         if let Err(e) = log.maintain_key_index(false).await {
             warn!(error = %e, "key index upkeep failed");
+            if log.is_failed() {
+                break;
+            }
         }
     }
 }

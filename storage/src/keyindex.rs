@@ -15,7 +15,8 @@
 //! - *sealed* files `keys/<seq>.kix`, immutable, each written once (temp
 //!   file, fdatasync, rename, directory fsync: after a crash it is there
 //!   whole or not at all) when the active part reaches
-//!   `key_index_items_per_file` items. Items are sorted by key hash; a small
+//!   `key_index_items_per_file` items (a failed write or fsync fails the log,
+//!   as for the log itself). Items are sorted by key hash; a small
 //!   fence (the first hash of each page) stays in memory, so a lookup reads
 //!   one or two 4 KiB pages per file. Each file lists, per ledger, the entry
 //!   range it covers; a file whose ledgers are all deleted is removed (so
@@ -358,6 +359,14 @@ impl<D: Disk> EntryLog<D> {
                 );
             }
         }
+        // Files and memory may still name entries of deleted ledgers (until
+        // upkeep ages them out) or, after a crash, entries past a ledger's end.
+        {
+            let st = sh.st.borrow();
+            hits.retain(|h| {
+                st.ledgers.get(&h.ledger).is_some_and(|l| l.deleted.is_none() && h.entry < l.index.len() as u64)
+            });
+        }
         hits.sort_unstable_by(|a, b| b.cmp(a));
         hits.dedup();
         hits.truncate(max);
@@ -378,6 +387,7 @@ impl<D: Disk> EntryLog<D> {
                 if k.sealing {
                     return Ok(());
                 }
+                crate::log::check_mode(st.mode)?;
                 k.catch_up(&st, Some(per_file));
                 k.active.len() >= per_file || (force && !k.active_cover.is_empty())
             };
@@ -463,9 +473,11 @@ impl<D: Disk> EntryLog<D> {
                 Ok(())
             }
             Err(e) => {
-                // Derived data: the items stay in memory and the next upkeep
-                // tries again; nothing was acknowledged on the strength of it.
-                warn!(error = %e, "writing a key index file failed; kept in memory");
+                // As for the log itself: after a failed write or fsync, do not
+                // go on as if nothing happened (fail-stop; a restart rebuilds
+                // the key index from the ledger indexes).
+                drop(k);
+                sh.fail(&e);
                 Err(e)
             }
         }
@@ -476,24 +488,38 @@ impl<D: Disk> EntryLog<D> {
         let (gone, dir) = {
             let st = sh.st.borrow();
             let mut k = sh.keys.borrow_mut();
-            let live = |l: &u64| st.ledgers.get(l).is_some_and(|l| l.deleted.is_none());
+            // Dead only once the deletion is durable: a crash may still undo
+            // one that is not, and the ledger's entries must stay findable.
+            let tail = st.tail;
+            let live = |l: &u64| st.ledgers.get(l).is_some_and(|l| !matches!(l.deleted, Some(Some(p)) if p < tail));
             let (gone, keep): (Vec<_>, Vec<_>) =
                 std::mem::take(&mut k.sealed).into_iter().partition(|f| !f.hdr.ledgers.iter().any(|(l, _, _)| live(l)));
             k.sealed = keep;
             k.next.retain(|l, _| st.ledgers.contains_key(l));
+            if !k.sealing {
+                k.active.retain(|i| live(&i.ledger));
+                k.active_cover.retain(|l, _| live(l));
+            }
             (gone, k.dir.clone())
         };
         if gone.is_empty() {
             return Ok(());
         }
-        for f in &gone {
-            match sh.disk.remove(&f.path).await {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(StorageError::io("remove key index file", &f.path, e)),
+        let removed: Result<()> = async {
+            for f in &gone {
+                match sh.disk.remove(&f.path).await {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(StorageError::io("remove key index file", &f.path, e)),
+                }
             }
+            sh.disk.sync_dir(&dir).await.map_err(|e| StorageError::io("fsync key index directory", &dir, e))
         }
-        sh.disk.sync_dir(&dir).await.map_err(|e| StorageError::io("fsync key index directory", &dir, e))?;
+        .await;
+        if let Err(e) = removed {
+            sh.fail(&e);
+            return Err(e);
+        }
         info!(files = gone.len(), "removed key index files of deleted ledgers");
         Ok(())
     }
@@ -567,11 +593,25 @@ pub(crate) async fn load<D: Disk>(disk: &D, dir: &Path) -> Result<KeyIndex<D::Fi
     if !remove.is_empty() {
         disk.sync_dir(dir).await.map_err(io("fsync key index directory", dir))?;
     }
+    // Per ledger, the entries covered from 0 on without a gap. A gap (a
+    // file removed while a crash undid the deletion that allowed it) is
+    // indexed again from the ledger index; lookups drop the duplicates.
+    let mut ranges: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
     for f in &k.sealed {
-        for (l, _, end) in &f.hdr.ledgers {
-            let n = k.next.entry(*l).or_insert(0);
-            *n = (*n).max(*end);
+        for (l, first, end) in &f.hdr.ledgers {
+            ranges.entry(*l).or_default().push((*first, *end));
         }
+    }
+    for (l, mut rs) in ranges {
+        rs.sort_unstable();
+        let mut next = 0;
+        for (first, end) in rs {
+            if first > next {
+                break;
+            }
+            next = next.max(end);
+        }
+        k.next.insert(l, next);
     }
     Ok(k)
 }
