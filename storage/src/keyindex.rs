@@ -244,6 +244,13 @@ pub(crate) struct KeyIndex<F> {
     pub sealed: Vec<Rc<Sealed<F>>>,
     pub next_seq: u64,
     pub active: Vec<KeyItem>,
+    /// Hash chains over the active part (RocketMQ's slot + previous-item
+    /// links): `heads[hash]` is the newest item with that hash, `prev[i]`
+    /// the one before item i; both as global numbers (`base` + position),
+    /// so that dropping sealed items from the front keeps them valid.
+    heads: HashMap<u32, u64>,
+    prev: Vec<u64>,
+    base: u64,
     /// Per ledger, the entries the active part covers.
     pub active_cover: BTreeMap<u64, (u64, u64)>,
     /// Per ledger, the next entry to add (everything before it is in a
@@ -260,6 +267,9 @@ impl<F> KeyIndex<F> {
             sealed: Vec::new(),
             next_seq: 0,
             active: Vec::new(),
+            heads: HashMap::new(),
+            prev: Vec::new(),
+            base: 0,
             active_cover: BTreeMap::new(),
             next: HashMap::new(),
             sealing: false,
@@ -289,12 +299,13 @@ impl<F> KeyIndex<F> {
                 }
                 let ie = &l.index[e as usize];
                 if ie.extras.key_hash != 0 {
-                    self.active.push(KeyItem {
+                    let item = KeyItem {
                         key_hash: ie.extras.key_hash,
                         ledger: *id,
                         entry: e,
                         publish_time_ms: ie.extras.publish_time_ms,
-                    });
+                    };
+                    push_item(&mut self.active, &mut self.prev, &mut self.heads, self.base, item);
                 }
                 e += 1;
             }
@@ -303,6 +314,51 @@ impl<F> KeyIndex<F> {
                 c.1 = e;
                 self.next.insert(*id, e);
             }
+        }
+    }
+}
+
+/// No item (end of a hash chain).
+const CHAIN_END: u64 = u64::MAX;
+
+fn push_item(active: &mut Vec<KeyItem>, prev: &mut Vec<u64>, heads: &mut HashMap<u32, u64>, base: u64, item: KeyItem) {
+    let g = base + active.len() as u64;
+    prev.push(heads.insert(item.key_hash, g).unwrap_or(CHAIN_END));
+    active.push(item);
+}
+
+impl<F> KeyIndex<F> {
+    /// Active items with `hash`, newest first, by walking its chain.
+    fn chain(&self, hash: u32) -> impl Iterator<Item = &KeyItem> + '_ {
+        let mut g = self.heads.get(&hash).copied().unwrap_or(CHAIN_END);
+        std::iter::from_fn(move || {
+            if g == CHAIN_END || g < self.base {
+                return None;
+            }
+            let i = (g - self.base) as usize;
+            let item = self.active.get(i)?;
+            g = self.prev.get(i).copied().unwrap_or(CHAIN_END);
+            Some(item)
+        })
+    }
+
+    /// Drops the `n` oldest active items (now in a file).
+    fn drop_front(&mut self, n: usize) {
+        self.active.drain(..n);
+        self.prev.drain(..n);
+        self.base += n as u64;
+        let base = self.base;
+        self.heads.retain(|_, g| *g >= base);
+    }
+
+    /// Keeps only the active items `keep` accepts, relinking the chains.
+    fn retain_items(&mut self, keep: impl Fn(&KeyItem) -> bool) {
+        let items = std::mem::take(&mut self.active);
+        self.prev.clear();
+        self.heads.clear();
+        self.base = 0;
+        for it in items.into_iter().filter(|i| keep(i)) {
+            push_item(&mut self.active, &mut self.prev, &mut self.heads, self.base, it);
         }
     }
 }
@@ -328,8 +384,7 @@ impl<D: Disk> EntryLog<D> {
             let mut k = sh.keys.borrow_mut();
             k.catch_up(&st, None);
             let hits: Vec<KeyHit> = k
-                .active
-                .iter()
+                .chain(key_hash)
                 .filter(|i| i.key_hash == key_hash && ledger_ok(i.ledger) && time_ok(i.publish_time_ms))
                 .map(|i| KeyHit { publish_time_ms: i.publish_time_ms, ledger: i.ledger, entry: i.entry })
                 .collect();
@@ -456,7 +511,7 @@ impl<D: Disk> EntryLog<D> {
                 let hdr = decode_key_file_header(&bytes).map_err(|r| StorageError::corrupt(&path, 0, r))?;
                 debug!(path = %path.display(), items = n, "key index file written");
                 k.sealed.push(Rc::new(Sealed { hdr, path, file }));
-                k.active.drain(..n);
+                k.drop_front(n);
                 for (l, _, end) in ledgers {
                     let drop_it = match k.active_cover.get_mut(&l) {
                         Some(c) if c.1 > end => {
@@ -497,7 +552,9 @@ impl<D: Disk> EntryLog<D> {
             k.sealed = keep;
             k.next.retain(|l, _| st.ledgers.contains_key(l));
             if !k.sealing {
-                k.active.retain(|i| live(&i.ledger));
+                if k.active.iter().any(|i| !live(&i.ledger)) {
+                    k.retain_items(|i| live(&i.ledger));
+                }
                 k.active_cover.retain(|l, _| live(l));
             }
             (gone, k.dir.clone())
