@@ -93,7 +93,7 @@ fn append(c: &mut Criterion) {
             if pos + need > buf.len() {
                 pos = 0;
             }
-            let extras = IndexExtras { publish_time_ms: 1_700_000_000_000, key_hash: 0 };
+            let extras = IndexExtras { publish_time_ms: 1_700_000_000_000, key_hash: 0, tag_hash: 0 };
             RecordHeader::encode(&mut buf[pos..pos + 48], 1, 1024, entry, extras, &[&body]);
             buf[pos + 48..pos + need].copy_from_slice(&body);
             pos += need;

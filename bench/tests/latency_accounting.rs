@@ -115,7 +115,13 @@ async fn connection(stream: TcpStream, delay: Duration, subs: Subscribers, parti
                 let topic = producers.get(&producer_id).cloned().unwrap();
                 let consumer = subs.lock().unwrap().get(&topic).map(|s| s.1);
                 let delivery = consumer.map(|consumer_id| {
-                    (topic, frame(&Command::Message { consumer_id, message_id: id, redelivery_count: 0 }, &f.payload))
+                    (
+                        topic,
+                        frame(
+                            &Command::Message { consumer_id, message_id: id, redelivery_count: 0, ack_set: vec![] },
+                            &f.payload,
+                        ),
+                    )
                 });
                 line_tx.send((now + delay, receipt, delivery)).unwrap();
             }

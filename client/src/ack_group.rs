@@ -18,7 +18,11 @@ pub const ACK_GROUP_MAX_DEFAULT: usize = 1000;
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct AckBatch {
     pub(crate) individual: Vec<MessageId>,
-    pub(crate) cumulative: Option<MessageId>,
+    /// One per `individual` id: its batch's size for a batch-index ack, 0
+    /// for an ack of the whole entry.
+    pub(crate) batch_sizes: Vec<u32>,
+    /// The highest cumulative ack, with its batch size (as above).
+    pub(crate) cumulative: Option<(MessageId, u32)>,
 }
 
 impl AckBatch {
@@ -56,14 +60,17 @@ impl AckGroup {
     }
 
     /// Adds an ack; returns the whole group when it is full.
-    pub(crate) fn add(&self, id: MessageId, cumulative: bool, now: Instant) -> Option<AckBatch> {
+    pub(crate) fn add(&self, id: MessageId, batch_size: u32, cumulative: bool, now: Instant) -> Option<AckBatch> {
         let mut st = self.lock();
         st.since.get_or_insert(now);
         if cumulative {
-            let c = st.batch.cumulative.get_or_insert(id);
-            *c = (*c).max(id);
+            let c = st.batch.cumulative.get_or_insert((id, batch_size));
+            if id > c.0 {
+                *c = (id, batch_size);
+            }
         } else {
             st.batch.individual.push(id);
+            st.batch.batch_sizes.push(batch_size);
         }
         if st.batch.individual.len() >= self.max {
             st.since = None;
@@ -103,15 +110,22 @@ mod tests {
     fn flushes_when_full_or_due() {
         let g = AckGroup::new(Duration::from_millis(100), 3);
         let t0 = Instant::now();
-        assert_eq!(g.add(id(1), false, t0), None);
-        assert_eq!(g.add(id(5), true, t0), None);
-        assert_eq!(g.add(id(4), true, t0), None);
+        assert_eq!(g.add(id(1), 0, false, t0), None);
+        assert_eq!(g.add(id(5), 0, true, t0), None);
+        assert_eq!(g.add(id(4), 0, true, t0), None);
         assert_eq!(g.take_due(t0 + Duration::from_millis(99)), None);
-        assert_eq!(g.add(id(2), false, t0), None);
-        let full = g.add(id(3), false, t0).unwrap();
-        assert_eq!(full, AckBatch { individual: vec![id(1), id(2), id(3)], cumulative: Some(id(5)) });
+        assert_eq!(g.add(id(2), 4, false, t0), None);
+        let full = g.add(id(3), 0, false, t0).unwrap();
+        assert_eq!(
+            full,
+            AckBatch {
+                individual: vec![id(1), id(2), id(3)],
+                batch_sizes: vec![0, 4, 0],
+                cumulative: Some((id(5), 0))
+            }
+        );
         assert_eq!(g.take_due(t0 + Duration::from_secs(1)), None, "nothing left");
-        g.add(id(9), false, t0 + Duration::from_millis(10));
+        g.add(id(9), 0, false, t0 + Duration::from_millis(10));
         assert_eq!(g.take_due(t0 + Duration::from_millis(109)), None);
         assert_eq!(g.take_due(t0 + Duration::from_millis(110)).unwrap().individual, vec![id(9)]);
         assert!(g.take_all().is_empty());

@@ -130,8 +130,14 @@ impl Reassembly {
             crate::compression::decompress(metadata.compression, &joined.freeze(), metadata.uncompressed_size)?;
         metadata.compression = magnetar_wire::CompressionType::None;
         metadata.chunk = None;
-        let whole =
-            Message { id: msg.id, topic: msg.topic.clone(), metadata, payload, redelivery_count: msg.redelivery_count };
+        let whole = Message {
+            id: msg.id,
+            topic: msg.topic.clone(),
+            metadata,
+            payload,
+            redelivery_count: msg.redelivery_count,
+            ack_set: Vec::new(),
+        };
         Ok(Fed::Complete(Box::new(whole), group.ids))
     }
 }
@@ -152,6 +158,7 @@ mod tests {
             },
             payload: Bytes::from_static(payload),
             redelivery_count: 0,
+            ack_set: Vec::new(),
         }
     }
 

@@ -551,7 +551,15 @@ async fn reader_loop(
 /// messages, numbered by `batch_index`. Each message of a batch gets the
 /// entry's metadata with its own key, properties, event time and sequence id;
 /// `num_messages` stays the batch size (the consumer's ack tracker needs it).
-fn unpack_entry(blob: &Bytes, id: MessageId, topic: &str, redelivery_count: u32) -> Result<Vec<Message>> {
+/// Messages whose bit is set in `ack_set` (a batch redelivered after some
+/// of its messages were acknowledged) are left out.
+fn unpack_entry(
+    blob: &Bytes,
+    id: MessageId,
+    topic: &str,
+    redelivery_count: u32,
+    ack_set: Vec<u64>,
+) -> Result<Vec<Message>> {
     let (metadata, payload) = decode_message(blob)?;
     if metadata.chunk.is_some() {
         // A chunk: decompressed once the whole message is reassembled.
@@ -561,18 +569,28 @@ fn unpack_entry(blob: &Bytes, id: MessageId, topic: &str, redelivery_count: u32)
             metadata,
             payload: payload.clone(),
             redelivery_count,
+            ack_set: Vec::new(),
         }]);
     }
     let payload = crate::compression::decompress(metadata.compression, &payload, metadata.uncompressed_size)?;
     let mut metadata = metadata;
     metadata.compression = magnetar_wire::CompressionType::None;
     if metadata.num_messages <= 1 {
-        return Ok(vec![Message { id, topic: topic.to_string(), metadata, payload, redelivery_count }]);
+        return Ok(vec![Message {
+            id,
+            topic: topic.to_string(),
+            metadata,
+            payload,
+            redelivery_count,
+            ack_set: Vec::new(),
+        }]);
     }
     let records = magnetar_wire::decode_batch(&payload, metadata.num_messages)?;
+    let acked = |i: usize| ack_set.get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0);
     Ok(records
         .into_iter()
         .enumerate()
+        .filter(|(i, _)| !acked(*i))
         .map(|(i, r)| {
             let mut m = metadata.clone();
             m.partition_key = r.partition_key;
@@ -587,6 +605,7 @@ fn unpack_entry(blob: &Bytes, id: MessageId, topic: &str, redelivery_count: u32)
                 metadata: m,
                 payload: r.payload,
                 redelivery_count,
+                ack_set: ack_set.clone(),
             }
         })
         .collect())
@@ -651,7 +670,7 @@ async fn dispatch(
                 }
             }
         }
-        Command::Message { consumer_id, message_id, redelivery_count } => {
+        Command::Message { consumer_id, message_id, redelivery_count, ack_set } => {
             let target = {
                 let st = shared.lock();
                 st.consumers.get(&consumer_id).map(|c| (c.deliver.clone(), c.topic.clone()))
@@ -662,7 +681,7 @@ async fn dispatch(
             };
             // Only this entry can be bad; the frame itself was sound, so the
             // application hears about it and the connection goes on.
-            let deliveries = match unpack_entry(&payload, message_id, &topic, redelivery_count) {
+            let deliveries = match unpack_entry(&payload, message_id, &topic, redelivery_count, ack_set) {
                 Ok(messages) => messages.into_iter().map(Ok).collect(),
                 Err(e) => vec![Err(e)],
             };

@@ -468,21 +468,66 @@ struct ChunkState {
 /// belong to.
 fn ack_commands(main: u64, retry: &Option<Arc<RetryRoute>>, batch: AckBatch) -> Vec<Command> {
     let mut out = Vec::new();
-    for (consumer_id, ids) in group(main, retry, &batch.individual) {
-        for ids in ids.chunks(1000) {
-            out.push(Command::Ack {
-                consumer_id,
-                ack_type: AckType::Individual,
-                message_ids: ids.to_vec(),
-                request_id: 0,
-            });
+    let sized: Vec<(MessageId, u32)> = batch.individual.into_iter().zip(batch.batch_sizes).collect();
+    for (consumer_id, acks) in group_sized(main, retry, &sized) {
+        for acks in acks.chunks(1000) {
+            out.push(individual_ack(consumer_id, acks, 0));
         }
     }
-    if let Some(id) = batch.cumulative {
+    if let Some((id, size)) = batch.cumulative {
         let consumer_id = route(main, retry, &id);
-        out.push(Command::Ack { consumer_id, ack_type: AckType::Cumulative, message_ids: vec![id], request_id: 0 });
+        let batch_sizes = if size > 0 { vec![size] } else { Vec::new() };
+        out.push(Command::Ack {
+            consumer_id,
+            ack_type: AckType::Cumulative,
+            message_ids: vec![id],
+            request_id: 0,
+            batch_sizes,
+        });
     }
     out
+}
+
+/// One `Ack` of `acks` (id, batch size); the sizes go on the wire only
+/// when some id is a batch-index ack.
+fn individual_ack(consumer_id: u64, acks: &[(MessageId, u32)], request_id: u64) -> Command {
+    let batch_sizes =
+        if acks.iter().any(|(_, n)| *n > 0) { acks.iter().map(|(_, n)| *n).collect() } else { Vec::new() };
+    Command::Ack {
+        consumer_id,
+        ack_type: AckType::Individual,
+        message_ids: acks.iter().map(|(id, _)| *id).collect(),
+        request_id,
+        batch_sizes,
+    }
+}
+
+/// `group` for acks carrying their batch sizes.
+fn group_sized(
+    main: u64,
+    retry: &Option<Arc<RetryRoute>>,
+    acks: &[(MessageId, u32)],
+) -> Vec<(u64, Vec<(MessageId, u32)>)> {
+    let mut out: Vec<(u64, Vec<(MessageId, u32)>)> = Vec::new();
+    for a in acks {
+        let c = route(main, retry, &a.0);
+        match out.iter_mut().find(|(k, _)| *k == c) {
+            Some((_, v)) => v.push(*a),
+            None => out.push((c, vec![*a])),
+        }
+    }
+    out
+}
+
+/// The batch size to send with the ack of a message sent to the dead-letter
+/// topic: a message of a batch is acknowledged alone (its siblings may not
+/// have reached their limit).
+fn dead_letter_batch_size(msg: &Message) -> Vec<u32> {
+    if msg.id.batch_index >= 0 && msg.metadata.num_messages > 1 {
+        vec![msg.metadata.num_messages]
+    } else {
+        Vec::new()
+    }
 }
 
 struct DeadLetter {
@@ -695,6 +740,7 @@ impl Consumer {
                                     ack_type: AckType::Individual,
                                     message_ids: vec![msg.id],
                                     request_id: 0,
+                                    batch_sizes: dead_letter_batch_size(&msg),
                                 };
                                 let _ = conn.send_command(&ack).await;
                             }
@@ -854,17 +900,18 @@ impl Consumer {
             AckType::Individual => self.tracker.acked(id),
             AckType::Cumulative => self.tracker.acked_cumulative(id),
         }
-        // What the broker acknowledges: entries (see `broker_acks`).
-        for id in self.broker_acks(ack_type, std::slice::from_ref(id)) {
+        // What the broker acknowledges (see `broker_acks`).
+        for (id, size) in self.broker_acks(ack_type, std::slice::from_ref(id)) {
             if self.acks.enabled() {
                 let cumulative = ack_type == AckType::Cumulative;
-                if let Some(full) = self.acks.add(id, cumulative, Instant::now()) {
+                if let Some(full) = self.acks.add(id, size, cumulative, Instant::now()) {
                     self.send_acks(full).await?;
                 }
                 continue;
             }
             let consumer_id = route(self.consumer_id, &self.retry, &id);
-            let command = Command::Ack { consumer_id, ack_type, message_ids: vec![id], request_id: 0 };
+            let batch_sizes = if size > 0 { vec![size] } else { Vec::new() };
+            let command = Command::Ack { consumer_id, ack_type, message_ids: vec![id], request_id: 0, batch_sizes };
             self.conn.send_command(&command).await?;
         }
         Ok(())
@@ -897,6 +944,7 @@ impl Consumer {
                 ack_type: AckType::Individual,
                 message_ids: stray,
                 request_id: 0,
+                batch_sizes: Vec::new(),
             };
             if let Err(e) = self.conn.send_command_nowait(&ack) {
                 tracing::debug!(error = %e, "ack of dropped chunks not sent");
@@ -915,21 +963,26 @@ impl Consumer {
             return;
         }
         let n = usize::try_from(m.metadata.num_messages).unwrap_or(0);
-        self.lock_batches().entry((m.id.ledger, m.id.entry, m.id.partition)).or_insert_with(|| vec![false; n]);
+        self.lock_batches().entry((m.id.ledger, m.id.entry, m.id.partition)).or_insert_with(|| {
+            // A redelivered batch: messages acknowledged before are not
+            // handed out again, and count as acknowledged here.
+            (0..n).map(|i| m.ack_set.get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0)).collect()
+        });
     }
 
-    /// The ids to send to the broker for acknowledging `ids`: a message of a
-    /// batch is acknowledged on the broker only with its last sibling; a
-    /// cumulative ack inside a batch acknowledges up to the entry before; a
-    /// reassembled chunked message acknowledges all its chunks.
-    fn broker_acks(&self, ack_type: AckType, ids: &[MessageId]) -> Vec<MessageId> {
+    /// The acks to send to the broker for acknowledging `ids`, each with its
+    /// batch size: a message of a batch is a batch-index ack (size = the
+    /// batch's) until its last sibling, which acknowledges the entry (size
+    /// 0); a cumulative ack inside a batch likewise; a reassembled chunked
+    /// message acknowledges all its chunks.
+    fn broker_acks(&self, ack_type: AckType, ids: &[MessageId]) -> Vec<(MessageId, u32)> {
         let mut batches = self.lock_batches();
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
             let chunk_ids = self.chunks.lock().unwrap_or_else(|p| p.into_inner()).handed_out.remove(id);
             if let Some(chunk_ids) = chunk_ids {
                 if ack_type == AckType::Individual {
-                    out.extend(chunk_ids);
+                    out.extend(chunk_ids.into_iter().map(|c| (c, 0)));
                     continue;
                 }
             }
@@ -938,9 +991,10 @@ impl Consumer {
                 batches.retain(|(l, e, p), _| !(*p == id.partition && (*l, *e) < (id.ledger, id.entry)));
             }
             let Some(flags) = batches.get_mut(&key).filter(|_| id.batch_index >= 0) else {
-                out.push(*id);
+                out.push((*id, 0));
                 continue;
             };
+            let size = u32::try_from(flags.len()).unwrap_or(u32::MAX);
             let index = usize::try_from(id.batch_index).unwrap_or(usize::MAX);
             match ack_type {
                 AckType::Individual => {
@@ -956,9 +1010,9 @@ impl Consumer {
             }
             if flags.iter().all(|f| *f) {
                 batches.remove(&key);
-                out.push(*id);
-            } else if ack_type == AckType::Cumulative && id.entry > 0 {
-                out.push(MessageId::new(id.ledger, id.entry - 1, id.partition, -1));
+                out.push((*id, 0));
+            } else {
+                out.push((*id, size));
             }
         }
         out
@@ -1012,11 +1066,17 @@ impl Consumer {
         }
         // Grouped acks first: the confirmation then covers them too.
         self.flush_acks().await?;
-        let broker_ids = self.broker_acks(ack_type, ids);
-        for (consumer_id, ids) in group(self.consumer_id, &self.retry, &broker_ids) {
+        let broker_acks = self.broker_acks(ack_type, ids);
+        for (consumer_id, acks) in group_sized(self.consumer_id, &self.retry, &broker_acks) {
             let answer = self
                 .conn
-                .request("ack", |request_id| Command::Ack { consumer_id, ack_type, message_ids: ids, request_id })
+                .request("ack", |request_id| {
+                    let mut command = individual_ack(consumer_id, &acks, request_id);
+                    if let Command::Ack { ack_type: t, .. } = &mut command {
+                        *t = ack_type;
+                    }
+                    command
+                })
                 .await?;
             match answer {
                 Command::Success { .. } => {}

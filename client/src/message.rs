@@ -96,6 +96,10 @@ pub struct Message {
     pub payload: Bytes,
     /// How many times the broker delivered this message before (0 on first delivery).
     pub redelivery_count: u32,
+    /// A message of a batch redelivered after some of its siblings were
+    /// acknowledged: bit i (of word i / 64) set = message i of the batch was
+    /// acknowledged and is not handed out again. Empty otherwise.
+    pub ack_set: Vec<u64>,
 }
 
 impl Message {

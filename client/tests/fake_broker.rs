@@ -338,6 +338,7 @@ async fn consume_flow_replenishment_and_acks() {
                             consumer_id,
                             message_id: MessageId::new(9, sent, -1, -1),
                             redelivery_count: 0,
+                            ack_set: vec![],
                         },
                         &payload,
                     )
@@ -355,7 +356,7 @@ async fn consume_flow_replenishment_and_acks() {
                         permits += u64::from(p);
                         assert!(permits <= u64::from(QUEUE), "client granted more than its queue");
                     }
-                    Command::Ack { consumer_id: c, ack_type, message_ids, request_id } => {
+                    Command::Ack { consumer_id: c, ack_type, message_ids, request_id, .. } => {
                         assert_eq!(c, consumer_id);
                         assert_eq!(request_id, 0);
                         assert_eq!(message_ids.len(), 1);

@@ -297,7 +297,9 @@ async fn run(shard: &Rc<Shard>, op: &str, args: &Value) -> Result<Value, CoreErr
             let key = str_arg(op, args, "key")?.to_string();
             let before_ms = match args.get("before_ms") {
                 None | Some(Value::Null) => None,
-                Some(v) => Some(v.as_u64().ok_or_else(|| bad_args(op, "before_ms must be a non-negative integer (ms)"))?),
+                Some(v) => {
+                    Some(v.as_u64().ok_or_else(|| bad_args(op, "before_ms must be a non-negative integer (ms)"))?)
+                }
             };
             let limit = match args.get("limit") {
                 None | Some(Value::Null) => 10,

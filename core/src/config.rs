@@ -40,6 +40,9 @@ pub struct BrokerConfig {
     /// Delayed messages indexed in memory per subscription; more are read
     /// again from the log when the index drains (bounded memory).
     pub delayed_index_max: u32,
+    /// After a restart, how long a subscription keeps the type it had
+    /// against a consumer of another type, while its own consumers reconnect.
+    pub subscription_type_hold: Duration,
 }
 
 impl BrokerConfig {
@@ -60,6 +63,7 @@ impl BrokerConfig {
             unacked_per_consumer_max: 50_000,
             unacked_per_subscription_max: 200_000,
             delayed_index_max: 100_000,
+            subscription_type_hold: Duration::from_secs(30),
         }
     }
 }

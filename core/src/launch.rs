@@ -10,7 +10,7 @@ use glommio::{LocalExecutorBuilder, Placement};
 use magnetar_storage::{EntryLog, LogConfig};
 use std::future::Future;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -109,14 +109,14 @@ where
     check_format_file(&config.data_dir, n)?;
     let config = Arc::new(config);
     let cpus = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
-    let ready = Arc::new(AtomicU32::new(0));
+    let gate = Arc::new(crate::start_gate::StartGate::<crate::start_gate::ReleaseAcquire>::new(n));
     let (ready_tx, ready_rx) = mpsc::channel::<Result<u32, StartError>>();
     let mut handles = Vec::new();
     for (i, ends) in build_mesh(n).into_iter().enumerate() {
         let id = i as u32;
         let placement = if config.pin_cpus { Placement::Fixed(i % cpus) } else { Placement::Unbound };
-        let (config, shutdown, ready, ready_tx, serve) =
-            (config.clone(), shutdown.clone(), ready.clone(), ready_tx.clone(), serve.clone());
+        let (config, shutdown, gate, ready_tx, serve) =
+            (config.clone(), shutdown.clone(), gate.clone(), ready_tx.clone(), serve.clone());
         let builder = LocalExecutorBuilder::new(placement).name(&format!("shard-{i}"));
         let handle = builder
             .spawn(move || async move {
@@ -165,10 +165,10 @@ where
                 }
                 glommio::spawn_local(shard.clone().cursor_flusher()).detach();
                 glommio::spawn_local(shard.clone().disk_watch()).detach();
-                ready.fetch_add(1, Ordering::SeqCst);
+                gate.arrive();
                 // Serve only once every shard has recovered, so no request is
                 // routed to a shard that is still reading its log.
-                while ready.load(Ordering::SeqCst) < n && !shutdown.load(Ordering::SeqCst) {
+                while gate.state(&shutdown) == crate::start_gate::GateState::Waiting {
                     glommio::timer::sleep(Duration::from_millis(5)).await;
                 }
                 let serving = glommio::spawn_local(serve(Broker { shard: shard.clone() }));

@@ -7,14 +7,15 @@
 //! over the cross-shard mesh.
 
 mod admin;
+mod atomics;
 pub mod config;
 pub mod cursor;
 pub mod dedup;
 mod delayed;
 pub mod disk_watch;
 mod dispatcher;
-mod find;
 pub mod error;
+mod find;
 pub mod launch;
 mod mesh;
 pub mod metadata;
@@ -23,7 +24,9 @@ pub mod ownership;
 mod producers;
 mod shard;
 pub mod signal;
+mod start_gate;
 mod stats;
+pub mod sub_state;
 mod topic;
 pub mod topic_name;
 

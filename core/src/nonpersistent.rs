@@ -109,6 +109,7 @@ impl NpTopic {
                     message_id,
                     redelivery_count: 0,
                     blob: blob.clone(),
+                    ack_set: Vec::new(),
                 },
             ));
         }

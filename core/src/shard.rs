@@ -14,6 +14,7 @@ use crate::metadata::{Metadata, Policies};
 use crate::ownership;
 use crate::producers::Admission;
 use crate::signal::Signal;
+use crate::sub_state::SubState;
 use crate::topic::{NewConsumer, Subscription, Topic};
 use crate::topic_name::{Domain, TopicName};
 use bytes::Bytes;
@@ -40,6 +41,8 @@ const DISPATCH_SHARES: usize = 250;
 
 const META_TOPIC_PREFIX: &[u8] = b"t/";
 const META_CURSOR_PREFIX: &[u8] = b"c/";
+/// `s/<topic>\n<sub>`: a subscription's state beside its cursor (`sub_state.rs`).
+const META_SUB_STATE_PREFIX: &[u8] = b"s/";
 /// `d/<topic>`: the topic's dedup snapshot (see `dedup.rs`).
 const META_DEDUP_PREFIX: &[u8] = b"d/";
 /// `x/<ledger>`: the ledger of a deleted topic, kept so that its id is never
@@ -63,19 +66,14 @@ pub enum ConsumerEvent {
         message_id: MessageId,
         redelivery_count: u32,
         blob: Bytes,
+        /// Batch-index acks of a redelivered batch (`Command::Message::ack_set`).
+        ack_set: Vec<u64>,
     },
     /// The broker closed the consumer (e.g. unreadable data); the client should
     /// be told and may subscribe again.
-    Closed {
-        consumer_id: u64,
-        code: ErrorCode,
-        message: String,
-    },
+    Closed { consumer_id: u64, code: ErrorCode, message: String },
     /// Failover: the consumer became (or stopped being) the active one.
-    ActiveChange {
-        consumer_id: u64,
-        is_active: bool,
-    },
+    ActiveChange { consumer_id: u64, is_active: bool },
 }
 
 /// A producer attached to a topic, as seen by the connection that created it.
@@ -168,6 +166,8 @@ pub(crate) enum Op {
         ack_type: AckType,
         ids: Vec<MessageId>,
         durable: bool,
+        /// Empty, or per id its batch's size (batch-index acks).
+        batch_sizes: Vec<u32>,
     },
     CloseConsumer {
         topic: String,
@@ -285,7 +285,11 @@ fn topic_meta_key(topic: &str) -> Vec<u8> {
 
 /// Cursor keys are `c/<topic>\n<subscription>`; names never contain '\n'.
 fn cursor_meta_key(topic: &str, sub: &str) -> Vec<u8> {
-    let mut k = META_CURSOR_PREFIX.to_vec();
+    sub_meta_key(META_CURSOR_PREFIX, topic, sub)
+}
+
+fn sub_meta_key(prefix: &[u8], topic: &str, sub: &str) -> Vec<u8> {
+    let mut k = prefix.to_vec();
     k.extend_from_slice(topic.as_bytes());
     k.push(b'\n');
     k.extend_from_slice(sub.as_bytes());
@@ -502,9 +506,9 @@ impl Shard {
                 }
                 futures::future::ready(Ok(Reply::Done)).boxed_local()
             }
-            Op::Ack { topic, subscription, consumer, ack_type, ids, durable } => {
+            Op::Ack { topic, subscription, consumer, ack_type, ids, durable, batch_sizes } => {
                 let me = self.clone();
-                let result = self.handle_ack(&topic, &subscription, consumer, ack_type, &ids, durable);
+                let result = self.handle_ack(&topic, &subscription, consumer, ack_type, (&ids, &batch_sizes), durable);
                 async move {
                     let lsn = result?;
                     if durable {
@@ -547,7 +551,7 @@ impl Shard {
                         return Err(CoreError::new(ErrorCode::TopicNotFound, format!("no topic {topic}")));
                     }
                     let (t, _) = self.get_or_create_topic(&tn)?;
-                    Ok(Reply::Stats(crate::stats::topic_stats_json(&t)))
+                    Ok(Reply::Stats(crate::stats::topic_stats_json(&self.log, &t)))
                 })();
                 futures::future::ready(r).boxed_local()
             }
@@ -760,8 +764,12 @@ impl Shard {
             let extras = magnetar_storage::IndexExtras {
                 publish_time_ms: peek.publish_time_ms,
                 key_hash: peek.partition_key.map_or(0, |k| magnetar_storage::key_hash(k.as_bytes())),
+                tag_hash: magnetar_storage::tag_hash(peek.tag.map(str::as_bytes)),
             };
+            let blob_bytes = blob.len() as u64;
             let a = self.log.append_with(t.ledger, blob, extras)?;
+            t.rate_in.record(now_ms(), u64::from(num_messages), blob_bytes);
+            t.note_messages(a.entry, num_messages);
             assert_eq!(a.entry, t.next_entry.get(), "entry ids of a ledger are dense");
             t.next_entry.set(a.entry + 1);
             if tracked {
@@ -833,7 +841,6 @@ impl Shard {
             let Ok(sub_name) = std::str::from_utf8(&k[prefix.len()..]) else { continue };
             match crate::cursor::Cursor::decode(&v) {
                 Ok(cursor) if cursor.ledger == ledger => {
-                    // The type is not persisted: the first consumer sets it.
                     let sub = Subscription::new(
                         sub_name.to_string(),
                         SubscriptionType::Exclusive,
@@ -842,6 +849,22 @@ impl Shard {
                         partition,
                         self.config.delayed_index_max as usize,
                     );
+                    // Type, filter, batch acks, redelivery counts. Without a
+                    // record (older data) the first consumer sets the type.
+                    let state_key = sub_meta_key(META_SUB_STATE_PREFIX, &key, sub_name);
+                    match self.log.meta(&state_key).filter(|v| !v.is_empty()).map(|v| SubState::decode(&v)) {
+                        Some(Ok(state)) => crate::sub_state::restore(
+                            &sub,
+                            state,
+                            ledger,
+                            now_ms(),
+                            self.config.subscription_type_hold.as_millis() as u64,
+                        ),
+                        Some(Err(e)) => {
+                            tracing::error!(topic = %key, sub = sub_name, "unreadable subscription state: {e}")
+                        }
+                        None => {}
+                    }
                     topic.subs.borrow_mut().insert(sub_name.to_string(), sub.clone());
                     crate::dispatcher::task::spawn(self.clone(), topic.clone(), sub);
                 }
@@ -974,6 +997,9 @@ impl Shard {
                 filter_tag: req.filter_tag.clone(),
             },
         )?;
+        if sub.state_dirty.get() {
+            self.mark_cursor_dirty(&t, &sub);
+        }
         for lsn in [created_lsn, sub_lsn].into_iter().flatten() {
             if let Err(e) = self.log.wait_durable(lsn).await {
                 sub.remove_consumer(&self, consumer);
@@ -1104,6 +1130,14 @@ impl Shard {
         for (k, _) in self.log.meta_prefix(&prefix) {
             self.log.put_meta(&k, Bytes::new())?;
         }
+        let mut prefix = META_SUB_STATE_PREFIX.to_vec();
+        prefix.extend_from_slice(topic.as_bytes());
+        prefix.push(b'\n');
+        for (k, v) in self.log.meta_prefix(&prefix) {
+            if !v.is_empty() {
+                self.log.put_meta(&k, Bytes::new())?;
+            }
+        }
         if self.log.meta(&dedup_meta_key(topic)).is_some() {
             self.log.put_meta(&dedup_meta_key(topic), Bytes::new())?;
         }
@@ -1166,14 +1200,17 @@ impl Shard {
         subscription: &str,
         consumer: ConsumerRef,
         ack_type: AckType,
-        ids: &[MessageId],
+        (ids, batch_sizes): (&[MessageId], &[u32]),
         persist_now: bool,
     ) -> Result<Option<u64>, CoreError> {
         let (t, sub) = self.attached(topic, subscription, consumer)?;
         if ack_type == AckType::Cumulative && ids.len() != 1 {
             return Err(CoreError::new(ErrorCode::ProtocolError, "a cumulative ack carries exactly one id"));
         }
-        let changed = sub.ack(t.ledger, t.next_entry.get(), ack_type, ids)?;
+        if !batch_sizes.is_empty() && batch_sizes.len() != ids.len() {
+            return Err(CoreError::new(ErrorCode::ProtocolError, "an ack's batch sizes must be one per id, or none"));
+        }
+        let changed = sub.ack(t.ledger, t.next_entry.get(), ack_type, ids, batch_sizes)?;
         if changed {
             self.mark_cursor_dirty(&t, &sub);
         }
@@ -1188,8 +1225,15 @@ impl Shard {
         Ok(Some(sub.persisted_lsn.get()))
     }
 
+    /// Writes the cursor record, and the state record when it changed
+    /// (the state first: a crash between them leaves bits for entries the
+    /// cursor does not yet acknowledge, never the other way round).
     pub(crate) fn persist_cursor(&self, topic: &Topic, sub: &Subscription) -> Result<u64, CoreError> {
         sub.dirty.set(false);
+        if sub.state_dirty.replace(false) {
+            let state = crate::sub_state::encode(sub, topic.ledger);
+            self.log.put_meta(&sub_meta_key(META_SUB_STATE_PREFIX, &topic.key, &sub.name), Bytes::from(state))?;
+        }
         let bytes = sub.cursor.borrow().encode();
         let lsn = self.log.put_meta(&cursor_meta_key(&topic.key, &sub.name), Bytes::from(bytes))?;
         sub.persisted_lsn.set(lsn);
@@ -1473,6 +1517,20 @@ impl Broker {
         ids: Vec<MessageId>,
         durable: bool,
     ) -> LocalBoxFuture<'static, Result<(), CoreError>> {
+        self.ack_with_batch_sizes(c, ack_type, ids, Vec::new(), durable)
+    }
+
+    /// [`ack`](Self::ack) where `batch_sizes` (empty, or one per id) makes an
+    /// id with a batch index and a size above 1 acknowledge only that
+    /// message of its batch (the entry once all of them are).
+    pub fn ack_with_batch_sizes(
+        &self,
+        c: &ConsumerHandle,
+        ack_type: AckType,
+        ids: Vec<MessageId>,
+        batch_sizes: Vec<u32>,
+        durable: bool,
+    ) -> LocalBoxFuture<'static, Result<(), CoreError>> {
         let op = Op::Ack {
             topic: c.topic.clone(),
             subscription: c.subscription.clone(),
@@ -1480,6 +1538,7 @@ impl Broker {
             ack_type,
             ids,
             durable,
+            batch_sizes,
         };
         let fut = self.shard.call(c.owner, op);
         async move { fut.await.map(|_| ()) }.boxed_local()

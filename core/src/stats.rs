@@ -5,13 +5,140 @@
 
 use crate::dispatcher::Policy;
 use crate::topic::Topic;
+use std::cell::Cell;
+
+/// Shortest span a rate is measured over.
+const RATE_WINDOW_MS: u64 = 1_000;
+
+/// Messages and bytes per second, over the last window of at least
+/// `RATE_WINDOW_MS` (or the current one, once it is that long). Owned by
+/// one shard; never crosses cores.
+#[derive(Debug, Default)]
+pub(crate) struct RateMeter {
+    window_start_ms: Cell<u64>,
+    msgs: Cell<u64>,
+    bytes: Cell<u64>,
+    /// Rates of the last closed window, and when it closed.
+    last: Cell<(f64, f64)>,
+    last_end_ms: Cell<u64>,
+}
+
+impl RateMeter {
+    pub(crate) fn record(&self, now_ms: u64, msgs: u64, bytes: u64) {
+        self.roll(now_ms);
+        self.msgs.set(self.msgs.get() + msgs);
+        self.bytes.set(self.bytes.get() + bytes);
+    }
+
+    fn roll(&self, now_ms: u64) {
+        let start = self.window_start_ms.get();
+        if start == 0 {
+            self.window_start_ms.set(now_ms);
+            return;
+        }
+        let span = now_ms.saturating_sub(start);
+        if span >= RATE_WINDOW_MS {
+            let per_s = 1000.0 / span as f64;
+            self.last.set((self.msgs.get() as f64 * per_s, self.bytes.get() as f64 * per_s));
+            self.last_end_ms.set(now_ms);
+            self.window_start_ms.set(now_ms);
+            self.msgs.set(0);
+            self.bytes.set(0);
+        }
+    }
+
+    /// `(messages/s, bytes/s)` at `now_ms`. A window that closed more than
+    /// a window ago says nothing about now: then the open window (at least
+    /// a window long by then) is measured instead.
+    pub(crate) fn rates(&self, now_ms: u64) -> (f64, f64) {
+        self.roll(now_ms);
+        if now_ms.saturating_sub(self.last_end_ms.get()) <= RATE_WINDOW_MS {
+            self.last.get()
+        } else {
+            (0.0, 0.0)
+        }
+    }
+}
+
+/// Messages per batch entry of a topic (entries of one message are not
+/// kept), learned at append and when a dispatcher reads an entry, so that
+/// backlogs can be counted in messages without reading entries. After a
+/// restart, a batch not read since counts as one message. Bounded: every
+/// `PRUNE_EVERY` notes, batches every subscription has acknowledged (below
+/// the lowest ack floor) are dropped. Owned by the topic's shard.
+#[derive(Debug, Default)]
+pub(crate) struct BatchSizes {
+    sizes: std::cell::RefCell<std::collections::BTreeMap<(u64, u64), u32>>,
+    notes: Cell<u64>,
+}
+
+const PRUNE_EVERY: u64 = 1024;
+
+impl BatchSizes {
+    /// `(ledger, entry)` holds `messages` messages. `floor` gives the lowest
+    /// position still unacknowledged by some subscription, for pruning.
+    pub(crate) fn note(&self, key: (u64, u64), messages: u32, floor: impl FnOnce() -> (u64, u64)) {
+        if messages <= 1 {
+            return;
+        }
+        self.sizes.borrow_mut().insert(key, messages);
+        self.notes.set(self.notes.get() + 1);
+        if self.notes.get().is_multiple_of(PRUNE_EVERY) {
+            let keep = self.sizes.borrow_mut().split_off(&floor());
+            *self.sizes.borrow_mut() = keep;
+        }
+    }
+
+    /// Messages beyond one per entry in the batches of `ledger` at
+    /// `from..to` that `acked` does not cover.
+    fn extra_messages(&self, ledger: u64, from: u64, to: u64, acked: impl Fn(u64) -> bool) -> u64 {
+        self.sizes
+            .borrow()
+            .range((ledger, from)..(ledger, to))
+            .filter(|((_, e), _)| !acked(*e))
+            .map(|(_, n)| u64::from(n - 1))
+            .sum()
+    }
+}
+
+/// A subscription's dispatch counters. Owned by the topic's shard.
+#[derive(Debug, Default)]
+pub(crate) struct SubCounters {
+    /// Entries the dispatcher read from storage.
+    pub(crate) entries_read: Cell<u64>,
+    /// Entries a tag filter skipped from the index alone, unread.
+    pub(crate) skipped_by_index: Cell<u64>,
+    /// Messages and bytes sent to consumers.
+    pub(crate) out: RateMeter,
+}
+
+/// Bytes of the entries of `t` not acknowledged by a subscription whose
+/// cursor is `cursor`, from the index (no entry is read). A partly
+/// acknowledged batch counts whole. Costs one index lookup per entry of
+/// the backlog.
+fn backlog_bytes(log: &magnetar_storage::EntryLog, t: &Topic, cursor: &crate::cursor::Cursor) -> u64 {
+    (cursor.ack_floor..t.durable_next.get())
+        .filter(|e| !cursor.acked.contains(e))
+        .filter_map(|e| log.index_entry(t.ledger, e))
+        .map(|ie| u64::from(ie.body_len))
+        .sum()
+}
 
 /// Layout: `{"topic":…,"next_entry":…,"subscriptions":{NAME:{"type":…,
-/// "ack_floor":…,"msg_backlog":…,"unacked":…,"delayed":…,"replay":…,
-/// "msg_out_total":…,"consumers":[{"name":…,"priority":…,"permits":…,
+/// "ack_floor":…,"msg_backlog":…,"backlog_messages":…,"backlog_bytes":…,"unacked":…,
+/// "delayed":…,"replay":…,"msg_out_total":…,"msg_rate_in":…,
+/// "byte_rate_in":…,"msg_rate_out":…,"byte_rate_out":…,"durable":…,
+/// "filter_tag":…,"entries_read":…,"skipped_by_index":…,
+/// "partial_batches":…,"consumers":[{"name":…,"priority":…,"permits":…,
 /// "unacked":…,"active":…}]}}}`. `msg_backlog` counts entries not
-/// acknowledged (sent or not); `active` is meaningful for Failover/Exclusive.
-pub(crate) fn topic_stats_json(t: &Topic) -> String {
+/// acknowledged (sent or not; a batch entry counts once), `backlog_messages`
+/// their messages (see `BatchSizes`), `backlog_bytes` their stored bytes; `unacked` counts entries delivered and not
+/// acknowledged; rates are per second over the last second or so (in:
+/// appended to the topic; out: sent to this subscription's consumers);
+/// `active` is meaningful for Failover/Exclusive.
+pub(crate) fn topic_stats_json(log: &magnetar_storage::EntryLog, t: &Topic) -> String {
+    let now = crate::shard::now_ms();
+    let (msg_in, byte_in) = t.rate_in.rates(now);
     let mut out = String::new();
     out.push_str(&format!("{{\"topic\":{},\"next_entry\":{},\"subscriptions\":{{", quote(&t.key), t.next_entry.get()));
     let subs = t.subs.borrow();
@@ -23,6 +150,10 @@ pub(crate) fn topic_stats_json(t: &Topic) -> String {
         let next = t.durable_next.get();
         let above_floor = cursor.acked.range(cursor.ack_floor..next).count() as u64;
         let backlog = next.saturating_sub(cursor.ack_floor).saturating_sub(above_floor);
+        let partly_acked: u64 = s.batch_acks.borrow().iter().map(|(_, bits)| u64::from(bits.acked_count())).sum();
+        let backlog_messages = (backlog
+            + t.batch_sizes.extra_messages(t.ledger, cursor.ack_floor, next, |e| cursor.acked.contains(&e)))
+        .saturating_sub(partly_acked);
         let active = match &*s.policy.borrow() {
             Policy::Single(a) => a.current,
             _ => None,
@@ -30,16 +161,29 @@ pub(crate) fn topic_stats_json(t: &Topic) -> String {
         if i > 0 {
             out.push(',');
         }
+        let (msg_out, byte_out) = s.counters.out.rates(now);
+        let filter = s.filter_tag.borrow().as_deref().map_or_else(|| "null".to_string(), quote);
         out.push_str(&format!(
-            "{}:{{\"type\":\"{:?}\",\"ack_floor\":{},\"msg_backlog\":{},\"unacked\":{},\"delayed\":{},\"replay\":{},\"msg_out_total\":{},\"consumers\":[",
+            "{}:{{\"type\":\"{:?}\",\"ack_floor\":{},\"msg_backlog\":{},\"backlog_messages\":{},\"backlog_bytes\":{},\"unacked\":{},\"delayed\":{},\"replay\":{},\"msg_out_total\":{},\"msg_rate_in\":{:.1},\"byte_rate_in\":{:.1},\"msg_rate_out\":{:.1},\"byte_rate_out\":{:.1},\"durable\":{},\"filter_tag\":{},\"entries_read\":{},\"skipped_by_index\":{},\"partial_batches\":{},\"consumers\":[",
             quote(name),
             s.sub_type.get(),
             cursor.ack_floor,
             backlog,
+            backlog_messages,
+            backlog_bytes(log, t, &cursor),
             s.pending.borrow().len(),
             s.delayed.borrow().len(),
             s.replay.borrow().len(),
             s.delivered_total.get(),
+            msg_in,
+            byte_in,
+            msg_out,
+            byte_out,
+            s.durable,
+            filter,
+            s.counters.entries_read.get(),
+            s.counters.skipped_by_index.get(),
+            s.batch_acks.borrow().len(),
         ));
         for (j, c) in s.consumers.borrow().iter().enumerate() {
             if j > 0 {
@@ -79,7 +223,39 @@ fn quote(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::quote;
+    use super::{quote, BatchSizes, RateMeter, PRUNE_EVERY};
+
+    #[test]
+    fn batch_sizes_count_extra_messages_and_prune() {
+        let b = BatchSizes::default();
+        b.note((1, 3), 10, || (1, 0));
+        b.note((1, 4), 1, || (1, 0));
+        b.note((1, 7), 5, || (1, 0));
+        assert_eq!(b.extra_messages(1, 0, 10, |_| false), 9 + 4);
+        assert_eq!(b.extra_messages(1, 0, 10, |e| e == 3), 4);
+        assert_eq!(b.extra_messages(1, 4, 7, |_| false), 0, "end is exclusive");
+        assert_eq!(b.extra_messages(2, 0, 10, |_| false), 0, "another ledger");
+        for e in 10..10 + PRUNE_EVERY {
+            b.note((1, e), 2, || (1, 9));
+        }
+        assert_eq!(b.extra_messages(1, 0, 9, |_| false), 0, "pruned below the floor");
+        assert_eq!(b.extra_messages(1, 10, 11, |_| false), 1, "kept above it");
+    }
+
+    #[test]
+    fn rate_covers_the_last_window() {
+        let m = RateMeter::default();
+        m.record(10_000, 0, 0);
+        for i in 0..10 {
+            m.record(10_000 + i * 100, 5, 500);
+        }
+        assert_eq!(m.rates(10_500), (0.0, 0.0), "no window closed yet");
+        let (msgs, bytes) = m.rates(11_000);
+        assert!((msgs - 50.0).abs() < 1e-9 && (bytes - 5000.0).abs() < 1e-9, "{msgs} {bytes}");
+        assert_eq!(m.rates(11_900), (msgs, bytes), "still the last window");
+        // Idle for long: the open window (nothing in it) is measured.
+        assert_eq!(m.rates(15_000), (0.0, 0.0));
+    }
 
     #[test]
     fn quotes_escape() {

@@ -35,6 +35,10 @@ pub(crate) struct Topic {
     pub(crate) deleted: Cell<bool>,
     pub(crate) dedup: crate::dedup::Dedup,
     pub(crate) subs: RefCell<HashMap<String, Rc<Subscription>>>,
+    /// Messages and bytes appended (the subscriptions' rate in).
+    pub(crate) rate_in: crate::stats::RateMeter,
+    /// Messages per batch entry, for backlogs in messages.
+    pub(crate) batch_sizes: crate::stats::BatchSizes,
 }
 
 impl Topic {
@@ -51,7 +55,18 @@ impl Topic {
             deleted: Cell::new(false),
             dedup: crate::dedup::Dedup::default(),
             subs: RefCell::new(HashMap::new()),
+            rate_in: Default::default(),
+            batch_sizes: Default::default(),
         }
+    }
+
+    /// Records that `entry` holds `messages` messages (for backlogs in
+    /// messages); batches every subscription acknowledged are pruned.
+    pub(crate) fn note_messages(&self, entry: u64, messages: u32) {
+        self.batch_sizes.note((self.ledger, entry), messages, || {
+            let floor = self.subs.borrow().values().map(|s| s.cursor.borrow().ack_floor).min();
+            (self.ledger, floor.unwrap_or(self.next_entry.get()))
+        });
     }
 
     /// Called when `entry` became durable: wake the dispatchers.
@@ -70,6 +85,9 @@ impl Topic {
 pub(crate) struct Pending {
     pub(crate) consumer: ConsumerRef,
     pub(crate) key_hash: u16,
+    /// Messages in the entry (a batch holds several): the size a
+    /// batch-index ack of it must name.
+    pub(crate) num_messages: u32,
 }
 
 pub(crate) struct Subscription {
@@ -101,9 +119,20 @@ pub(crate) struct Subscription {
     pub(crate) dirty: Cell<bool>,
     /// Log position of the last cursor record written (0: none this run).
     pub(crate) persisted_lsn: Cell<u64>,
+    /// Batch entries partly acknowledged (batch-index acks).
+    pub(crate) batch_acks: RefCell<crate::sub_state::BatchAcks>,
+    /// The `s/` record (type, filter, batch acks, redelivery counts)
+    /// changed since it was last written.
+    pub(crate) state_dirty: Cell<bool>,
+    /// After a restart: until this time (ms since the epoch) an idle
+    /// subscription refuses a consumer of another type than the one it had,
+    /// so its own consumers can come back (0: no hold).
+    pub(crate) type_held_until_ms: Cell<u64>,
+    /// Dispatch counters and the outgoing rate (stats).
+    pub(crate) counters: crate::stats::SubCounters,
 }
 
-fn policy_for(t: SubscriptionType) -> Policy {
+pub(crate) fn policy_for(t: SubscriptionType) -> Policy {
     match t {
         SubscriptionType::Exclusive | SubscriptionType::Failover => Policy::Single(failover::Active::default()),
         SubscriptionType::Shared => Policy::Shared(Default::default()),
@@ -149,6 +178,11 @@ impl Subscription {
             removed: Cell::new(false),
             dirty: Cell::new(false),
             persisted_lsn: Cell::new(0),
+            batch_acks: RefCell::new(Default::default()),
+            // A new subscription's type is news to the log.
+            state_dirty: Cell::new(true),
+            type_held_until_ms: Cell::new(0),
+            counters: Default::default(),
         })
     }
 
@@ -171,11 +205,17 @@ impl Subscription {
         }
         let mut consumers = self.consumers.borrow_mut();
         if consumers.is_empty() {
+            crate::sub_state::check_type_hold(self, new.sub_type, crate::shard::now_ms())?;
             if self.sub_type.get() != new.sub_type {
                 self.sub_type.set(new.sub_type);
                 *self.policy.borrow_mut() = policy_for(new.sub_type);
+                self.state_dirty.set(true);
             }
-            *self.filter_tag.borrow_mut() = (!new.filter_tag.is_empty()).then_some(new.filter_tag);
+            let filter = (!new.filter_tag.is_empty()).then_some(new.filter_tag);
+            if *self.filter_tag.borrow() != filter {
+                *self.filter_tag.borrow_mut() = filter;
+                self.state_dirty.set(true);
+            }
         } else if self.sub_type.get() == SubscriptionType::Exclusive {
             return Err(CoreError::new(
                 ErrorCode::ConsumerBusy,
@@ -313,6 +353,8 @@ impl Subscription {
         let max = self.delayed.borrow().max_entries();
         *self.delayed.borrow_mut() = DelayedIndex::new(max);
         self.deliveries.borrow_mut().clear();
+        self.batch_acks.borrow_mut().clear();
+        self.state_dirty.set(true);
         self.read_pos.set(entry);
         for c in self.consumers.borrow_mut().iter_mut() {
             c.unacked = 0;
@@ -326,13 +368,16 @@ impl Subscription {
     }
 
     /// Applies acks against the topic's `ledger`, whose next entry is
-    /// `next_entry`. Returns whether the cursor changed.
+    /// `next_entry`. `batch_sizes` is empty or one per id: a size above 1
+    /// makes the id a batch-index ack (`sub_state.rs`). Returns whether the
+    /// cursor or the batch-ack state changed.
     pub(crate) fn ack(
         &self,
         ledger: u64,
         next_entry: u64,
         ack_type: AckType,
         ids: &[MessageId],
+        batch_sizes: &[u32],
     ) -> Result<bool, CoreError> {
         if ack_type == AckType::Cumulative
             && matches!(self.sub_type.get(), SubscriptionType::Shared | SubscriptionType::KeyShared)
@@ -344,19 +389,32 @@ impl Subscription {
         }
         let mut cursor = self.cursor.borrow_mut();
         let mut changed = false;
-        for id in ids {
+        // Entries acknowledged whole by these ids (batch-index acks that
+        // left messages unacknowledged are not among them).
+        let mut whole: Vec<u64> = Vec::with_capacity(ids.len());
+        for (i, id) in ids.iter().enumerate() {
             if id.ledger != ledger || id.entry >= next_entry {
                 return Err(CoreError::new(
                     ErrorCode::NotAllowed,
                     format!("ack of {id}: no such message on this topic"),
                 ));
             }
+            let size = batch_sizes.get(i).copied().unwrap_or(0);
+            if let Some(done) = crate::sub_state::batch_index_ack(self, &mut cursor, ack_type, *id, size)? {
+                changed |= done.changed;
+                if done.whole {
+                    whole.push(id.entry);
+                }
+                continue;
+            }
+            whole.push(id.entry);
             changed |= match ack_type {
                 AckType::Individual => cursor.ack(id.entry),
                 AckType::Cumulative => cursor.ack_cumulative(id.entry),
             };
         }
         if changed {
+            crate::sub_state::forget_acked(self, &cursor, ledger, ack_type, &whole);
             let mut deliveries = self.deliveries.borrow_mut();
             let mut replay = self.replay.borrow_mut();
             let mut pending = self.pending.borrow_mut();
@@ -366,11 +424,11 @@ impl Subscription {
             // sweeps below the new floor.
             let acked: Vec<u64> = match ack_type {
                 AckType::Individual => {
-                    for id in ids {
-                        deliveries.remove(&id.entry);
-                        replay.remove(&id.entry);
+                    for e in &whole {
+                        deliveries.remove(e);
+                        replay.remove(e);
                     }
-                    ids.iter().map(|i| i.entry).filter(|e| pending.contains_key(e)).collect()
+                    whole.iter().copied().filter(|e| pending.contains_key(e)).collect()
                 }
                 AckType::Cumulative => {
                     deliveries.retain(|e, _| !cursor.is_acked(*e));

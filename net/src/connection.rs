@@ -357,7 +357,7 @@ impl Conn {
                 }
                 Ok(())
             }
-            Command::Ack { consumer_id, ack_type, message_ids, request_id } => {
+            Command::Ack { consumer_id, ack_type, message_ids, request_id, batch_sizes } => {
                 let Some(c) = self.consumers.borrow().get(&consumer_id).cloned() else {
                     if request_id != 0 {
                         self.out.error(request_id, &CoreError::new(ErrorCode::ConsumerNotFound, "no such consumer"));
@@ -367,7 +367,10 @@ impl Conn {
                 if message_ids.is_empty() || (ack_type == AckType::Cumulative && message_ids.len() != 1) {
                     return Err("an ack carries at least one id, and a cumulative ack exactly one".into());
                 }
-                let fut = self.broker.ack(&c, ack_type, message_ids, request_id != 0);
+                if !batch_sizes.is_empty() && batch_sizes.len() != message_ids.len() {
+                    return Err("an ack's batch sizes are one per id, or none".into());
+                }
+                let fut = self.broker.ack_with_batch_sizes(&c, ack_type, message_ids, batch_sizes, request_id != 0);
                 let out = self.out.clone();
                 glommio::spawn_local(async move {
                     match fut.await {
@@ -512,8 +515,8 @@ impl Conn {
         glommio::spawn_local(async move {
             while let Some(ev) = rx.recv().await {
                 match ev {
-                    ConsumerEvent::Message { consumer_id, message_id, redelivery_count, blob } => {
-                        out.push(&Command::Message { consumer_id, message_id, redelivery_count }, &blob);
+                    ConsumerEvent::Message { consumer_id, message_id, redelivery_count, blob, ack_set } => {
+                        out.push(&Command::Message { consumer_id, message_id, redelivery_count, ack_set }, &blob);
                     }
                     ConsumerEvent::Closed { consumer_id, code, message } => {
                         if let Some(conn) = me.upgrade() {

@@ -104,9 +104,9 @@ impl Drop for Worker {
 }
 
 fn bench_dir(name: &str) -> PathBuf {
-    let base = std::env::var("MAGNETAR_BENCH_DIR").map(PathBuf::from).unwrap_or_else(|_| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench-disk")
-    });
+    let base = std::env::var("MAGNETAR_BENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench-disk"));
     let dir = base.join(format!("storage-bench-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -156,7 +156,9 @@ fn append(c: &mut Criterion) {
     for (name, size, in_flight) in [("1KiB", 1024usize, 256usize), ("64KiB", 64 << 10, 64)] {
         g.throughput(Throughput::Bytes(size as u64));
         g.bench_function(name, |b| {
-            b.iter_custom(|iters| w.run(move |ctx| async move { append_n(&ctx.log(0), 1, iters, size, in_flight).await }))
+            b.iter_custom(|iters| {
+                w.run(move |ctx| async move { append_n(&ctx.log(0), 1, iters, size, in_flight).await })
+            })
         });
     }
     g.finish();
@@ -226,7 +228,11 @@ fn index(c: &mut Criterion) {
         let mut last = 0;
         for i in 0..N {
             let key = format!("key-{}", i % KEYS);
-            let extras = IndexExtras { publish_time_ms: BASE_MS + i / 4, key_hash: key_hash(key.as_bytes()) };
+            let extras = IndexExtras {
+                publish_time_ms: BASE_MS + i / 4,
+                key_hash: key_hash(key.as_bytes()),
+                ..Default::default()
+            };
             last = log.append_with(1, body.clone(), extras).unwrap().lsn;
             if i % 10_000 == 9_999 {
                 log.wait_durable(last).await.unwrap();
@@ -266,8 +272,7 @@ fn index(c: &mut Criterion) {
     });
     let find = |ctx: Rc<Ctx>, iters: u64| async move {
         let log = ctx.log(0);
-        let hashes: Vec<u32> =
-            (0..iters).map(|_| key_hash(format!("key-{}", ctx.below(KEYS)).as_bytes())).collect();
+        let hashes: Vec<u32> = (0..iters).map(|_| key_hash(format!("key-{}", ctx.below(KEYS)).as_bytes())).collect();
         let t = Instant::now();
         for h in hashes {
             let hits = log.find_key(h, &|l| l == 1, None, 10).await.unwrap();

@@ -59,7 +59,7 @@ fn main() {
         while i < count {
             let mut last = 0;
             for j in i..(i + chunk).min(count) {
-                let extras = IndexExtras { publish_time_ms: BASE_MS + j / 4, key_hash: 0 };
+                let extras = IndexExtras { publish_time_ms: BASE_MS + j / 4, key_hash: 0, tag_hash: 0 };
                 last = log.append_with(LEDGER, body.clone(), extras).unwrap().lsn;
             }
             log.wait_durable(last).await.unwrap();

@@ -202,7 +202,10 @@ impl<D: Disk> EntryLog<D> {
                 let n = rec_bytes(&l.ie) as usize;
                 let corrupt = |r| StorageError::corrupt(&seg.path, l.ie.position - seg.start, r);
                 let rec = raw.get(s..s + n).ok_or_else(|| {
-                    corrupt(CorruptReason::ShortFile { len: (off as usize + raw.len()) as u64, need: (off as usize + s + n) as u64 })
+                    corrupt(CorruptReason::ShortFile {
+                        len: (off as usize + raw.len()) as u64,
+                        need: (off as usize + s + n) as u64,
+                    })
                 })?;
                 // Never copy a byte whose checksum failed.
                 if let Err(r) = check_entry_record(rec, &l.ie, l.ledger, l.entry) {

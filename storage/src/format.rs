@@ -191,11 +191,25 @@ pub fn could_be_torn(h: &BatchHeader, b: &[u8]) -> bool {
 // ---------------------------------------------------------------- records
 
 /// Per-entry values the index keeps beside the position (issue 3 uses them
-/// for seek by time and lookup by key). Zero means "not given".
+/// for seek by time and lookup by key; issue 4's tag filter uses the tag
+/// hash to skip entries without reading them). Zero means "not given".
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct IndexExtras {
     pub publish_time_ms: u64,
     pub key_hash: u32,
+    /// [`tag_hash`] of the entry's tag (of `b""` when it has none), so never
+    /// 0 when given. Written in bytes every earlier writer left zero, so
+    /// older files read as 0 = unknown (see docs/format.md).
+    pub tag_hash: u32,
+}
+
+/// The tag hash stored in the index: [`key_hash`] of the tag's bytes (an
+/// entry without a tag hashes the empty tag), so a writer that knows the
+/// tag never stores 0, which means "unknown" (data written before the field
+/// existed). Equal hashes may still be different tags: a reader that must
+/// be exact reads the entry.
+pub fn tag_hash(tag: Option<&[u8]>) -> u32 {
+    key_hash(tag.unwrap_or(b""))
 }
 
 /// The key hash stored in the index for a message key: CRC-32 of the key
@@ -234,6 +248,7 @@ impl RecordHeader {
         wr(b, 16, &ledger.to_le_bytes());
         wr(b, 24, &entry.to_le_bytes());
         wr(b, 32, &extras.publish_time_ms.to_le_bytes());
+        wr(b, 40, &extras.tag_hash.to_le_bytes());
         let mut h = crc32fast::Hasher::new();
         h.update(&b[4..]);
         for p in body_parts {
@@ -257,7 +272,7 @@ impl RecordHeader {
             body_len: rd_u32(b, 8),
             ledger: rd_u64(b, 16),
             entry: rd_u64(b, 24),
-            extras: IndexExtras { key_hash: rd_u32(b, 12), publish_time_ms: rd_u64(b, 32) },
+            extras: IndexExtras { key_hash: rd_u32(b, 12), publish_time_ms: rd_u64(b, 32), tag_hash: rd_u32(b, 40) },
         })
     }
 
@@ -417,6 +432,7 @@ pub fn encode_index_page(ledger: u64, first_entry: u64, entries: &[IndexEntry]) 
         wr(&mut p, o + 12, &e.record_crc.to_le_bytes());
         wr(&mut p, o + 16, &e.extras.publish_time_ms.to_le_bytes());
         wr(&mut p, o + 24, &e.extras.key_hash.to_le_bytes());
+        wr(&mut p, o + 28, &e.extras.tag_hash.to_le_bytes());
     }
     let c = crc(&[&p[8..]]);
     wr(&mut p, 4, &c.to_le_bytes());
@@ -459,7 +475,11 @@ pub fn decode_index_page(p: &[u8], ledger: u64) -> Result<(u64, Vec<IndexEntry>)
             position: rd_u64(p, o),
             body_len: rd_u32(p, o + 8),
             record_crc: rd_u32(p, o + 12),
-            extras: IndexExtras { publish_time_ms: rd_u64(p, o + 16), key_hash: rd_u32(p, o + 24) },
+            extras: IndexExtras {
+                publish_time_ms: rd_u64(p, o + 16),
+                key_hash: rd_u32(p, o + 24),
+                tag_hash: rd_u32(p, o + 28),
+            },
         });
     }
     Ok((first, out))
@@ -710,7 +730,7 @@ mod tests {
                 position: i * 100,
                 body_len: i as u32,
                 record_crc: 1,
-                extras: IndexExtras { publish_time_ms: i, key_hash: 2 },
+                extras: IndexExtras { publish_time_ms: i, key_hash: 2, tag_hash: 3 },
             })
             .collect();
         let p = encode_index_page(9, 254, &e);

@@ -335,10 +335,16 @@ impl ShardImage {
             // Entries compaction moved after their index page was written.
             let ckpt_path = dir.join("checkpoint");
             for r in &c.relocations {
-                let bad = |field, expected, found| corrupt(&ckpt_path, 0, CorruptReason::Field { field, expected, found });
-                let es = from_files.get_mut(&r.ledger).ok_or_else(|| bad("relocation ledger (not in the checkpoint)", 0, r.ledger))?;
+                let bad =
+                    |field, expected, found| corrupt(&ckpt_path, 0, CorruptReason::Field { field, expected, found });
+                let es = from_files
+                    .get_mut(&r.ledger)
+                    .ok_or_else(|| bad("relocation ledger (not in the checkpoint)", 0, r.ledger))?;
                 let len = es.len() as u64;
-                let ie = usize::try_from(r.entry).ok().and_then(|i| es.get_mut(i)).ok_or_else(|| bad("relocation entry", len, r.entry))?;
+                let ie = usize::try_from(r.entry)
+                    .ok()
+                    .and_then(|i| es.get_mut(i))
+                    .ok_or_else(|| bad("relocation entry", len, r.entry))?;
                 if r.position >= c.position {
                     return Err(bad("relocation position", c.position, r.position));
                 }

@@ -89,14 +89,15 @@ fn wr(b: &mut [u8], off: usize, v: &[u8]) {
 /// Encodes a sealed file: header region, then item pages. `items` must be
 /// sorted by (key hash, ledger, entry).
 pub fn encode_key_file(seq: u64, items: &[KeyItem], ledgers: &[(u64, u64, u64)]) -> Vec<u8> {
-    assert!(items.windows(2).all(|w| (w[0].key_hash, w[0].ledger, w[0].entry) < (w[1].key_hash, w[1].ledger, w[1].entry)));
+    assert!(items
+        .windows(2)
+        .all(|w| (w[0].key_hash, w[0].ledger, w[0].entry) < (w[1].key_hash, w[1].ledger, w[1].entry)));
     let item_pages = items.len().div_ceil(KEY_ITEMS_PER_PAGE);
     let header_len = KEY_FILE_HEADER_BYTES + ledgers.len() * KEY_FILE_LEDGER_BYTES + item_pages * 4;
     let header_pages = pad_to_page(header_len as u64) as usize / PAGE_BYTES as usize;
     let mut b = vec![0u8; (header_pages + item_pages) * PAGE_BYTES as usize];
-    let (min_t, max_t) = items
-        .iter()
-        .fold((u64::MAX, 0), |(lo, hi), i| (lo.min(i.publish_time_ms), hi.max(i.publish_time_ms)));
+    let (min_t, max_t) =
+        items.iter().fold((u64::MAX, 0), |(lo, hi), i| (lo.min(i.publish_time_ms), hi.max(i.publish_time_ms)));
     let mut off = KEY_FILE_HEADER_BYTES;
     for (l, first, end) in ledgers {
         wr(&mut b, off, &l.to_le_bytes());

@@ -243,11 +243,27 @@ pub(crate) enum Mode {
 }
 
 enum PendingKind {
-    Entry { ledger: u64, entry: u64, body: Bytes, extras: IndexExtras },
-    Meta { key: Bytes, value: Bytes },
-    Delete { ledger: u64 },
+    Entry {
+        ledger: u64,
+        entry: u64,
+        body: Bytes,
+        extras: IndexExtras,
+    },
+    Meta {
+        key: Bytes,
+        value: Bytes,
+    },
+    Delete {
+        ledger: u64,
+    },
     /// A compaction copy of `ledger:entry`, whose record is at `from` now.
-    Move { ledger: u64, entry: u64, body: Bytes, extras: IndexExtras, from: u64 },
+    Move {
+        ledger: u64,
+        entry: u64,
+        body: Bytes,
+        extras: IndexExtras,
+        from: u64,
+    },
 }
 
 struct Pending {
@@ -815,7 +831,8 @@ impl<D: Disk> Shared<D> {
                         st.shift_live(Some(e.position), None, (RECORD_HEADER_BYTES as u64) + e.body_len as u64);
                     }
                 }
-                let gone: Vec<(u64, u64)> = st.relocated.range((*ledger, 0)..=(*ledger, u64::MAX)).map(|(k, _)| *k).collect();
+                let gone: Vec<(u64, u64)> =
+                    st.relocated.range((*ledger, 0)..=(*ledger, u64::MAX)).map(|(k, _)| *k).collect();
                 for k in gone {
                     st.relocated.remove(&k);
                 }

@@ -237,12 +237,17 @@ impl<D: Disk> EntryLog<D> {
         // (e.g. a segment deleted while still referenced), never dropped.
         for (id, l) in &st.ledgers {
             for (i, e) in l.index.iter().enumerate() {
-                let Some(seg) = st.segments.range(..=e.position).next_back().map(|(_, s)| s).filter(|s| e.position < s.end())
+                let Some(seg) =
+                    st.segments.range(..=e.position).next_back().map(|(_, s)| s).filter(|s| e.position < s.end())
                 else {
                     return Err(StorageError::corrupt(
                         &paths.index(*id),
                         0,
-                        CorruptReason::Field { field: "entry position (no segment holds it)", expected: i as u64, found: e.position },
+                        CorruptReason::Field {
+                            field: "entry position (no segment holds it)",
+                            expected: i as u64,
+                            found: e.position,
+                        },
                     ));
                 };
                 *st.seg_live.entry(seg.start).or_default() += 1;
@@ -612,7 +617,8 @@ fn replay<F>(st: &mut State<F>, path: &Path, batch_off: u64, position: u64, h: &
         let rh = r.header;
         if rh.kind == KIND_DELETE {
             st.ledgers.remove(&rh.ledger);
-            let gone: Vec<(u64, u64)> = st.relocated.range((rh.ledger, 0)..=(rh.ledger, u64::MAX)).map(|(k, _)| *k).collect();
+            let gone: Vec<(u64, u64)> =
+                st.relocated.range((rh.ledger, 0)..=(rh.ledger, u64::MAX)).map(|(k, _)| *k).collect();
             for k in gone {
                 st.relocated.remove(&k);
             }

@@ -201,7 +201,9 @@ fn dma_backend_real_directory() {
         let mut waits = Vec::new();
         for i in 0..400u64 {
             let b = common::body(&mut rng, i);
-            let a = log.append_with(i % 4, b.clone(), IndexExtras { publish_time_ms: i, key_hash: 0 }).unwrap();
+            let a = log
+                .append_with(i % 4, b.clone(), IndexExtras { publish_time_ms: i, key_hash: 0, tag_hash: 0 })
+                .unwrap();
             bodies.push(b);
             waits.push(a.lsn);
         }
@@ -319,7 +321,7 @@ fn bad_config_is_rejected() {
 
 /// Goal: seek by publish time finds the first entry at or after a time by
 /// binary search over the index, before and after a restart (index files
-/// and the scan both keep the extras), and the key hash is kept too.
+/// and the scan both keep the extras), and the key and tag hashes are kept too.
 #[test]
 fn seek_by_publish_time_and_key_hash_survive_restart() {
     run(30, || async {
@@ -327,8 +329,12 @@ fn seek_by_publish_time_and_key_hash_survive_restart() {
         let (log, _) = EntryLog::open_with(disk.clone(), small_config("/s")).await.unwrap();
         let mut last = 0;
         for i in 0..300u64 {
-            let extras =
-                IndexExtras { publish_time_ms: 1000 + i * 10, key_hash: magnetar_storage::key_hash(&i.to_le_bytes()) };
+            let extras = IndexExtras {
+                publish_time_ms: 1000 + i * 10,
+                key_hash: magnetar_storage::key_hash(&i.to_le_bytes()),
+                // Odd entries carry a tag, even ones none.
+                tag_hash: magnetar_storage::tag_hash((i % 2 == 1).then_some(b"t".as_slice())),
+            };
             last = log.append_with(3, Bytes::from(vec![1u8; 100]), extras).unwrap().lsn;
             if i == 150 {
                 log.wait_durable(last).await.unwrap();
@@ -346,7 +352,12 @@ fn seek_by_publish_time_and_key_hash_survive_restart() {
             let e = log.index_entry(3, 42).unwrap();
             assert_eq!(e.extras.publish_time_ms, 1420);
             assert_eq!(e.extras.key_hash, magnetar_storage::key_hash(&42u64.to_le_bytes()));
+            assert_eq!(e.extras.tag_hash, magnetar_storage::tag_hash(None));
+            let e = log.index_entry(3, 43).unwrap();
+            assert_eq!(e.extras.tag_hash, magnetar_storage::tag_hash(Some(b"t")));
         }
+        assert_ne!(magnetar_storage::tag_hash(None), 0);
+        assert_ne!(magnetar_storage::tag_hash(Some(b"t")), magnetar_storage::tag_hash(None));
         assert_ne!(magnetar_storage::key_hash(b""), 0);
     });
 }

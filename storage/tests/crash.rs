@@ -178,7 +178,11 @@ fn key_of(body: &[u8]) -> Option<String> {
 }
 
 fn extras_of(body: &[u8], step: usize) -> IndexExtras {
-    IndexExtras { publish_time_ms: step as u64, key_hash: key_of(body).map_or(0, |k| key_hash(k.as_bytes())) }
+    IndexExtras {
+        publish_time_ms: step as u64,
+        key_hash: key_of(body).map_or(0, |k| key_hash(k.as_bytes())),
+        tag_hash: 0,
+    }
 }
 
 /// The key index after recovery: exactly the recovered entries with each key.

@@ -16,8 +16,8 @@ mod common;
 
 use bytes::Bytes;
 use common::{run, small_config};
-use magnetar_storage::sim::{SimDisk, SimRng};
 use magnetar_storage::inspect::{ScanMode, ShardImage};
+use magnetar_storage::sim::{SimDisk, SimRng};
 use magnetar_storage::{key_hash, EntryLog, IndexExtras, KeyHit, LogConfig, StorageError};
 
 fn cfg() -> LogConfig {
@@ -54,7 +54,11 @@ async fn check(log: &EntryLog<SimDisk>, model: &[Item], ctx: &str) {
                     let ok = |l: u64| ledgers.contains(&l);
                     let got = log.find_key(key_hash(key.as_bytes()), &ok, before, max).await.unwrap();
                     // Hashes may collide in general; these keys do not.
-                    assert_eq!(got, expected(model, &key, ledgers, before, max), "{ctx}: {key} {ledgers:?} {before:?} {max}");
+                    assert_eq!(
+                        got,
+                        expected(model, &key, ledgers, before, max),
+                        "{ctx}: {key} {ledgers:?} {before:?} {max}"
+                    );
                 }
             }
         }
@@ -75,8 +79,11 @@ fn find_newest_first_from_memory_files_and_after_crash() {
             let ledger = 1 + rng.below(3);
             let key = (!rng.chance(1, 5)).then(|| format!("key-{}", rng.below(12)));
             let time = 1_000 + i;
-            let extras =
-                IndexExtras { publish_time_ms: time, key_hash: key.as_ref().map_or(0, |k| key_hash(k.as_bytes())) };
+            let extras = IndexExtras {
+                publish_time_ms: time,
+                key_hash: key.as_ref().map_or(0, |k| key_hash(k.as_bytes())),
+                tag_hash: 0,
+            };
             let a = log.append_with(ledger, Bytes::from(format!("{i}")), extras).unwrap();
             last = a.lsn;
             model.push(Item { ledger, entry: a.entry, key, time });

@@ -52,7 +52,8 @@ fn find_by_key_newest_first_before_limit_partitions_and_after_kill9() {
         // A plain topic: 200 messages over 5 keys, one binary payload.
         let p = client.producer("find-plain").create().await.expect("producer");
         for i in 0..200u32 {
-            let m = OutgoingMessage::new(format!("m{i}")).with_key(format!("k{}", i % 5)).with_property("i", i.to_string());
+            let m =
+                OutgoingMessage::new(format!("m{i}")).with_key(format!("k{}", i % 5)).with_property("i", i.to_string());
             p.send(m).await.expect("send");
         }
         p.send(OutgoingMessage::new(vec![0xffu8, 0x00, 0x80]).with_key("bin")).await.expect("send");
@@ -99,14 +100,21 @@ fn find_by_key_newest_first_before_limit_partitions_and_after_kill9() {
             assert_eq!(find(url, "find-plain", "k3", &[]).len(), 10, "{when}");
             // --before: only older ones (ms, and the same as RFC 3339).
             let t = ts[ts.len() / 2];
-            let older: Vec<String> =
-                all.iter().filter(|m| m["publish_time_ms"].as_u64().unwrap() < t).map(|m| m["payload"].as_str().unwrap().to_string()).collect();
+            let older: Vec<String> = all
+                .iter()
+                .filter(|m| m["publish_time_ms"].as_u64().unwrap() < t)
+                .map(|m| m["payload"].as_str().unwrap().to_string())
+                .collect();
             assert!(!older.is_empty() || ts.iter().all(|x| *x >= t));
             let before = find(url, "find-plain", "k3", &["--limit", "1000", "--before", &t.to_string()]);
             assert_eq!(payloads(&before), older, "{when}: --before {t}");
             let secs = t / 1000;
             let rfc = humantime_like(secs, t % 1000);
-            assert_eq!(payloads(&find(url, "find-plain", "k3", &["--limit", "1000", "--before", &rfc])), older, "{when}: --before {rfc}");
+            assert_eq!(
+                payloads(&find(url, "find-plain", "k3", &["--limit", "1000", "--before", &rfc])),
+                older,
+                "{when}: --before {rfc}"
+            );
             // Not UTF-8: base64.
             let bin = find(url, "find-plain", "bin", &[]);
             assert_eq!(bin.len(), 1, "{when}: {bin:?}");
@@ -126,7 +134,11 @@ fn find_by_key_newest_first_before_limit_partitions_and_after_kill9() {
             assert_eq!(pk.len(), 30, "{when}: {pk:?}");
             for part in 0..3 {
                 let topic = format!("persistent://public/default/find-part-partition-{part}");
-                let mine: Vec<String> = pk.iter().filter(|m| m["topic"] == topic.as_str()).map(|m| m["payload"].as_str().unwrap().to_string()).collect();
+                let mine: Vec<String> = pk
+                    .iter()
+                    .filter(|m| m["topic"] == topic.as_str())
+                    .map(|m| m["payload"].as_str().unwrap().to_string())
+                    .collect();
                 let want: Vec<String> = (0..10).rev().map(|i| format!("p{part}-{i}")).collect();
                 assert_eq!(mine, want, "{when}: partition {part}");
                 for m in pk.iter().filter(|m| m["topic"] == topic.as_str()) {

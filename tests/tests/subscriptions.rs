@@ -206,7 +206,7 @@ fn dispatch_stays_within_the_flow_permits() {
                     for _ in 0..expect {
                         let f = c.next(&what);
                         match f.command {
-                            Command::Message { consumer_id: 9, message_id, redelivery_count: 0 } => {
+                            Command::Message { consumer_id: 9, message_id, redelivery_count: 0, .. } => {
                                 assert_eq!(message_id, ids[next], "{what}: dispatch order");
                                 let (meta, payload) = magnetar_wire::decode_message(&f.payload).expect("blob");
                                 assert_eq!(meta.sequence_id, next as u64);

@@ -228,7 +228,9 @@ async fn admin(args: AdminArgs) -> Result<(), Box<dyn Error>> {
                 println!("{}", found_line(m));
             }
             if answer["truncated"].as_bool() == Some(true) {
-                eprintln!("answer cut at the broker's payload bound; ask with a smaller --limit or an earlier --before");
+                eprintln!(
+                    "answer cut at the broker's payload bound; ask with a smaller --limit or an earlier --before"
+                );
             }
             return Ok(());
         }

@@ -343,6 +343,7 @@ mod tests {
             },
             payload: Bytes::from_static(payload),
             redelivery_count: 0,
+            ack_set: Vec::new(),
         }
     }
 

@@ -62,6 +62,10 @@ pub enum WireError {
     /// announces (or holds bytes after the last one).
     #[error("batch payload of {len} bytes: {reason} (expected {expected} messages, found {found})")]
     BadBatch { len: u64, expected: u32, found: u32, reason: &'static str },
+
+    /// A vector that must run parallel to another has another length.
+    #[error("{field} holds {found} values, expected {expected} (one per message id) or none")]
+    BadCount { field: &'static str, expected: u64, found: u64 },
 }
 
 impl WireError {

@@ -259,14 +259,17 @@ fn command_variable_bytes(command: &Command) -> u64 {
         Command::Subscribe { topic, subscription, consumer_name, filter_tag, .. } => {
             s(topic).saturating_add(s(subscription)).saturating_add(s(consumer_name)).saturating_add(s(filter_tag))
         }
-        Command::Ack { message_ids, .. } | Command::RedeliverUnacknowledged { message_ids, .. } => {
+        Command::Ack { message_ids, batch_sizes, .. } => len_u64(message_ids.len())
+            .saturating_mul(len_u64(std::mem::size_of::<fb::MessageIdData>()))
+            .saturating_add(len_u64(batch_sizes.len()).saturating_mul(4)),
+        Command::RedeliverUnacknowledged { message_ids, .. } => {
             len_u64(message_ids.len()).saturating_mul(len_u64(std::mem::size_of::<fb::MessageIdData>()))
         }
+        Command::Message { ack_set, .. } => len_u64(ack_set.len()).saturating_mul(8),
         Command::Send { .. }
         | Command::SendReceipt { .. }
         | Command::Success { .. }
         | Command::Flow { .. }
-        | Command::Message { .. }
         | Command::CloseProducer { .. }
         | Command::CloseConsumer { .. }
         | Command::ActiveConsumerChange { .. }
@@ -459,26 +462,31 @@ fn build_command<'b>(fbb: &mut FlatBufferBuilder<'b>, command: &Command) -> WIPO
             let args = fb::FlowArgs { consumer_id: *consumer_id, permits: *permits };
             (fb::AnyCommand::Flow, fb::Flow::create(fbb, &args).as_union_value())
         }
-        Command::Message { consumer_id, message_id, redelivery_count } => {
+        Command::Message { consumer_id, message_id, redelivery_count, ack_set } => {
             let message_id = id_to_fb(message_id);
+            // Absent when empty: the common case costs no bytes.
+            let ack_set = (!ack_set.is_empty()).then(|| fbb.create_vector(ack_set));
             let args = fb::MessageArgs {
                 consumer_id: *consumer_id,
                 message_id: Some(&message_id),
                 redelivery_count: *redelivery_count,
+                ack_set,
             };
             (fb::AnyCommand::Message, fb::Message::create(fbb, &args).as_union_value())
         }
-        Command::Ack { consumer_id, ack_type, message_ids, request_id } => {
+        Command::Ack { consumer_id, ack_type, message_ids, request_id, batch_sizes } => {
             fbb.start_vector::<fb::MessageIdData>(message_ids.len());
             for id in message_ids.iter().rev() {
                 fbb.push(id_to_fb(id));
             }
             let message_ids = Some(fbb.end_vector(message_ids.len()));
+            let batch_sizes = (!batch_sizes.is_empty()).then(|| fbb.create_vector(batch_sizes));
             let args = fb::AckArgs {
                 consumer_id: *consumer_id,
                 ack_type: ack_type_to_fb(*ack_type),
                 message_ids,
                 request_id: *request_id,
+                batch_sizes,
             };
             (fb::AnyCommand::Ack, fb::Ack::create(fbb, &args).as_union_value())
         }
@@ -643,16 +651,26 @@ fn command_from_fb(base: &fb::BaseCommand<'_>) -> Result<Command, WireError> {
                 consumer_id: c.consumer_id(),
                 message_id: id_from_fb(message_id),
                 redelivery_count: c.redelivery_count(),
+                ack_set: c.ack_set().map(|v| v.iter().collect()).unwrap_or_default(),
             }
         }
         fb::AnyCommand::Ack => {
             let c = base.command_as_ack().ok_or(MISSING)?;
             let ids = c.message_ids().ok_or(WireError::MissingField("Ack.message_ids"))?;
+            let batch_sizes: Vec<u32> = c.batch_sizes().map(|v| v.iter().collect()).unwrap_or_default();
+            if !batch_sizes.is_empty() && batch_sizes.len() != ids.len() {
+                return Err(WireError::BadCount {
+                    field: "Ack.batch_sizes",
+                    expected: len_u64(ids.len()),
+                    found: len_u64(batch_sizes.len()),
+                });
+            }
             Command::Ack {
                 consumer_id: c.consumer_id(),
                 ack_type: ack_type_from_fb(c.ack_type())?,
                 message_ids: ids.iter().map(id_from_fb).collect(),
                 request_id: c.request_id(),
+                batch_sizes,
             }
         }
         fb::AnyCommand::CloseProducer => {

@@ -257,6 +257,10 @@ pub enum Command {
         consumer_id: u64,
         message_id: MessageId,
         redelivery_count: u32,
+        /// Batch entry redelivered after some of its messages were
+        /// acknowledged: bit i (of word i / 64) set = message i is acked
+        /// and must not be delivered. Empty: none is.
+        ack_set: Vec<u64>,
     },
     /// Acknowledge. With `AckType::Cumulative` exactly one id is given.
     /// `request_id` 0 means the client does not want an answer.
@@ -265,6 +269,10 @@ pub enum Command {
         ack_type: AckType,
         message_ids: Vec<MessageId>,
         request_id: u64,
+        /// Empty, or one per id: the message count of the id's batch entry
+        /// when the id acknowledges one message of a batch (batch_index >=
+        /// 0); 0 acknowledges the whole entry.
+        batch_sizes: Vec<u32>,
     },
     CloseProducer {
         request_id: u64,

@@ -61,7 +61,12 @@ fn frame_layout_matches_the_documented_one() {
 /// Goal: `encode_frame_head` + the payload written separately equals `encode_frame`.
 #[test]
 fn frame_head_plus_payload_equals_whole_frame() {
-    let command = Command::Message { consumer_id: 1, message_id: MessageId::new(1, 2, 3, 4), redelivery_count: 0 };
+    let command = Command::Message {
+        consumer_id: 1,
+        message_id: MessageId::new(1, 2, 3, 4),
+        redelivery_count: 0,
+        ack_set: vec![],
+    };
     let payload = encode_message(&full_metadata(), &[7u8; 1000]);
     let whole = encode(&command, &payload);
     let mut head = BytesMut::new();

@@ -138,17 +138,25 @@ fn arb_command() -> impl Strategy<Value = Command> {
             ),
         any::<u64>().prop_map(|request_id| Command::Success { request_id }),
         (any::<u64>(), any::<u32>()).prop_map(|(consumer_id, permits)| Command::Flow { consumer_id, permits }),
-        (any::<u64>(), arb_id(), any::<u32>()).prop_map(|(consumer_id, message_id, redelivery_count)| {
-            Command::Message { consumer_id, message_id, redelivery_count }
-        }),
-        (any::<u64>(), ack_type, proptest::collection::vec(arb_id(), 0..8), any::<u64>()).prop_map(
-            |(consumer_id, ack_type, message_ids, request_id)| Command::Ack {
-                consumer_id,
-                ack_type,
-                message_ids,
-                request_id
+        (any::<u64>(), arb_id(), any::<u32>(), proptest::collection::vec(any::<u64>(), 0..3)).prop_map(
+            |(consumer_id, message_id, redelivery_count, ack_set)| {
+                Command::Message { consumer_id, message_id, redelivery_count, ack_set }
             }
         ),
+        (
+            any::<u64>(),
+            ack_type,
+            proptest::collection::vec((arb_id(), any::<u32>()), 0..8),
+            any::<u64>(),
+            any::<bool>()
+        )
+            .prop_map(|(consumer_id, ack_type, acks, request_id, sized)| Command::Ack {
+                consumer_id,
+                ack_type,
+                message_ids: acks.iter().map(|a| a.0).collect(),
+                request_id,
+                batch_sizes: if sized { acks.iter().map(|a| a.1).collect() } else { vec![] },
+            }),
         (any::<u64>(), any::<u64>())
             .prop_map(|(request_id, producer_id)| Command::CloseProducer { request_id, producer_id }),
         (any::<u64>(), any::<u64>())

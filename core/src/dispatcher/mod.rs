@@ -12,6 +12,7 @@
 //! the topic's shard and never crosses cores.
 
 pub(crate) mod failover;
+pub(crate) mod filter;
 pub(crate) mod key_shared;
 pub(crate) mod shared;
 

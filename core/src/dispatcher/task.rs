@@ -163,6 +163,16 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
             sub.read_pos.set(pos + 1);
             continue;
         }
+        if super::filter::unmatched_by_index(shard, sub, topic.ledger, pos) {
+            // Filtered out without reading the entry: it counts as
+            // acknowledged for this subscription.
+            sub.counters.skipped_by_index.set(sub.counters.skipped_by_index.get() + 1);
+            sub.read_pos.set(pos + 1);
+            if sub.cursor.borrow_mut().ack(pos) {
+                shard.mark_cursor_dirty(topic, sub);
+            }
+            continue;
+        }
         // Entries set aside are bounded like the unacked ones.
         if sub.replay.borrow().len() >= shard.config.unacked_per_subscription_max as usize {
             return;
@@ -206,6 +216,7 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
 /// Reads one entry. Unreadable data (failed checksum, I/O error) is never
 /// served: every consumer is closed with the reason and `None` returned.
 async fn read(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>, entry: u64) -> Option<Bytes> {
+    sub.counters.entries_read.set(sub.counters.entries_read.get() + 1);
     match shard.log.read(topic.ledger, entry).await {
         Ok(b) => Some(b),
         Err(e) => {
@@ -227,31 +238,52 @@ async fn read(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>, entr
     }
 }
 
-fn deliver(shard: &Shard, topic: &Topic, sub: &Subscription, i: usize, entry: u64, key_hash: u16, blob: Bytes) {
+fn deliver(
+    shard: &Rc<Shard>,
+    topic: &Rc<Topic>,
+    sub: &Rc<Subscription>,
+    i: usize,
+    entry: u64,
+    key_hash: u16,
+    blob: Bytes,
+) {
+    let num_messages = magnetar_wire::peek_message(&blob).map_or(1, |p| p.num_messages.max(1));
+    topic.note_messages(entry, num_messages);
+    // A batch some of whose messages are acknowledged goes out with their
+    // bits, and the client hands out only the others.
+    let (ack_set, acked) = match sub.batch_acks.borrow().get((topic.ledger, entry)) {
+        Some(bits) if bits.size() == num_messages => (bits.words().to_vec(), bits.acked_count()),
+        _ => (Vec::new(), 0),
+    };
     let consumer = {
         let mut consumers = sub.consumers.borrow_mut();
         let c = &mut consumers[i];
         assert!(c.permits > 0, "dispatch without a permit");
-        // Permits count messages: a batch takes as many as it holds (it goes
-        // out whole, even past the consumer's last permits).
-        let messages = magnetar_wire::peek_message(&blob).map_or(1, |p| u64::from(p.num_messages.max(1)));
-        c.permits = c.permits.saturating_sub(messages);
+        // Permits count messages: a batch takes as many as it hands out (it
+        // goes out whole, even past the consumer's last permits).
+        c.permits = c.permits.saturating_sub(u64::from(num_messages - acked));
         c.unacked += 1;
         c.consumer
     };
     sub.policy.borrow_mut().delivered(i, &sub.consumers.borrow());
     sub.delivered_total.set(sub.delivered_total.get() + 1);
+    sub.counters.out.record(now_ms(), u64::from(num_messages - acked), blob.len() as u64);
     let redelivery_count = {
         let mut d = sub.deliveries.borrow_mut();
         let n = d.entry(entry).or_insert(0);
         *n += 1;
         *n - 1
     };
-    let previous = sub.pending.borrow_mut().insert(entry, Pending { consumer, key_hash });
+    if redelivery_count > 0 {
+        // Redelivery counts persist (bounded) so they go on after a restart.
+        sub.state_dirty.set(true);
+        shard.mark_cursor_dirty(topic, sub);
+    }
+    let previous = sub.pending.borrow_mut().insert(entry, Pending { consumer, key_hash, num_messages });
     assert!(previous.is_none(), "entry {entry} delivered while another consumer holds it");
     let message_id = MessageId::new(topic.ledger, entry, topic.partition, -1);
     shard.deliver(
         consumer,
-        ConsumerEvent::Message { consumer_id: consumer.consumer_id, message_id, redelivery_count, blob },
+        ConsumerEvent::Message { consumer_id: consumer.consumer_id, message_id, redelivery_count, blob, ack_set },
     );
 }

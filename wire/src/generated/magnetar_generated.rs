@@ -2415,6 +2415,7 @@ impl<'a> Message<'a> {
   pub const VT_CONSUMER_ID: ::flatbuffers::VOffsetT = 4;
   pub const VT_MESSAGE_ID: ::flatbuffers::VOffsetT = 6;
   pub const VT_REDELIVERY_COUNT: ::flatbuffers::VOffsetT = 8;
+  pub const VT_ACK_SET: ::flatbuffers::VOffsetT = 10;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -2427,6 +2428,7 @@ impl<'a> Message<'a> {
   ) -> ::flatbuffers::WIPOffset<Message<'bldr>> {
     let mut builder = MessageBuilder::new(_fbb);
     builder.add_consumer_id(args.consumer_id);
+    if let Some(x) = args.ack_set { builder.add_ack_set(x); }
     builder.add_redelivery_count(args.redelivery_count);
     if let Some(x) = args.message_id { builder.add_message_id(x); }
     builder.finish()
@@ -2454,6 +2456,16 @@ impl<'a> Message<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(Message::VT_REDELIVERY_COUNT, Some(0)).unwrap()}
   }
+  /// Batch-index acks (issue #4): bit i of word i / 64 set means message i
+  /// of this batch entry is already acknowledged, so the client must not
+  /// deliver it again. Empty: nothing of the entry is acknowledged.
+  #[inline]
+  pub fn ack_set(&self) -> Option<::flatbuffers::Vector<'a, u64>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u64>>>(Message::VT_ACK_SET, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for Message<'_> {
@@ -2465,6 +2477,7 @@ impl ::flatbuffers::Verifiable for Message<'_> {
      .visit_field::<u64>("consumer_id", Self::VT_CONSUMER_ID, false)?
      .visit_field::<MessageIdData>("message_id", Self::VT_MESSAGE_ID, false)?
      .visit_field::<u32>("redelivery_count", Self::VT_REDELIVERY_COUNT, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u64>>>("ack_set", Self::VT_ACK_SET, false)?
      .finish();
     Ok(())
   }
@@ -2473,6 +2486,7 @@ pub struct MessageArgs<'a> {
     pub consumer_id: u64,
     pub message_id: Option<&'a MessageIdData>,
     pub redelivery_count: u32,
+    pub ack_set: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u64>>>,
 }
 impl<'a> Default for MessageArgs<'a> {
   #[inline]
@@ -2481,6 +2495,7 @@ impl<'a> Default for MessageArgs<'a> {
       consumer_id: 0,
       message_id: None,
       redelivery_count: 0,
+      ack_set: None,
     }
   }
 }
@@ -2503,6 +2518,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> MessageBuilder<'a, 'b, A> {
     self.fbb_.push_slot::<u32>(Message::VT_REDELIVERY_COUNT, redelivery_count, 0);
   }
   #[inline]
+  pub fn add_ack_set(&mut self, ack_set: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u64>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Message::VT_ACK_SET, ack_set);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> MessageBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     MessageBuilder {
@@ -2523,6 +2542,7 @@ impl ::core::fmt::Debug for Message<'_> {
       ds.field("consumer_id", &self.consumer_id());
       ds.field("message_id", &self.message_id());
       ds.field("redelivery_count", &self.redelivery_count());
+      ds.field("ack_set", &self.ack_set());
       ds.finish()
   }
 }
@@ -2546,6 +2566,7 @@ impl<'a> Ack<'a> {
   pub const VT_ACK_TYPE: ::flatbuffers::VOffsetT = 6;
   pub const VT_MESSAGE_IDS: ::flatbuffers::VOffsetT = 8;
   pub const VT_REQUEST_ID: ::flatbuffers::VOffsetT = 10;
+  pub const VT_BATCH_SIZES: ::flatbuffers::VOffsetT = 12;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -2559,6 +2580,7 @@ impl<'a> Ack<'a> {
     let mut builder = AckBuilder::new(_fbb);
     builder.add_request_id(args.request_id);
     builder.add_consumer_id(args.consumer_id);
+    if let Some(x) = args.batch_sizes { builder.add_batch_sizes(x); }
     if let Some(x) = args.message_ids { builder.add_message_ids(x); }
     builder.add_ack_type(args.ack_type);
     builder.finish()
@@ -2593,6 +2615,17 @@ impl<'a> Ack<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u64>(Ack::VT_REQUEST_ID, Some(0)).unwrap()}
   }
+  /// Empty, or one value per `message_ids` entry: for an id whose
+  /// batch_index is >= 0, the number of messages in its batch entry; the
+  /// broker then acknowledges only that message (batch-index ack) and the
+  /// entry once all of them are. 0: the id acknowledges its whole entry.
+  #[inline]
+  pub fn batch_sizes(&self) -> Option<::flatbuffers::Vector<'a, u32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u32>>>(Ack::VT_BATCH_SIZES, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for Ack<'_> {
@@ -2605,6 +2638,7 @@ impl ::flatbuffers::Verifiable for Ack<'_> {
      .visit_field::<AckType>("ack_type", Self::VT_ACK_TYPE, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, MessageIdData>>>("message_ids", Self::VT_MESSAGE_IDS, false)?
      .visit_field::<u64>("request_id", Self::VT_REQUEST_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("batch_sizes", Self::VT_BATCH_SIZES, false)?
      .finish();
     Ok(())
   }
@@ -2614,6 +2648,7 @@ pub struct AckArgs<'a> {
     pub ack_type: AckType,
     pub message_ids: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, MessageIdData>>>,
     pub request_id: u64,
+    pub batch_sizes: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
 }
 impl<'a> Default for AckArgs<'a> {
   #[inline]
@@ -2623,6 +2658,7 @@ impl<'a> Default for AckArgs<'a> {
       ack_type: AckType::Individual,
       message_ids: None,
       request_id: 0,
+      batch_sizes: None,
     }
   }
 }
@@ -2649,6 +2685,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> AckBuilder<'a, 'b, A> {
     self.fbb_.push_slot::<u64>(Ack::VT_REQUEST_ID, request_id, 0);
   }
   #[inline]
+  pub fn add_batch_sizes(&mut self, batch_sizes: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Ack::VT_BATCH_SIZES, batch_sizes);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> AckBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     AckBuilder {
@@ -2670,6 +2710,7 @@ impl ::core::fmt::Debug for Ack<'_> {
       ds.field("ack_type", &self.ack_type());
       ds.field("message_ids", &self.message_ids());
       ds.field("request_id", &self.request_id());
+      ds.field("batch_sizes", &self.batch_sizes());
       ds.finish()
   }
 }

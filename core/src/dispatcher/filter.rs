@@ -1,0 +1,26 @@
+//! Tag filters decided from the index alone.
+//!
+//! Each index entry keeps a hash of the entry's tag (`IndexExtras::tag_hash`,
+//! written at append). A subscription with a tag filter skips an entry whose
+//! hash differs from its filter's without reading it: the entry counts as
+//! acknowledged for that subscription. Equal hashes (or an index entry from
+//! before the field existed, hash 0) mean "read it and compare the tag
+//! itself". Owned by the topic's shard; never crosses cores.
+
+use crate::shard::Shard;
+use crate::topic::Subscription;
+
+/// Whether `entry` of `ledger` certainly does not match `sub`'s filter,
+/// judged from the index without reading the entry.
+pub(crate) fn unmatched_by_index(shard: &Shard, sub: &Subscription, ledger: u64, entry: u64) -> bool {
+    let want = match sub.filter_tag.borrow().as_deref() {
+        Some(tag) => magnetar_storage::tag_hash(Some(tag.as_bytes())),
+        None => return false,
+    };
+    match shard.log.index_entry(ledger, entry) {
+        Some(e) => e.extras.tag_hash != 0 && e.extras.tag_hash != want,
+        // Not laid out yet (dispatch reads only durable entries, which are):
+        // decide on the entry itself.
+        None => false,
+    }
+}

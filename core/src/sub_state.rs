@@ -1,0 +1,539 @@
+//! A subscription's state beside its cursor: batch-index acks (Pulsar's
+//! ack set), its type and tag filter, and redelivery counts.
+//!
+//! The cursor record (`c/<topic>\n<sub>`, `cursor.rs`) says which entries
+//! are acknowledged whole. This module keeps what a restart would otherwise
+//! lose about the others, in a record of its own (`s/<topic>\n<sub>`), so
+//! that the cursor's format stays the ledger-rollover work's to change:
+//!
+//! - for each batch entry some of whose messages are acknowledged, a bitset
+//!   of those messages; the entry is acknowledged whole (in the cursor) once
+//!   every bit is set, and a redelivery carries the bitset so the client
+//!   hands out only the others;
+//! - the subscription type and tag filter, so a restart neither lets a
+//!   consumer of another type take the subscription nor drops the filter;
+//! - how often each redelivered entry was delivered (bounded), so redelivery
+//!   counts go on after a restart (and a dead-letter limit stays a limit).
+//!
+//! Per-entry state is keyed by `(ledger, entry)`: a topic's log spans
+//! several ledgers. Owned by the topic's shard; never crosses cores.
+
+use magnetar_wire::SubscriptionType;
+use std::collections::{BTreeMap, HashMap};
+
+/// `(ledger, entry)`: one entry of a topic's log.
+pub(crate) type EntryKey = (u64, u64);
+
+/// Most partially acknowledged batches written per subscription record.
+/// Past this, the highest entries' bits are not persisted: after a restart
+/// those batches come back whole (at-least-once, like the cursor's
+/// `ACKED_RANGES_PERSISTED_MAX`).
+pub const BATCH_ACKS_PERSISTED_MAX: usize = 10_000;
+
+/// Most redelivery counts written per subscription record (the lowest
+/// entries win: they are the oldest, the likeliest to reach a dead-letter
+/// limit). Entries past the bound start again from 0 after a restart.
+pub const REDELIVERY_COUNTS_PERSISTED_MAX: usize = 10_000;
+
+/// Largest batch a batch-index ack may describe (the wire's own bound on
+/// messages per batch entry).
+pub const BATCH_SIZE_MAX: u32 = magnetar_wire::BATCH_MESSAGES_MAX;
+
+/// Longest tag filter kept (tags are short labels).
+pub const FILTER_TAG_BYTES_MAX: usize = 1024;
+
+const STATE_FORMAT_VERSION: u8 = 1;
+
+/// Which messages of one batch entry are acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AckBits {
+    /// Messages in the batch.
+    size: u32,
+    /// Bit i of word i / 64: message i is acknowledged.
+    words: Vec<u64>,
+}
+
+impl AckBits {
+    pub(crate) fn new(size: u32) -> Self {
+        assert!(size > 0 && size <= BATCH_SIZE_MAX);
+        Self { size, words: vec![0; size.div_ceil(64) as usize] }
+    }
+
+    pub(crate) fn size(&self) -> u32 {
+        self.size
+    }
+
+    /// The bitset as sent to the client (`Message.ack_set`).
+    pub(crate) fn words(&self) -> &[u64] {
+        &self.words
+    }
+
+    /// Marks message `i` acknowledged. Returns whether it was not yet.
+    pub(crate) fn set(&mut self, i: u32) -> bool {
+        assert!(i < self.size);
+        let (w, b) = ((i / 64) as usize, i % 64);
+        let was = self.words[w] & (1 << b) != 0;
+        self.words[w] |= 1 << b;
+        !was
+    }
+
+    pub(crate) fn acked_count(&self) -> u32 {
+        self.words.iter().map(|w| w.count_ones()).sum()
+    }
+
+    pub(crate) fn all(&self) -> bool {
+        self.acked_count() == self.size
+    }
+}
+
+/// The outcome of one batch-index ack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IndexAck {
+    /// The bit was set already: nothing changed.
+    Unchanged,
+    /// Recorded; other messages of the batch are still unacknowledged.
+    Partial,
+    /// That was the last one: acknowledge the entry whole.
+    Complete,
+}
+
+/// Partially acknowledged batch entries of one subscription. Bounded by the
+/// entries delivered and not acknowledged (an entry gets bits only once it
+/// was delivered, or from the persisted record).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct BatchAcks {
+    map: BTreeMap<EntryKey, AckBits>,
+}
+
+impl BatchAcks {
+    pub(crate) fn get(&self, key: EntryKey) -> Option<&AckBits> {
+        self.map.get(&key)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Acknowledges messages `first..=last` of the batch `key` of `size`
+    /// messages. A size that disagrees with bits already held is refused
+    /// (the client described another entry). `last` must be below `size`.
+    pub(crate) fn ack(&mut self, key: EntryKey, size: u32, first: u32, last: u32) -> Result<IndexAck, String> {
+        if size == 0 || size > BATCH_SIZE_MAX || first > last || last >= size {
+            return Err(format!("batch index {first}..={last} of a batch of {size} messages"));
+        }
+        let bits = self.map.entry(key).or_insert_with(|| AckBits::new(size));
+        if bits.size != size {
+            return Err(format!("batch of {size} messages, but this entry holds {}", bits.size));
+        }
+        let mut changed = false;
+        for i in first..=last {
+            changed |= bits.set(i);
+        }
+        if bits.all() {
+            self.map.remove(&key);
+            return Ok(IndexAck::Complete);
+        }
+        Ok(if changed { IndexAck::Partial } else { IndexAck::Unchanged })
+    }
+
+    /// Forgets the bits of entries for which `acked` holds (acknowledged whole).
+    pub(crate) fn retain_unacked(&mut self, acked: impl Fn(EntryKey) -> bool) {
+        self.map.retain(|k, _| !acked(*k));
+    }
+
+    pub(crate) fn remove(&mut self, key: EntryKey) {
+        self.map.remove(&key);
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.map.clear();
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&EntryKey, &AckBits)> {
+        self.map.iter()
+    }
+}
+
+/// The `s/<topic>\n<sub>` record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubState {
+    pub sub_type: SubscriptionType,
+    pub filter_tag: Option<String>,
+    pub(crate) batch_acks: BatchAcks,
+    /// Deliveries so far of entries delivered more than once.
+    pub(crate) deliveries: Vec<(EntryKey, u32)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("subscription state record at byte {offset}: {reason}")]
+pub struct SubStateDecodeError {
+    pub offset: usize,
+    pub reason: &'static str,
+}
+
+fn type_code(t: SubscriptionType) -> u8 {
+    match t {
+        SubscriptionType::Exclusive => 0,
+        SubscriptionType::Failover => 1,
+        SubscriptionType::Shared => 2,
+        SubscriptionType::KeyShared => 3,
+    }
+}
+
+impl SubState {
+    /// Layout (little-endian), version 1:
+    /// `u8 version=1, u8 type (0 exclusive, 1 failover, 2 shared,
+    /// 3 key_shared), u16 tag_len, tag_len bytes UTF-8 tag filter (0: none),
+    /// u32 batch_count, batch_count × (u64 ledger, u64 entry, u32 size,
+    /// ceil(size/64) × u64 acked-bit words), u32 count_n, count_n × (u64
+    /// ledger, u64 entry, u32 deliveries)`. Batches and counts ascend by
+    /// `(ledger, entry)`; past the `*_PERSISTED_MAX` bounds the highest are
+    /// left out.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![STATE_FORMAT_VERSION, type_code(self.sub_type)];
+        let tag = self.filter_tag.as_deref().unwrap_or("").as_bytes();
+        let tag = &tag[..tag.len().min(FILTER_TAG_BYTES_MAX)];
+        out.extend_from_slice(&(tag.len() as u16).to_le_bytes());
+        out.extend_from_slice(tag);
+        let batches: Vec<_> = self.batch_acks.iter().take(BATCH_ACKS_PERSISTED_MAX).collect();
+        out.extend_from_slice(&(batches.len() as u32).to_le_bytes());
+        for ((ledger, entry), bits) in batches {
+            out.extend_from_slice(&ledger.to_le_bytes());
+            out.extend_from_slice(&entry.to_le_bytes());
+            out.extend_from_slice(&bits.size.to_le_bytes());
+            for w in &bits.words {
+                out.extend_from_slice(&w.to_le_bytes());
+            }
+        }
+        let mut counts = self.deliveries.clone();
+        counts.sort_unstable();
+        counts.truncate(REDELIVERY_COUNTS_PERSISTED_MAX);
+        out.extend_from_slice(&(counts.len() as u32).to_le_bytes());
+        for ((ledger, entry), n) in counts {
+            out.extend_from_slice(&ledger.to_le_bytes());
+            out.extend_from_slice(&entry.to_le_bytes());
+            out.extend_from_slice(&n.to_le_bytes());
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, SubStateDecodeError> {
+        let mut r = Reader { b: bytes, at: 0 };
+        if r.u8()? != STATE_FORMAT_VERSION {
+            return Err(r.err("unknown version"));
+        }
+        let sub_type = match r.u8()? {
+            0 => SubscriptionType::Exclusive,
+            1 => SubscriptionType::Failover,
+            2 => SubscriptionType::Shared,
+            3 => SubscriptionType::KeyShared,
+            _ => return Err(r.err("unknown subscription type")),
+        };
+        let tag_len = usize::from(r.u16()?);
+        if tag_len > FILTER_TAG_BYTES_MAX {
+            return Err(r.err("tag filter too long"));
+        }
+        let tag = std::str::from_utf8(r.bytes(tag_len)?).map_err(|_| r.err("tag filter is not UTF-8"))?;
+        let filter_tag = (!tag.is_empty()).then(|| tag.to_string());
+        let n = r.u32()? as usize;
+        if n > BATCH_ACKS_PERSISTED_MAX {
+            return Err(r.err("too many batches"));
+        }
+        let mut batch_acks = BatchAcks::default();
+        let mut last: Option<EntryKey> = None;
+        for _ in 0..n {
+            let key = (r.u64()?, r.u64()?);
+            if last.is_some_and(|l| l >= key) {
+                return Err(r.err("batches out of order"));
+            }
+            last = Some(key);
+            let size = r.u32()?;
+            if size == 0 || size > BATCH_SIZE_MAX {
+                return Err(r.err("bad batch size"));
+            }
+            let mut bits = AckBits::new(size);
+            for w in bits.words.iter_mut() {
+                *w = r.u64()?;
+            }
+            // Bits past the batch's size would make `all` unreachable.
+            let tail = size % 64;
+            if tail != 0 && bits.words.last().is_some_and(|w| w >> tail != 0) {
+                return Err(r.err("ack bits past the batch size"));
+            }
+            if bits.all() {
+                return Err(r.err("fully acknowledged batch"));
+            }
+            batch_acks.map.insert(key, bits);
+        }
+        let n = r.u32()? as usize;
+        if n > REDELIVERY_COUNTS_PERSISTED_MAX {
+            return Err(r.err("too many redelivery counts"));
+        }
+        let mut deliveries = Vec::with_capacity(n);
+        for _ in 0..n {
+            deliveries.push(((r.u64()?, r.u64()?), r.u32()?));
+        }
+        if r.at != bytes.len() {
+            return Err(r.err("trailing bytes"));
+        }
+        Ok(Self { sub_type, filter_tag, batch_acks, deliveries })
+    }
+}
+
+/// Deliveries per entry as the dispatcher counts them, restricted to the
+/// ones worth persisting (delivered more than once).
+pub(crate) fn redelivered(ledger: u64, deliveries: &HashMap<u64, u32>) -> Vec<(EntryKey, u32)> {
+    deliveries.iter().filter(|(_, n)| **n > 1).map(|(e, n)| ((ledger, *e), *n)).collect()
+}
+
+/// What one batch-index ack did.
+pub(crate) struct IndexAckDone {
+    /// The cursor or the batch-ack state changed.
+    pub(crate) changed: bool,
+    /// It acknowledged the entry whole (its last unacknowledged message).
+    pub(crate) whole: bool,
+}
+
+/// Applies `id` as a batch-index ack when it is one (a batch index and a
+/// batch of more than one message); `None` when it acknowledges its entry
+/// whole. Individual: message `batch_index`; cumulative: every entry before
+/// and messages `0..=batch_index` of this one (Pulsar's semantics). The
+/// size is checked against the entry's when it is outstanding. An index ack
+/// of an entry neither outstanding nor partly acknowledged (a stale ack
+/// after the entry went back to the subscription) is dropped: the entry is
+/// delivered again whole, which at-least-once allows, and no client can
+/// make the broker keep bits for entries it was never sent.
+pub(crate) fn batch_index_ack(
+    sub: &crate::topic::Subscription,
+    cursor: &mut crate::cursor::Cursor,
+    ack_type: magnetar_wire::AckType,
+    id: magnetar_wire::MessageId,
+    size: u32,
+) -> Result<Option<IndexAckDone>, crate::error::CoreError> {
+    use crate::error::{CoreError, ErrorCode};
+    let Ok(index) = u32::try_from(id.batch_index) else { return Ok(None) };
+    if size <= 1 {
+        return Ok(None);
+    }
+    let key = (id.ledger, id.entry);
+    let outstanding = sub.pending.borrow().get(&id.entry).map(|p| p.num_messages);
+    if outstanding.is_some_and(|n| n != size) {
+        return Err(CoreError::new(
+            ErrorCode::NotAllowed,
+            format!("batch-index ack of {id} names a batch of {size} messages; the entry holds {outstanding:?}"),
+        ));
+    }
+    let mut changed = false;
+    let first = match ack_type {
+        magnetar_wire::AckType::Individual => index,
+        magnetar_wire::AckType::Cumulative => {
+            if let Some(before) = id.entry.checked_sub(1) {
+                changed |= cursor.ack_cumulative(before);
+            }
+            0
+        }
+    };
+    let known = outstanding.is_some() || sub.batch_acks.borrow().get(key).is_some();
+    if cursor.is_acked(id.entry) || !known {
+        return Ok(Some(IndexAckDone { changed, whole: false }));
+    }
+    let outcome = sub
+        .batch_acks
+        .borrow_mut()
+        .ack(key, size, first, index)
+        .map_err(|e| CoreError::new(ErrorCode::NotAllowed, format!("batch-index ack of {id}: {e}")))?;
+    Ok(Some(match outcome {
+        IndexAck::Unchanged => IndexAckDone { changed, whole: false },
+        IndexAck::Partial => {
+            sub.state_dirty.set(true);
+            IndexAckDone { changed: true, whole: false }
+        }
+        IndexAck::Complete => {
+            sub.state_dirty.set(true);
+            cursor.ack(id.entry);
+            IndexAckDone { changed: true, whole: true }
+        }
+    }))
+}
+
+/// Drops the bits of batches the cursor now acknowledges whole: `whole`
+/// after individual acks, a sweep after a cumulative one.
+pub(crate) fn forget_acked(
+    sub: &crate::topic::Subscription,
+    cursor: &crate::cursor::Cursor,
+    ledger: u64,
+    ack_type: magnetar_wire::AckType,
+    whole: &[u64],
+) {
+    let mut acks = sub.batch_acks.borrow_mut();
+    if acks.len() == 0 {
+        return;
+    }
+    let before = acks.len();
+    match ack_type {
+        magnetar_wire::AckType::Individual => {
+            for e in whole {
+                acks.remove((ledger, *e));
+            }
+        }
+        magnetar_wire::AckType::Cumulative => acks.retain_unacked(|(l, e)| l == ledger && cursor.is_acked(e)),
+    }
+    if acks.len() != before {
+        sub.state_dirty.set(true);
+    }
+}
+
+/// Refuses a consumer of another type than the subscription had before a
+/// restart while the hold lasts; a consumer that may attach ends the hold.
+pub(crate) fn check_type_hold(
+    sub: &crate::topic::Subscription,
+    wanted: SubscriptionType,
+    now_ms: u64,
+) -> Result<(), crate::error::CoreError> {
+    let until = sub.type_held_until_ms.get();
+    if until > now_ms && wanted != sub.sub_type.get() {
+        return Err(crate::error::CoreError::new(
+            crate::error::ErrorCode::ConsumerBusy,
+            format!(
+                "subscription {:?} is {:?} (kept across the broker's restart); a {wanted:?} consumer may attach \
+                 once its consumers had {} s more to come back",
+                sub.name,
+                sub.sub_type.get(),
+                (until - now_ms).div_ceil(1000)
+            ),
+        ));
+    }
+    sub.type_held_until_ms.set(0);
+    Ok(())
+}
+
+/// The record of `sub` on a topic whose current ledger is `ledger`.
+pub(crate) fn encode(sub: &crate::topic::Subscription, ledger: u64) -> Vec<u8> {
+    SubState {
+        sub_type: sub.sub_type.get(),
+        filter_tag: sub.filter_tag.borrow().clone(),
+        batch_acks: sub.batch_acks.borrow().clone(),
+        deliveries: redelivered(ledger, &sub.deliveries.borrow()),
+    }
+    .encode()
+}
+
+/// Puts a recovered record back into a subscription just loaded from its
+/// cursor; the type is held for `hold_ms` (see `check_type_hold`).
+pub(crate) fn restore(sub: &crate::topic::Subscription, state: SubState, ledger: u64, now_ms: u64, hold_ms: u64) {
+    sub.sub_type.set(state.sub_type);
+    *sub.policy.borrow_mut() = crate::topic::policy_for(state.sub_type);
+    *sub.filter_tag.borrow_mut() = state.filter_tag;
+    let cursor = sub.cursor.borrow();
+    let mut acks = state.batch_acks;
+    // The cursor may have been written after the last state record: an
+    // entry it acknowledges whole needs no bits.
+    acks.retain_unacked(|(l, e)| l == ledger && cursor.is_acked(e));
+    *sub.batch_acks.borrow_mut() = acks;
+    let mut deliveries = sub.deliveries.borrow_mut();
+    for ((l, e), n) in state.deliveries {
+        if l == ledger && !cursor.is_acked(e) {
+            deliveries.insert(e, n);
+        }
+    }
+    sub.type_held_until_ms.set(now_ms.saturating_add(hold_ms));
+    sub.state_dirty.set(false);
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn err(&self, reason: &'static str) -> SubStateDecodeError {
+        SubStateDecodeError { offset: self.at, reason }
+    }
+    fn bytes(&mut self, n: usize) -> Result<&'a [u8], SubStateDecodeError> {
+        let end = self.at.checked_add(n).filter(|e| *e <= self.b.len()).ok_or(self.err("truncated"))?;
+        let s = &self.b[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], SubStateDecodeError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.bytes(N)?);
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, SubStateDecodeError> {
+        Ok(self.take::<1>()?[0])
+    }
+    fn u16(&mut self) -> Result<u16, SubStateDecodeError> {
+        Ok(u16::from_le_bytes(self.take()?))
+    }
+    fn u32(&mut self) -> Result<u32, SubStateDecodeError> {
+        Ok(u32::from_le_bytes(self.take()?))
+    }
+    fn u64(&mut self) -> Result<u64, SubStateDecodeError> {
+        Ok(u64::from_le_bytes(self.take()?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_completes_when_every_index_is_acked() {
+        let mut b = BatchAcks::default();
+        assert_eq!(b.ack((5, 1), 3, 0, 0), Ok(IndexAck::Partial));
+        assert_eq!(b.ack((5, 1), 3, 0, 0), Ok(IndexAck::Unchanged));
+        assert!(b.ack((5, 1), 4, 1, 1).is_err(), "another size for the same entry");
+        assert!(b.ack((5, 1), 3, 3, 3).is_err(), "index past the batch");
+        assert_eq!(b.ack((5, 1), 3, 2, 2), Ok(IndexAck::Partial));
+        assert_eq!(b.get((5, 1)).map(|x| x.words().to_vec()), Some(vec![0b101]));
+        assert_eq!(b.ack((5, 1), 3, 1, 1), Ok(IndexAck::Complete));
+        assert_eq!(b.len(), 0);
+        // A cumulative ack inside a batch sets a prefix.
+        assert_eq!(b.ack((5, 2), 130, 0, 128), Ok(IndexAck::Partial));
+        assert_eq!(b.get((5, 2)).map(AckBits::acked_count), Some(129));
+    }
+
+    #[test]
+    fn record_round_trips_and_rejects_garbage() {
+        let mut batch_acks = BatchAcks::default();
+        batch_acks.ack((7, 3), 100, 5, 70).unwrap();
+        batch_acks.ack((9, 0), 2, 1, 1).unwrap();
+        let s = SubState {
+            sub_type: SubscriptionType::KeyShared,
+            filter_tag: Some("tagA".into()),
+            batch_acks,
+            deliveries: vec![((9, 4), 3), ((7, 2), 2)],
+        };
+        let bytes = s.encode();
+        let back = SubState::decode(&bytes).unwrap();
+        assert_eq!(back.sub_type, s.sub_type);
+        assert_eq!(back.filter_tag, s.filter_tag);
+        assert_eq!(back.batch_acks, s.batch_acks);
+        assert_eq!(back.deliveries, vec![((7, 2), 2), ((9, 4), 3)]);
+        for cut in 0..bytes.len() {
+            assert!(SubState::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut bad = bytes.clone();
+        bad[0] = 2;
+        assert!(SubState::decode(&bad).is_err());
+        let mut bad = bytes.clone();
+        bad[1] = 9;
+        assert!(SubState::decode(&bad).is_err());
+        let mut long = bytes;
+        long.push(0);
+        assert!(SubState::decode(&long).is_err());
+    }
+
+    #[test]
+    fn empty_state_is_small() {
+        let s = SubState {
+            sub_type: SubscriptionType::Exclusive,
+            filter_tag: None,
+            batch_acks: BatchAcks::default(),
+            deliveries: Vec::new(),
+        };
+        assert_eq!(s.encode(), vec![1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(SubState::decode(&s.encode()).unwrap(), s);
+    }
+}
