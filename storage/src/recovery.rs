@@ -241,7 +241,7 @@ impl<D: Disk> EntryLog<D> {
                     st.segments.range(..=e.position).next_back().map(|(_, s)| s).filter(|s| e.position < s.end())
                 else {
                     return Err(StorageError::corrupt(
-                        &paths.index(*id),
+                        paths.index(*id),
                         0,
                         CorruptReason::Field {
                             field: "entry position (no segment holds it)",
