@@ -1,24 +1,48 @@
-//! A subscription's cursor: which entries of the topic's ledger are acknowledged.
+//! A subscription's cursor: which of the topic's entries are acknowledged.
 //!
-//! `ack_floor` is the number of leading entries all acknowledged (Pulsar's
-//! mark-delete position is `ack_floor - 1`); `acked` holds the individually
-//! acknowledged entries above it (the "ack holes" are the gaps). Owned by the
-//! topic's shard; never crosses cores.
+//! In memory the cursor counts in topic positions (see `ledgers.rs`):
+//! `ack_floor` is the first position not acknowledged (Pulsar's mark-delete
+//! position is the one before it), and `acked` holds the individually
+//! acknowledged positions above it (the "ack holes" are the gaps). On disk
+//! (the `c/<topic>\n<subscription>` record) it names `(ledger, entry)`
+//! pairs, so a record stays true whatever happens to positions: version 2
+//! keeps the mark-delete position as `(ledger, entry)` and the acknowledged
+//! ranges per ledger; version 1 (one ledger's entries) is still read.
+//! Layouts in `docs/format.md`. Owned by the topic's shard; never crosses
+//! cores.
 
+use crate::ledgers::{Lookup, TopicLedgers};
 use std::collections::BTreeSet;
 
 /// Most individually-acked ranges written to disk per cursor. Past this, the
 /// newest ranges are not persisted and those messages may be redelivered after
 /// a restart (bounded, like Pulsar's `managedLedgerMaxUnackedRangesToPersist`).
 pub const ACKED_RANGES_PERSISTED_MAX: usize = 10_000;
+/// Largest single acknowledged range a record may carry (decoding expands
+/// ranges into memory).
+const ACKED_RANGE_ENTRIES_MAX: u64 = 100_000_000;
 
-const CURSOR_FORMAT_VERSION: u8 = 1;
+const CURSOR_RECORD_V1: u8 = 1;
+const CURSOR_RECORD_V2: u8 = 2;
 
+/// A cursor in topic positions.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Cursor {
-    pub ledger: u64,
     pub ack_floor: u64,
     pub acked: BTreeSet<u64>,
+}
+
+/// A cursor as recorded: `(ledger, entry)` pairs, independent of positions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CursorRecord {
+    /// Ledger of the mark-delete position.
+    pub mark_delete_ledger: u64,
+    /// Last entry of `mark_delete_ledger` such that it and everything before
+    /// it is acknowledged; -1: none of that ledger (everything before it is).
+    pub mark_delete_entry: i64,
+    /// Individually acknowledged entries above the mark-delete position:
+    /// per ledger (ascending), inclusive entry ranges (ascending, disjoint).
+    pub acked: Vec<(u64, Vec<(u64, u64)>)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,27 +50,27 @@ pub struct Cursor {
 pub struct CursorDecodeError(pub &'static str);
 
 impl Cursor {
-    pub fn new(ledger: u64, ack_floor: u64) -> Self {
-        Self { ledger, ack_floor, acked: BTreeSet::new() }
+    pub fn new(ack_floor: u64) -> Self {
+        Self { ack_floor, acked: BTreeSet::new() }
     }
 
-    pub fn is_acked(&self, entry: u64) -> bool {
-        entry < self.ack_floor || self.acked.contains(&entry)
+    pub fn is_acked(&self, pos: u64) -> bool {
+        pos < self.ack_floor || self.acked.contains(&pos)
     }
 
-    /// Acknowledges one entry. Returns whether anything changed.
-    pub fn ack(&mut self, entry: u64) -> bool {
-        if self.is_acked(entry) {
+    /// Acknowledges one position. Returns whether anything changed.
+    pub fn ack(&mut self, pos: u64) -> bool {
+        if self.is_acked(pos) {
             return false;
         }
-        self.acked.insert(entry);
+        self.acked.insert(pos);
         self.compact();
         true
     }
 
-    /// Acknowledges every entry up to and including `entry`.
-    pub fn ack_cumulative(&mut self, entry: u64) -> bool {
-        let floor = entry.saturating_add(1);
+    /// Acknowledges every position up to and including `pos`.
+    pub fn ack_cumulative(&mut self, pos: u64) -> bool {
+        let floor = pos.saturating_add(1);
         if floor <= self.ack_floor {
             return false;
         }
@@ -62,7 +86,7 @@ impl Cursor {
         }
     }
 
-    /// Individually acked entries as inclusive ranges, ascending.
+    /// Individually acked positions as inclusive ranges, ascending.
     pub fn acked_ranges(&self) -> Vec<(u64, u64)> {
         let mut out: Vec<(u64, u64)> = Vec::new();
         for &e in &self.acked {
@@ -74,48 +98,161 @@ impl Cursor {
         out
     }
 
-    /// Layout (little-endian): `u8 version=1, u64 ledger, u64 ack_floor,
-    /// u32 range_count, range_count × (u64 first, u64 last)`.
-    pub fn encode(&self) -> Vec<u8> {
-        let ranges = self.acked_ranges();
-        let n = ranges.len().min(ACKED_RANGES_PERSISTED_MAX);
-        let mut out = Vec::with_capacity(21 + n * 16);
-        out.push(CURSOR_FORMAT_VERSION);
-        out.extend_from_slice(&self.ledger.to_le_bytes());
-        out.extend_from_slice(&self.ack_floor.to_le_bytes());
-        out.extend_from_slice(&(n as u32).to_le_bytes());
-        for (a, b) in &ranges[..n] {
-            out.extend_from_slice(&a.to_le_bytes());
-            out.extend_from_slice(&b.to_le_bytes());
+    /// The record of this cursor over `ledgers`. Positions not stored (below
+    /// the first ledger) are simply acknowledged; at most
+    /// [`ACKED_RANGES_PERSISTED_MAX`] ranges are kept (the newest go).
+    pub fn to_record(&self, ledgers: &TopicLedgers) -> CursorRecord {
+        let (mark_delete_ledger, mark_delete_entry) = match self.ack_floor.checked_sub(1).map(|p| ledgers.locate(p)) {
+            Some(Some((l, e))) => (l, e as i64),
+            // Nothing stored is acknowledged (or the floor is past the
+            // end): "before entry 0" of the ledger holding the floor.
+            _ => match ledgers.locate(self.ack_floor) {
+                Some((l, e)) => (l, e as i64 - 1),
+                None if self.ack_floor >= ledgers.next() && self.ack_floor > 0 => {
+                    let cur = ledgers.current();
+                    (cur.id, (self.ack_floor - cur.first) as i64 - 1)
+                }
+                None => (ledgers.all()[0].id, -1),
+            },
+        };
+        let mut acked: Vec<(u64, Vec<(u64, u64)>)> = Vec::new();
+        let mut count = 0usize;
+        'ranges: for (a, b) in self.acked_ranges() {
+            // Split the range at ledger boundaries.
+            let mut pos = a;
+            while pos <= b {
+                if count >= ACKED_RANGES_PERSISTED_MAX {
+                    break 'ranges;
+                }
+                let (Some((l, e)), Some(ledger_end)) = (ledgers.locate(pos), ledgers.ledger_end(pos)) else { break };
+                let last = b.min(ledger_end.saturating_sub(1));
+                match acked.last_mut() {
+                    Some((ledger, ranges)) if *ledger == l => ranges.push((e, e + (last - pos))),
+                    _ => acked.push((l, vec![(e, e + (last - pos))])),
+                }
+                count += 1;
+                pos = last + 1;
+            }
         }
-        out
+        CursorRecord { mark_delete_ledger, mark_delete_entry, acked }
     }
 
-    pub fn decode(bytes: &[u8]) -> Result<Self, CursorDecodeError> {
-        let mut r = Reader { b: bytes };
-        if r.u8()? != CURSOR_FORMAT_VERSION {
-            return Err(CursorDecodeError("unknown version"));
-        }
-        let ledger = r.u64()?;
-        let ack_floor = r.u64()?;
-        let n = r.u32()? as usize;
-        if n > ACKED_RANGES_PERSISTED_MAX {
-            return Err(CursorDecodeError("too many ranges"));
-        }
-        let mut c = Cursor::new(ledger, ack_floor);
-        for _ in 0..n {
-            let (a, b) = (r.u64()?, r.u64()?);
-            if a > b || a < ack_floor || b - a > 100_000_000 {
-                return Err(CursorDecodeError("bad range"));
+    /// The cursor a record describes over `ledgers`. A mark-delete position
+    /// in a ledger retention deleted means everything stored is still to be
+    /// acknowledged; acknowledged ranges in deleted ledgers are dropped.
+    /// An unknown mark-delete ledger is an error (a record of another topic).
+    pub fn from_record(rec: &CursorRecord, ledgers: &TopicLedgers) -> Result<Cursor, CursorDecodeError> {
+        let floor = match ledgers.lookup(rec.mark_delete_ledger, 0) {
+            Lookup::At(first) => first.saturating_add_signed(rec.mark_delete_entry.saturating_add(1)),
+            Lookup::Trimmed => ledgers.start(),
+            Lookup::Unknown => return Err(CursorDecodeError("mark-delete ledger is not a ledger of this topic")),
+        };
+        let mut c = Cursor::new(floor.clamp(ledgers.start(), ledgers.next()));
+        for (ledger, ranges) in &rec.acked {
+            let Lookup::At(first) = ledgers.lookup(*ledger, 0) else { continue };
+            for &(a, b) in ranges {
+                let (a, b) = (first.saturating_add(a).max(c.ack_floor), first.saturating_add(b));
+                if a <= b {
+                    c.acked.extend(a..=b);
+                }
             }
-            c.acked.extend(a..=b);
-        }
-        if !r.b.is_empty() {
-            return Err(CursorDecodeError("trailing bytes"));
         }
         c.compact();
         Ok(c)
     }
+}
+
+impl CursorRecord {
+    /// Version 2, little-endian: `u8 2, u64 mark_delete_ledger,
+    /// i64 mark_delete_entry, u32 ledger_count, ledger_count × (u64 ledger,
+    /// u32 range_count, range_count × (u64 first, u64 last))`.
+    pub fn encode(&self) -> Vec<u8> {
+        let ranges: usize = self.acked.iter().map(|(_, r)| r.len()).sum();
+        let mut out = Vec::with_capacity(21 + self.acked.len() * 12 + ranges * 16);
+        out.push(CURSOR_RECORD_V2);
+        out.extend_from_slice(&self.mark_delete_ledger.to_le_bytes());
+        out.extend_from_slice(&self.mark_delete_entry.to_le_bytes());
+        out.extend_from_slice(&(self.acked.len() as u32).to_le_bytes());
+        for (ledger, ranges) in &self.acked {
+            out.extend_from_slice(&ledger.to_le_bytes());
+            out.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
+            for (a, b) in ranges {
+                out.extend_from_slice(&a.to_le_bytes());
+                out.extend_from_slice(&b.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// Decodes version 2, or version 1 (`u8 1, u64 ledger, u64 ack_floor,
+    /// u32 range_count, range_count × (u64 first, u64 last)`: one ledger's
+    /// entries), checking every count, order and bound.
+    pub fn decode(bytes: &[u8]) -> Result<Self, CursorDecodeError> {
+        let mut r = Reader { b: bytes };
+        let rec = match r.u8()? {
+            CURSOR_RECORD_V1 => {
+                let ledger = r.u64()?;
+                let ack_floor = r.u64()?;
+                let floor = i64::try_from(ack_floor).map_err(|_| CursorDecodeError("ack floor out of range"))?;
+                let ranges = read_ranges(&mut r, ACKED_RANGES_PERSISTED_MAX)?;
+                if ranges.first().is_some_and(|(a, _)| *a < ack_floor) {
+                    return Err(CursorDecodeError("bad range"));
+                }
+                let acked = if ranges.is_empty() { Vec::new() } else { vec![(ledger, ranges)] };
+                CursorRecord { mark_delete_ledger: ledger, mark_delete_entry: floor - 1, acked }
+            }
+            CURSOR_RECORD_V2 => {
+                let mark_delete_ledger = r.u64()?;
+                let mark_delete_entry = r.i64()?;
+                if mark_delete_entry < -1 {
+                    return Err(CursorDecodeError("mark-delete entry below -1"));
+                }
+                let n = r.u32()? as usize;
+                if n > ACKED_RANGES_PERSISTED_MAX {
+                    return Err(CursorDecodeError("too many ledgers"));
+                }
+                let mut acked: Vec<(u64, Vec<(u64, u64)>)> = Vec::with_capacity(n);
+                let mut left = ACKED_RANGES_PERSISTED_MAX;
+                for _ in 0..n {
+                    let ledger = r.u64()?;
+                    if ledger < mark_delete_ledger || acked.last().is_some_and(|(l, _)| *l >= ledger) {
+                        return Err(CursorDecodeError("ledgers out of order"));
+                    }
+                    let ranges = read_ranges(&mut r, left)?;
+                    left -= ranges.len();
+                    let above_mark = |(a, _): &(u64, u64)| ledger > mark_delete_ledger || *a as i64 > mark_delete_entry;
+                    if ranges.is_empty() || !ranges.first().is_some_and(above_mark) {
+                        return Err(CursorDecodeError("bad range"));
+                    }
+                    acked.push((ledger, ranges));
+                }
+                CursorRecord { mark_delete_ledger, mark_delete_entry, acked }
+            }
+            _ => return Err(CursorDecodeError("unknown version")),
+        };
+        if !r.b.is_empty() {
+            return Err(CursorDecodeError("trailing bytes"));
+        }
+        Ok(rec)
+    }
+}
+
+/// `u32 count, count × (u64 first, u64 last)`: ascending, disjoint, each at
+/// most [`ACKED_RANGE_ENTRIES_MAX`] long, at most `max` of them.
+fn read_ranges(r: &mut Reader<'_>, max: usize) -> Result<Vec<(u64, u64)>, CursorDecodeError> {
+    let n = r.u32()? as usize;
+    if n > max {
+        return Err(CursorDecodeError("too many ranges"));
+    }
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (a, b) = (r.u64()?, r.u64()?);
+        if a > b || b - a > ACKED_RANGE_ENTRIES_MAX || out.last().is_some_and(|(_, pb)| *pb >= a) {
+            return Err(CursorDecodeError("bad range"));
+        }
+        out.push((a, b));
+    }
+    Ok(out)
 }
 
 struct Reader<'a> {
@@ -139,15 +276,24 @@ impl Reader<'_> {
     fn u64(&mut self) -> Result<u64, CursorDecodeError> {
         Ok(u64::from_le_bytes(self.take()?))
     }
+    fn i64(&mut self) -> Result<i64, CursorDecodeError> {
+        Ok(i64::from_le_bytes(self.take()?))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ledgers::LedgerInfo;
+
+    fn ledgers() -> TopicLedgers {
+        let l = |id, first, entries| LedgerInfo { id, first, entries, bytes: 0, created_ms: 0, closed_ms: 0 };
+        TopicLedgers::new(vec![l(1024, 0, 10), l(2048, 10, 10), l(3072, 20, 5)])
+    }
 
     #[test]
     fn individual_acks_fill_holes() {
-        let mut c = Cursor::new(7, 0);
+        let mut c = Cursor::new(0);
         assert!(c.ack(1));
         assert!(c.ack(3));
         assert_eq!(c.ack_floor, 0);
@@ -162,7 +308,7 @@ mod tests {
 
     #[test]
     fn cumulative_ack_drops_lower_holes() {
-        let mut c = Cursor::new(7, 0);
+        let mut c = Cursor::new(0);
         c.ack(5);
         c.ack(9);
         assert!(c.ack_cumulative(5));
@@ -172,18 +318,99 @@ mod tests {
     }
 
     #[test]
-    fn encode_round_trips_and_rejects_garbage() {
-        let mut c = Cursor::new(1024, 10);
-        for e in [12, 13, 14, 20] {
-            c.ack(e);
+    fn v2_round_trips_across_ledgers_and_rejects_garbage() {
+        let ls = ledgers();
+        let mut c = Cursor::new(7);
+        // A range spanning the 1024/2048 boundary, one in the current ledger.
+        for p in [8, 9, 10, 11, 15, 22, 23] {
+            c.ack(p);
         }
-        let bytes = c.encode();
-        assert_eq!(Cursor::decode(&bytes).unwrap(), c);
+        let rec = c.to_record(&ls);
+        assert_eq!(
+            rec,
+            CursorRecord {
+                mark_delete_ledger: 1024,
+                mark_delete_entry: 6,
+                acked: vec![(1024, vec![(8, 9)]), (2048, vec![(0, 1), (5, 5)]), (3072, vec![(2, 3)])],
+            }
+        );
+        let bytes = rec.encode();
+        assert_eq!(bytes[0], 2);
+        assert_eq!(CursorRecord::decode(&bytes).unwrap(), rec);
+        assert_eq!(Cursor::from_record(&rec, &ls).unwrap(), c);
         for cut in 0..bytes.len() {
-            assert!(Cursor::decode(&bytes[..cut]).is_err());
+            assert!(CursorRecord::decode(&bytes[..cut]).is_err(), "cut at {cut}");
         }
         let mut bad = bytes.clone();
         bad[0] = 9;
-        assert!(Cursor::decode(&bad).is_err());
+        assert!(CursorRecord::decode(&bad).is_err());
+        let mut unordered = rec.clone();
+        unordered.acked.swap(0, 1);
+        assert!(CursorRecord::decode(&unordered.encode()).is_err());
+        let mut below_mark = rec.clone();
+        below_mark.acked[0].1[0] = (3, 4);
+        assert!(CursorRecord::decode(&below_mark.encode()).is_err());
+    }
+
+    #[test]
+    fn mark_delete_at_edges() {
+        let ls = ledgers();
+        // Nothing acknowledged: before entry 0 of the first ledger.
+        let rec = Cursor::new(0).to_record(&ls);
+        assert_eq!((rec.mark_delete_ledger, rec.mark_delete_entry), (1024, -1));
+        assert_eq!(Cursor::from_record(&rec, &ls).unwrap().ack_floor, 0);
+        // A whole ledger acknowledged: its last entry.
+        let rec = Cursor::new(10).to_record(&ls);
+        assert_eq!((rec.mark_delete_ledger, rec.mark_delete_entry), (1024, 9));
+        assert_eq!(Cursor::from_record(&rec, &ls).unwrap().ack_floor, 10);
+        // Everything acknowledged.
+        let rec = Cursor::new(25).to_record(&ls);
+        assert_eq!((rec.mark_delete_ledger, rec.mark_delete_entry), (3072, 4));
+        assert_eq!(Cursor::from_record(&rec, &ls).unwrap().ack_floor, 25);
+        // After retention deleted the first ledger, a record naming it means
+        // "from the first stored entry", and its acked ranges are dropped.
+        let mut trimmed = ls.clone();
+        trimmed.trim_front(1);
+        let old = CursorRecord { mark_delete_ledger: 1024, mark_delete_entry: 3, acked: vec![(1024, vec![(5, 6)])] };
+        assert_eq!(Cursor::from_record(&old, &trimmed).unwrap(), Cursor::new(10));
+        let rec = Cursor::new(10).to_record(&trimmed);
+        assert_eq!((rec.mark_delete_ledger, rec.mark_delete_entry), (2048, -1));
+        // A ledger of another topic is refused.
+        let other = CursorRecord { mark_delete_ledger: 9999, mark_delete_entry: 0, acked: vec![] };
+        assert!(Cursor::from_record(&other, &ls).is_err());
+    }
+
+    #[test]
+    fn v1_records_still_decode() {
+        // v1: u8 1, u64 ledger, u64 ack_floor, u32 n, n × (u64, u64).
+        let mut v1 = vec![1u8];
+        v1.extend_from_slice(&1024u64.to_le_bytes());
+        v1.extend_from_slice(&3u64.to_le_bytes());
+        v1.extend_from_slice(&1u32.to_le_bytes());
+        v1.extend_from_slice(&5u64.to_le_bytes());
+        v1.extend_from_slice(&6u64.to_le_bytes());
+        let rec = CursorRecord::decode(&v1).unwrap();
+        assert_eq!(
+            rec,
+            CursorRecord { mark_delete_ledger: 1024, mark_delete_entry: 2, acked: vec![(1024, vec![(5, 6)])] }
+        );
+        // Over a v1 topic (one ledger at position 0) positions are entries.
+        let one = TopicLedgers::new(vec![LedgerInfo {
+            id: 1024,
+            first: 0,
+            entries: 10,
+            bytes: 0,
+            created_ms: 0,
+            closed_ms: 0,
+        }]);
+        let c = Cursor::from_record(&rec, &one).unwrap();
+        assert_eq!((c.ack_floor, c.acked.iter().copied().collect::<Vec<_>>()), (3, vec![5, 6]));
+        // A range below the v1 floor is damage.
+        let mut bad = v1.clone();
+        bad[9..17].copy_from_slice(&6u64.to_le_bytes());
+        assert!(CursorRecord::decode(&bad).is_err());
+        for cut in 0..v1.len() {
+            assert!(CursorRecord::decode(&v1[..cut]).is_err());
+        }
     }
 }

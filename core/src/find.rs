@@ -31,9 +31,8 @@ const FIND_PAYLOAD_BYTES_MAX: usize = 4 << 20;
 const FIND_ROUNDS_MAX: usize = 4;
 
 /// The ledgers holding `topic`'s entries on this shard, if it exists.
-/// (One ledger per topic today; ledger rollover extends this.)
 pub(crate) fn topic_ledgers(shard: &Shard, topic: &str) -> Option<Vec<u64>> {
-    shard.topic_ledger(topic).map(|l| vec![l])
+    shard.topic_ledger_ids(topic)
 }
 
 /// Finds up to `limit` messages of `topic` (one partition or a plain topic)

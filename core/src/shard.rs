@@ -9,6 +9,8 @@
 
 use crate::config::BrokerConfig;
 use crate::error::{CoreError, ErrorCode};
+use crate::ledgers::decode_topic_record;
+use crate::ledgers::{LedgerInfo, Lookup, TopicLedgers};
 use crate::mesh::{Mesh, MeshMsg};
 use crate::metadata::{Metadata, Policies};
 use crate::ownership;
@@ -48,7 +50,6 @@ const META_DEDUP_PREFIX: &[u8] = b"d/";
 /// `x/<ledger>`: the ledger of a deleted topic, kept so that its id is never
 /// handed out again (the log may still hold its entries).
 const META_DELETED_LEDGER_PREFIX: &[u8] = b"x/";
-const TOPIC_META_VERSION: u8 = 1;
 
 /// Where a consumer's events go: a sink registered on some shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -243,10 +244,14 @@ pub(crate) struct Shard {
     pub(crate) log: EntryLog,
     /// The metadata store's typed view; `Some` on shard 0 only.
     pub(crate) metadata: Option<Metadata>,
-    topics: RefCell<HashMap<String, Rc<Topic>>>,
+    pub(crate) topics: RefCell<HashMap<String, Rc<Topic>>>,
     /// Non-persistent topics with producers or consumers attached.
     np_topics: RefCell<HashMap<String, Rc<crate::nonpersistent::NpTopic>>>,
     next_ledger_seq: Cell<u64>,
+    /// Ledgers the log held when the shard started (deleted ones excluded):
+    /// a closed ledger of a topic record missing here was deleted by
+    /// retention before the record was rewritten (a crash in between).
+    ledgers_at_start: std::collections::HashSet<u64>,
     mesh: Mesh,
     pending: RefCell<HashMap<u64, oneshot::Sender<OpResult>>>,
     next_req: Cell<u64>,
@@ -312,12 +317,27 @@ pub(crate) fn now_ms() -> u64 {
 
 impl Shard {
     pub(crate) fn new(id: u32, nshards: u32, config: Arc<BrokerConfig>, log: EntryLog, mesh: Mesh) -> Rc<Self> {
-        // Ledger ids already used on this shard come from the topic records.
+        // Ledger ids already used on this shard come from the topic records
+        // (every ledger they list), the deleted topics' records and the log.
         let mut seq = 0u64;
         let deleted = log.meta_prefix(META_DELETED_LEDGER_PREFIX);
+        let ledgers_at_start: std::collections::HashSet<u64> = log.ledgers().into_iter().map(|(l, _)| l).collect();
         for (_, v) in log.meta_prefix(META_TOPIC_PREFIX).into_iter().chain(deleted) {
-            if let Some(ledger) = decode_topic_meta(&v) {
-                seq = seq.max(ledger / LEDGER_ID_SHARD_STRIDE + 1);
+            for l in decode_topic_record(&v).unwrap_or_default() {
+                seq = seq.max(l.id / LEDGER_ID_SHARD_STRIDE + 1);
+            }
+        }
+        for &l in &ledgers_at_start {
+            seq = seq.max(l / LEDGER_ID_SHARD_STRIDE + 1);
+        }
+        for l in orphan_ledgers(&log, &ledgers_at_start) {
+            match log.delete_ledger(l) {
+                Ok(_) => tracing::info!(
+                    shard = id,
+                    ledger = l,
+                    "deleted a ledger no topic names (topic deleted before a crash)"
+                ),
+                Err(e) => tracing::warn!(shard = id, ledger = l, "cannot delete an orphan ledger: {e}"),
             }
         }
         let metadata = (id == 0).then(|| {
@@ -334,6 +354,7 @@ impl Shard {
             topics: RefCell::new(HashMap::new()),
             np_topics: RefCell::new(HashMap::new()),
             next_ledger_seq: Cell::new(seq),
+            ledgers_at_start,
             mesh,
             pending: RefCell::new(HashMap::new()),
             next_req: Cell::new(1),
@@ -559,7 +580,7 @@ impl Shard {
                 if let (Some(t), Some(sub)) =
                     (self.topics.borrow().get(&topic).cloned(), self.subscription(&topic, &subscription))
                 {
-                    let entries: Vec<u64> = ids.iter().filter(|id| id.ledger == t.ledger).map(|id| id.entry).collect();
+                    let entries: Vec<u64> = ids.iter().filter_map(|id| t.position_of(id).ok().flatten()).collect();
                     // Ids of another ledger are none of ours: nothing to do
                     // for them, but an all-foreign list must not mean "all".
                     if ids.is_empty() || !entries.is_empty() {
@@ -766,16 +787,24 @@ impl Shard {
                 key_hash: peek.partition_key.map_or(0, |k| magnetar_storage::key_hash(k.as_bytes())),
                 tag_hash: magnetar_storage::tag_hash(peek.tag.map(str::as_bytes)),
             };
-            let blob_bytes = blob.len() as u64;
-            let a = self.log.append_with(t.ledger, blob, extras)?;
-            t.rate_in.record(now_ms(), u64::from(num_messages), blob_bytes);
-            t.note_messages(a.entry, num_messages);
-            assert_eq!(a.entry, t.next_entry.get(), "entry ids of a ledger are dense");
-            t.next_entry.set(a.entry + 1);
+            self.maybe_roll(&t);
+            let (ledger, first) = {
+                let l = t.ledgers.borrow();
+                (l.current().id, l.current().first)
+            };
+            let bytes = blob.len() as u64;
+            let a = self.log.append_with(ledger, blob, extras)?;
+            t.ledgers.borrow_mut().appended(a.entry, bytes);
+            let pos = first + a.entry;
+            t.rate_in.record(now_ms(), u64::from(num_messages), bytes);
+            t.note_messages(pos, num_messages);
+            assert_eq!(pos, t.next_entry.get(), "positions of a topic are dense");
+            t.next_entry.set(pos + 1);
             if tracked {
-                t.dedup.record(producer, seq, chunk, num_messages, a.entry, a.lsn);
+                t.dedup.record(producer, seq, chunk, num_messages, pos, a.lsn);
             }
-            Ok(Ok((t, a)))
+            let id = MessageId::new(ledger, a.entry, t.partition, -1);
+            Ok(Ok((t, (id, pos, a.lsn))))
         })();
         let (topic, appended) = match appended {
             Ok(Ok(x)) => x,
@@ -784,9 +813,11 @@ impl Shard {
                 let me = self.clone();
                 return async move {
                     match original {
-                        Some((entry, lsn)) => {
+                        Some((pos, lsn)) => {
                             me.log.wait_durable(lsn).await?;
-                            Ok(Reply::Sent(MessageId::new(t.ledger, entry, t.partition, -1)))
+                            // Its ledger may be gone by retention since.
+                            let id = t.message_id(pos).unwrap_or_else(|| crate::dedup::duplicate_id(t.partition));
+                            Ok(Reply::Sent(id))
                         }
                         None => Ok(Reply::Sent(crate::dedup::duplicate_id(t.partition))),
                     }
@@ -798,12 +829,13 @@ impl Shard {
         let _ = sequence_id;
         self.inflight.set(self.inflight.get() + 1);
         let me = self.clone();
+        let (id, pos, lsn) = appended;
         async move {
-            let r = me.log.wait_durable(appended.lsn).await;
+            let r = me.log.wait_durable(lsn).await;
             me.inflight.set(me.inflight.get() - 1);
             r?;
-            topic.on_durable(appended.entry);
-            Ok(Reply::Sent(MessageId::new(topic.ledger, appended.entry, topic.partition, -1)))
+            topic.on_durable(pos);
+            Ok(Reply::Sent(id))
         }
         .boxed_local()
     }
@@ -820,27 +852,40 @@ impl Shard {
         }
         let partition = name.partition().map(|p| p as i32).unwrap_or(-1);
         let meta_key = topic_meta_key(&key);
-        let (ledger, created_lsn) = match self.log.meta(&meta_key).as_deref().and_then(decode_topic_meta) {
-            Some(ledger) => (ledger, None),
+        let (ledgers, created_lsn) = match self.log.meta(&meta_key).as_deref().and_then(decode_topic_record) {
+            Some(list) => {
+                let (ledgers, repaired) = self.recovered_ledgers(&key, list);
+                if repaired {
+                    self.log.put_meta(&meta_key, Bytes::from(ledgers.encode()))?;
+                }
+                (ledgers, None)
+            }
             None => {
-                let seq = self.next_ledger_seq.get();
-                self.next_ledger_seq.set(seq + 1);
-                let ledger = seq * LEDGER_ID_SHARD_STRIDE + u64::from(self.id);
-                let lsn = self.log.put_meta(&meta_key, Bytes::from(encode_topic_meta(ledger)))?;
+                let ledger = self.allocate_ledger();
+                let ledgers = TopicLedgers::new(vec![LedgerInfo {
+                    id: ledger,
+                    first: 0,
+                    entries: 0,
+                    bytes: 0,
+                    created_ms: now_ms(),
+                    closed_ms: 0,
+                }]);
+                let lsn = self.log.put_meta(&meta_key, Bytes::from(ledgers.encode()))?;
                 tracing::info!(topic = %key, ledger, shard = self.id, "created topic");
-                (ledger, Some(lsn))
+                (ledgers, Some(lsn))
             }
         };
-        let next = self.log.next_entry(ledger);
-        let topic = Rc::new(Topic::new(name.clone(), key.clone(), ledger, partition, next));
+        let topic = Rc::new(Topic::new(name.clone(), key.clone(), ledgers, partition));
         // Restore durable subscriptions.
         let mut prefix = META_CURSOR_PREFIX.to_vec();
         prefix.extend_from_slice(key.as_bytes());
         prefix.push(b'\n');
         for (k, v) in self.log.meta_prefix(&prefix) {
             let Ok(sub_name) = std::str::from_utf8(&k[prefix.len()..]) else { continue };
-            match crate::cursor::Cursor::decode(&v) {
-                Ok(cursor) if cursor.ledger == ledger => {
+            let cursor = crate::cursor::CursorRecord::decode(&v)
+                .and_then(|rec| crate::cursor::Cursor::from_record(&rec, &topic.ledgers.borrow()));
+            match cursor {
+                Ok(cursor) => {
                     let sub = Subscription::new(
                         sub_name.to_string(),
                         SubscriptionType::Exclusive,
@@ -856,7 +901,7 @@ impl Shard {
                         Some(Ok(state)) => crate::sub_state::restore(
                             &sub,
                             state,
-                            ledger,
+                            &topic.ledgers.borrow(),
                             now_ms(),
                             self.config.subscription_type_hold.as_millis() as u64,
                         ),
@@ -868,12 +913,100 @@ impl Shard {
                     topic.subs.borrow_mut().insert(sub_name.to_string(), sub.clone());
                     crate::dispatcher::task::spawn(self.clone(), topic.clone(), sub);
                 }
-                Ok(_) => tracing::warn!(topic = %key, sub = sub_name, "cursor of another ledger ignored"),
                 Err(e) => tracing::error!(topic = %key, sub = sub_name, "unreadable cursor record: {e}"),
             }
         }
         self.topics.borrow_mut().insert(key, topic.clone());
         Ok((topic, created_lsn))
+    }
+
+    /// A new ledger id: larger than every id this shard handed out before.
+    pub(crate) fn allocate_ledger(&self) -> u64 {
+        let seq = self.next_ledger_seq.get();
+        self.next_ledger_seq.set(seq + 1);
+        seq * LEDGER_ID_SHARD_STRIDE + u64::from(self.id)
+    }
+
+    /// A topic's ledgers from its record and the log: the current ledger's
+    /// entries and bytes come from the log; leading closed ledgers the log
+    /// no longer has were deleted by retention just before a crash (the
+    /// deletion is written before the record) and are dropped. Returns
+    /// whether the list changed that way (the caller rewrites the record).
+    fn recovered_ledgers(&self, topic: &str, mut list: Vec<LedgerInfo>) -> (TopicLedgers, bool) {
+        let gone = crate::ledgers::deleted_prefix(&list, |id| self.ledgers_at_start.contains(&id));
+        if gone > 0 {
+            let ids: Vec<u64> = list[..gone].iter().map(|l| l.id).collect();
+            tracing::info!(topic, ledgers = ?ids, "ledgers deleted by retention before a restart dropped from the topic");
+            list.drain(..gone);
+        }
+        let cur = list.last_mut().expect("a topic record lists a ledger");
+        cur.entries = self.log.next_entry(cur.id);
+        cur.bytes =
+            (0..cur.entries).filter_map(|e| self.log.index_entry(cur.id, e)).map(|i| u64::from(i.body_len)).sum();
+        if cur.created_ms == 0 {
+            // A version 1 record does not say: count its age from now.
+            cur.created_ms = now_ms();
+        }
+        (TopicLedgers::new(list), gone > 0)
+    }
+
+    /// Rolls the topic's current ledger over if it is due (see
+    /// [`crate::ledgers::Rollover`]). Called before an append; a rollover
+    /// that cannot be written leaves the current ledger in place (if the
+    /// log failed, the append right after reports it).
+    pub(crate) fn maybe_roll(&self, t: &Topic) {
+        let now = now_ms();
+        if self.config.ledger_rollover.due(&t.ledgers.borrow(), now) {
+            if let Err(e) = self.roll_ledger(t, now) {
+                tracing::warn!(topic = %t.key, "ledger rollover failed, appending to the current ledger: {e}");
+            }
+        }
+    }
+
+    /// Closes the topic's current ledger and opens a new one. The new list
+    /// is a metadata record in the same log, ahead of every append to the
+    /// new ledger, so a crash can never leave entries of a ledger the topic
+    /// does not list; producers do not wait for it (their appends queue
+    /// behind it in the same group commit).
+    pub(crate) fn roll_ledger(&self, t: &Topic, now: u64) -> Result<u64, CoreError> {
+        let id = self.allocate_ledger();
+        let mut next = t.ledgers.borrow().clone();
+        let closed = next.current().clone();
+        next.roll(id, now);
+        let lsn = self.log.put_meta(&topic_meta_key(&t.key), Bytes::from(next.encode()))?;
+        *t.ledgers.borrow_mut() = next;
+        tracing::info!(
+            topic = %t.key,
+            closed = closed.id,
+            entries = closed.entries,
+            bytes = closed.bytes,
+            ledger = id,
+            "ledger rolled over"
+        );
+        Ok(lsn)
+    }
+
+    /// Writes the topic record (after retention changed the ledger list).
+    pub(crate) fn persist_topic_record(&self, t: &Topic) -> Result<u64, CoreError> {
+        let bytes = t.ledgers.borrow().encode();
+        Ok(self.log.put_meta(&topic_meta_key(&t.key), Bytes::from(bytes))?)
+    }
+
+    /// Every topic recorded in this shard's log, loaded (retention needs
+    /// them all, not only those with clients since the restart).
+    pub(crate) fn load_all_topics(self: &Rc<Self>) -> Vec<Rc<Topic>> {
+        let mut out = Vec::new();
+        for (k, _) in self.log.meta_prefix(META_TOPIC_PREFIX) {
+            let Some(name) = k.get(META_TOPIC_PREFIX.len()..).and_then(|n| std::str::from_utf8(n).ok()) else {
+                continue;
+            };
+            let Ok(tn) = TopicName::parse(name) else { continue };
+            match self.get_or_create_topic(&tn) {
+                Ok((t, _)) => out.push(t),
+                Err(e) => tracing::warn!(topic = name, "retention: cannot load topic: {e}"),
+            }
+        }
+        out
     }
 
     /// Whether `tn` exists (loaded or recorded in the log).
@@ -964,10 +1097,10 @@ impl Shard {
             Some(sub) => (sub, None),
             None => {
                 let floor = match req.initial_position {
-                    InitialPosition::Earliest => 0,
+                    InitialPosition::Earliest => t.ledgers.borrow().start(),
                     InitialPosition::Latest => t.next_entry.get(),
                 };
-                let cursor = crate::cursor::Cursor::new(t.ledger, floor);
+                let cursor = crate::cursor::Cursor::new(floor);
                 let sub = Subscription::new(
                     req.subscription.clone(),
                     req.sub_type,
@@ -1031,8 +1164,11 @@ impl Shard {
             while t.durable_next.get() < end && !self.closed.get() {
                 glommio::timer::sleep(Duration::from_millis(2)).await;
             }
-            for entry in snap.next_entry..end {
-                match self.log.read(t.ledger, entry).await {
+            // Positions count across ledgers; those retention deleted teach nothing.
+            let from = snap.next_entry.max(t.ledgers.borrow().start());
+            for entry in from..end {
+                let Some((ledger, e)) = t.ledgers.borrow().locate(entry) else { continue };
+                match self.log.read(ledger, e).await {
                     Ok(blob) => match magnetar_wire::peek_message(&blob) {
                         Ok(p) => {
                             let chunk = p.chunk.map_or(0, |(id, _)| id);
@@ -1071,29 +1207,35 @@ impl Shard {
         Ok(last)
     }
 
-    /// The last durable entry of `topic` as `L:E:P:-1` (a batch's last
-    /// message is not singled out), `None` when the topic has no entry.
-    /// The ledger of a topic of this shard (loaded or only recorded).
-    pub(crate) fn topic_ledger(&self, topic: &str) -> Option<u64> {
+    /// The ledgers of a topic of this shard (loaded or only recorded), in
+    /// order; `None` when it does not exist.
+    pub(crate) fn topic_ledger_ids(&self, topic: &str) -> Option<Vec<u64>> {
         if let Some(t) = self.topics.borrow().get(topic) {
-            return Some(t.ledger);
+            return Some(t.ledgers.borrow().all().iter().map(|l| l.id).collect());
         }
-        self.log.meta(&topic_meta_key(topic)).as_deref().and_then(decode_topic_meta)
+        // Ledgers already deleted by retention may still be listed: the key
+        // index answers only for ledgers that exist.
+        let list = self.log.meta(&topic_meta_key(topic)).as_deref().and_then(decode_topic_record)?;
+        Some(list.iter().map(|l| l.id).collect())
     }
 
+    /// The last durable entry of `topic` as `L:E:P:-1` (a batch's last
+    /// message is not singled out), `None` when the topic has no entry.
     fn last_message_id(&self, topic: &str) -> Result<Option<MessageId>, CoreError> {
         let tn = TopicName::parse(topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
         let partition = tn.partition().and_then(|p| i32::try_from(p).ok()).unwrap_or(-1);
-        let (ledger, next) = match self.topics.borrow().get(topic) {
-            Some(t) => (t.ledger, t.durable_next.get()),
+        let (ledgers, next) = match self.topics.borrow().get(topic) {
+            Some(t) => (t.ledgers.borrow().clone(), t.durable_next.get()),
             None => {
-                let Some(ledger) = self.log.meta(&topic_meta_key(topic)).as_deref().and_then(decode_topic_meta) else {
+                let Some(list) = self.log.meta(&topic_meta_key(topic)).as_deref().and_then(decode_topic_record) else {
                     return Err(CoreError::new(ErrorCode::TopicNotFound, format!("topic {topic} does not exist")));
                 };
-                (ledger, self.log.next_entry(ledger))
+                let (ledgers, _) = self.recovered_ledgers(topic, list);
+                let next = ledgers.next();
+                (ledgers, next)
             }
         };
-        Ok(next.checked_sub(1).map(|e| MessageId::new(ledger, e, partition, -1)))
+        Ok(next.checked_sub(1).and_then(|p| ledgers.message_id(p, partition)))
     }
 
     async fn handle_delete_topic(self: Rc<Self>, topic: &str) -> OpResult {
@@ -1110,20 +1252,24 @@ impl Shard {
             }
         }
         let key = topic_meta_key(topic);
-        let Some(ledger) = self.log.meta(&key).as_deref().and_then(decode_topic_meta) else {
+        let Some(list) = self.log.meta(&key).as_deref().and_then(decode_topic_record) else {
             return Err(CoreError::new(ErrorCode::TopicNotFound, format!("topic {topic} does not exist")));
         };
+        let ledger = list.last().map_or(0, |l| l.id);
         if let Some(t) = self.topics.borrow_mut().remove(topic) {
             t.deleted.set(true);
             for s in t.subs.borrow().values() {
                 s.wake.notify();
             }
         }
-        // The ledger id stays reserved (x/ record) so that a topic created
-        // later never gets it, and with it this topic's entries.
+        // The newest ledger id stays reserved (x/ record, a version 1 topic
+        // record) so that the allocator never hands it (or an older one)
+        // out again; the ledgers themselves are deleted, freeing the space.
         let mut tomb = META_DELETED_LEDGER_PREFIX.to_vec();
         tomb.extend_from_slice(&ledger.to_le_bytes());
-        self.log.put_meta(&tomb, Bytes::from(encode_topic_meta(ledger)))?;
+        let mut v1 = vec![crate::ledgers::TOPIC_RECORD_V1];
+        v1.extend_from_slice(&ledger.to_le_bytes());
+        self.log.put_meta(&tomb, Bytes::from(v1))?;
         let mut prefix = META_CURSOR_PREFIX.to_vec();
         prefix.extend_from_slice(topic.as_bytes());
         prefix.push(b'\n');
@@ -1141,7 +1287,18 @@ impl Shard {
         if self.log.meta(&dedup_meta_key(topic)).is_some() {
             self.log.put_meta(&dedup_meta_key(topic), Bytes::new())?;
         }
-        let lsn = self.log.put_meta(&key, Bytes::new())?;
+        let mut lsn = self.log.put_meta(&key, Bytes::new())?;
+        // The ledgers go after the topic record: a crash in between leaves
+        // ledgers no record names, which the next start deletes (see
+        // `orphan_ledgers`), never a topic whose ledgers are gone.
+        for l in &list {
+            match self.log.delete_ledger(l.id) {
+                Ok(d) => lsn = d,
+                // Never written to, or already gone.
+                Err(magnetar_storage::StorageError::LedgerDeleted { .. }) => {}
+                Err(e) => tracing::warn!(topic, ledger = l.id, "deleting a ledger of a deleted topic: {e}"),
+            }
+        }
         self.log.wait_durable(lsn).await?;
         tracing::info!(topic, ledger, shard = self.id, "deleted topic");
         Ok(Reply::Done)
@@ -1155,12 +1312,18 @@ impl Shard {
         target: SeekTarget,
     ) -> OpResult {
         let (t, sub) = self.attached(topic, subscription, consumer)?;
-        let entry = match target {
-            SeekTarget::Id(id) if id.ledger == t.ledger => id.entry.min(t.durable_next.get()),
-            SeekTarget::Id(id) => {
+        let lookup = match target {
+            SeekTarget::Id(id) => Some(t.ledgers.borrow().lookup(id.ledger, id.entry)),
+            SeekTarget::PublishTime(_) => None,
+        };
+        let entry = match (target, lookup) {
+            (_, Some(Lookup::At(p))) => p.min(t.durable_next.get()),
+            // Deleted by retention: the oldest message kept is next.
+            (_, Some(Lookup::Trimmed)) => t.ledgers.borrow().start(),
+            (SeekTarget::Id(id), _) => {
                 return Err(CoreError::new(ErrorCode::NotAllowed, format!("seek to {id}: not a message of {topic}")))
             }
-            SeekTarget::PublishTime(ms) => self.first_entry_published_at(&t, ms).await?,
+            (SeekTarget::PublishTime(ms), _) => self.first_entry_published_at(&t, ms).await?,
         };
         sub.reset_to(entry, consumer);
         if sub.durable {
@@ -1176,10 +1339,15 @@ impl Shard {
     /// producers' clocks, so this assumes they grow with the entry id (a
     /// time index is issue #3's); an unreadable entry fails the seek.
     async fn first_entry_published_at(&self, t: &Topic, ms: u64) -> Result<u64, CoreError> {
-        let (mut lo, mut hi) = (0u64, t.durable_next.get());
+        let (mut lo, mut hi) = (t.ledgers.borrow().start(), t.durable_next.get());
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            let blob = self.log.read(t.ledger, mid).await?;
+            let Some((ledger, entry)) = t.ledgers.borrow().locate(mid) else {
+                // Deleted by retention meanwhile: search what is left.
+                lo = t.ledgers.borrow().start().max(mid + 1);
+                continue;
+            };
+            let blob = self.log.read(ledger, entry).await?;
             let published = magnetar_wire::peek_message(&blob)
                 .map_err(|e| CoreError::new(ErrorCode::PersistenceError, format!("entry {mid}: {e}")))?
                 .publish_time_ms;
@@ -1210,7 +1378,7 @@ impl Shard {
         if !batch_sizes.is_empty() && batch_sizes.len() != ids.len() {
             return Err(CoreError::new(ErrorCode::ProtocolError, "an ack's batch sizes must be one per id, or none"));
         }
-        let changed = sub.ack(t.ledger, t.next_entry.get(), ack_type, ids, batch_sizes)?;
+        let changed = sub.ack(&t, ack_type, ids, batch_sizes)?;
         if changed {
             self.mark_cursor_dirty(&t, &sub);
         }
@@ -1231,10 +1399,10 @@ impl Shard {
     pub(crate) fn persist_cursor(&self, topic: &Topic, sub: &Subscription) -> Result<u64, CoreError> {
         sub.dirty.set(false);
         if sub.state_dirty.replace(false) {
-            let state = crate::sub_state::encode(sub, topic.ledger);
+            let state = crate::sub_state::encode(sub, &topic.ledgers.borrow());
             self.log.put_meta(&sub_meta_key(META_SUB_STATE_PREFIX, &topic.key, &sub.name), Bytes::from(state))?;
         }
-        let bytes = sub.cursor.borrow().encode();
+        let bytes = sub.cursor.borrow().to_record(&topic.ledgers.borrow()).encode();
         let lsn = self.log.put_meta(&cursor_meta_key(&topic.key, &sub.name), Bytes::from(bytes))?;
         sub.persisted_lsn.set(lsn);
         Ok(lsn)
@@ -1283,6 +1451,15 @@ impl Shard {
                 Err(e) => tracing::warn!(shard = self.id, dir = %dir.display(), "cannot measure disk usage: {e}"),
             }
             glommio::timer::sleep(wm.check_interval).await;
+        }
+    }
+
+    /// Measures the data disk now (after retention freed space, so that a
+    /// refused produce resumes without waiting for the next check).
+    pub(crate) fn measure_disk(&self) {
+        let wm = &self.config.disk_watermarks;
+        if let Ok(pct) = wm.measure(&self.config.data_dir) {
+            self.on_disk_usage(pct, wm);
         }
     }
 
@@ -1345,6 +1522,24 @@ impl Shard {
     }
 }
 
+/// Ledgers of the log that no topic record names: a topic deletion writes
+/// the empty topic record before deleting the ledgers, so a crash in between
+/// leaves these (every ledger is named by its topic's record before its
+/// first entry is appended). Nothing when any topic record does not decode
+/// (a format this version does not know might name them).
+fn orphan_ledgers(log: &EntryLog, in_log: &std::collections::HashSet<u64>) -> Vec<u64> {
+    let mut named = std::collections::HashSet::new();
+    for (_, v) in log.meta_prefix(META_TOPIC_PREFIX) {
+        match decode_topic_record(&v) {
+            Some(list) => named.extend(list.into_iter().map(|l| l.id)),
+            None => return Vec::new(),
+        }
+    }
+    let mut out: Vec<u64> = in_log.iter().copied().filter(|l| !named.contains(l)).collect();
+    out.sort_unstable();
+    out
+}
+
 /// Whether `op` is a producer/consumer op on a non-persistent topic.
 fn is_non_persistent(op: &Op) -> bool {
     const NP: &str = "non-persistent://";
@@ -1360,23 +1555,11 @@ fn is_non_persistent(op: &Op) -> bool {
     }
 }
 
-fn encode_topic_meta(ledger: u64) -> Vec<u8> {
-    let mut v = vec![TOPIC_META_VERSION];
-    v.extend_from_slice(&ledger.to_le_bytes());
-    v
-}
-
-/// Decodes a topic record (`t/<topic>` metadata value): the topic's ledger
-/// id. `None` for a value in an unknown format. Public for offline tools.
+/// Decodes a topic record (`t/<topic>` metadata value, either version):
+/// the topic's current ledger id. `None` for a value in an unknown format.
+/// Public for offline tools; [`decode_topic_record`] gives every ledger.
 pub fn decode_topic_meta(v: &[u8]) -> Option<u64> {
-    match v {
-        [TOPIC_META_VERSION, rest @ ..] if rest.len() == 8 => {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(rest);
-            Some(u64::from_le_bytes(b))
-        }
-        _ => None,
-    }
+    decode_topic_record(v).and_then(|l| l.last().map(|l| l.id))
 }
 
 // ------------------------------------------------------------------ handle

@@ -68,16 +68,17 @@ impl RateMeter {
 /// the lowest ack floor) are dropped. Owned by the topic's shard.
 #[derive(Debug, Default)]
 pub(crate) struct BatchSizes {
-    sizes: std::cell::RefCell<std::collections::BTreeMap<(u64, u64), u32>>,
+    /// Topic position → messages.
+    sizes: std::cell::RefCell<std::collections::BTreeMap<u64, u32>>,
     notes: Cell<u64>,
 }
 
 const PRUNE_EVERY: u64 = 1024;
 
 impl BatchSizes {
-    /// `(ledger, entry)` holds `messages` messages. `floor` gives the lowest
+    /// Position `key` holds `messages` messages. `floor` gives the lowest
     /// position still unacknowledged by some subscription, for pruning.
-    pub(crate) fn note(&self, key: (u64, u64), messages: u32, floor: impl FnOnce() -> (u64, u64)) {
+    pub(crate) fn note(&self, key: u64, messages: u32, floor: impl FnOnce() -> u64) {
         if messages <= 1 {
             return;
         }
@@ -89,15 +90,10 @@ impl BatchSizes {
         }
     }
 
-    /// Messages beyond one per entry in the batches of `ledger` at
+    /// Messages beyond one per entry in the batches at positions
     /// `from..to` that `acked` does not cover.
-    fn extra_messages(&self, ledger: u64, from: u64, to: u64, acked: impl Fn(u64) -> bool) -> u64 {
-        self.sizes
-            .borrow()
-            .range((ledger, from)..(ledger, to))
-            .filter(|((_, e), _)| !acked(*e))
-            .map(|(_, n)| u64::from(n - 1))
-            .sum()
+    fn extra_messages(&self, from: u64, to: u64, acked: impl Fn(u64) -> bool) -> u64 {
+        self.sizes.borrow().range(from..to.max(from)).filter(|(e, _)| !acked(**e)).map(|(_, n)| u64::from(n - 1)).sum()
     }
 }
 
@@ -119,12 +115,16 @@ pub(crate) struct SubCounters {
 fn backlog_bytes(log: &magnetar_storage::EntryLog, t: &Topic, cursor: &crate::cursor::Cursor) -> u64 {
     (cursor.ack_floor..t.durable_next.get())
         .filter(|e| !cursor.acked.contains(e))
-        .filter_map(|e| log.index_entry(t.ledger, e))
+        .filter_map(|e| {
+            let (l, e) = t.ledgers.borrow().locate(e)?;
+            log.index_entry(l, e)
+        })
         .map(|ie| u64::from(ie.body_len))
         .sum()
 }
 
-/// Layout: `{"topic":…,"next_entry":…,"subscriptions":{NAME:{"type":…,
+/// Layout: `{"topic":…,"next_entry":…,"ledgers":[{"ledger":…,"first":…,
+/// "entries":…,"bytes":…}],"subscriptions":{NAME:{"type":…,
 /// "ack_floor":…,"msg_backlog":…,"backlog_messages":…,"backlog_bytes":…,"unacked":…,
 /// "delayed":…,"replay":…,"msg_out_total":…,"msg_rate_in":…,
 /// "byte_rate_in":…,"msg_rate_out":…,"byte_rate_out":…,"durable":…,
@@ -135,12 +135,20 @@ fn backlog_bytes(log: &magnetar_storage::EntryLog, t: &Topic, cursor: &crate::cu
 /// their messages (see `BatchSizes`), `backlog_bytes` their stored bytes; `unacked` counts entries delivered and not
 /// acknowledged; rates are per second over the last second or so (in:
 /// appended to the topic; out: sent to this subscription's consumers);
-/// `active` is meaningful for Failover/Exclusive.
+/// `active` is meaningful for Failover/Exclusive. `next_entry`, `ack_floor`
+/// and `first` are topic positions (entries numbered across ledgers, see
+/// `ledgers.rs`); `ledgers` lists the stored ledgers, oldest first, the
+/// last one current.
 pub(crate) fn topic_stats_json(log: &magnetar_storage::EntryLog, t: &Topic) -> String {
     let now = crate::shard::now_ms();
     let (msg_in, byte_in) = t.rate_in.rates(now);
     let mut out = String::new();
-    out.push_str(&format!("{{\"topic\":{},\"next_entry\":{},\"subscriptions\":{{", quote(&t.key), t.next_entry.get()));
+    out.push_str(&format!(
+        "{{\"topic\":{},\"next_entry\":{},\"ledgers\":{},\"subscriptions\":{{",
+        quote(&t.key),
+        t.next_entry.get(),
+        ledgers_json(&t.ledgers.borrow())
+    ));
     let subs = t.subs.borrow();
     let mut names: Vec<&String> = subs.keys().collect();
     names.sort();
@@ -152,7 +160,7 @@ pub(crate) fn topic_stats_json(log: &magnetar_storage::EntryLog, t: &Topic) -> S
         let backlog = next.saturating_sub(cursor.ack_floor).saturating_sub(above_floor);
         let partly_acked: u64 = s.batch_acks.borrow().iter().map(|(_, bits)| u64::from(bits.acked_count())).sum();
         let backlog_messages = (backlog
-            + t.batch_sizes.extra_messages(t.ledger, cursor.ack_floor, next, |e| cursor.acked.contains(&e)))
+            + t.batch_sizes.extra_messages(cursor.ack_floor, next, |e| cursor.acked.contains(&e)))
         .saturating_sub(partly_acked);
         let active = match &*s.policy.borrow() {
             Policy::Single(a) => a.current,
@@ -205,6 +213,18 @@ pub(crate) fn topic_stats_json(log: &magnetar_storage::EntryLog, t: &Topic) -> S
     out
 }
 
+/// The stored ledgers as a JSON array.
+fn ledgers_json(l: &crate::ledgers::TopicLedgers) -> String {
+    let items: Vec<String> = l
+        .all()
+        .iter()
+        .map(|x| {
+            format!("{{\"ledger\":{},\"first\":{},\"entries\":{},\"bytes\":{}}}", x.id, x.first, x.entries, x.bytes)
+        })
+        .collect();
+    format!("[{}]", items.join(","))
+}
+
 /// A JSON string literal.
 fn quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
@@ -228,18 +248,18 @@ mod tests {
     #[test]
     fn batch_sizes_count_extra_messages_and_prune() {
         let b = BatchSizes::default();
-        b.note((1, 3), 10, || (1, 0));
-        b.note((1, 4), 1, || (1, 0));
-        b.note((1, 7), 5, || (1, 0));
-        assert_eq!(b.extra_messages(1, 0, 10, |_| false), 9 + 4);
-        assert_eq!(b.extra_messages(1, 0, 10, |e| e == 3), 4);
-        assert_eq!(b.extra_messages(1, 4, 7, |_| false), 0, "end is exclusive");
-        assert_eq!(b.extra_messages(2, 0, 10, |_| false), 0, "another ledger");
+        b.note(3, 10, || 0);
+        b.note(4, 1, || 0);
+        b.note(7, 5, || 0);
+        assert_eq!(b.extra_messages(0, 10, |_| false), 9 + 4);
+        assert_eq!(b.extra_messages(0, 10, |e| e == 3), 4);
+        assert_eq!(b.extra_messages(4, 7, |_| false), 0, "end is exclusive");
+        assert_eq!(b.extra_messages(10, 5, |_| false), 0, "an empty range");
         for e in 10..10 + PRUNE_EVERY {
-            b.note((1, e), 2, || (1, 9));
+            b.note(e, 2, || 9);
         }
-        assert_eq!(b.extra_messages(1, 0, 9, |_| false), 0, "pruned below the floor");
-        assert_eq!(b.extra_messages(1, 10, 11, |_| false), 1, "kept above it");
+        assert_eq!(b.extra_messages(0, 9, |_| false), 0, "pruned below the floor");
+        assert_eq!(b.extra_messages(10, 11, |_| false), 1, "kept above it");
     }
 
     #[test]

@@ -18,6 +18,7 @@
 //! Per-entry state is keyed by `(ledger, entry)`: a topic's log spans
 //! several ledgers. Owned by the topic's shard; never crosses cores.
 
+use crate::ledgers::{Lookup, TopicLedgers};
 use magnetar_wire::SubscriptionType;
 use std::collections::{BTreeMap, HashMap};
 
@@ -280,10 +281,21 @@ impl SubState {
     }
 }
 
-/// Deliveries per entry as the dispatcher counts them, restricted to the
-/// ones worth persisting (delivered more than once).
-pub(crate) fn redelivered(ledger: u64, deliveries: &HashMap<u64, u32>) -> Vec<(EntryKey, u32)> {
-    deliveries.iter().filter(|(_, n)| **n > 1).map(|(e, n)| ((ledger, *e), *n)).collect()
+/// Deliveries per entry as the dispatcher counts them (by topic position),
+/// restricted to the ones worth persisting (delivered more than once), as
+/// `(ledger, entry)`.
+pub(crate) fn redelivered(ledgers: &TopicLedgers, deliveries: &HashMap<u64, u32>) -> Vec<(EntryKey, u32)> {
+    deliveries.iter().filter(|(_, n)| **n > 1).filter_map(|(p, n)| Some((ledgers.locate(*p)?, *n))).collect()
+}
+
+/// Whether the cursor (in topic positions) acknowledges `(ledger, entry)`
+/// whole; an entry in a ledger retention deleted is acknowledged.
+fn acked_whole(ledgers: &TopicLedgers, cursor: &crate::cursor::Cursor, (l, e): EntryKey) -> bool {
+    match ledgers.lookup(l, e) {
+        Lookup::At(p) => cursor.is_acked(p),
+        Lookup::Trimmed => true,
+        Lookup::Unknown => false,
+    }
 }
 
 /// What one batch-index ack did.
@@ -302,12 +314,14 @@ pub(crate) struct IndexAckDone {
 /// of an entry neither outstanding nor partly acknowledged (a stale ack
 /// after the entry went back to the subscription) is dropped: the entry is
 /// delivered again whole, which at-least-once allows, and no client can
-/// make the broker keep bits for entries it was never sent.
+/// make the broker keep bits for entries it was never sent. `pos` is the
+/// topic position of `id` (the cursor and the pending map count in them).
 pub(crate) fn batch_index_ack(
     sub: &crate::topic::Subscription,
     cursor: &mut crate::cursor::Cursor,
     ack_type: magnetar_wire::AckType,
     id: magnetar_wire::MessageId,
+    pos: u64,
     size: u32,
 ) -> Result<Option<IndexAckDone>, crate::error::CoreError> {
     use crate::error::{CoreError, ErrorCode};
@@ -316,7 +330,7 @@ pub(crate) fn batch_index_ack(
         return Ok(None);
     }
     let key = (id.ledger, id.entry);
-    let outstanding = sub.pending.borrow().get(&id.entry).map(|p| p.num_messages);
+    let outstanding = sub.pending.borrow().get(&pos).map(|p| p.num_messages);
     if outstanding.is_some_and(|n| n != size) {
         return Err(CoreError::new(
             ErrorCode::NotAllowed,
@@ -327,14 +341,14 @@ pub(crate) fn batch_index_ack(
     let first = match ack_type {
         magnetar_wire::AckType::Individual => index,
         magnetar_wire::AckType::Cumulative => {
-            if let Some(before) = id.entry.checked_sub(1) {
+            if let Some(before) = pos.checked_sub(1) {
                 changed |= cursor.ack_cumulative(before);
             }
             0
         }
     };
     let known = outstanding.is_some() || sub.batch_acks.borrow().get(key).is_some();
-    if cursor.is_acked(id.entry) || !known {
+    if cursor.is_acked(pos) || !known {
         return Ok(Some(IndexAckDone { changed, whole: false }));
     }
     let outcome = sub
@@ -350,18 +364,18 @@ pub(crate) fn batch_index_ack(
         }
         IndexAck::Complete => {
             sub.state_dirty.set(true);
-            cursor.ack(id.entry);
+            cursor.ack(pos);
             IndexAckDone { changed: true, whole: true }
         }
     }))
 }
 
 /// Drops the bits of batches the cursor now acknowledges whole: `whole`
-/// after individual acks, a sweep after a cumulative one.
+/// (topic positions) after individual acks, a sweep after a cumulative one.
 pub(crate) fn forget_acked(
     sub: &crate::topic::Subscription,
     cursor: &crate::cursor::Cursor,
-    ledger: u64,
+    ledgers: &TopicLedgers,
     ack_type: magnetar_wire::AckType,
     whole: &[u64],
 ) {
@@ -372,11 +386,13 @@ pub(crate) fn forget_acked(
     let before = acks.len();
     match ack_type {
         magnetar_wire::AckType::Individual => {
-            for e in whole {
-                acks.remove((ledger, *e));
+            for p in whole {
+                if let Some(key) = ledgers.locate(*p) {
+                    acks.remove(key);
+                }
             }
         }
-        magnetar_wire::AckType::Cumulative => acks.retain_unacked(|(l, e)| l == ledger && cursor.is_acked(e)),
+        magnetar_wire::AckType::Cumulative => acks.retain_unacked(|k| acked_whole(ledgers, cursor, k)),
     }
     if acks.len() != before {
         sub.state_dirty.set(true);
@@ -407,20 +423,26 @@ pub(crate) fn check_type_hold(
     Ok(())
 }
 
-/// The record of `sub` on a topic whose current ledger is `ledger`.
-pub(crate) fn encode(sub: &crate::topic::Subscription, ledger: u64) -> Vec<u8> {
+/// The record of `sub` on a topic with these ledgers.
+pub(crate) fn encode(sub: &crate::topic::Subscription, ledgers: &TopicLedgers) -> Vec<u8> {
     SubState {
         sub_type: sub.sub_type.get(),
         filter_tag: sub.filter_tag.borrow().clone(),
         batch_acks: sub.batch_acks.borrow().clone(),
-        deliveries: redelivered(ledger, &sub.deliveries.borrow()),
+        deliveries: redelivered(ledgers, &sub.deliveries.borrow()),
     }
     .encode()
 }
 
 /// Puts a recovered record back into a subscription just loaded from its
 /// cursor; the type is held for `hold_ms` (see `check_type_hold`).
-pub(crate) fn restore(sub: &crate::topic::Subscription, state: SubState, ledger: u64, now_ms: u64, hold_ms: u64) {
+pub(crate) fn restore(
+    sub: &crate::topic::Subscription,
+    state: SubState,
+    ledgers: &TopicLedgers,
+    now_ms: u64,
+    hold_ms: u64,
+) {
     sub.sub_type.set(state.sub_type);
     *sub.policy.borrow_mut() = crate::topic::policy_for(state.sub_type);
     *sub.filter_tag.borrow_mut() = state.filter_tag;
@@ -428,12 +450,14 @@ pub(crate) fn restore(sub: &crate::topic::Subscription, state: SubState, ledger:
     let mut acks = state.batch_acks;
     // The cursor may have been written after the last state record: an
     // entry it acknowledges whole needs no bits.
-    acks.retain_unacked(|(l, e)| l == ledger && cursor.is_acked(e));
+    acks.retain_unacked(|k| acked_whole(ledgers, &cursor, k));
     *sub.batch_acks.borrow_mut() = acks;
     let mut deliveries = sub.deliveries.borrow_mut();
     for ((l, e), n) in state.deliveries {
-        if l == ledger && !cursor.is_acked(e) {
-            deliveries.insert(e, n);
+        if let Lookup::At(p) = ledgers.lookup(l, e) {
+            if !cursor.is_acked(p) {
+                deliveries.insert(p, n);
+            }
         }
     }
     sub.type_held_until_ms.set(now_ms.saturating_add(hold_ms));

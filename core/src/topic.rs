@@ -1,7 +1,10 @@
 //! Topics and subscriptions on their owner shard.
 //!
-//! A topic appends to one ledger of its shard's entry log. Each subscription
-//! has a cursor, its consumers, the entries delivered and not acknowledged
+//! A topic appends to its current ledger in its shard's entry log; its
+//! ledgers roll over and old ones are deleted by retention (`ledgers.rs`,
+//! `retention.rs`). Everything here counts in topic positions (numbering
+//! the topic's entries across ledgers); message ids are made from them at
+//! the edges. Each subscription has a cursor, its consumers, the entries delivered and not acknowledged
 //! (with the consumer holding each), and a dispatcher task
 //! (`dispatcher::task`) that hands entries to consumers within their flow
 //! permits. All of this is owned by the topic's shard and never crosses cores.
@@ -10,6 +13,7 @@ use crate::cursor::Cursor;
 use crate::delayed::DelayedIndex;
 use crate::dispatcher::{failover, ConsumerState, Policy};
 use crate::error::{CoreError, ErrorCode};
+use crate::ledgers::{Lookup, TopicLedgers};
 use crate::shard::{ConsumerEvent, ConsumerRef, Shard};
 use crate::signal::Signal;
 use crate::topic_name::TopicName;
@@ -23,12 +27,13 @@ pub(crate) struct Topic {
     pub(crate) name: TopicName,
     /// The full name, `persistent://tenant/ns/local`.
     pub(crate) key: String,
-    pub(crate) ledger: u64,
+    /// The topic's ledgers, the last one current.
+    pub(crate) ledgers: RefCell<TopicLedgers>,
     /// Partition index, or -1 for a non-partitioned topic.
     pub(crate) partition: i32,
-    /// Next entry id the log will assign.
+    /// Position the next append gets.
     pub(crate) next_entry: Cell<u64>,
-    /// Entries below this are durable and may be dispatched.
+    /// Positions below this are durable and may be dispatched.
     pub(crate) durable_next: Cell<u64>,
     pub(crate) producers: RefCell<crate::producers::TopicProducers>,
     /// Set when the topic was deleted: its dispatchers stop.
@@ -42,11 +47,12 @@ pub(crate) struct Topic {
 }
 
 impl Topic {
-    pub(crate) fn new(name: TopicName, key: String, ledger: u64, partition: i32, next_entry: u64) -> Self {
+    pub(crate) fn new(name: TopicName, key: String, ledgers: TopicLedgers, partition: i32) -> Self {
+        let next_entry = ledgers.next();
         Self {
             name,
             key,
-            ledger,
+            ledgers: RefCell::new(ledgers),
             partition,
             next_entry: Cell::new(next_entry),
             // Everything recovered from the log is durable.
@@ -60,12 +66,28 @@ impl Topic {
         }
     }
 
-    /// Records that `entry` holds `messages` messages (for backlogs in
-    /// messages); batches every subscription acknowledged are pruned.
-    pub(crate) fn note_messages(&self, entry: u64, messages: u32) {
-        self.batch_sizes.note((self.ledger, entry), messages, || {
+    /// The message id of a stored position.
+    pub(crate) fn message_id(&self, pos: u64) -> Option<MessageId> {
+        self.ledgers.borrow().message_id(pos, self.partition)
+    }
+
+    /// The position of `id` if it is one of this topic's appended
+    /// entries: `Ok(None)` when retention deleted its ledger, an error when
+    /// it is not a message of this topic.
+    pub(crate) fn position_of(&self, id: &MessageId) -> Result<Option<u64>, CoreError> {
+        match self.ledgers.borrow().lookup(id.ledger, id.entry) {
+            Lookup::At(p) if p < self.next_entry.get() => Ok(Some(p)),
+            Lookup::Trimmed => Ok(None),
+            _ => Err(CoreError::new(ErrorCode::NotAllowed, format!("{id}: no such message on this topic"))),
+        }
+    }
+
+    /// Records that position `pos` holds `messages` messages (for backlogs
+    /// in messages); batches every subscription acknowledged are pruned.
+    pub(crate) fn note_messages(&self, pos: u64, messages: u32) {
+        self.batch_sizes.note(pos, messages, || {
             let floor = self.subs.borrow().values().map(|s| s.cursor.borrow().ack_floor).min();
-            (self.ledger, floor.unwrap_or(self.next_entry.get()))
+            floor.unwrap_or(self.next_entry.get())
         });
     }
 
@@ -367,14 +389,13 @@ impl Subscription {
         self.wake.notify();
     }
 
-    /// Applies acks against the topic's `ledger`, whose next entry is
-    /// `next_entry`. `batch_sizes` is empty or one per id: a size above 1
-    /// makes the id a batch-index ack (`sub_state.rs`). Returns whether the
-    /// cursor or the batch-ack state changed.
+    /// Applies acks of `topic`'s messages. `batch_sizes` is empty or one per
+    /// id: a size above 1 makes the id a batch-index ack (`sub_state.rs`).
+    /// Ids in ledgers retention deleted are acknowledged already. Returns
+    /// whether the cursor or the batch-ack state changed.
     pub(crate) fn ack(
         &self,
-        ledger: u64,
-        next_entry: u64,
+        topic: &Topic,
         ack_type: AckType,
         ids: &[MessageId],
         batch_sizes: &[u32],
@@ -387,34 +408,57 @@ impl Subscription {
                 format!("cumulative ack is not allowed on {:?} subscription {:?}", self.sub_type.get(), self.name),
             ));
         }
-        let mut cursor = self.cursor.borrow_mut();
         let mut changed = false;
-        // Entries acknowledged whole by these ids (batch-index acks that
+        // Positions acknowledged whole by these ids (batch-index acks that
         // left messages unacknowledged are not among them).
         let mut whole: Vec<u64> = Vec::with_capacity(ids.len());
-        for (i, id) in ids.iter().enumerate() {
-            if id.ledger != ledger || id.entry >= next_entry {
-                return Err(CoreError::new(
-                    ErrorCode::NotAllowed,
-                    format!("ack of {id}: no such message on this topic"),
-                ));
-            }
-            let size = batch_sizes.get(i).copied().unwrap_or(0);
-            if let Some(done) = crate::sub_state::batch_index_ack(self, &mut cursor, ack_type, *id, size)? {
-                changed |= done.changed;
-                if done.whole {
-                    whole.push(id.entry);
+        {
+            let mut cursor = self.cursor.borrow_mut();
+            for (i, id) in ids.iter().enumerate() {
+                let Some(pos) = topic.position_of(id)? else { continue };
+                let size = batch_sizes.get(i).copied().unwrap_or(0);
+                if let Some(done) = crate::sub_state::batch_index_ack(self, &mut cursor, ack_type, *id, pos, size)? {
+                    changed |= done.changed;
+                    if done.whole {
+                        whole.push(pos);
+                    }
+                    continue;
                 }
-                continue;
+                whole.push(pos);
+                changed |= match ack_type {
+                    AckType::Individual => cursor.ack(pos),
+                    AckType::Cumulative => cursor.ack_cumulative(pos),
+                };
             }
-            whole.push(id.entry);
-            changed |= match ack_type {
-                AckType::Individual => cursor.ack(id.entry),
-                AckType::Cumulative => cursor.ack_cumulative(id.entry),
-            };
         }
         if changed {
-            crate::sub_state::forget_acked(self, &cursor, ledger, ack_type, &whole);
+            self.forget_acked(&topic.ledgers.borrow(), ack_type, &whole);
+        }
+        Ok(changed)
+    }
+
+    /// Acknowledges everything before `floor` whatever the subscription
+    /// type (TTL expiry; positions retention deleted). Returns whether the
+    /// cursor changed.
+    pub(crate) fn ack_below(&self, ledgers: &TopicLedgers, floor: u64) -> bool {
+        let Some(last) = floor.checked_sub(1) else { return false };
+        let changed = self.cursor.borrow_mut().ack_cumulative(last);
+        if changed {
+            self.forget_acked(ledgers, AckType::Cumulative, &[]);
+        }
+        if self.read_pos.get() < floor {
+            self.read_pos.set(floor);
+        }
+        changed
+    }
+
+    /// After the cursor moved: drop what it now covers from the batch-ack,
+    /// delivered, set-aside and redelivery-count state (`whole`: the
+    /// positions individual acks acknowledged whole).
+    fn forget_acked(&self, ledgers: &TopicLedgers, ack_type: AckType, whole: &[u64]) {
+        let cursor = self.cursor.borrow();
+        crate::sub_state::forget_acked(self, &cursor, ledgers, ack_type, whole);
+        {
             let mut deliveries = self.deliveries.borrow_mut();
             let mut replay = self.replay.borrow_mut();
             let mut pending = self.pending.borrow_mut();
@@ -424,7 +468,7 @@ impl Subscription {
             // sweeps below the new floor.
             let acked: Vec<u64> = match ack_type {
                 AckType::Individual => {
-                    for e in &whole {
+                    for e in whole {
                         deliveries.remove(e);
                         replay.remove(e);
                     }
@@ -446,6 +490,5 @@ impl Subscription {
             // Room freed, and Key_Shared newcomers may be waiting on the floor.
             self.wake.notify();
         }
-        Ok(changed)
     }
 }

@@ -104,6 +104,98 @@ fn produce_refused_at_the_watermark_while_consumers_read() {
     }
 }
 
+fn dir_bytes(p: &std::path::Path) -> u64 {
+    let mut total = 0;
+    for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
+        let Ok(md) = e.metadata() else { continue };
+        total += if md.is_dir() { dir_bytes(&e.path()) } else { md.len() };
+    }
+    total
+}
+
+/// Goal: a refusal at the watermark clears by itself once retention frees
+/// space. Method: the disk's "usage" is the data directory's size over a
+/// fake 48 MiB disk; a subscription that acknowledges nothing pins every
+/// ledger (16-entry ledgers of 64 KiB entries, 4 MiB segments) until
+/// produce is refused; then it acknowledges everything, and retention
+/// (every 100 ms, default policies: keep nothing acknowledged) deletes the
+/// closed ledgers, a checkpoint removes their segments, and produce resumes
+/// without a restart.
+#[test]
+fn retention_frees_space_and_produce_resumes_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = BrokerConfig::new(dir.path(), 1);
+    c.pin_cpus = false;
+    c.segment_bytes = 4 << 20;
+    c.write_cache_bytes = 1 << 20;
+    c.ledger_rollover = magnetar_core::ledgers::Rollover {
+        max_entries: 16,
+        min_age_ms: 0,
+        ..magnetar_core::ledgers::Rollover::default()
+    };
+    c.retention_check_interval = Duration::from_millis(100);
+    let data = dir.path().to_path_buf();
+    c.disk_watermarks = DiskWatermarks {
+        check_interval: Duration::from_millis(50),
+        usage: Some(Arc::new(move |_| Ok((dir_bytes(&data), 48 << 20)))),
+        ..DiskWatermarks::default()
+    };
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let (done_tx, done_rx) = mpsc::channel();
+    let running = magnetar_core::launch(c, shutdown.clone(), move |broker: Broker| {
+        let done_tx = done_tx.clone();
+        async move {
+            let topic = "persistent://public/default/fill";
+            let (tx, _rx) = local_channel::new_unbounded();
+            let sink = broker.register_sink(tx);
+            let consumer = broker.subscribe(common::exclusive_from_earliest(topic), sink).await.unwrap();
+            let p = broker.create_producer(topic, "p").await.unwrap();
+            let body = Bytes::from(vec![7u8; 64 << 10]);
+            let fill = |seq: u64| {
+                let meta = MessageMetadata {
+                    producer_name: "p".into(),
+                    sequence_id: seq,
+                    num_messages: 1,
+                    ..Default::default()
+                };
+                encode_message(&meta, &body)
+            };
+            let mut last = None;
+            let mut refused = false;
+            for seq in 0..2000u64 {
+                match broker.send(&p, seq, 1, fill(seq)).await {
+                    Ok(id) => last = Some(id),
+                    Err(e) if e.code == ErrorCode::StorageFull => {
+                        refused = true;
+                        break;
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            assert!(refused, "the disk never filled");
+            let last = last.unwrap();
+            assert!(last.ledger > 1024 * 10, "many ledgers rolled: {last}");
+            broker.ack(&consumer, magnetar_wire::AckType::Cumulative, vec![last], true).await.unwrap();
+            let mut resumed = false;
+            for _ in 0..200 {
+                glommio::timer::sleep(Duration::from_millis(50)).await;
+                if broker.send(&p, 9999, 1, fill(9999)).await.is_ok() {
+                    resumed = true;
+                    break;
+                }
+            }
+            assert!(resumed, "produce did not resume within 10 s");
+            let _ = done_tx.send(());
+            std::future::pending::<()>().await
+        }
+    })
+    .unwrap();
+    let r = done_rx.recv_timeout(Duration::from_secs(60));
+    shutdown.store(true, Ordering::SeqCst);
+    running.join().unwrap();
+    r.expect("scenario timed out or failed (see panic above)");
+}
+
 #[test]
 fn statvfs_reports_the_data_disk() {
     let dir = tempfile::tempdir().unwrap();

@@ -6,7 +6,7 @@
 //! uses) and never writes.
 
 use bytes::Bytes;
-use magnetar_core::cursor::Cursor;
+use magnetar_core::cursor::CursorRecord;
 use magnetar_storage::inspect::{ScanMode, ShardImage, Tail};
 use serde_json::{json, Value};
 use std::io::{IsTerminal, Write};
@@ -195,19 +195,37 @@ fn mib(b: u64) -> String {
 fn meta_json(k: &[u8], v: &[u8]) -> Value {
     if let Some(topic) = k.strip_prefix(b"t/") {
         let topic = String::from_utf8_lossy(topic);
-        return match magnetar_core::decode_topic_meta(v) {
-            Some(ledger) => json!({"kind": "topic", "topic": topic, "ledger": ledger}),
+        return match magnetar_core::ledgers::decode_topic_record(v) {
+            Some(ledgers) => {
+                let current = ledgers.last().map(|l| l.id);
+                let list: Vec<Value> = ledgers
+                    .iter()
+                    .map(|l| {
+                        json!({"ledger": l.id, "first": l.first, "entries": l.entries, "bytes": l.bytes,
+                               "created_ms": l.created_ms, "closed_ms": l.closed_ms})
+                    })
+                    .collect();
+                json!({"kind": "topic", "topic": topic, "ledger": current, "ledgers": list})
+            }
             None => json!({"kind": "topic", "topic": topic, "error": "unknown topic record format", "bytes": v.len()}),
         };
     }
     if let Some(rest) = k.strip_prefix(b"c/") {
         let rest = String::from_utf8_lossy(rest);
         let (topic, sub) = rest.split_once('\n').unwrap_or((&rest, ""));
-        return match Cursor::decode(v) {
+        return match CursorRecord::decode(v) {
             Ok(c) => {
-                let ranges: Vec<Value> = c.acked_ranges().iter().map(|(a, b)| json!([a, b])).collect();
-                json!({"kind": "cursor", "topic": topic, "subscription": sub, "ledger": c.ledger,
-                       "ack_floor": c.ack_floor, "acked_ranges": ranges})
+                let acked: Vec<Value> = c
+                    .acked
+                    .iter()
+                    .map(|(l, ranges)| {
+                        let r: Vec<Value> = ranges.iter().map(|(a, b)| json!([a, b])).collect();
+                        json!({"ledger": l, "ranges": r})
+                    })
+                    .collect();
+                json!({"kind": "cursor", "topic": topic, "subscription": sub,
+                       "mark_delete": format!("{}:{}", c.mark_delete_ledger, c.mark_delete_entry),
+                       "acked": acked})
             }
             Err(e) => json!({"kind": "cursor", "topic": topic, "subscription": sub, "error": e.to_string()}),
         };
@@ -308,14 +326,20 @@ fn print_shard(name: &str, img: &ShardImage, verified: bool) {
     for (k, v) in &img.meta {
         let m = meta_json(k, v);
         match m["kind"].as_str() {
-            Some("topic") => println!("    topic {}  ledger {}", m["topic"].as_str().unwrap_or(""), m["ledger"]),
+            Some("topic") => println!(
+                "    topic {}  ledger {}  ({} ledgers)",
+                m["topic"].as_str().unwrap_or(""),
+                m["ledger"],
+                m["ledgers"].as_array().map_or(0, |a| a.len())
+            ),
             Some("cursor") => println!(
-                "    cursor {} / {}  ledger {}  ack floor {}  acked ranges {}",
+                "    cursor {} / {}  mark-delete {}  acked ranges {}",
                 m["topic"].as_str().unwrap_or(""),
                 m["subscription"].as_str().unwrap_or(""),
-                m["ledger"],
-                m["ack_floor"],
-                m["acked_ranges"].as_array().map_or(0, |a| a.len())
+                m["mark_delete"].as_str().unwrap_or(""),
+                m["acked"]
+                    .as_array()
+                    .map_or(0, |a| a.iter().map(|l| l["ranges"].as_array().map_or(0, |r| r.len())).sum())
             ),
             _ => println!("    {}  ({} bytes)", m["key"].as_str().unwrap_or(""), m["bytes"]),
         }

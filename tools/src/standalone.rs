@@ -45,6 +45,22 @@ pub struct StandaloneArgs {
     /// again from the log as the index drains.
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(2..))]
     pub delayed_index_max: u32,
+    /// A topic's current ledger rolls over after this many entries.
+    #[arg(long, default_value_t = 50_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub ledger_max_entries: u64,
+    /// … or this many bytes of entries (default 2 GiB).
+    #[arg(long, default_value_t = 2 << 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub ledger_max_bytes: u64,
+    /// … or this age in seconds (default 4 h), even when idle.
+    #[arg(long, default_value_t = 4 * 3600, value_parser = clap::value_parser!(u64).range(1..))]
+    pub ledger_max_age_s: u64,
+    /// A ledger younger than this (seconds) never rolls over for its entry
+    /// count or bytes (default 10 min); only its age rolls it.
+    #[arg(long, default_value_t = 600)]
+    pub ledger_min_rollover_s: u64,
+    /// How often each shard enforces retention and TTL (seconds).
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
+    pub retention_check_interval_s: u64,
 }
 
 pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -68,6 +84,13 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     config.unacked_per_consumer_max = args.unacked_per_consumer_max;
     config.unacked_per_subscription_max = args.unacked_per_subscription_max;
     config.delayed_index_max = args.delayed_index_max;
+    config.ledger_rollover = magnetar_core::ledgers::Rollover {
+        max_entries: args.ledger_max_entries,
+        max_bytes: args.ledger_max_bytes,
+        max_age_ms: args.ledger_max_age_s.saturating_mul(1000),
+        min_age_ms: args.ledger_min_rollover_s.saturating_mul(1000),
+    };
+    config.retention_check_interval = std::time::Duration::from_secs(args.retention_check_interval_s);
     tracing::info!(data_dir = %args.data_dir.display(), shards, %addr, "starting standalone broker");
     let net = NetConfig::default();
     let running =

@@ -6,7 +6,7 @@
 //! real files; the binary is run on it before and after flipping a byte.
 
 use bytes::Bytes;
-use magnetar_core::cursor::Cursor;
+use magnetar_core::cursor::CursorRecord;
 use magnetar_storage::sim::SimDisk;
 use magnetar_storage::{EntryLog, LogConfig};
 use magnetar_wire::{encode_message, MessageMetadata};
@@ -24,8 +24,7 @@ fn write_shard(root: &std::path::Path) {
         let mut topic = vec![1u8];
         topic.extend_from_slice(&1024u64.to_le_bytes());
         log.put_meta(b"t/persistent://public/default/orders", Bytes::from(topic)).unwrap();
-        let mut cursor = Cursor::new(1024, 2);
-        cursor.ack(4);
+        let cursor = CursorRecord { mark_delete_ledger: 1024, mark_delete_entry: 1, acked: vec![(1024, vec![(4, 4)])] };
         log.put_meta(b"c/persistent://public/default/orders\ns1", Bytes::from(cursor.encode())).unwrap();
         let mut last = 0;
         for seq in 0..40u64 {
@@ -74,8 +73,8 @@ fn inspect_lists_dumps_and_verifies() {
     let meta = shard["metadata"].as_array().unwrap();
     assert!(meta.iter().any(|m| m["kind"] == "topic" && m["ledger"] == 1024), "{meta:?}");
     let c = meta.iter().find(|m| m["kind"] == "cursor").unwrap();
-    assert_eq!((c["subscription"].as_str(), c["ack_floor"].as_u64()), (Some("s1"), Some(2)));
-    assert_eq!(c["acked_ranges"], serde_json::json!([[4, 4]]));
+    assert_eq!((c["subscription"].as_str(), c["mark_delete"].as_str()), (Some("s1"), Some("1024:1")));
+    assert_eq!(c["acked"], serde_json::json!([{"ledger": 1024, "ranges": [[4, 4]]}]));
     assert!(shard["checked"]["records"].as_u64().unwrap() >= 42);
     let entries = v["entries"].as_array().unwrap();
     assert_eq!(entries.len(), 2);

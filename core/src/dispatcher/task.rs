@@ -8,7 +8,6 @@ use crate::shard::{now_ms, ConsumerEvent, ConsumerRef, Shard};
 use crate::topic::{Pending, Subscription, Topic};
 use bytes::Bytes;
 use futures::FutureExt;
-use magnetar_wire::MessageId;
 use std::collections::HashSet;
 use std::rc::Rc;
 use std::time::Duration;
@@ -155,6 +154,13 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
         if pos >= topic.durable_next.get() {
             return;
         }
+        let start = topic.ledgers.borrow().start();
+        if pos < start {
+            // Deleted by retention (a reader's position; durable
+            // subscriptions are never behind it): skip to what is kept.
+            sub.ack_below(&topic.ledgers.borrow(), start);
+            continue;
+        }
         if sub.cursor.borrow().is_acked(pos)
             || sub.replay.borrow().contains_key(&pos)
             || sub.pending.borrow().contains_key(&pos)
@@ -163,7 +169,8 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
             sub.read_pos.set(pos + 1);
             continue;
         }
-        if super::filter::unmatched_by_index(shard, sub, topic.ledger, pos) {
+        let located = topic.ledgers.borrow().locate(pos);
+        if located.is_some_and(|(l, e)| super::filter::unmatched_by_index(shard, sub, l, e)) {
             // Filtered out without reading the entry: it counts as
             // acknowledged for this subscription.
             sub.counters.skipped_by_index.set(sub.counters.skipped_by_index.get() + 1);
@@ -217,7 +224,12 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
 /// served: every consumer is closed with the reason and `None` returned.
 async fn read(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>, entry: u64) -> Option<Bytes> {
     sub.counters.entries_read.set(sub.counters.entries_read.get() + 1);
-    match shard.log.read(topic.ledger, entry).await {
+    let located = topic.ledgers.borrow().locate(entry);
+    let result = match located {
+        Some((ledger, e)) => shard.log.read(ledger, e).await,
+        None => Err(magnetar_storage::StorageError::NoSuchEntry { ledger: u64::MAX, entry }),
+    };
+    match result {
         Ok(b) => Some(b),
         Err(e) => {
             tracing::error!(topic = %topic.key, entry, "read failed: {e}");
@@ -247,11 +259,17 @@ fn deliver(
     key_hash: u16,
     blob: Bytes,
 ) {
+    // Just read, and retention deletes only what every durable cursor is
+    // past (readers are moved past it, which the caller checked after the
+    // read): the position is stored.
+    let message_id = topic.message_id(entry);
+    assert!(message_id.is_some(), "dispatching position {entry} of {}, which is not stored", topic.key);
+    let Some(message_id) = message_id else { return };
     let num_messages = magnetar_wire::peek_message(&blob).map_or(1, |p| p.num_messages.max(1));
     topic.note_messages(entry, num_messages);
     // A batch some of whose messages are acknowledged goes out with their
     // bits, and the client hands out only the others.
-    let (ack_set, acked) = match sub.batch_acks.borrow().get((topic.ledger, entry)) {
+    let (ack_set, acked) = match sub.batch_acks.borrow().get((message_id.ledger, message_id.entry)) {
         Some(bits) if bits.size() == num_messages => (bits.words().to_vec(), bits.acked_count()),
         _ => (Vec::new(), 0),
     };
@@ -281,7 +299,6 @@ fn deliver(
     }
     let previous = sub.pending.borrow_mut().insert(entry, Pending { consumer, key_hash, num_messages });
     assert!(previous.is_none(), "entry {entry} delivered while another consumer holds it");
-    let message_id = MessageId::new(topic.ledger, entry, topic.partition, -1);
     shard.deliver(
         consumer,
         ConsumerEvent::Message { consumer_id: consumer.consumer_id, message_id, redelivery_count, blob, ack_set },
