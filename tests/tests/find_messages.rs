@@ -9,11 +9,12 @@
 //! partition; the answers are the same after `kill -9` and a restart (the
 //! key index is rebuilt from the recovered log).
 //!
-//! Method: a 2-shard broker; messages sent through the SDK with known keys,
+//! Method: a 2-shard broker whose topics roll over to a new ledger every 7
+//! entries; messages sent through the SDK with known keys,
 //! payloads and properties; the CLI's JSON lines compared with that model.
 
 use magnetar_client::{BatchingOptions, Client, OutgoingMessage};
-use magnetar_tests::{run_async_with_timeout, run_cli, test_dir, BrokerProcess};
+use magnetar_tests::{run_async_with_timeout, run_cli, test_dir, BrokerOptions, BrokerProcess};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -45,7 +46,12 @@ fn payloads(found: &[Value]) -> Vec<String> {
 fn find_by_key_newest_first_before_limit_partitions_and_after_kill9() {
     run_async_with_timeout(Duration::from_secs(180), || async {
         let dir = test_dir("find-messages");
-        let mut broker = BrokerProcess::start(dir.path(), 2);
+        // Ledgers roll over every 7 entries, so one key's messages span
+        // many ledgers of the topic.
+        let mut options = BrokerOptions::new(2);
+        options.extra_args =
+            ["--ledger-max-entries", "7", "--ledger-min-rollover-s", "0"].iter().map(|s| s.to_string()).collect();
+        let mut broker = BrokerProcess::start_with(dir.path(), &options);
         let url = broker.url();
         let client = Client::connect(&url).await.expect("connect");
 
@@ -92,6 +98,9 @@ fn find_by_key_newest_first_before_limit_partitions_and_after_kill9() {
                 let id = m["id"].as_str().unwrap();
                 assert!(id.ends_with(":-1:-1") && id.split(':').count() == 4, "{when}: id {id}");
             }
+            let ledgers: std::collections::BTreeSet<&str> =
+                all.iter().map(|m| m["id"].as_str().unwrap().split(':').next().unwrap()).collect();
+            assert!(ledgers.len() > 5, "{when}: one key over several ledgers: {ledgers:?}");
             let ts: Vec<u64> = all.iter().map(|m| m["publish_time_ms"].as_u64().unwrap()).collect();
             assert!(ts.windows(2).all(|w| w[0] >= w[1]), "{when}: not newest first: {ts:?}");
             // --limit: the newest N.
