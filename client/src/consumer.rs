@@ -555,7 +555,12 @@ fn spawn_tracker_task(
             if closed.load(Ordering::Acquire) || !crate::connection::is_open(&conn.shared) {
                 return;
             }
-            if let Some(batch) = acks.take_due(Instant::now()) {
+            let due = tracker.tick(Instant::now());
+            // Grouped acks go before a redelivery request, due or not: the
+            // broker sends a batch back with the bits of the acks it has,
+            // and the acks still grouped here would come back as messages.
+            let batch = if due.is_empty() { acks.take_due(Instant::now()) } else { Some(acks.take_all()) };
+            if let Some(batch) = batch.filter(|b| !b.is_empty()) {
                 for command in ack_commands(consumer_id, &retry, batch) {
                     if let Err(e) = conn.send_command(&command).await {
                         tracing::debug!(error = %e, "grouped acks not sent");
@@ -563,7 +568,6 @@ fn spawn_tracker_task(
                     }
                 }
             }
-            let due = tracker.tick(Instant::now());
             if !due.is_empty() {
                 // Several frames for many ids keep each frame small.
                 for (consumer_id, ids) in group(consumer_id, &retry, &due) {

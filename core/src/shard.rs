@@ -1083,6 +1083,7 @@ impl Shard {
                 "subscription names must be 1 to 256 characters without control characters",
             ));
         }
+        crate::sub_state::check_filter_tag(&req.filter_tag)?;
         let (t, created_lsn) = self.get_or_create_topic(&tn)?;
         let max = policy.policies.max_consumers_per_topic;
         let attached: usize = t.subs.borrow().values().map(|s| s.consumer_count()).sum();
@@ -1378,10 +1379,12 @@ impl Shard {
         if !batch_sizes.is_empty() && batch_sizes.len() != ids.len() {
             return Err(CoreError::new(ErrorCode::ProtocolError, "an ack's batch sizes must be one per id, or none"));
         }
-        let changed = sub.ack(&t, ack_type, ids, batch_sizes)?;
-        if changed {
+        let acked = sub.ack(&t, ack_type, ids, batch_sizes);
+        // A refused ack may have applied the ids before the refused one.
+        if acked.as_ref().map_or(true, |changed| *changed) {
             self.mark_cursor_dirty(&t, &sub);
         }
+        acked?;
         if !(persist_now && sub.durable) {
             return Ok(None);
         }

@@ -65,7 +65,10 @@ impl RateMeter {
 /// backlogs can be counted in messages without reading entries. After a
 /// restart, a batch not read since counts as one message. Bounded: every
 /// `PRUNE_EVERY` notes, batches every subscription has acknowledged (below
-/// the lowest ack floor) are dropped. Owned by the topic's shard.
+/// the lowest ack floor) are dropped; and at most `BATCH_SIZES_TRACKED_MAX`
+/// batches are kept (the lowest: the next to be consumed), since a stalled
+/// subscription holds the floor while producers append without limit.
+/// Batches past that count as one message. Owned by the topic's shard.
 #[derive(Debug, Default)]
 pub(crate) struct BatchSizes {
     /// Topic position → messages.
@@ -75,6 +78,9 @@ pub(crate) struct BatchSizes {
 
 const PRUNE_EVERY: u64 = 1024;
 
+/// Most batch sizes a topic keeps (a few MiB at worst).
+const BATCH_SIZES_TRACKED_MAX: usize = 1 << 16;
+
 impl BatchSizes {
     /// Position `key` holds `messages` messages. `floor` gives the lowest
     /// position still unacknowledged by some subscription, for pruning.
@@ -82,7 +88,13 @@ impl BatchSizes {
         if messages <= 1 {
             return;
         }
-        self.sizes.borrow_mut().insert(key, messages);
+        {
+            let mut sizes = self.sizes.borrow_mut();
+            sizes.insert(key, messages);
+            if sizes.len() > BATCH_SIZES_TRACKED_MAX {
+                sizes.pop_last();
+            }
+        }
         self.notes.set(self.notes.get() + 1);
         if self.notes.get().is_multiple_of(PRUNE_EVERY) {
             let keep = self.sizes.borrow_mut().split_off(&floor());
@@ -110,17 +122,41 @@ pub(crate) struct SubCounters {
 
 /// Bytes of the entries of `t` not acknowledged by a subscription whose
 /// cursor is `cursor`, from the index (no entry is read). A partly
-/// acknowledged batch counts whole. Costs one index lookup per entry of
-/// the backlog.
+/// acknowledged batch counts whole. Exact for the first 65,536 entries of
+/// the backlog, estimated past them (see [`backlog_bytes_by`]).
 fn backlog_bytes(log: &magnetar_storage::EntryLog, t: &Topic, cursor: &crate::cursor::Cursor) -> u64 {
-    (cursor.ack_floor..t.durable_next.get())
-        .filter(|e| !cursor.acked.contains(e))
-        .filter_map(|e| {
-            let (l, e) = t.ledgers.borrow().locate(e)?;
-            log.index_entry(l, e)
-        })
-        .map(|ie| u64::from(ie.body_len))
-        .sum()
+    backlog_bytes_by(cursor, t.durable_next.get(), |e| {
+        let (l, e) = t.ledgers.borrow().locate(e)?;
+        log.index_entry(l, e).map(|ie| u64::from(ie.body_len))
+    })
+}
+
+/// Most index lookups one subscription's `backlog_bytes` makes.
+const BACKLOG_BYTES_LOOKUPS_MAX: u64 = 1 << 16;
+
+/// [`backlog_bytes`] over `len` (an entry's stored bytes, from the index).
+/// Past `BACKLOG_BYTES_LOOKUPS_MAX` unacknowledged entries, the rest count
+/// at the mean size of those looked up: a stats request holds the shard for
+/// a bounded time whatever the backlog.
+fn backlog_bytes_by(cursor: &crate::cursor::Cursor, next: u64, mut len: impl FnMut(u64) -> Option<u64>) -> u64 {
+    let (mut bytes, mut found, mut lookups) = (0u64, 0u64, 0u64);
+    let mut e = cursor.ack_floor;
+    while e < next && lookups < BACKLOG_BYTES_LOOKUPS_MAX {
+        if !cursor.acked.contains(&e) {
+            lookups += 1;
+            if let Some(n) = len(e) {
+                bytes += n;
+                found += 1;
+            }
+        }
+        e += 1;
+    }
+    if e < next && found > 0 {
+        let rest = (next - e) - cursor.acked.range(e..next).count() as u64;
+        let estimate = u128::from(rest) * u128::from(bytes) / u128::from(found);
+        bytes = bytes.saturating_add(u64::try_from(estimate).unwrap_or(u64::MAX));
+    }
+    bytes
 }
 
 /// Layout: `{"topic":…,"next_entry":…,"ledgers":[{"ledger":…,"first":…,
@@ -243,7 +279,51 @@ fn quote(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{quote, BatchSizes, RateMeter, PRUNE_EVERY};
+    use super::{backlog_bytes_by, quote, BatchSizes, RateMeter, BATCH_SIZES_TRACKED_MAX, PRUNE_EVERY};
+
+    #[test]
+    fn backlog_bytes_looks_up_a_bounded_number_of_entries() {
+        // A stats request runs on the topic's shard: with a backlog of
+        // millions of entries it must not look each one up.
+        let mut cursor = crate::cursor::Cursor::new(0);
+        cursor.ack(1);
+        let mut lookups = 0u64;
+        let next = 5_000_000;
+        let bytes = backlog_bytes_by(&cursor, next, |e| {
+            lookups += 1;
+            Some(100 + e % 2)
+        });
+        assert!(lookups <= super::BACKLOG_BYTES_LOOKUPS_MAX, "{lookups} index lookups");
+        // Mean 100.5 bytes over the 4,999,999 unacked entries.
+        let exact = 4_999_999 * 100 + 2_499_999;
+        assert!(bytes.abs_diff(exact) * 1000 < exact, "{bytes} vs {exact}");
+        // A small backlog is exact.
+        let mut lookups = 0u64;
+        assert_eq!(
+            backlog_bytes_by(&cursor, 10, |e| {
+                lookups += 1;
+                Some(e)
+            }),
+            45 - 1
+        );
+        assert_eq!(lookups, 9);
+    }
+
+    #[test]
+    fn batch_sizes_stay_bounded_behind_a_stalled_subscription() {
+        // The floor never moves (a subscription that never acks) while
+        // batches keep coming.
+        let b = BatchSizes::default();
+        let n = BATCH_SIZES_TRACKED_MAX as u64 * 3;
+        for e in 0..n {
+            b.note(e, 10, || 0);
+        }
+        assert!(b.sizes.borrow().len() <= BATCH_SIZES_TRACKED_MAX, "{} sizes kept", b.sizes.borrow().len());
+        // The lowest are kept: the next to be consumed count exactly.
+        assert_eq!(b.extra_messages(0, 100, |_| false), 900);
+        // The others count as one message each.
+        assert_eq!(b.extra_messages(n - 100, n, |_| false), 0);
+    }
 
     #[test]
     fn batch_sizes_count_extra_messages_and_prune() {

@@ -40,6 +40,17 @@ pub const REDELIVERY_COUNTS_PERSISTED_MAX: usize = 10_000;
 /// messages per batch entry).
 pub const BATCH_SIZE_MAX: u32 = magnetar_wire::BATCH_MESSAGES_MAX;
 
+/// Most 64-bit ack-bit words one subscription holds (1 MiB), in memory and
+/// in its record. A batch's size is whatever its producer claimed (up to
+/// [`BATCH_SIZE_MAX`], 16,384 words), so without this bound a client that
+/// produces a few claimed-huge batches and acks one index of each would make
+/// the broker hold, and rewrite on every cursor flush, megabytes per entry,
+/// up to a record the log refuses (which then stops the cursor persisting).
+/// Past the bound an index ack of a batch not yet partly acknowledged is not
+/// kept: the entry is acknowledged once all its messages are (the client
+/// sends that ack), or comes back whole (at-least-once).
+pub const BATCH_ACK_WORDS_MAX: usize = 1 << 17;
+
 /// Longest tag filter kept (tags are short labels).
 pub const FILTER_TAG_BYTES_MAX: usize = 1024;
 
@@ -96,6 +107,8 @@ pub(crate) enum IndexAck {
     Partial,
     /// That was the last one: acknowledge the entry whole.
     Complete,
+    /// Not kept: the subscription holds [`BATCH_ACK_WORDS_MAX`] words already.
+    OverBudget,
 }
 
 /// Partially acknowledged batch entries of one subscription. Bounded by the
@@ -104,6 +117,8 @@ pub(crate) enum IndexAck {
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct BatchAcks {
     map: BTreeMap<EntryKey, AckBits>,
+    /// Bit words held by `map`, at most [`BATCH_ACK_WORDS_MAX`].
+    words: usize,
 }
 
 impl BatchAcks {
@@ -122,7 +137,17 @@ impl BatchAcks {
         if size == 0 || size > BATCH_SIZE_MAX || first > last || last >= size {
             return Err(format!("batch index {first}..={last} of a batch of {size} messages"));
         }
-        let bits = self.map.entry(key).or_insert_with(|| AckBits::new(size));
+        let bits = match self.map.entry(key) {
+            std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::btree_map::Entry::Vacant(v) => {
+                let need = size.div_ceil(64) as usize;
+                if self.words + need > BATCH_ACK_WORDS_MAX {
+                    return Ok(IndexAck::OverBudget);
+                }
+                self.words += need;
+                v.insert(AckBits::new(size))
+            }
+        };
         if bits.size != size {
             return Err(format!("batch of {size} messages, but this entry holds {}", bits.size));
         }
@@ -131,7 +156,7 @@ impl BatchAcks {
             changed |= bits.set(i);
         }
         if bits.all() {
-            self.map.remove(&key);
+            self.remove(key);
             return Ok(IndexAck::Complete);
         }
         Ok(if changed { IndexAck::Partial } else { IndexAck::Unchanged })
@@ -140,14 +165,24 @@ impl BatchAcks {
     /// Forgets the bits of entries for which `acked` holds (acknowledged whole).
     pub(crate) fn retain_unacked(&mut self, acked: impl Fn(EntryKey) -> bool) {
         self.map.retain(|k, _| !acked(*k));
+        self.words = self.map.values().map(|b| b.words.len()).sum();
     }
 
     pub(crate) fn remove(&mut self, key: EntryKey) {
-        self.map.remove(&key);
+        if let Some(bits) = self.map.remove(&key) {
+            self.words -= bits.words.len();
+        }
     }
 
     pub(crate) fn clear(&mut self) {
         self.map.clear();
+        self.words = 0;
+    }
+
+    /// Bit words held (bounded by [`BATCH_ACK_WORDS_MAX`]).
+    #[cfg(test)]
+    pub(crate) fn words(&self) -> usize {
+        self.words
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&EntryKey, &AckBits)> {
@@ -189,7 +224,8 @@ impl SubState {
     /// ceil(size/64) × u64 acked-bit words), u32 count_n, count_n × (u64
     /// ledger, u64 entry, u32 deliveries)`. Batches and counts ascend by
     /// `(ledger, entry)`; past the `*_PERSISTED_MAX` bounds the highest are
-    /// left out.
+    /// left out. The bit words of all batches total at most
+    /// [`BATCH_ACK_WORDS_MAX`] (the bound held in memory).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = vec![STATE_FORMAT_VERSION, type_code(self.sub_type)];
         let tag = self.filter_tag.as_deref().unwrap_or("").as_bytes();
@@ -252,6 +288,10 @@ impl SubState {
             if size == 0 || size > BATCH_SIZE_MAX {
                 return Err(r.err("bad batch size"));
             }
+            let need = size.div_ceil(64) as usize;
+            if batch_acks.words + need > BATCH_ACK_WORDS_MAX {
+                return Err(r.err("too many ack bits"));
+            }
             let mut bits = AckBits::new(size);
             for w in bits.words.iter_mut() {
                 *w = r.u64()?;
@@ -264,6 +304,7 @@ impl SubState {
             if bits.all() {
                 return Err(r.err("fully acknowledged batch"));
             }
+            batch_acks.words += need;
             batch_acks.map.insert(key, bits);
         }
         let n = r.u32()? as usize;
@@ -337,6 +378,14 @@ pub(crate) fn batch_index_ack(
             format!("batch-index ack of {id} names a batch of {size} messages; the entry holds {outstanding:?}"),
         ));
     }
+    // Refused before anything changes: a cumulative ack would otherwise
+    // have moved the floor already.
+    if index >= size || size > BATCH_SIZE_MAX {
+        return Err(CoreError::new(
+            ErrorCode::NotAllowed,
+            format!("batch-index ack of {id}: no index {index} in a batch of {size} messages"),
+        ));
+    }
     let mut changed = false;
     let first = match ack_type {
         magnetar_wire::AckType::Individual => index,
@@ -357,7 +406,7 @@ pub(crate) fn batch_index_ack(
         .ack(key, size, first, index)
         .map_err(|e| CoreError::new(ErrorCode::NotAllowed, format!("batch-index ack of {id}: {e}")))?;
     Ok(Some(match outcome {
-        IndexAck::Unchanged => IndexAckDone { changed, whole: false },
+        IndexAck::Unchanged | IndexAck::OverBudget => IndexAckDone { changed, whole: false },
         IndexAck::Partial => {
             sub.state_dirty.set(true);
             IndexAckDone { changed: true, whole: false }
@@ -397,6 +446,20 @@ pub(crate) fn forget_acked(
     if acks.len() != before {
         sub.state_dirty.set(true);
     }
+}
+
+/// Refuses a tag filter longer than the state record keeps: cut there, it
+/// would come back after a restart as another filter (whose hash matches
+/// nothing, so every entry counted as acknowledged) or, cut inside a
+/// character, as a record that does not decode.
+pub(crate) fn check_filter_tag(tag: &str) -> Result<(), crate::error::CoreError> {
+    if tag.len() > FILTER_TAG_BYTES_MAX {
+        return Err(crate::error::CoreError::new(
+            crate::error::ErrorCode::NotAllowed,
+            format!("a tag filter of {} bytes; at most {FILTER_TAG_BYTES_MAX}", tag.len()),
+        ));
+    }
+    Ok(())
 }
 
 /// Refuses a consumer of another type than the subscription had before a
@@ -547,6 +610,146 @@ mod tests {
         let mut long = bytes;
         long.push(0);
         assert!(SubState::decode(&long).is_err());
+    }
+
+    #[test]
+    fn claimed_huge_batches_cannot_grow_the_bits_without_bound() {
+        // A producer may claim up to BATCH_SIZE_MAX messages in a tiny
+        // entry; a consumer then acks index 0 of each such entry.
+        let mut b = BatchAcks::default();
+        let mut kept = 0;
+        for e in 0..100 {
+            match b.ack((1, e), BATCH_SIZE_MAX, 0, 0) {
+                Ok(IndexAck::Partial) => kept += 1,
+                Ok(IndexAck::OverBudget) => {}
+                other => panic!("entry {e}: {other:?}"),
+            }
+        }
+        assert!(b.words() <= BATCH_ACK_WORDS_MAX, "{} words held", b.words());
+        assert_eq!(kept, BATCH_ACK_WORDS_MAX / (BATCH_SIZE_MAX as usize / 64));
+        let s = SubState {
+            sub_type: SubscriptionType::Exclusive,
+            filter_tag: None,
+            batch_acks: b.clone(),
+            deliveries: Vec::new(),
+        };
+        let bytes = s.encode();
+        assert!(bytes.len() < 2 << 20, "a record of {} bytes", bytes.len());
+        assert_eq!(SubState::decode(&bytes).unwrap().batch_acks, b);
+        // Bits already held still take acks; freeing some makes room again.
+        assert_eq!(b.ack((1, 0), BATCH_SIZE_MAX, 1, 1), Ok(IndexAck::Partial));
+        b.remove((1, 0));
+        assert_eq!(b.ack((1, 99), BATCH_SIZE_MAX, 0, 0), Ok(IndexAck::Partial));
+        assert_eq!(b.words(), BATCH_ACK_WORDS_MAX);
+        b.retain_unacked(|(_, e)| e < 5);
+        assert_eq!(b.words(), b.iter().map(|(_, bits)| bits.words().len()).sum::<usize>());
+        b.clear();
+        assert_eq!(b.words(), 0);
+    }
+
+    #[test]
+    fn decode_refuses_more_bits_than_memory_holds() {
+        // A hand-made record with one batch past the words bound.
+        let batches = BATCH_ACK_WORDS_MAX / (BATCH_SIZE_MAX as usize / 64) + 1;
+        let mut r = vec![1u8, 0, 0, 0];
+        r.extend_from_slice(&(batches as u32).to_le_bytes());
+        for e in 0..batches as u64 {
+            r.extend_from_slice(&1u64.to_le_bytes());
+            r.extend_from_slice(&e.to_le_bytes());
+            r.extend_from_slice(&BATCH_SIZE_MAX.to_le_bytes());
+            r.extend_from_slice(&[0u8; BATCH_SIZE_MAX as usize / 8]);
+        }
+        r.extend_from_slice(&0u32.to_le_bytes());
+        let err = SubState::decode(&r).unwrap_err();
+        assert_eq!(err.reason, "too many ack bits", "{err}");
+    }
+
+    /// SplitMix64: small, seedable, replayable.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    /// Decoding a damaged or hostile `s/` record errors and never panics:
+    /// random byte strings, and valid records with bytes flipped, cut,
+    /// inserted or overwritten with extreme values. A record that decodes
+    /// encodes to one that decodes to the same state. Prints its seed;
+    /// `MAGNETAR_SEED=<n>` replays it.
+    #[test]
+    fn decode_of_damaged_records_errors_and_never_panics() {
+        let seed = std::env::var("MAGNETAR_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+        });
+        eprintln!("decode_of_damaged_records_errors_and_never_panics: MAGNETAR_SEED={seed}");
+        let mut rng = Rng(seed);
+        let mut valid = Vec::new();
+        for v in 0..16u64 {
+            let mut batch_acks = BatchAcks::default();
+            for e in 0..rng.below(6) {
+                let size = [2, 63, 64, 65, 130, 1000][rng.below(6) as usize];
+                let last = rng.below(u64::from(size) - 1) as u32;
+                let first = rng.below(u64::from(last) + 1) as u32;
+                batch_acks.ack((v, e * 3), size, first, last).unwrap();
+            }
+            let tag = ["", "a", "tagé", "long-tag-name"][rng.below(4) as usize];
+            valid.push(
+                SubState {
+                    sub_type: SubscriptionType::Shared,
+                    filter_tag: (!tag.is_empty()).then(|| tag.to_string()),
+                    batch_acks,
+                    deliveries: (0..rng.below(4)).map(|e| ((v, e), 2 + e as u32)).collect(),
+                }
+                .encode(),
+            );
+        }
+        let extremes: [&[u8]; 4] = [&[0xff; 4], &[0; 4], &[0x00, 0x00, 0x10, 0x00], &[0x01, 0x00, 0x10, 0x00]];
+        for case in 0..20_000u64 {
+            let bytes = if rng.below(4) == 0 {
+                let mut b = vec![0u8; rng.below(300) as usize];
+                b.iter_mut().for_each(|x| *x = rng.next() as u8);
+                if !b.is_empty() {
+                    b[0] = 1;
+                }
+                b
+            } else {
+                let mut b = valid[rng.below(valid.len() as u64) as usize].clone();
+                for _ in 0..=rng.below(3) {
+                    let at = rng.below(b.len() as u64 + 1) as usize;
+                    match rng.below(5) {
+                        0 if at < b.len() => b[at] ^= 1 << rng.below(8),
+                        1 => b.truncate(at),
+                        2 => b.insert(at, rng.next() as u8),
+                        3 if at < b.len() => {
+                            b.remove(at);
+                        }
+                        _ => {
+                            let x = extremes[rng.below(4) as usize];
+                            let end = (at + x.len()).min(b.len());
+                            let n = end.saturating_sub(at);
+                            b[at..end].copy_from_slice(&x[..n]);
+                        }
+                    }
+                }
+                b
+            };
+            let decoded = std::panic::catch_unwind(|| SubState::decode(&bytes))
+                .unwrap_or_else(|_| panic!("decode panicked: MAGNETAR_SEED={seed}, case {case}, bytes {bytes:?}"));
+            if let Ok(state) = decoded {
+                let again = SubState::decode(&state.encode())
+                    .unwrap_or_else(|e| panic!("re-encoded record does not decode ({e}): seed {seed}, case {case}"));
+                assert_eq!(again.batch_acks, state.batch_acks, "seed {seed}, case {case}");
+                assert_eq!(again.filter_tag, state.filter_tag, "seed {seed}, case {case}");
+            }
+        }
     }
 
     #[test]

@@ -392,7 +392,9 @@ impl Subscription {
     /// Applies acks of `topic`'s messages. `batch_sizes` is empty or one per
     /// id: a size above 1 makes the id a batch-index ack (`sub_state.rs`).
     /// Ids in ledgers retention deleted are acknowledged already. Returns
-    /// whether the cursor or the batch-ack state changed.
+    /// whether the cursor or the batch-ack state changed; an error names the
+    /// first id refused, the ones before it applied (the caller persists
+    /// either way).
     pub(crate) fn ack(
         &self,
         topic: &Topic,
@@ -412,12 +414,28 @@ impl Subscription {
         // Positions acknowledged whole by these ids (batch-index acks that
         // left messages unacknowledged are not among them).
         let mut whole: Vec<u64> = Vec::with_capacity(ids.len());
+        // A refused id ends the ack, but what the ids before it did stays
+        // done and accounted for below (their entries leave `pending`).
+        let mut refused = None;
         {
             let mut cursor = self.cursor.borrow_mut();
             for (i, id) in ids.iter().enumerate() {
-                let Some(pos) = topic.position_of(id)? else { continue };
                 let size = batch_sizes.get(i).copied().unwrap_or(0);
-                if let Some(done) = crate::sub_state::batch_index_ack(self, &mut cursor, ack_type, *id, pos, size)? {
+                let done = topic.position_of(id).and_then(|pos| match pos {
+                    Some(pos) => {
+                        Ok(Some((pos, crate::sub_state::batch_index_ack(self, &mut cursor, ack_type, *id, pos, size)?)))
+                    }
+                    None => Ok(None),
+                });
+                let (pos, done) = match done {
+                    Ok(Some(x)) => x,
+                    Ok(None) => continue,
+                    Err(e) => {
+                        refused = Some(e);
+                        break;
+                    }
+                };
+                if let Some(done) = done {
                     changed |= done.changed;
                     if done.whole {
                         whole.push(pos);
@@ -434,7 +452,10 @@ impl Subscription {
         if changed {
             self.forget_acked(&topic.ledgers.borrow(), ack_type, &whole);
         }
-        Ok(changed)
+        match refused {
+            Some(e) => Err(e),
+            None => Ok(changed),
+        }
     }
 
     /// Acknowledges everything before `floor` whatever the subscription

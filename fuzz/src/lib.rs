@@ -1,0 +1,131 @@
+//! Bodies of the fuzz targets: each takes arbitrary bytes, feeds them to
+//! decoders that read bytes from the network or the disk, and must return
+//! without panicking whatever the bytes (a decoder answers garbage with an
+//! error). Checksums would stop a fuzzer at the first check, so each body
+//! also tries the bytes with their checksum (and magic) made right, to reach
+//! the field checks behind them.
+//!
+//! The libFuzzer binaries in `fuzz_targets/` call these (`cargo +nightly
+//! fuzz run <target> --features libfuzzer`); `tests/smoke.rs` runs them on
+//! stable over seeded random and mutated inputs, so CI exercises them.
+
+use bytes::{Bytes, BytesMut};
+use magnetar_storage::format::{self as sf, BatchHeader, Checkpoint, CleanMarker, RecordHeader};
+use magnetar_storage::PAGE_BYTES;
+
+const PAGE: usize = PAGE_BYTES as usize;
+
+/// Wire frames and commands (`magnetar_wire::frame`): the bytes as a stream
+/// of frames; as one command; and as the body of a frame with a correct
+/// length and checksum (so the command decoder behind them runs).
+pub fn wire_frame(data: &[u8]) {
+    let mut decoder = magnetar_wire::FrameDecoder::new(magnetar_wire::FRAME_BYTES_MAX_DEFAULT);
+    let mut src = BytesMut::from(data);
+    // Frames are consumed from `src`; stop at the first error or when no
+    // whole frame is left.
+    while let Ok(Some(_)) = decoder.decode(&mut src) {}
+
+    let _ = magnetar_wire::decode_command(data);
+
+    let mut framed = BytesMut::with_capacity(data.len() + 8);
+    let len = u32::try_from(data.len() + 4).unwrap_or(u32::MAX);
+    framed.extend_from_slice(&len.to_le_bytes());
+    framed.extend_from_slice(&crc32fast::hash(data).to_le_bytes());
+    framed.extend_from_slice(data);
+    let mut decoder = magnetar_wire::FrameDecoder::new(magnetar_wire::FRAME_BYTES_MAX_DEFAULT);
+    let _ = decoder.decode(&mut framed);
+}
+
+/// Message blobs (`magnetar_wire::message`) and batch payloads
+/// (`magnetar_wire::batch`): what a producer sends and a consumer unpacks.
+pub fn wire_message(data: &[u8]) {
+    let _ = magnetar_wire::peek_message(data);
+    if let Ok((meta, payload)) = magnetar_wire::decode_message(&Bytes::copy_from_slice(data)) {
+        let _ = magnetar_wire::decode_batch(&payload, meta.num_messages);
+    }
+    // The bytes as a batch payload, for a count taken from their first byte.
+    if let Some((&n, rest)) = data.split_first() {
+        let _ = magnetar_wire::decode_batch(&Bytes::copy_from_slice(rest), u32::from(n));
+    }
+}
+
+/// Storage pages and records (`magnetar_storage::format`): batch headers and
+/// the records behind them, index pages, checkpoints and clean markers, as
+/// read back from a damaged disk.
+pub fn storage_records(data: &[u8]) {
+    // Decoders that take a fixed-size header get at least that many bytes
+    // (their callers read whole pages).
+    let mut page = data.to_vec();
+    if page.len() < PAGE {
+        page.resize(PAGE, 0);
+    }
+
+    let _ = Checkpoint::decode(data);
+    let _ = CleanMarker::decode(data);
+    let _ = sf::split_meta(data);
+    if data.len() >= sf::RECORD_HEADER_BYTES {
+        let _ = RecordHeader::decode(data);
+    }
+
+    // Index page as read, then with magic and checksum made right.
+    let _ = sf::decode_index_page(&page, 1);
+    let mut idx = page.clone();
+    idx[0..4].copy_from_slice(&sf::INDEX_MAGIC);
+    let c = sf::crc(&[&idx[8..PAGE]]);
+    idx[4..8].copy_from_slice(&c.to_le_bytes());
+    let _ = sf::decode_index_page(&idx, 1);
+
+    // Batch header as read, then with magic and header checksum made right,
+    // then its records walked (with the body checksum made right too).
+    let _ = BatchHeader::decode(&page);
+    let mut batch = page;
+    batch[0..8].copy_from_slice(&sf::BATCH_MAGIC);
+    let c = sf::crc(&[&batch[12..sf::BATCH_HEADER_BYTES]]);
+    batch[8..12].copy_from_slice(&c.to_le_bytes());
+    if let Ok(h) = BatchHeader::decode(&batch) {
+        let _ = h.verify_body(&batch);
+        let _ = sf::could_be_torn(&h, &batch);
+        for r in sf::records(&h, &batch) {
+            if r.is_err() {
+                break;
+            }
+        }
+    }
+    // The data as records after a valid header that claims them all.
+    let records_len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+    let batch_len = sf::pad_to_page(sf::BATCH_HEADER_BYTES as u64 + u64::from(records_len));
+    if let Ok(batch_len) = u32::try_from(batch_len) {
+        let mut b = vec![0u8; batch_len as usize];
+        b[sf::BATCH_HEADER_BYTES..sf::BATCH_HEADER_BYTES + data.len()].copy_from_slice(data);
+        let record_count = data.first().map_or(0, |n| u32::from(*n % 8));
+        let body_crc = sf::crc(&[&b[sf::BATCH_HEADER_BYTES..]]);
+        let h = BatchHeader { batch_len, record_count, seq: 0, position: 0, records_len, body_crc };
+        h.encode(&mut b);
+        if let Ok(h) = BatchHeader::decode(&b) {
+            for r in sf::records(&h, &b) {
+                if r.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// The broker's cursor record (`c/…`, `magnetar_core::cursor`). A record
+/// that decodes encodes to the same bytes.
+pub fn core_cursor(data: &[u8]) {
+    if let Ok(rec) = magnetar_core::cursor::CursorRecord::decode(data) {
+        let again = magnetar_core::cursor::CursorRecord::decode(&rec.encode());
+        assert_eq!(again.as_ref(), Ok(&rec), "a decoded c/ record re-encodes to another");
+    }
+}
+
+/// The broker's subscription state record (`s/…`,
+/// `magnetar_core::sub_state`).
+pub fn core_records(data: &[u8]) {
+    if let Ok(state) = magnetar_core::sub_state::SubState::decode(data) {
+        // What decodes encodes to what decodes.
+        let again = magnetar_core::sub_state::SubState::decode(&state.encode());
+        assert!(again.is_ok(), "a decoded s/ record re-encodes to one that does not decode: {again:?}");
+    }
+}
