@@ -625,10 +625,14 @@ pub(crate) async fn load<D: Disk>(disk: &D, dir: &Path) -> Result<KeyIndex<D::Fi
             let file = disk.open(&path, OpenMode::Existing).await.map_err(io("open key index file", &path))?;
             let first = file.read_at(0, PAGE_BYTES as usize).await.map_err(io("read key index file", &path))?;
             let len = key_file_header_len(&first).map_err(|r| StorageError::corrupt(&path, 0, r))?;
-            let region = pad_to_page(len.min(1 << 30));
-            let b = file.read_at(0, region as usize).await.map_err(io("read key index file", &path))?;
-            let hdr = decode_key_file_header(&b).map_err(|r| StorageError::corrupt(&path, 0, r))?;
+            // The length is checked against the file before anything that
+            // size is read (a damaged field must not allocate gigabytes).
             let size = file.size().await.map_err(io("stat key index file", &path))?;
+            if len > size {
+                return Err(StorageError::corrupt(&path, 16, CorruptReason::Length { len, limit: size }));
+            }
+            let b = file.read_at(0, pad_to_page(len) as usize).await.map_err(io("read key index file", &path))?;
+            let hdr = decode_key_file_header(&b).map_err(|r| StorageError::corrupt(&path, 0, r))?;
             let need = (hdr.header_pages + hdr.item_pages as u64) * PAGE_BYTES;
             if size < need || hdr.seq != seq {
                 return Err(StorageError::corrupt(&path, size, CorruptReason::ShortFile { len: size, need }));
