@@ -4,6 +4,10 @@
 # each against a fresh self-started broker, then prints the median of each
 # figure and the B/A ratio (`magnetar-bench --compare` of the median runs).
 #
+# The flags go to both sides; the bench's default workload is the canonical
+# one (producer batching on), so pass --batch-max-messages 0 to compare
+# unbatched per-message costs.
+#
 # Usage: bench/scripts/ab.sh BROKER_A BROKER_B ROUNDS [magnetar-bench flags...]
 # e.g.   bench/scripts/ab.sh /tmp/magnetar-before target/release/magnetar 3 --duration-s 8
 set -euo pipefail

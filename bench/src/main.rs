@@ -44,12 +44,15 @@ struct Args {
     /// Target rate in msg/s over all producers; 0 = as fast as possible.
     #[arg(long)]
     rate: Option<u64>,
-    /// Sends awaiting a receipt per producer and partition (1 = one at a time).
+    /// Messages awaiting a receipt per producer and partition; a batch counts
+    /// as the messages it holds (default 1000; with one partition and
+    /// `--batch-max-messages 0`, 1 = one message at a time).
     #[arg(long)]
     max_pending: Option<u32>,
     #[arg(long)]
     receiver_queue_size: Option<u32>,
-    /// Messages per batch (> 1 turns the producers' batching on).
+    /// Messages per batch (default 1000, with 128 KiB and 1 ms: Pulsar's
+    /// client defaults); 0 turns the producers' batching off.
     #[arg(long)]
     batch_max_messages: Option<u32>,
     /// With batching: longest wait of a batch's first message, ms (default 1).
@@ -75,6 +78,10 @@ struct Args {
     seed: Option<u64>,
     #[arg(long)]
     topic_prefix: Option<String>,
+    /// Client connections shared by all producers (and as many by all
+    /// consumers); 0 = one per producer and per consumer (default).
+    #[arg(long)]
+    connections: Option<u32>,
 
     /// Write the result as JSON here.
     #[arg(long)]
@@ -144,7 +151,8 @@ fn workload(args: &Args) -> Result<Workload, Box<dyn std::error::Error>> {
         zipf_exponent,
         backlog_messages,
         seed,
-        topic_prefix
+        topic_prefix,
+        connections
     );
     w.validate()?;
     Ok(w)

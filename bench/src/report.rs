@@ -56,6 +56,12 @@ pub struct Report {
     pub git_commit: String,
     pub git_dirty: bool,
     pub workload: Workload,
+    /// The producers' batching in words, so that nobody reads a batched
+    /// figure as an unbatched one (the canonical workload batches as
+    /// Pulsar's clients do by default).
+    pub batching: String,
+    /// What `workload.max_pending` bounds.
+    pub max_pending_counts: &'static str,
     /// Partition topics this run used (`<topic>-partition-<i>`).
     pub topics: Vec<String>,
     pub environment: Environment,
@@ -125,6 +131,24 @@ pub fn environment(
     }
 }
 
+/// `batching` of the JSON and the summary.
+pub fn batching_words(w: &Workload) -> String {
+    match w.batching() {
+        Some(b) => format!(
+            "on: a batch leaves at {} messages, {} bytes or {} ms{}",
+            b.max_messages,
+            b.max_bytes,
+            b.max_delay.as_millis(),
+            if (b.max_messages, b.max_bytes, b.max_delay.as_millis()) == (1000, 128 * 1024, 1) {
+                " (Pulsar's client defaults)"
+            } else {
+                ""
+            }
+        ),
+        None => "off: one message per send".into(),
+    }
+}
+
 pub fn build(workload: &Workload, outcome: &RunOutcome, environment: Environment) -> Report {
     let t = &outcome.totals;
     let secs = t.window.as_secs_f64().max(1e-9);
@@ -154,6 +178,9 @@ pub fn build(workload: &Workload, outcome: &RunOutcome, environment: Environment
         git_commit,
         git_dirty,
         workload: workload.clone(),
+        batching: batching_words(workload),
+        max_pending_counts:
+            "messages awaiting a receipt, per producer and partition (a batch counts as the messages it holds)",
         topics: outcome.topics.clone(),
         environment,
         measured_s: secs,
@@ -206,9 +233,10 @@ pub fn summary(r: &Report) -> String {
     let w = &r.workload;
     let rate = if w.rate == 0 { "max".to_string() } else { format!("{} msg/s", w.rate) };
     let mut s = format!(
-        "magnetar-bench {}: {} topic(s) x {} partition(s), {} producer(s)/topic, {} subscription(s) x {} consumer(s), size {} B, rate {}, max_pending {}\n",
+        "magnetar-bench {}: {} topic(s) x {} partition(s), {} producer(s)/topic, {} subscription(s) x {} consumer(s), size {} B, rate {}, max_pending {} msgs/partition\n",
         r.run_id, w.topics, w.partitions, w.producers, w.subscriptions, w.consumers, w.size, rate, w.max_pending
     );
+    s += &format!("batching {}\n", r.batching);
     if let Some(b) = &r.backlog {
         s += &format!(
             "backlog phase: {} msgs ({:.1} MB) produced in {:.2} s ({:.0} msg/s, {:.1} MB/s); caught up in {:.2} s: {:.0} msg/s, {:.1} MB/s\n",

@@ -15,7 +15,8 @@
 //! stalled broker is charged for every message that should have gone out
 //! during the stall (no coordinated omission). With `rate = 0` the intended
 //! time is when the producer asks to send, before waiting for a free
-//! `max_pending` slot. The intended time travels in the first 8 bytes of the
+//! `max_pending` slot (`max_pending` counts messages, per partition). The
+//! intended time travels in the first 8 bytes of the
 //! payload (nanoseconds since the run's epoch; producer and consumer share
 //! one process and one monotonic clock), so end-to-end latency has
 //! nanosecond resolution; payloads under 8 bytes fall back to the metadata's
@@ -32,7 +33,7 @@ use magnetar_client::{
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 /// Payload bytes carrying the intended send time.
@@ -137,7 +138,39 @@ fn now_ms() -> u64 {
 
 struct ProducerCtx {
     producer: Arc<PartitionedProducer>,
-    receipts: mpsc::Sender<(Instant, usize, RoutedSend)>,
+    receipts: mpsc::Sender<(Instant, usize, RoutedSend, OwnedSemaphorePermit)>,
+    /// One permit per message in flight (`max_pending × partitions`): the
+    /// client's own bound counts sends, and a batch is one send.
+    in_flight: Arc<Semaphore>,
+}
+
+/// The client connections of a run: one per producer and consumer, or
+/// `connections` of each kind shared round-robin.
+struct Connections {
+    shared: Vec<Client>,
+    next: usize,
+}
+
+impl Connections {
+    fn new() -> Connections {
+        Connections { shared: Vec::new(), next: 0 }
+    }
+
+    /// The connection for the next producer (or consumer): a new one, or the
+    /// next of the `n` shared ones (opened on first use).
+    async fn next(&mut self, opts: &RunOptions, n: u32) -> Result<Client, RunError> {
+        if n == 0 {
+            return Client::connect_with(&opts.url, opts.client_options.clone()).await.map_err(client_err(&opts.url));
+        }
+        let i = self.next % n as usize;
+        self.next += 1;
+        if i == self.shared.len() {
+            let c =
+                Client::connect_with(&opts.url, opts.client_options.clone()).await.map_err(client_err(&opts.url))?;
+            self.shared.push(c);
+        }
+        Ok(self.shared[i].clone())
+    }
 }
 
 struct ProducerPlan {
@@ -159,9 +192,10 @@ async fn open_producer(
     topic: &str,
     rec: &Recorder,
     collectors: &mut Vec<JoinHandle<()>>,
+    conns: &mut Connections,
 ) -> Result<(Client, ProducerCtx), RunError> {
     let w = &opts.workload;
-    let client = Client::connect_with(&opts.url, opts.client_options.clone()).await.map_err(client_err(&opts.url))?;
+    let client = conns.next(opts, w.connections).await?;
     let mut builder =
         client.producer(topic.to_string()).max_pending(w.max_pending as usize).compression(w.compression_type());
     if let Some(batching) = w.batching() {
@@ -171,13 +205,12 @@ async fn open_producer(
         .create_partitioned(RoutingMode::RoundRobin)
         .await
         .map_err(client_err(format!("create producer on {topic}")))?;
-    // Bounded by what may be in flight (max_pending entries of up to a batch
-    // each, per partition): with batching the broker frees entry permits
-    // faster than one client thread records receipts, and an unbounded
-    // queue here let the producer run seconds ahead of its own receipts.
-    let bound = (w.max_pending as usize).saturating_mul(w.batch_max_messages.max(1) as usize);
-    let limit = bound.saturating_mul(w.partitions as usize).max(1);
-    let (tx, mut rx) = mpsc::channel::<(Instant, usize, RoutedSend)>(limit);
+    // What may be in flight: max_pending messages per partition. The permit
+    // of a message is released when its receipt is recorded, so the producer
+    // never runs ahead of its own receipts.
+    let limit = (w.max_pending as usize).saturating_mul(w.partitions as usize).max(1);
+    let in_flight = Arc::new(Semaphore::new(limit));
+    let (tx, mut rx) = mpsc::channel::<(Instant, usize, RoutedSend, OwnedSemaphorePermit)>(limit);
     let rec = rec.clone();
     collectors.push(tokio::spawn(async move {
         let mut in_flight = FuturesUnordered::new();
@@ -185,21 +218,24 @@ async fn open_producer(
         loop {
             tokio::select! {
                 next = rx.recv(), if open && in_flight.len() < limit => match next {
-                    Some((intended, bytes, receipt)) => in_flight.push(async move {
+                    Some((intended, bytes, receipt, permit)) => in_flight.push(async move {
                         let r = receipt.receipt().await;
-                        (intended, Instant::now(), bytes, r)
+                        (intended, Instant::now(), bytes, r, permit)
                     }),
                     None => open = false,
                 },
-                Some((intended, at, bytes, r)) = in_flight.next(), if !in_flight.is_empty() => match r {
-                    Ok(_) => rec.published(intended, at, bytes),
-                    Err(e) => rec.publish_failed(e.to_string()),
-                },
+                Some((intended, at, bytes, r, permit)) = in_flight.next(), if !in_flight.is_empty() => {
+                    match r {
+                        Ok(_) => rec.published(intended, at, bytes),
+                        Err(e) => rec.publish_failed(e.to_string()),
+                    }
+                    drop(permit);
+                }
                 else => break,
             }
         }
     }));
-    Ok((client, ProducerCtx { producer: Arc::new(producer), receipts: tx }))
+    Ok((client, ProducerCtx { producer: Arc::new(producer), receipts: tx, in_flight }))
 }
 
 async fn produce_loop(ctx: ProducerCtx, plan: ProducerPlan, w: Workload, rec: Recorder, filler: Bytes) {
@@ -233,6 +269,9 @@ async fn produce_loop(ctx: ProducerCtx, plan: ProducerPlan, w: Workload, rec: Re
             }
             now
         };
+        // A free in-flight slot first (the intended time is already fixed, so
+        // waiting here is charged to latency). Never closed while we hold ctx.
+        let Ok(permit) = ctx.in_flight.clone().acquire_owned().await else { break };
         let size = sizes.next(&mut rng);
         // The client routes: keyed messages by the key's hash (FNV-1a),
         // the others round-robin.
@@ -240,7 +279,7 @@ async fn produce_loop(ctx: ProducerCtx, plan: ProducerPlan, w: Workload, rec: Re
         msg.key = keys.next(&mut rng).map(|k| format!("k{k}"));
         match ctx.producer.send_async(msg).await {
             Ok(receipt) => {
-                let _ = ctx.receipts.send((intended, size, receipt)).await;
+                let _ = ctx.receipts.send((intended, size, receipt, permit)).await;
             }
             Err(e) => {
                 let fatal = !matches!(e, ClientError::MessageTooLarge { .. });
@@ -299,12 +338,11 @@ async fn open_consumers(
 ) -> Result<Vec<JoinHandle<()>>, RunError> {
     let w = &opts.workload;
     let mut tasks = Vec::new();
+    let mut conns = Connections::new();
     for topic in topics {
         for s in 0..w.subscriptions {
             for _c in 0..w.consumers {
-                let client = Client::connect_with(&opts.url, opts.client_options.clone())
-                    .await
-                    .map_err(client_err(&opts.url))?;
+                let client = conns.next(opts, w.connections).await?;
                 let consumer = client
                     .subscribe(topic.clone(), format!("sub-{s}"))
                     .sub_type(w.subscription_type())
@@ -428,9 +466,10 @@ pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
     let mut collectors = Vec::new();
     let mut producer_ctxs = Vec::new();
     let mut all_producers = Vec::new();
+    let mut conns = Connections::new();
     for topic in &topics {
         for _ in 0..w.producers {
-            let (client, ctx) = open_producer(&opts, topic, &rec, &mut collectors).await?;
+            let (client, ctx) = open_producer(&opts, topic, &rec, &mut collectors, &mut conns).await?;
             all_producers.push(ctx.producer.clone());
             producer_ctxs.push(ctx);
             clients.push(client);

@@ -17,6 +17,7 @@ use magnetar_bench::stats::Percentiles;
 use magnetar_bench::workload::Workload;
 use magnetar_wire::{encode_frame, Command, FrameDecoder, MessageId};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -38,6 +39,11 @@ fn frame(command: &Command, payload: &[u8]) -> Vec<u8> {
 
 /// Accept connections forever; each gets its own reader, writer and delay line.
 async fn fake_broker(delay: Duration) -> String {
+    fake_broker_counting(delay, Arc::default()).await
+}
+
+/// The same, also keeping in `largest_send` the most messages one Send held.
+async fn fake_broker_counting(delay: Duration, largest_send: Arc<AtomicU32>) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let subs: Subscribers = Arc::default();
@@ -45,13 +51,19 @@ async fn fake_broker(delay: Duration) -> String {
     tokio::spawn(async move {
         loop {
             let (stream, _) = listener.accept().await.unwrap();
-            tokio::spawn(connection(stream, delay, subs.clone(), partitioned.clone()));
+            tokio::spawn(connection(stream, delay, subs.clone(), partitioned.clone(), largest_send.clone()));
         }
     });
     addr
 }
 
-async fn connection(stream: TcpStream, delay: Duration, subs: Subscribers, partitioned: Partitioned) {
+async fn connection(
+    stream: TcpStream,
+    delay: Duration,
+    subs: Subscribers,
+    partitioned: Partitioned,
+    largest_send: Arc<AtomicU32>,
+) {
     stream.set_nodelay(true).unwrap();
     let (mut rd, mut wr) = stream.into_split();
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
@@ -109,7 +121,8 @@ async fn connection(stream: TcpStream, delay: Duration, subs: Subscribers, parti
                     last_sequence_id: -1,
                 });
             }
-            Command::Send { producer_id, sequence_id, .. } => {
+            Command::Send { producer_id, sequence_id, num_messages } => {
+                largest_send.fetch_max(num_messages, Ordering::SeqCst);
                 let id = MessageId::new(1, sequence_id, -1, -1);
                 let receipt = frame(&Command::SendReceipt { producer_id, sequence_id, message_id: id }, &[]);
                 let topic = producers.get(&producer_id).cloned().unwrap();
@@ -159,7 +172,16 @@ async fn connection(stream: TcpStream, delay: Duration, subs: Subscribers, parti
 }
 
 fn workload(rate: u64, max_pending: u32) -> Workload {
-    Workload { partitions: 1, rate, max_pending, warmup_s: 0.0, duration_s: 1.0, ..Workload::default() }
+    // Unbatched: the capacity arithmetic below is one message per send.
+    Workload {
+        partitions: 1,
+        rate,
+        max_pending,
+        batch_max_messages: 0,
+        warmup_s: 0.0,
+        duration_s: 1.0,
+        ..Workload::default()
+    }
 }
 
 async fn measure(rate: u64, max_pending: u32) -> (Percentiles, Percentiles, u64) {
@@ -220,6 +242,30 @@ async fn above_capacity_latency_counts_from_the_intended_time() {
         assert!((0.35..0.65).contains(&half), "latency grows linearly: p50 {} vs max {}", publish.p50, publish.max);
         assert!(publish.p50 > 10.0 * DELAY.as_secs_f64() * 1e3, "not the closed-loop 20 ms");
         assert!(e2e.p50 >= publish.p50 * 0.9 && e2e.max >= 1000.0, "e2e {e2e:?}");
+    })
+    .await
+    .expect("test timed out");
+}
+
+/// `max_pending` counts messages, not sends: with batching on (up to 50 per
+/// batch) and `max_pending` 1 or 4 on one partition, no Send may carry more
+/// messages than that, since a batch can only hold messages in flight.
+/// (When it counted sends, one in flight could be a batch of 50.)
+#[tokio::test]
+async fn max_pending_bounds_messages_in_flight_with_batching() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        for max_pending in [1u32, 4] {
+            let largest = Arc::new(AtomicU32::new(0));
+            let addr = fake_broker_counting(DELAY, largest.clone()).await;
+            let w = Workload { batch_max_messages: 50, ..workload(0, max_pending) };
+            let mut opts = RunOptions::new(w, addr);
+            opts.progress = false;
+            let outcome = run(opts).await.unwrap();
+            assert_eq!(outcome.totals.publish_errors, 0, "{:?}", outcome.totals.last_error);
+            assert!(outcome.totals.produced_all > 0);
+            let largest = largest.load(Ordering::SeqCst);
+            assert!((1..=max_pending).contains(&largest), "a send held {largest} messages, max_pending {max_pending}");
+        }
     })
     .await
     .expect("test timed out");

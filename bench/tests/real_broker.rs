@@ -102,6 +102,13 @@ fn short_run_writes_contract_json_and_svg() {
     let ratio = number(&v, "produce.mb_per_s") * 1e6 / number(&v, "produce.msgs_per_s");
     assert!((ratio - 1024.0).abs() < 1.0, "{ratio}");
     assert_eq!(v["workload"]["partitions"], 4);
+    // The canonical workload batches as Pulsar's clients do by default, and
+    // the result says so in words as well as in the settings.
+    assert_eq!(v["workload"]["batch_max_messages"], 1000);
+    let batching = v["batching"].as_str().unwrap();
+    assert!(batching.starts_with("on") && batching.contains("Pulsar's client defaults"), "{batching}");
+    assert!(v["max_pending_counts"].as_str().unwrap().starts_with("messages"));
+    assert!(stdout.contains("batching on"), "{stdout}");
     assert_eq!(v["topics"].as_array().unwrap().len(), 4);
     assert!(v["drained"].as_bool().unwrap(), "consumer got every acknowledged message");
     assert_eq!(v["environment"]["broker"], "self-started");

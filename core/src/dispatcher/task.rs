@@ -64,6 +64,8 @@ struct Peeked {
     key_hash: u16,
     deliver_at_ms: u64,
     tag_matches: bool,
+    /// Messages in the entry (a batch holds many), for the permit count.
+    messages: u32,
 }
 
 fn peek(sub: &Subscription, blob: &Bytes) -> Peeked {
@@ -72,10 +74,11 @@ fn peek(sub: &Subscription, blob: &Bytes) -> Peeked {
             key_hash: key_hash(p.ordering_key, p.partition_key),
             deliver_at_ms: p.deliver_at_ms,
             tag_matches: sub.filter_tag.borrow().as_deref().is_none_or(|want| p.tag == Some(want)),
+            messages: p.num_messages.max(1),
         },
         // Validated when appended; if it cannot be read now it is delivered
         // as it is and the client reports it.
-        Err(_) => Peeked { key_hash: 0, deliver_at_ms: 0, tag_matches: true },
+        Err(_) => Peeked { key_hash: 0, deliver_at_ms: 0, tag_matches: true, messages: 1 },
     }
 }
 
@@ -140,7 +143,8 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
             }
             Pick::Deliver(i) => {
                 sub.replay.borrow_mut().remove(&entry);
-                deliver(shard, topic, sub, i, entry, hash, blob);
+                let messages = peek(sub, &blob).messages;
+                deliver(shard, topic, sub, i, entry, hash, messages, blob);
             }
         }
     }
@@ -214,7 +218,7 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
             }
             Pick::Deliver(i) => {
                 sub.read_pos.set(pos + 1);
-                deliver(shard, topic, sub, i, pos, peeked.key_hash, blob);
+                deliver(shard, topic, sub, i, pos, peeked.key_hash, peeked.messages, blob);
             }
         }
     }
@@ -250,6 +254,10 @@ async fn read(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>, entr
     }
 }
 
+/// `num_messages` comes from the caller's peek of `blob`: each peek runs
+/// the flatbuffers verifier over the metadata, and a second one here was
+/// ~2 % of broker CPU per message (perf, issue #6).
+#[allow(clippy::too_many_arguments)]
 fn deliver(
     shard: &Rc<Shard>,
     topic: &Rc<Topic>,
@@ -257,6 +265,7 @@ fn deliver(
     i: usize,
     entry: u64,
     key_hash: u16,
+    num_messages: u32,
     blob: Bytes,
 ) {
     // Just read, and retention deletes only what every durable cursor is
@@ -265,7 +274,6 @@ fn deliver(
     let message_id = topic.message_id(entry);
     assert!(message_id.is_some(), "dispatching position {entry} of {}, which is not stored", topic.key);
     let Some(message_id) = message_id else { return };
-    let num_messages = magnetar_wire::peek_message(&blob).map_or(1, |p| p.num_messages.max(1));
     topic.note_messages(entry, num_messages);
     // A batch some of whose messages are acknowledged goes out with their
     // bits, and the client hands out only the others.
