@@ -31,6 +31,7 @@ mod stats;
 pub mod sub_state;
 mod topic;
 pub mod topic_name;
+mod topic_policies;
 
 pub use config::BrokerConfig;
 pub use error::{CoreError, StartError};
