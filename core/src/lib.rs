@@ -6,6 +6,7 @@
 //! the per-shard [`Broker`] handle, which routes requests to the owner shard
 //! over the cross-shard mesh.
 
+mod ack_set;
 mod admin;
 mod atomics;
 pub mod config;

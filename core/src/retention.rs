@@ -161,7 +161,7 @@ async fn expire(shard: &Rc<Shard>, t: &Rc<Topic>, ttl_ms: u64) {
     for s in subs {
         let (floor, acked_above) = {
             let c = s.cursor.borrow();
-            (c.ack_floor, c.acked.range(c.ack_floor..live).count() as u64)
+            (c.ack_floor, c.acked.count_in(c.ack_floor, live))
         };
         if live <= floor || t.deleted.get() {
             continue;
