@@ -39,3 +39,4 @@ pub use shard::{
     SubscribeRequest, LEDGER_ID_SHARD_STRIDE, SHARDS_MAX,
 };
 pub use topic_name::TopicName;
+pub use magnetar_storage::stage;

@@ -32,6 +32,7 @@ pub mod inspect;
 mod log;
 mod recovery;
 pub mod sim;
+pub mod stage;
 
 pub use disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
 pub use error::{CorruptReason, StorageError};
