@@ -23,6 +23,7 @@
 //! | `topics.delete` | `topic` (a partitioned one deletes every partition) | `null` |
 //! | `topics.last-message-id` | `topic` | `{"id": "L:E:P:-1" or null}`; partitioned: `{"partitions": [{"id": …}, …]}` |
 //! | `topics.lookup` | `topic` | `{"topic", "partitions", "bundle", "shard"}` (the net layer adds `broker`) |
+//! | `topics.{set,get,remove}-retention`, `topics.{set,get,remove}-message-ttl` | see [`crate::topic_policies`] | |
 //!
 //! Runs on shard 0; never crosses cores.
 
@@ -34,7 +35,7 @@ use crate::topic_name::{Domain, TopicName};
 use serde_json::{json, Value};
 use std::rc::Rc;
 
-fn bad_args(op: &str, why: impl std::fmt::Display) -> CoreError {
+pub(crate) fn bad_args(op: &str, why: impl std::fmt::Display) -> CoreError {
     CoreError::new(ErrorCode::ProtocolError, format!("admin {op}: {why}"))
 }
 
@@ -49,12 +50,12 @@ fn u32_arg(op: &str, args: &Value, name: &str) -> Result<u32, CoreError> {
         .ok_or_else(|| bad_args(op, format!("missing integer argument {name:?}")))
 }
 
-fn topic_arg(op: &str, args: &Value) -> Result<TopicName, CoreError> {
+pub(crate) fn topic_arg(op: &str, args: &Value) -> Result<TopicName, CoreError> {
     let t = str_arg(op, args, "topic")?;
     TopicName::parse(t).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))
 }
 
-fn metadata(shard: &Shard) -> Result<&Metadata, CoreError> {
+pub(crate) fn metadata(shard: &Shard) -> Result<&Metadata, CoreError> {
     shard
         .metadata
         .as_ref()
@@ -75,7 +76,7 @@ fn merge_policies(op: &str, base: &Policies, over: Option<&Value>) -> Result<Pol
     serde_json::from_value(merged).map_err(|e| CoreError::new(ErrorCode::NotAllowed, format!("admin {op}: {e}")))
 }
 
-async fn namespace_must_exist(md: &Metadata, tn: &TopicName) -> Result<Policies, CoreError> {
+pub(crate) async fn namespace_must_exist(md: &Metadata, tn: &TopicName) -> Result<Policies, CoreError> {
     let ns = tn.namespace_name();
     md.policies(&ns)
         .await?
@@ -100,6 +101,7 @@ pub(crate) async fn topic_policy(shard: &Rc<Shard>, topic: &str) -> Result<Topic
         ));
     }
     let mut in_partitioned = false;
+    let mut partitioned_base = None;
     if let (Some(i), Some((base, _))) = (tn.partition(), tn.local.rsplit_once("-partition-")) {
         let base = TopicName { local: base.to_string(), ..tn.clone() };
         if let Some(p) = md.partitioned(&base.to_string()).await? {
@@ -110,8 +112,11 @@ pub(crate) async fn topic_policy(shard: &Rc<Shard>, topic: &str) -> Result<Topic
                 ));
             }
             in_partitioned = true;
+            partitioned_base = Some(base.to_string());
         }
     }
+    // Topic-level retention and TTL win over the namespace's.
+    let policies = crate::topic_policies::apply(md, &tn.to_string(), partitioned_base.as_deref(), policies).await?;
     Ok(TopicPolicy { policies, in_partitioned })
 }
 
@@ -129,6 +134,7 @@ pub(crate) async fn execute(shard: Rc<Shard>, op: &str, json: &str) -> Result<St
 async fn run(shard: &Rc<Shard>, op: &str, args: &Value) -> Result<Value, CoreError> {
     let md = metadata(shard)?;
     match op {
+        op if crate::topic_policies::handles(op) => crate::topic_policies::run(shard, op, args).await,
         "tenants.list" => Ok(json!(md.tenants().await?)),
         "tenants.create" => {
             let tenant = str_arg(op, args, "tenant")?;
@@ -253,14 +259,16 @@ async fn run(shard: &Rc<Shard>, op: &str, args: &Value) -> Result<Value, CoreErr
                             Err(e) if e.code == ErrorCode::TopicNotFound => {}
                             Err(e) => return Err(e),
                         }
+                        crate::topic_policies::forget(md, &part.to_string()).await?;
                     }
                     md.delete_partitioned(&topic).await?;
                 }
                 None => {
                     let owner = ownership::shard_of(&tn, policies.bundles, shard.nshards);
-                    shard.call(owner, Op::DeleteTopic { topic }).await?;
+                    shard.call(owner, Op::DeleteTopic { topic: topic.clone() }).await?;
                 }
             }
+            crate::topic_policies::forget(md, &topic).await?;
             Ok(Value::Null)
         }
         "topics.last-message-id" => {
@@ -350,7 +358,7 @@ async fn partitions_of(shard: &Rc<Shard>, md: &Metadata, tn: &TopicName) -> Resu
     Ok(policies.default_partitions)
 }
 
-async fn topic_exists_on(shard: &Rc<Shard>, owner: u32, topic: &str) -> Result<bool, CoreError> {
+pub(crate) async fn topic_exists_on(shard: &Rc<Shard>, owner: u32, topic: &str) -> Result<bool, CoreError> {
     match shard.call(owner, Op::ListTopics { prefix: topic.to_string() }).await? {
         Reply::Topics(names) => Ok(names.iter().any(|n| n == topic)),
         other => Err(CoreError::new(ErrorCode::UnknownError, format!("internal: unexpected reply {other:?}"))),

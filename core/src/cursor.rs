@@ -3,7 +3,8 @@
 //! In memory the cursor counts in topic positions (see `ledgers.rs`):
 //! `ack_floor` is the first position not acknowledged (Pulsar's mark-delete
 //! position is the one before it), and `acked` holds the individually
-//! acknowledged positions above it (the "ack holes" are the gaps). On disk
+//! acknowledged positions above it (the "ack holes" are the gaps), as an
+//! [`AckSet`] whose memory follows fragmentation, not position count. On disk
 //! (the `c/<topic>\n<subscription>` record) it names `(ledger, entry)`
 //! pairs, so a record stays true whatever happens to positions: version 2
 //! keeps the mark-delete position as `(ledger, entry)` and the acknowledged
@@ -11,15 +12,16 @@
 //! Layouts in `docs/format.md`. Owned by the topic's shard; never crosses
 //! cores.
 
+pub use crate::ack_set::AckSet;
 use crate::ledgers::{Lookup, TopicLedgers};
-use std::collections::BTreeSet;
 
 /// Most individually-acked ranges written to disk per cursor. Past this, the
 /// newest ranges are not persisted and those messages may be redelivered after
 /// a restart (bounded, like Pulsar's `managedLedgerMaxUnackedRangesToPersist`).
 pub const ACKED_RANGES_PERSISTED_MAX: usize = 10_000;
 /// Largest single acknowledged range a record may carry (decoding expands
-/// ranges into memory).
+/// ranges into an [`AckSet`], where a range costs at most three entries;
+/// the bound keeps a damaged record's claims plausible).
 const ACKED_RANGE_ENTRIES_MAX: u64 = 100_000_000;
 
 const CURSOR_RECORD_V1: u8 = 1;
@@ -29,7 +31,7 @@ const CURSOR_RECORD_V2: u8 = 2;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Cursor {
     pub ack_floor: u64,
-    pub acked: BTreeSet<u64>,
+    pub acked: AckSet,
 }
 
 /// A cursor as recorded: `(ledger, entry)` pairs, independent of positions.
@@ -51,11 +53,11 @@ pub struct CursorDecodeError(pub &'static str);
 
 impl Cursor {
     pub fn new(ack_floor: u64) -> Self {
-        Self { ack_floor, acked: BTreeSet::new() }
+        Self { ack_floor, acked: AckSet::new() }
     }
 
     pub fn is_acked(&self, pos: u64) -> bool {
-        pos < self.ack_floor || self.acked.contains(&pos)
+        pos < self.ack_floor || self.acked.contains(pos)
     }
 
     /// Acknowledges one position. Returns whether anything changed.
@@ -75,27 +77,24 @@ impl Cursor {
             return false;
         }
         self.ack_floor = floor;
-        self.acked = self.acked.split_off(&floor);
+        self.acked.remove_below(floor);
         self.compact();
         true
     }
 
+    /// Moves the floor past acknowledged positions just above it.
     fn compact(&mut self) {
-        while self.acked.remove(&self.ack_floor) {
-            self.ack_floor += 1;
+        let floor = self.acked.first_absent_from(self.ack_floor);
+        if floor != self.ack_floor {
+            self.ack_floor = floor;
+            self.acked.remove_below(floor);
         }
     }
 
-    /// Individually acked positions as inclusive ranges, ascending.
-    pub fn acked_ranges(&self) -> Vec<(u64, u64)> {
-        let mut out: Vec<(u64, u64)> = Vec::new();
-        for &e in &self.acked {
-            match out.last_mut() {
-                Some((_, end)) if *end + 1 == e => *end = e,
-                _ => out.push((e, e)),
-            }
-        }
-        out
+    /// Individually acked positions as inclusive ranges, ascending; at most
+    /// `max` (the lowest).
+    pub fn acked_ranges(&self, max: usize) -> Vec<(u64, u64)> {
+        self.acked.ranges(max)
     }
 
     /// The record of this cursor over `ledgers`. Positions not stored (below
@@ -117,7 +116,9 @@ impl Cursor {
         };
         let mut acked: Vec<(u64, Vec<(u64, u64)>)> = Vec::new();
         let mut count = 0usize;
-        'ranges: for (a, b) in self.acked_ranges() {
+        // Each range yields at least one persisted range, so the lowest
+        // ACKED_RANGES_PERSISTED_MAX are all that can be kept.
+        'ranges: for (a, b) in self.acked_ranges(ACKED_RANGES_PERSISTED_MAX) {
             // Split the range at ledger boundaries.
             let mut pos = a;
             while pos <= b {
@@ -153,7 +154,7 @@ impl Cursor {
             for &(a, b) in ranges {
                 let (a, b) = (first.saturating_add(a).max(c.ack_floor), first.saturating_add(b));
                 if a <= b {
-                    c.acked.extend(a..=b);
+                    c.acked.insert_range(a, b);
                 }
             }
         }
@@ -313,7 +314,7 @@ mod tests {
         c.ack(9);
         assert!(c.ack_cumulative(5));
         assert_eq!(c.ack_floor, 6);
-        assert_eq!(c.acked.iter().copied().collect::<Vec<_>>(), vec![9]);
+        assert_eq!(c.acked_ranges(usize::MAX), vec![(9, 9)]);
         assert!(!c.ack_cumulative(3));
     }
 
@@ -381,6 +382,51 @@ mod tests {
     }
 
     #[test]
+    fn one_hole_under_millions_of_acks_stays_small() {
+        // Goal: one unacknowledged entry under millions of acknowledged ones
+        // (or of entries a tag filter skipped) costs a few spans, not one
+        // element per entry.
+        let mut c = Cursor::new(0);
+        for p in 1..=3_000_000 {
+            assert!(c.ack(p));
+        }
+        assert_eq!(c.ack_floor, 0);
+        assert!(c.acked.span_count() <= 3, "{} spans", c.acked.span_count());
+        assert!(c.ack(0));
+        assert_eq!(c.ack_floor, 3_000_001);
+        assert!(c.acked.is_empty());
+    }
+
+    #[test]
+    fn largest_record_loads_small() {
+        // Goal: the largest record decode accepts (10,000 ranges of 10^8
+        // entries) loads in bounded memory; expanded per entry it was
+        // 10^12 set elements. Method: build it, load it, count spans.
+        let big = TopicLedgers::new(vec![LedgerInfo {
+            id: 1024,
+            first: 0,
+            entries: u64::MAX / 4,
+            bytes: 0,
+            created_ms: 0,
+            closed_ms: 0,
+        }]);
+        let n = ACKED_RANGES_PERSISTED_MAX as u64;
+        let ranges: Vec<(u64, u64)> = (0..n)
+            .map(|i| {
+                (1 + i * (ACKED_RANGE_ENTRIES_MAX + 2), 1 + i * (ACKED_RANGE_ENTRIES_MAX + 2) + ACKED_RANGE_ENTRIES_MAX)
+            })
+            .collect();
+        let rec = CursorRecord { mark_delete_ledger: 1024, mark_delete_entry: -1, acked: vec![(1024, ranges)] };
+        let rec = CursorRecord::decode(&rec.encode()).unwrap();
+        let c = Cursor::from_record(&rec, &big).unwrap();
+        assert_eq!(c.ack_floor, 0);
+        assert!(c.acked.span_count() <= 3 * ACKED_RANGES_PERSISTED_MAX, "{} spans", c.acked.span_count());
+        assert!(c.acked.heap_bytes() < 16 << 20, "{} bytes", c.acked.heap_bytes());
+        // And it writes back the same ranges.
+        assert_eq!(c.to_record(&big), rec);
+    }
+
+    #[test]
     fn v1_records_still_decode() {
         // v1: u8 1, u64 ledger, u64 ack_floor, u32 n, n × (u64, u64).
         let mut v1 = vec![1u8];
@@ -404,7 +450,7 @@ mod tests {
             closed_ms: 0,
         }]);
         let c = Cursor::from_record(&rec, &one).unwrap();
-        assert_eq!((c.ack_floor, c.acked.iter().copied().collect::<Vec<_>>()), (3, vec![5, 6]));
+        assert_eq!((c.ack_floor, c.acked_ranges(usize::MAX)), (3, vec![(5, 6)]));
         // A range below the v1 floor is damage.
         let mut bad = v1.clone();
         bad[9..17].copy_from_slice(&6u64.to_le_bytes());

@@ -35,6 +35,18 @@ const LEDGER_RECORD_BYTES: usize = 48;
 /// default 50,000 entries is 2.5 billion entries kept).
 pub const TOPIC_LEDGERS_MAX: usize = 50_000;
 
+/// Topic-record size up to which rollovers ignore it (341 ledgers); see
+/// [`Rollover::due`].
+pub const TOPIC_RECORD_FREE_BYTES: u64 = 16 << 10;
+/// Past [`TOPIC_RECORD_FREE_BYTES`], a ledger rolls over for its entries or
+/// bytes only when it holds this many times the new record's bytes.
+pub const TOPIC_RECORD_DATA_RATIO: u64 = 16;
+
+/// Bytes of a version 2 topic record listing `ledgers` ledgers.
+pub fn topic_record_bytes(ledgers: usize) -> u64 {
+    5 + (ledgers as u64).saturating_mul(LEDGER_RECORD_BYTES as u64)
+}
+
 /// One ledger of a topic.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LedgerInfo {
@@ -282,11 +294,31 @@ impl Default for Rollover {
 impl Rollover {
     /// Whether `cur` (the current ledger) should be closed now. An empty
     /// ledger never rolls over.
+    ///
+    /// Each rollover rewrites the whole topic record (48 B a ledger), so
+    /// with many ledgers kept (unbounded retention, a stuck subscription)
+    /// the bytes written would grow with the square of the ledger count:
+    /// 20,000 messages of 100 B in 10-entry ledgers wrote 92 MiB of topic
+    /// records for 1.9 MiB of payload (`bench/scripts/topic_record_growth.sh`).
+    /// So once the record passes [`TOPIC_RECORD_FREE_BYTES`], a ledger rolls
+    /// over for its entries or bytes only when it holds at least
+    /// [`TOPIC_RECORD_DATA_RATIO`] times the new record's bytes: records
+    /// then cost at most 1/16 of the data written, and the ledger grows
+    /// past `max_entries` instead. Age rollovers (rare: hours) stay as they
+    /// are. The record's format does not change.
     pub fn due(&self, ledgers: &TopicLedgers, now_ms: u64) -> bool {
-        if ledgers.all().len() >= TOPIC_LEDGERS_MAX {
+        let n = ledgers.all().len();
+        if n >= TOPIC_LEDGERS_MAX {
             return false;
         }
-        self.due_for(ledgers.current(), now_ms)
+        let cur = ledgers.current();
+        if !self.due_for(cur, now_ms) {
+            return false;
+        }
+        let record_bytes = topic_record_bytes(n + 1);
+        now_ms.saturating_sub(cur.created_ms) >= self.max_age_ms
+            || record_bytes <= TOPIC_RECORD_FREE_BYTES
+            || cur.bytes >= record_bytes.saturating_mul(TOPIC_RECORD_DATA_RATIO)
     }
 
     /// [`due`](Self::due) for the current ledger alone.
@@ -422,6 +454,38 @@ mod tests {
             .map(|i| LedgerInfo { id: i + 1, first: i * 10, entries: 10, bytes: 0, created_ms: 1000, closed_ms: 1 })
             .collect();
         assert!(!r.due(&TopicLedgers::new(full), 1200), "a full ledger list stops rolling");
+    }
+
+    /// Past 16 KiB of topic record, a ledger full by its entry count rolls
+    /// over only once it holds 16 × the record's bytes; by age it always
+    /// does; below 16 KiB the record's size does not matter.
+    #[test]
+    fn rollover_keeps_the_topic_record_a_fraction_of_the_data() {
+        let r = Rollover { max_entries: 10, max_bytes: 1 << 40, max_age_ms: 5000, min_age_ms: 0 };
+        let list = |n: u64, cur_bytes: u64| {
+            let mut l: Vec<LedgerInfo> = (0..n)
+                .map(|i| LedgerInfo {
+                    id: i + 1,
+                    first: i * 10,
+                    entries: 10,
+                    bytes: 100,
+                    created_ms: 1000,
+                    closed_ms: 1,
+                })
+                .collect();
+            let last = l.last_mut().unwrap();
+            (last.bytes, last.closed_ms) = (cur_bytes, 0);
+            TopicLedgers::new(l)
+        };
+        let free = (TOPIC_RECORD_FREE_BYTES as usize - 5) / LEDGER_RECORD_BYTES;
+        assert!(topic_record_bytes(free) <= TOPIC_RECORD_FREE_BYTES);
+        assert!(topic_record_bytes(free + 1) > TOPIC_RECORD_FREE_BYTES);
+        assert!(r.due(&list(free as u64 - 1, 100), 1200), "below the free size: by entries");
+        assert!(!r.due(&list(free as u64, 100), 1200), "past it: 100 B is too little");
+        let need = topic_record_bytes(free + 1) * TOPIC_RECORD_DATA_RATIO;
+        assert!(!r.due(&list(free as u64, need - 1), 1200));
+        assert!(r.due(&list(free as u64, need), 1200));
+        assert!(r.due(&list(free as u64, 100), 6000), "by age");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! the per-shard [`Broker`] handle, which routes requests to the owner shard
 //! over the cross-shard mesh.
 
+mod ack_set;
 mod admin;
 mod atomics;
 pub mod config;
@@ -30,6 +31,7 @@ mod stats;
 pub mod sub_state;
 mod topic;
 pub mod topic_name;
+mod topic_policies;
 
 pub use config::BrokerConfig;
 pub use error::{CoreError, StartError};

@@ -148,6 +148,48 @@ impl Default for Policies {
     }
 }
 
+/// A topic's retention override: the same two fields, with the same
+/// meaning, as the namespace's [`Policies`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicRetention {
+    pub retention_minutes: i64,
+    pub retention_size_mb: i64,
+}
+
+/// Topic-level overrides of namespace policies (`topic-policies/<topic>`),
+/// Pulsar's topic policies: a field that is set wins over the namespace's;
+/// an unset one falls back to it. For a partitioned topic the record sits
+/// under the partitioned topic's name and applies to every partition.
+/// Unknown fields are ignored (not refused) so that a record written by a
+/// later version still decodes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TopicOverrides {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retention: Option<TopicRetention>,
+    /// 0 = no TTL for this topic, whatever the namespace says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message_ttl_seconds: Option<u64>,
+}
+
+impl TopicOverrides {
+    pub fn is_empty(&self) -> bool {
+        self.retention.is_none() && self.message_ttl_seconds.is_none()
+    }
+
+    /// `policies` with these overrides applied.
+    pub fn apply(&self, mut policies: Policies) -> Policies {
+        if let Some(r) = self.retention {
+            policies.retention_minutes = r.retention_minutes;
+            policies.retention_size_mb = r.retention_size_mb;
+        }
+        if let Some(ttl) = self.message_ttl_seconds {
+            policies.message_ttl_seconds = ttl;
+        }
+        policies
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct TenantInfo {
@@ -355,6 +397,32 @@ impl Metadata {
         self.store.delete(&format!("partitioned/{topic}")).await
     }
 
+    /// The topic's overrides of its namespace's policies (empty when none).
+    pub async fn topic_overrides(&self, topic: &str) -> Result<TopicOverrides, CoreError> {
+        let key = format!("topic-policies/{topic}");
+        match self.store.get(&key).await? {
+            Some(v) => decode(&key, &v),
+            None => Ok(TopicOverrides::default()),
+        }
+    }
+
+    /// Replaces the topic's overrides; empty ones delete the record.
+    pub async fn set_topic_overrides(&self, topic: &str, o: &TopicOverrides) -> Result<(), CoreError> {
+        if let Some(r) = o.retention {
+            if r.retention_minutes < -1 || r.retention_size_mb < -1 {
+                return Err(CoreError::new(ErrorCode::NotAllowed, "retention values are -1 (unbounded) or >= 0"));
+            }
+        }
+        let key = format!("topic-policies/{topic}");
+        if o.is_empty() {
+            if self.store.get(&key).await?.is_some() {
+                self.store.delete(&key).await?;
+            }
+            return Ok(());
+        }
+        self.store.put(&key, encode(o)).await
+    }
+
     /// Partitioned topics whose name starts with `prefix` (a full
     /// `persistent://tenant/ns/` prefix).
     pub async fn partitioned_topics(&self, prefix: &str) -> Result<Vec<(String, u32)>, CoreError> {
@@ -441,6 +509,27 @@ mod tests {
             let mut p = m.policies("public/default").await.unwrap().unwrap();
             p.bundles = 4;
             assert!(m.set_policies("public/default", p).await.is_err(), "bundle count changed");
+            // Topic overrides: set, applied field by field, removed.
+            let t1 = "persistent://public/default/t1";
+            assert!(m.topic_overrides(t1).await.unwrap().is_empty());
+            let mut o = TopicOverrides {
+                retention: Some(TopicRetention { retention_minutes: 5, retention_size_mb: -1 }),
+                ..Default::default()
+            };
+            m.set_topic_overrides(t1, &o).await.unwrap();
+            let ns = Policies { message_ttl_seconds: 9, ..Policies::default() };
+            let applied = m.topic_overrides(t1).await.unwrap().apply(ns.clone());
+            assert_eq!((applied.retention_minutes, applied.retention_size_mb, applied.message_ttl_seconds), (5, -1, 9));
+            o.retention = Some(TopicRetention { retention_minutes: -2, retention_size_mb: 0 });
+            assert!(m.set_topic_overrides(t1, &o).await.is_err(), "bad retention accepted");
+            m.set_topic_overrides(t1, &TopicOverrides::default()).await.unwrap();
+            assert!(m.store.get("topic-policies/persistent://public/default/t1").await.unwrap().is_none());
+            // A record from a later version with an extra field still decodes.
+            m.store
+                .put("topic-policies/x", Bytes::from_static(br#"{"message_ttl_seconds":3,"future":1}"#))
+                .await
+                .unwrap();
+            assert_eq!(m.topic_overrides("x").await.unwrap().message_ttl_seconds, Some(3));
             m.delete_namespace("public/default", &[]).await.unwrap();
             m.delete_tenant("public").await.unwrap();
             assert!(m.tenants().await.unwrap().is_empty());

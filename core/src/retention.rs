@@ -1,7 +1,9 @@
 //! Retention and TTL, enforced by each shard on the topics of its log.
 //!
 //! Every `retention_check_interval` the shard walks its topics (loading
-//! those not loaded since the restart) and, with the namespace's policies:
+//! those not loaded since the restart) and, with the namespace's policies
+//! overridden by the topic's own where it has them
+//! (`magnetar admin topics set-retention` / `set-message-ttl`):
 //!
 //! 1. **TTL** (`message_ttl_seconds` > 0): each durable subscription's
 //!    cursor moves past the entries published more than the TTL ago (found
@@ -23,11 +25,9 @@
 
 use crate::error::CoreError;
 use crate::ledgers::{ledgers_to_delete, Retention};
-use crate::metadata::Policies;
 use crate::shard::{now_ms, Op, Reply, Shard};
 use crate::topic::{Subscription, Topic};
 use magnetar_storage::StorageError;
-use std::collections::HashMap;
 use std::rc::Rc;
 
 /// Starts the shard's retention task.
@@ -60,23 +60,17 @@ async fn run(shard: Rc<Shard>) {
 /// One pass over every topic of the shard.
 pub(crate) async fn enforce(shard: &Rc<Shard>) -> Result<(), CoreError> {
     let topics = shard.load_all_topics();
-    let mut by_namespace: HashMap<String, Option<Policies>> = HashMap::new();
     let mut last_deletion = None;
     for t in topics {
-        let ns = t.name.namespace_name();
-        let policies = match by_namespace.get(&ns) {
-            Some(p) => p.clone(),
-            None => {
-                let p = match shard.call(0, Op::TopicPolicy { topic: t.key.clone() }).await {
-                    Ok(Reply::Policy(p)) => Some(p.policies),
-                    Ok(_) => None,
-                    Err(e) => {
-                        tracing::debug!(topic = %t.key, "retention: no policies ({e}); topic left alone");
-                        None
-                    }
-                };
-                by_namespace.insert(ns, p.clone());
-                p
+        // Per topic, not per namespace: a topic may override its
+        // namespace's retention and TTL (`crate::topic_policies`). One
+        // mesh hop to shard 0 per topic and pass; passes are minutes apart.
+        let policies = match shard.call(0, Op::TopicPolicy { topic: t.key.clone() }).await {
+            Ok(Reply::Policy(p)) => Some(p.policies),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::debug!(topic = %t.key, "retention: no policies ({e}); topic left alone");
+                None
             }
         };
         let Some(policies) = policies else { continue };
@@ -167,7 +161,7 @@ async fn expire(shard: &Rc<Shard>, t: &Rc<Topic>, ttl_ms: u64) {
     for s in subs {
         let (floor, acked_above) = {
             let c = s.cursor.borrow();
-            (c.ack_floor, c.acked.range(c.ack_floor..live).count() as u64)
+            (c.ack_floor, c.acked.count_in(c.ack_floor, live))
         };
         if live <= floor || t.deleted.get() {
             continue;

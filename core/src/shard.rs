@@ -256,6 +256,9 @@ pub(crate) struct Shard {
     draining: Cell<bool>,
     closed: Cell<bool>,
     dirty_cursors: RefCell<Vec<(Rc<Topic>, Rc<Subscription>)>>,
+    /// Subscriptions whose redelivery counts changed, written at most once
+    /// per `REDELIVERY_COUNTS_PERSIST_INTERVAL_MS` (see `flush_counts`).
+    dirty_counts: RefCell<Vec<(Rc<Topic>, Rc<Subscription>)>>,
     cursor_flush: Signal,
     pub(crate) started_ms: u64,
     /// Data disk usage in percent at the last check, and whether produce is
@@ -358,6 +361,7 @@ impl Shard {
             draining: Cell::new(false),
             closed: Cell::new(false),
             dirty_cursors: RefCell::new(Vec::new()),
+            dirty_counts: RefCell::new(Vec::new()),
             cursor_flush: Signal::new(),
             started_ms: now_ms(),
             disk_pct: Cell::new(0),
@@ -741,6 +745,18 @@ impl Shard {
             }
             if num_messages == 0 {
                 return Err(CoreError::new(ErrorCode::ProtocolError, "send with num_messages 0"));
+            }
+            // A batch no consumer could split (`decode_batch` refuses it)
+            // would be stored and then undeliverable; its count would also
+            // inflate the backlog and rate figures.
+            if num_messages > magnetar_wire::BATCH_MESSAGES_MAX {
+                return Err(CoreError::new(
+                    ErrorCode::ProtocolError,
+                    format!(
+                        "send says {num_messages} messages; a batch holds at most {}",
+                        magnetar_wire::BATCH_MESSAGES_MAX
+                    ),
+                ));
             }
             // Validate the metadata now so that no consumer is ever handed an
             // entry it cannot decode.
@@ -1374,9 +1390,29 @@ impl Shard {
     /// Writes the cursor record, and the state record when it changed
     /// (the state first: a crash between them leaves bits for entries the
     /// cursor does not yet acknowledge, never the other way round).
-    pub(crate) fn persist_cursor(&self, topic: &Topic, sub: &Subscription) -> Result<u64, CoreError> {
+    /// On failure the subscription is queued again (both records marked
+    /// changed), so the next flush retries it: a write error delays a
+    /// cursor, never drops it.
+    pub(crate) fn persist_cursor(&self, topic: &Rc<Topic>, sub: &Rc<Subscription>) -> Result<u64, CoreError> {
+        let state_dirty = sub.state_dirty.replace(false);
         sub.dirty.set(false);
-        if sub.state_dirty.replace(false) {
+        let written = self.write_cursor_records(topic, sub, state_dirty);
+        if written.is_ok() && state_dirty {
+            // The state record carries every redelivery count.
+            sub.counts_dirty.set(false);
+            sub.state_written_ms.set(now_ms());
+        }
+        if written.is_err() {
+            if state_dirty {
+                sub.state_dirty.set(true);
+            }
+            self.mark_cursor_dirty(topic, sub);
+        }
+        written
+    }
+
+    fn write_cursor_records(&self, topic: &Topic, sub: &Subscription, state_dirty: bool) -> Result<u64, CoreError> {
+        if state_dirty {
             let state = crate::sub_state::encode(sub, &topic.ledgers.borrow());
             self.log.put_meta(&sub_meta_key(META_SUB_STATE_PREFIX, &topic.key, &sub.name), Bytes::from(state))?;
         }
@@ -1392,18 +1428,64 @@ impl Shard {
         }
     }
 
+    /// Notes that a redelivery count of `sub` changed. Unlike an ack, this
+    /// does not queue a write at once: the state record carrying the counts
+    /// can be ~1.5 MB (10,000 partly acked batches' bits and 10,000 counts),
+    /// and under constant redelivery rewriting it on every cursor flush
+    /// (10 times a second) is write amplification for a figure that only
+    /// needs to be roughly right after a crash (docs/semantics.md states the
+    /// lag).
+    pub(crate) fn mark_counts_dirty(&self, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
+        if !sub.counts_dirty.replace(true) {
+            self.dirty_counts.borrow_mut().push((topic.clone(), sub.clone()));
+        }
+    }
+
+    /// Writes the state record of subscriptions whose redelivery counts
+    /// changed and whose state record is at least
+    /// `REDELIVERY_COUNTS_PERSIST_INTERVAL_MS` old (all of them if `force`);
+    /// the others wait in the queue.
+    fn flush_counts(&self, force: bool) -> Result<Option<u64>, CoreError> {
+        let now = now_ms();
+        let batch = std::mem::take(&mut *self.dirty_counts.borrow_mut());
+        persist_each(batch, |(t, s)| {
+            if !s.counts_dirty.get() {
+                // Written meanwhile along with another change.
+                return Ok(None);
+            }
+            if !s.durable || s.removed.get() {
+                s.counts_dirty.set(false);
+                return Ok(None);
+            }
+            if !force && !crate::sub_state::counts_write_due(now, s.state_written_ms.get()) {
+                self.dirty_counts.borrow_mut().push((t.clone(), s.clone()));
+                return Ok(None);
+            }
+            s.state_dirty.set(true);
+            self.persist_cursor(t, s).map(Some)
+        })
+    }
+
     /// Writes every changed cursor to the log. Returns the last position written.
     fn flush_cursors(&self) -> Result<Option<u64>, CoreError> {
+        self.flush_cursors_and_counts(false)
+    }
+
+    fn flush_cursors_and_counts(&self, force_counts: bool) -> Result<Option<u64>, CoreError> {
         let dedup = self.flush_dedup()?;
         let dirty = std::mem::take(&mut *self.dirty_cursors.borrow_mut());
-        let mut last = None;
-        for (t, s) in dirty {
-            if s.dirty.get() && s.durable {
-                last = Some(self.persist_cursor(&t, &s)?);
+        // Every subscription taken is written or (by `persist_cursor`)
+        // queued again: stopping at the first error would leave the rest
+        // marked dirty but in no queue, never persisted again.
+        let last = persist_each(dirty, |(t, s)| {
+            if !(s.dirty.get() && s.durable) {
+                s.dirty.set(false);
+                return Ok(None);
             }
-            s.dirty.set(false);
-        }
-        Ok(last.or(dedup))
+            self.persist_cursor(t, s).map(Some)
+        });
+        let counts = self.flush_counts(force_counts);
+        Ok(counts?.or(last?).or(dedup))
     }
 
     /// Background task: persists changed cursors every interval.
@@ -1483,7 +1565,7 @@ impl Shard {
                 "shutdown: in-flight appends did not finish"
             );
         }
-        if let Err(e) = self.flush_cursors() {
+        if let Err(e) = self.flush_cursors_and_counts(true) {
             tracing::error!(shard = self.id, "persisting cursors at shutdown failed: {e}");
         }
         self.closed.set(true);
@@ -1741,4 +1823,48 @@ impl Broker {
 
 fn unexpected(r: Reply) -> CoreError {
     CoreError::new(ErrorCode::UnknownError, format!("internal: unexpected reply {r:?}"))
+}
+
+/// Runs `persist` on every item of `batch`, whatever fails: returns the last
+/// position written, or the first error once all were tried.
+fn persist_each<T, E>(batch: Vec<T>, mut persist: impl FnMut(&T) -> Result<Option<u64>, E>) -> Result<Option<u64>, E> {
+    let (mut last, mut first_err) = (None, None);
+    for item in &batch {
+        match persist(item) {
+            Ok(Some(lsn)) => last = Some(lsn),
+            Ok(None) => {}
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(last),
+    }
+}
+
+#[cfg(test)]
+mod flush_tests {
+    use super::persist_each;
+
+    #[test]
+    fn a_failed_write_does_not_skip_the_rest_of_the_batch() {
+        // Goal: one subscription whose record cannot be written (e.g. a
+        // state record over the entry size limit) must not stop the others
+        // in the same flush from being written. Method: fail the second of
+        // five; all five must be tried and the error still reported.
+        let mut tried = Vec::new();
+        let r = persist_each(vec![1u64, 2, 3, 4, 5], |&i| {
+            tried.push(i);
+            if i == 2 {
+                Err("too large")
+            } else {
+                Ok(Some(i * 10))
+            }
+        });
+        assert_eq!(tried, vec![1, 2, 3, 4, 5]);
+        assert_eq!(r, Err("too large"));
+        assert_eq!(persist_each(vec![1u64, 2], |&i| Ok::<_, ()>((i == 1).then_some(7))), Ok(Some(7)));
+    }
 }

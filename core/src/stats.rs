@@ -142,7 +142,7 @@ fn backlog_bytes_by(cursor: &crate::cursor::Cursor, next: u64, mut len: impl FnM
     let (mut bytes, mut found, mut lookups) = (0u64, 0u64, 0u64);
     let mut e = cursor.ack_floor;
     while e < next && lookups < BACKLOG_BYTES_LOOKUPS_MAX {
-        if !cursor.acked.contains(&e) {
+        if !cursor.acked.contains(e) {
             lookups += 1;
             if let Some(n) = len(e) {
                 bytes += n;
@@ -152,7 +152,7 @@ fn backlog_bytes_by(cursor: &crate::cursor::Cursor, next: u64, mut len: impl FnM
         e += 1;
     }
     if e < next && found > 0 {
-        let rest = (next - e) - cursor.acked.range(e..next).count() as u64;
+        let rest = (next - e) - cursor.acked.count_in(e, next);
         let estimate = u128::from(rest) * u128::from(bytes) / u128::from(found);
         bytes = bytes.saturating_add(u64::try_from(estimate).unwrap_or(u64::MAX));
     }
@@ -192,11 +192,11 @@ pub(crate) fn topic_stats_json(log: &magnetar_storage::EntryLog, t: &Topic) -> S
         let Some(s) = subs.get(name) else { continue };
         let cursor = s.cursor.borrow();
         let next = t.durable_next.get();
-        let above_floor = cursor.acked.range(cursor.ack_floor..next).count() as u64;
+        let above_floor = cursor.acked.count_in(cursor.ack_floor, next);
         let backlog = next.saturating_sub(cursor.ack_floor).saturating_sub(above_floor);
         let partly_acked: u64 = s.batch_acks.borrow().iter().map(|(_, bits)| u64::from(bits.acked_count())).sum();
         let backlog_messages = (backlog
-            + t.batch_sizes.extra_messages(cursor.ack_floor, next, |e| cursor.acked.contains(&e)))
+            + t.batch_sizes.extra_messages(cursor.ack_floor, next, |e| cursor.acked.contains(e)))
         .saturating_sub(partly_acked);
         let active = match &*s.policy.borrow() {
             Policy::Single(a) => a.current,

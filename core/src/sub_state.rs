@@ -36,6 +36,18 @@ pub const BATCH_ACKS_PERSISTED_MAX: usize = 10_000;
 /// limit). Entries past the bound start again from 0 after a restart.
 pub const REDELIVERY_COUNTS_PERSISTED_MAX: usize = 10_000;
 
+/// Least time between two writes of a subscription's state record caused
+/// by redelivery counts alone (other changes write it with the next cursor
+/// flush, counts included). After a crash a count may lack the deliveries
+/// of about this long (plus the cursor flush interval).
+pub const REDELIVERY_COUNTS_PERSIST_INTERVAL_MS: u64 = 1_000;
+
+/// Whether changed redelivery counts are due to be written at `now_ms`,
+/// the state record having last been written at `written_ms`.
+pub(crate) fn counts_write_due(now_ms: u64, written_ms: u64) -> bool {
+    now_ms >= written_ms.saturating_add(REDELIVERY_COUNTS_PERSIST_INTERVAL_MS)
+}
+
 /// Largest batch a batch-index ack may describe (the wire's own bound on
 /// messages per batch entry).
 pub const BATCH_SIZE_MAX: u32 = magnetar_wire::BATCH_MESSAGES_MAX;
@@ -564,6 +576,37 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn largest_state_record_and_its_write_rate() {
+        // Goal: measure what constant redelivery used to rewrite every
+        // cursor flush, and check counts alone now write at most once per
+        // interval. Method: fill a state to its persisted bounds, encode it.
+        let mut acks = BatchAcks::default();
+        let per_batch = (BATCH_ACK_WORDS_MAX / BATCH_ACKS_PERSISTED_MAX) as u32 * 64;
+        for e in 0..BATCH_ACKS_PERSISTED_MAX as u64 {
+            assert_eq!(acks.ack((1, e), per_batch, 0, 0), Ok(IndexAck::Partial));
+        }
+        let deliveries = (0..REDELIVERY_COUNTS_PERSISTED_MAX as u64).map(|e| ((2, e), 7)).collect();
+        let state = SubState { sub_type: SubscriptionType::Shared, filter_tag: None, batch_acks: acks, deliveries };
+        let bytes = state.encode().len();
+        let flush_ms = 100u64;
+        println!(
+            "largest s/ record: {bytes} bytes; under constant redelivery: {} B/s written at one write per {flush_ms} ms \
+             flush, {} B/s at one per {REDELIVERY_COUNTS_PERSIST_INTERVAL_MS} ms",
+            bytes as u64 * 1000 / flush_ms,
+            bytes as u64 * 1000 / REDELIVERY_COUNTS_PERSIST_INTERVAL_MS
+        );
+        assert!(bytes > 1 << 20, "{bytes}");
+        // Counts alone: written right away the first time, then at most
+        // once per interval.
+        assert!(counts_write_due(5_000, 0));
+        let written = 10_000;
+        for now in (written..written + REDELIVERY_COUNTS_PERSIST_INTERVAL_MS).step_by(flush_ms as usize) {
+            assert!(!counts_write_due(now, written), "due at {now}");
+        }
+        assert!(counts_write_due(written + REDELIVERY_COUNTS_PERSIST_INTERVAL_MS, written));
+    }
 
     #[test]
     fn batch_completes_when_every_index_is_acked() {

@@ -146,6 +146,12 @@ pub(crate) struct Subscription {
     /// The `s/` record (type, filter, batch acks, redelivery counts)
     /// changed since it was last written.
     pub(crate) state_dirty: Cell<bool>,
+    /// A redelivery count changed since the state record was last written
+    /// (written at most once per `REDELIVERY_COUNTS_PERSIST_INTERVAL_MS`).
+    pub(crate) counts_dirty: Cell<bool>,
+    /// When the state record was last written (ms since the epoch; 0: not
+    /// this run).
+    pub(crate) state_written_ms: Cell<u64>,
     /// After a restart: until this time (ms since the epoch) an idle
     /// subscription refuses a consumer of another type than the one it had,
     /// so its own consumers can come back (0: no hold).
@@ -203,6 +209,8 @@ impl Subscription {
             batch_acks: RefCell::new(Default::default()),
             // A new subscription's type is news to the log.
             state_dirty: Cell::new(true),
+            counts_dirty: Cell::new(false),
+            state_written_ms: Cell::new(0),
             type_held_until_ms: Cell::new(0),
             counters: Default::default(),
         })

@@ -190,6 +190,26 @@ fn bad_connections(addr: SocketAddr) {
         }
         other => panic!("a bad blob was answered with {other:?}"),
     }
+    // A well-formed blob claiming a batch larger than the wire's batch
+    // limit: refused to the producer (a consumer could never split it),
+    // and the connection stays. Both a Send and its metadata saying so.
+    for (claimed, seq) in [(magnetar_wire::BATCH_MESSAGES_MAX + 1, 1u64), (u32::MAX, 2)] {
+        let meta = magnetar_wire::MessageMetadata {
+            producer_name: "p".into(),
+            sequence_id: seq,
+            num_messages: claimed,
+            ..Default::default()
+        };
+        let blob = magnetar_wire::encode_message(&meta, b"tiny");
+        c.send(&Command::Send { producer_id: 1, sequence_id: seq, num_messages: claimed }, &blob);
+        match c.next_command("oversized batch") {
+            Command::SendError { producer_id: 1, sequence_id, code: ErrorCode::ProtocolError, message } => {
+                assert_eq!(sequence_id, seq);
+                assert!(message.contains("batch"), "{message}");
+            }
+            other => panic!("a batch of {claimed} messages was answered with {other:?}"),
+        }
+    }
     c.send(&Command::Ping, &[]);
     assert!(matches!(c.next_command("ping after errors"), Command::Pong), "the connection should still work");
 }

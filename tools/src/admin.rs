@@ -145,6 +145,32 @@ pub enum TopicsCmd {
     /// The id of the topic's last stored entry: `{"id":"L:E:P:-1"}` (or
     /// null), per partition for a partitioned topic.
     LastMessageId { topic: String },
+    /// Retention of the topic's acknowledged messages, overriding its
+    /// namespace's (-1 = unbounded). A partitioned topic: all partitions.
+    SetRetention {
+        topic: String,
+        /// Keep acknowledged ledgers closed less than this long ago (minutes).
+        #[arg(long, visible_alias = "minutes", allow_hyphen_values = true)]
+        time_minutes: i64,
+        /// Keep at most this much acknowledged data (MiB).
+        #[arg(long, allow_hyphen_values = true)]
+        size_mb: i64,
+    },
+    /// Print the topic's retention override (JSON; null: the namespace's applies).
+    GetRetention { topic: String },
+    /// Remove the topic's retention override (the namespace's applies again).
+    RemoveRetention { topic: String },
+    /// Message TTL of the topic, overriding its namespace's (0 = none).
+    SetMessageTtl {
+        topic: String,
+        /// Unacknowledged messages older than this (seconds) expire.
+        #[arg(long)]
+        ttl_s: u64,
+    },
+    /// Print the topic's TTL override (JSON; null: the namespace's applies).
+    GetMessageTtl { topic: String },
+    /// Remove the topic's TTL override (the namespace's applies again).
+    RemoveMessageTtl { topic: String },
 }
 
 pub fn run(args: AdminArgs) -> Result<(), Box<dyn Error>> {
@@ -243,6 +269,26 @@ async fn admin(args: AdminArgs) -> Result<(), Box<dyn Error>> {
             TopicsCmd::Lookup { topic: t } => ("topics.lookup", json!({ "topic": topic(&t)? }), Print::Json),
             TopicsCmd::LastMessageId { topic: t } => {
                 ("topics.last-message-id", json!({ "topic": topic(&t)? }), Print::Json)
+            }
+            TopicsCmd::SetRetention { topic: t, time_minutes, size_mb } => (
+                "topics.set-retention",
+                json!({ "topic": topic(&t)?, "retention_minutes": time_minutes, "retention_size_mb": size_mb }),
+                Print::Nothing,
+            ),
+            TopicsCmd::GetRetention { topic: t } => {
+                ("topics.get-retention", json!({ "topic": topic(&t)? }), Print::Json)
+            }
+            TopicsCmd::RemoveRetention { topic: t } => {
+                ("topics.remove-retention", json!({ "topic": topic(&t)? }), Print::Nothing)
+            }
+            TopicsCmd::SetMessageTtl { topic: t, ttl_s } => {
+                ("topics.set-message-ttl", json!({ "topic": topic(&t)?, "message_ttl_seconds": ttl_s }), Print::Nothing)
+            }
+            TopicsCmd::GetMessageTtl { topic: t } => {
+                ("topics.get-message-ttl", json!({ "topic": topic(&t)? }), Print::Json)
+            }
+            TopicsCmd::RemoveMessageTtl { topic: t } => {
+                ("topics.remove-message-ttl", json!({ "topic": topic(&t)? }), Print::Nothing)
             }
         },
     };

@@ -45,7 +45,9 @@ pub struct StandaloneArgs {
     /// again from the log as the index drains.
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(2..))]
     pub delayed_index_max: u32,
-    /// A topic's current ledger rolls over after this many entries.
+    /// A topic's current ledger rolls over after this many entries (a
+    /// topic keeping over 341 ledgers: only once the ledger also holds 16×
+    /// its topic record, 48 B a ledger, so rewriting the record stays cheap).
     #[arg(long, default_value_t = 50_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub ledger_max_entries: u64,
     /// … or this many bytes of entries (default 2 GiB).
@@ -91,6 +93,9 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
         min_age_ms: args.ledger_min_rollover_s.saturating_mul(1000),
     };
     config.retention_check_interval = std::time::Duration::from_secs(args.retention_check_interval_s);
+    // Restart time, reported in the log (issue #3): from here to "broker
+    // ready"; each shard's own share is its "recovered entry log" line.
+    let started = std::time::Instant::now();
     tracing::info!(data_dir = %args.data_dir.display(), shards, %addr, "starting standalone broker");
     let net = NetConfig::default();
     let running =
@@ -98,7 +103,7 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     // One line on stdout that scripts and tests wait for (the port matters
     // when --listen asked for port 0).
     println!("magnetar standalone listening on {addr}");
-    tracing::info!(%addr, "broker ready");
+    tracing::info!(%addr, start_ms = started.elapsed().as_millis() as u64, "broker ready");
     let result = running.join();
     drop(reservation);
     if shutdown.load(Ordering::SeqCst) {

@@ -301,9 +301,9 @@ fn deliver(
         *n - 1
     };
     if redelivery_count > 0 {
-        // Redelivery counts persist (bounded) so they go on after a restart.
-        sub.state_dirty.set(true);
-        shard.mark_cursor_dirty(topic, sub);
+        // Redelivery counts persist (bounded, and rate-limited) so they go
+        // on after a restart.
+        shard.mark_counts_dirty(topic, sub);
     }
     let previous = sub.pending.borrow_mut().insert(entry, Pending { consumer, key_hash, num_messages });
     assert!(previous.is_none(), "entry {entry} delivered while another consumer holds it");
