@@ -299,6 +299,47 @@ async fn run(shard: &Rc<Shard>, op: &str, args: &Value) -> Result<Value, CoreErr
                 }
             }
         }
+        "messages.find" => {
+            let tn = topic_arg(op, args)?;
+            check_persistent(&tn)?;
+            let key = str_arg(op, args, "key")?.to_string();
+            let before_ms = match args.get("before_ms") {
+                None | Some(Value::Null) => None,
+                Some(v) => {
+                    Some(v.as_u64().ok_or_else(|| bad_args(op, "before_ms must be a non-negative integer (ms)"))?)
+                }
+            };
+            let limit = match args.get("limit") {
+                None | Some(Value::Null) => 10,
+                Some(_) => u32_arg(op, args, "limit")?,
+            };
+            let policies = namespace_must_exist(md, &tn).await?;
+            let find = |part: TopicName| {
+                let owner = ownership::shard_of(&part, policies.bundles, shard.nshards);
+                shard.call(owner, Op::FindMessages { topic: part.to_string(), key: key.clone(), before_ms, limit })
+            };
+            let json_of = |r: Reply| match r {
+                Reply::Json(j) => serde_json::from_str::<Value>(&j).map_err(|e| bad_args(op, e)),
+                other => Err(CoreError::new(ErrorCode::UnknownError, format!("internal: unexpected reply {other:?}"))),
+            };
+            // A partitioned topic: every partition, merged newest first.
+            match md.partitioned(&tn.to_string()).await? {
+                None => json_of(find(tn).await?),
+                Some(p) => {
+                    let mut answers = Vec::new();
+                    for i in 0..p.partitions {
+                        let part = TopicName { local: format!("{}-partition-{i}", tn.local), ..tn.clone() };
+                        match find(part).await {
+                            Ok(r) => answers.push(json_of(r)?),
+                            // A partition nobody used was never created.
+                            Err(e) if e.code == ErrorCode::TopicNotFound => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    Ok(crate::find::merge(answers, limit))
+                }
+            }
+        }
         "topics.lookup" => {
             let tn = topic_arg(op, args)?;
             let policies = namespace_must_exist(md, &tn).await?;

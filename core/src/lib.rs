@@ -16,6 +16,7 @@ mod delayed;
 pub mod disk_watch;
 mod dispatcher;
 pub mod error;
+mod find;
 pub mod launch;
 pub mod ledgers;
 mod mesh;

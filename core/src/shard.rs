@@ -215,6 +215,13 @@ pub(crate) enum Op {
     LastMessageId {
         topic: String,
     },
+    /// On the owner: messages of the topic with this key (`find.rs`).
+    FindMessages {
+        topic: String,
+        key: String,
+        before_ms: Option<u64>,
+        limit: u32,
+    },
 }
 
 #[derive(Debug)]
@@ -510,6 +517,14 @@ impl Shard {
                 None => Reply::Json("{\"id\":null}".to_string()),
             }))
             .boxed_local(),
+            Op::FindMessages { topic, key, before_ms, limit } => {
+                let me = self.clone();
+                async move {
+                    let v = crate::find::find_messages(&me, &topic, &key, before_ms, limit).await?;
+                    Ok(Reply::Json(v.to_string()))
+                }
+                .boxed_local()
+            }
             Op::Flow { topic, subscription, consumer, permits } => {
                 if let Some(sub) = self.subscription(&topic, &subscription) {
                     sub.flow(consumer, permits);
@@ -1209,6 +1224,18 @@ impl Shard {
             last = Some(self.log.put_meta(&dedup_meta_key(&t.key), Bytes::from(bytes))?);
         }
         Ok(last)
+    }
+
+    /// The ledgers of a topic of this shard (loaded or only recorded), in
+    /// order; `None` when it does not exist.
+    pub(crate) fn topic_ledger_ids(&self, topic: &str) -> Option<Vec<u64>> {
+        if let Some(t) = self.topics.borrow().get(topic) {
+            return Some(t.ledgers.borrow().all().iter().map(|l| l.id).collect());
+        }
+        // Ledgers already deleted by retention may still be listed: the key
+        // index answers only for ledgers that exist.
+        let list = self.log.meta(&topic_meta_key(topic)).as_deref().and_then(decode_topic_record)?;
+        Some(list.iter().map(|l| l.id).collect())
     }
 
     /// The last durable entry of `topic` as `L:E:P:-1` (a batch's last

@@ -11,6 +11,7 @@
 
 use bytes::{Bytes, BytesMut};
 use magnetar_storage::format::{self as sf, BatchHeader, Checkpoint, CleanMarker, RecordHeader};
+use magnetar_storage::keyindex;
 use magnetar_storage::PAGE_BYTES;
 
 const PAGE: usize = PAGE_BYTES as usize;
@@ -51,7 +52,7 @@ pub fn wire_message(data: &[u8]) {
 
 /// Storage pages and records (`magnetar_storage::format`): batch headers and
 /// the records behind them, index pages, checkpoints and clean markers, as
-/// read back from a damaged disk.
+/// read back from a damaged disk; and key index file headers and pages.
 pub fn storage_records(data: &[u8]) {
     // Decoders that take a fixed-size header get at least that many bytes
     // (their callers read whole pages).
@@ -74,6 +75,28 @@ pub fn storage_records(data: &[u8]) {
     let c = sf::crc(&[&idx[8..PAGE]]);
     idx[4..8].copy_from_slice(&c.to_le_bytes());
     let _ = sf::decode_index_page(&idx, 1);
+
+    // Key index files (`magnetar_storage::keyindex`): the header region as
+    // read and with magic and checksum made right; an item page likewise.
+    let _ = keyindex::decode_key_file_header(data);
+    if data.len() >= keyindex::KEY_FILE_HEADER_BYTES {
+        let mut h = data.to_vec();
+        h[0..8].copy_from_slice(&keyindex::KEY_FILE_MAGIC);
+        let len = (h.len() as u64).to_le_bytes();
+        h[16..24].copy_from_slice(&len);
+        let c = sf::crc(&[&h[12..]]);
+        h[8..12].copy_from_slice(&c.to_le_bytes());
+        if let Ok(hdr) = keyindex::decode_key_file_header(&h) {
+            let _ = keyindex::key_pages_for(&hdr.fence, data.len() as u32);
+        }
+    }
+    let _ = keyindex::decode_key_page(&page, 0);
+    let mut kp = page.clone();
+    kp[0..4].copy_from_slice(&keyindex::KEY_PAGE_MAGIC);
+    kp[12..16].copy_from_slice(&0u32.to_le_bytes());
+    let c = sf::crc(&[&kp[8..PAGE]]);
+    kp[4..8].copy_from_slice(&c.to_le_bytes());
+    let _ = keyindex::decode_key_page(&kp, 0);
 
     // Batch header as read, then with magic and header checksum made right,
     // then its records walked (with the body checksum made right too).

@@ -12,6 +12,13 @@ pub const CHECKPOINT_MAGIC: [u8; 8] = *b"MGNTCKP1";
 pub const CLEAN_MAGIC: [u8; 8] = *b"MGNTCLN1";
 pub const INDEX_MAGIC: [u8; 4] = *b"MIDX";
 pub const FORMAT_VERSION: u16 = 1;
+/// Version written in batch headers. 2 (issue 3, compaction): a batch may
+/// hold [`KIND_MOVE`] records; otherwise the layout is version 1's, which is
+/// still read.
+pub const BATCH_VERSION: u16 = 2;
+/// Version written in checkpoints. 2 (issue 3, compaction): a relocation
+/// table follows the metadata snapshot. Version 1 (no table) is still read.
+pub const CHECKPOINT_VERSION: u16 = 2;
 
 pub const BATCH_HEADER_BYTES: usize = 64;
 pub const RECORD_HEADER_BYTES: usize = 48;
@@ -21,12 +28,18 @@ pub const INDEX_ENTRIES_PER_PAGE: usize = (PAGE_BYTES as usize - INDEX_PAGE_HEAD
 pub const CHECKPOINT_HEADER_BYTES: usize = 64;
 pub const CHECKPOINT_LEDGER_BYTES: usize = 24;
 pub const CLEAN_BYTES: usize = 64;
+pub const CHECKPOINT_RELOCATION_BYTES: usize = 32;
 
 pub const KIND_ENTRY: u8 = 1;
 pub const KIND_META: u8 = 2;
 /// A ledger deletion: `ledger` set, no body; every entry of the ledger
 /// before it in log order is dead.
 pub const KIND_DELETE: u8 = 3;
+/// A relocated copy of an entry (segment compaction): same header fields
+/// and body as the entry record it copies (`ledger`, `entry`, extras), only
+/// the kind differs. Replay points the entry's index at this copy; a copy of
+/// an entry whose ledger is gone is ignored.
+pub const KIND_MOVE: u8 = 4;
 
 /// Largest metadata key (its length is stored in a u16).
 pub const META_KEY_BYTES_MAX: usize = u16::MAX as usize;
@@ -91,7 +104,7 @@ impl BatchHeader {
         let b = &mut out[..BATCH_HEADER_BYTES];
         b.fill(0);
         wr(b, 0, &BATCH_MAGIC);
-        wr(b, 12, &FORMAT_VERSION.to_le_bytes());
+        wr(b, 12, &BATCH_VERSION.to_le_bytes());
         wr(b, 14, &0u16.to_le_bytes());
         wr(b, 16, &self.batch_len.to_le_bytes());
         wr(b, 20, &self.record_count.to_le_bytes());
@@ -116,7 +129,7 @@ impl BatchHeader {
             return Err(CorruptReason::HeaderCrc { stored, computed });
         }
         let version = rd_u16(b, 12);
-        if version != FORMAT_VERSION {
+        if !(1..=BATCH_VERSION).contains(&version) {
             return Err(CorruptReason::Version(version));
         }
         let h = BatchHeader {
@@ -250,7 +263,7 @@ impl RecordHeader {
     pub fn decode(b: &[u8]) -> Result<RecordHeader, CorruptReason> {
         assert!(b.len() >= RECORD_HEADER_BYTES);
         let kind = b[4];
-        if kind != KIND_ENTRY && kind != KIND_META && kind != KIND_DELETE {
+        if !matches!(kind, KIND_ENTRY | KIND_META | KIND_DELETE | KIND_MOVE) {
             return Err(CorruptReason::Field { field: "record kind", expected: KIND_ENTRY as u64, found: kind as u64 });
         }
         Ok(RecordHeader {
@@ -354,8 +367,9 @@ impl<'a> Iterator for Records<'a> {
 }
 
 /// Checks one entry record read back from disk (`raw` = record header and
-/// body) against what the index says of it: checksum, kind, ledger, entry
-/// id, length. Shared by reads in the broker and the offline inspector.
+/// body) against what the index says of it: checksum, kind (an entry or a
+/// relocated copy of one), ledger, entry id, length. Shared by reads in the
+/// broker, compaction and the offline inspector.
 pub fn check_entry_record(raw: &[u8], ie: &IndexEntry, ledger: u64, entry: u64) -> Result<RecordHeader, CorruptReason> {
     let len = RECORD_HEADER_BYTES + ie.body_len as usize;
     if raw.len() < len {
@@ -363,9 +377,10 @@ pub fn check_entry_record(raw: &[u8], ie: &IndexEntry, ledger: u64, entry: u64) 
     }
     let h = RecordHeader::decode(raw)?;
     h.verify(raw, &raw[RECORD_HEADER_BYTES..len])?;
+    let kind = if h.kind == KIND_MOVE { KIND_MOVE } else { KIND_ENTRY };
     for (field, expected, found) in [
         ("record crc", ie.record_crc as u64, h.crc as u64),
-        ("record kind", KIND_ENTRY as u64, h.kind as u64),
+        ("record kind", kind as u64, h.kind as u64),
         ("record ledger", ledger, h.ledger),
         ("record entry", entry, h.entry),
         ("record length", ie.body_len as u64, h.body_len as u64),
@@ -491,6 +506,21 @@ pub struct Checkpoint {
     pub next_batch_seq: u64,
     pub ledgers: Vec<CheckpointLedger>,
     pub meta: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Entries whose record compaction moved after their index page was
+    /// written: the index file keeps the old position (pages are never
+    /// rewritten), this table the current one. Version 2 only.
+    pub relocations: Vec<Relocation>,
+}
+
+/// One line of a checkpoint's relocation table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Relocation {
+    pub ledger: u64,
+    pub entry: u64,
+    /// Log position of the [`KIND_MOVE`] record now holding the entry.
+    pub position: u64,
+    /// Its record checksum (differs from the original's: the kind differs).
+    pub record_crc: u32,
 }
 
 impl Checkpoint {
@@ -508,9 +538,17 @@ impl Checkpoint {
             b.extend_from_slice(k);
             b.extend_from_slice(v);
         }
+        b.extend_from_slice(&(self.relocations.len() as u64).to_le_bytes());
+        for r in &self.relocations {
+            b.extend_from_slice(&r.ledger.to_le_bytes());
+            b.extend_from_slice(&r.entry.to_le_bytes());
+            b.extend_from_slice(&r.position.to_le_bytes());
+            b.extend_from_slice(&r.record_crc.to_le_bytes());
+            b.extend_from_slice(&0u32.to_le_bytes());
+        }
         let content_len = b.len() as u64;
         wr(&mut b, 0, &CHECKPOINT_MAGIC);
-        wr(&mut b, 12, &FORMAT_VERSION.to_le_bytes());
+        wr(&mut b, 12, &CHECKPOINT_VERSION.to_le_bytes());
         wr(&mut b, 16, &content_len.to_le_bytes());
         wr(&mut b, 24, &self.ckpt_seq.to_le_bytes());
         wr(&mut b, 32, &self.position.to_le_bytes());
@@ -541,7 +579,7 @@ impl Checkpoint {
             return Err(CorruptReason::BodyCrc { stored, computed });
         }
         let version = rd_u16(b, 12);
-        if version != FORMAT_VERSION {
+        if !(1..=CHECKPOINT_VERSION).contains(&version) {
             return Err(CorruptReason::Version(version));
         }
         let nledgers = rd_u64(b, 48);
@@ -575,6 +613,27 @@ impl Checkpoint {
             meta.push((b[off..off + kl].to_vec(), b[off + kl..off + kl + vl].to_vec()));
             off += kl + vl;
         }
+        let mut relocations = Vec::new();
+        if version >= 2 {
+            if off + 8 > b.len() {
+                return Err(too_short(off as u64 + 8));
+            }
+            let n = rd_u64(b, off);
+            off += 8;
+            let need = n.checked_mul(CHECKPOINT_RELOCATION_BYTES as u64).ok_or(too_short(u64::MAX))?;
+            if off as u64 + need > content_len {
+                return Err(too_short(off as u64 + need));
+            }
+            for _ in 0..n {
+                relocations.push(Relocation {
+                    ledger: rd_u64(b, off),
+                    entry: rd_u64(b, off + 8),
+                    position: rd_u64(b, off + 16),
+                    record_crc: rd_u32(b, off + 24),
+                });
+                off += CHECKPOINT_RELOCATION_BYTES;
+            }
+        }
         if off != b.len() {
             return Err(CorruptReason::Field { field: "checkpoint length", expected: off as u64, found: content_len });
         }
@@ -584,6 +643,7 @@ impl Checkpoint {
             next_batch_seq: rd_u64(b, 40),
             ledgers,
             meta,
+            relocations,
         })
     }
 }
@@ -653,6 +713,7 @@ mod tests {
             next_batch_seq: 9,
             ledgers: vec![CheckpointLedger { ledger: 5, indexed_entries: 300, pages: 3 }],
             meta: vec![(b"k".to_vec(), b"v".to_vec()), (b"x".to_vec(), vec![])],
+            relocations: vec![Relocation { ledger: 5, entry: 7, position: 4096 * 8 + 64, record_crc: 9 }],
         };
         let b = c.encode();
         assert!((b.len() as u64).is_multiple_of(PAGE_BYTES));

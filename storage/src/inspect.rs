@@ -37,8 +37,13 @@ use crate::disk::PAGE_BYTES;
 use crate::error::{CorruptReason, Result, StorageError};
 use crate::format::{
     check_entry_record, could_be_torn, decode_index_page, records, split_meta, BatchHeader, Checkpoint, CleanMarker,
-    IndexEntry, BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_DELETE, KIND_ENTRY, RECORD_HEADER_BYTES,
+    IndexEntry, BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_DELETE, KIND_ENTRY, KIND_MOVE, RECORD_HEADER_BYTES,
 };
+
+/// Position of an entry a full scan has not met yet: its original record
+/// was in a segment compaction emptied and garbage collection removed; its
+/// `KIND_MOVE` copy comes later in the log.
+const HOLE: u64 = u64::MAX;
 
 /// Bytes read per `pread` while scanning.
 const CHUNK_BYTES: u64 = 1 << 20;
@@ -112,6 +117,15 @@ pub struct Checked {
     pub index_pages: u64,
     /// Index entries compared with their records (`Verify` only).
     pub index_entries: u64,
+    /// Key index item pages verified (`Verify` only).
+    pub key_pages: u64,
+}
+
+/// One key index file (`keys/<seq>.kix`; see `keyindex.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyFileInfo {
+    pub path: PathBuf,
+    pub header: crate::keyindex::KeyFileHeader,
 }
 
 /// A read-only picture of one shard directory. Plain data: owned by whoever
@@ -130,14 +144,20 @@ pub struct ShardImage {
     pub meta: BTreeMap<Vec<u8>, Vec<u8>>,
     pub tail: Tail,
     pub checked: Checked,
-    /// Files in `log/` or `index/` that do not belong to the format.
+    /// Files in `log/`, `index/` or `keys/` that do not belong to the format.
     pub stray_files: Vec<PathBuf>,
+    /// Key index files, by sequence number (derived data: the broker
+    /// rebuilds a damaged one from the ledger indexes).
+    pub key_files: Vec<KeyFileInfo>,
     ckpt_pos: u64,
     ckpt_ledgers: std::collections::HashSet<u64>,
     /// Deleted ledgers met with gaps during a full scan.
     dead: std::collections::HashSet<u64>,
     /// Indexes of ledgers whose deletion record the scan replayed.
     deleted_after: BTreeMap<u64, Vec<IndexEntry>>,
+    /// Entries the scan saw moved by compaction (their index-file position
+    /// is the original's).
+    moved: std::collections::HashSet<(u64, u64)>,
 }
 
 fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StorageError {
@@ -295,6 +315,8 @@ impl ShardImage {
             ckpt_ledgers: checkpoint.as_ref().map(|c| c.ledgers.iter().map(|l| l.ledger).collect()).unwrap_or_default(),
             dead: Default::default(),
             deleted_after: BTreeMap::new(),
+            moved: Default::default(),
+            key_files: Vec::new(),
         };
 
         // Index files and metadata as of the checkpoint.
@@ -309,6 +331,25 @@ impl ShardImage {
                 let es = load_index(&path, cl.ledger, cl.indexed_entries, cl.pages, c.position)?;
                 img.checked.index_pages += cl.pages;
                 from_files.insert(cl.ledger, es);
+            }
+            // Entries compaction moved after their index page was written.
+            let ckpt_path = dir.join("checkpoint");
+            for r in &c.relocations {
+                let bad =
+                    |field, expected, found| corrupt(&ckpt_path, 0, CorruptReason::Field { field, expected, found });
+                let es = from_files
+                    .get_mut(&r.ledger)
+                    .ok_or_else(|| bad("relocation ledger (not in the checkpoint)", 0, r.ledger))?;
+                let len = es.len() as u64;
+                let ie = usize::try_from(r.entry)
+                    .ok()
+                    .and_then(|i| es.get_mut(i))
+                    .ok_or_else(|| bad("relocation entry", len, r.entry))?;
+                if r.position >= c.position {
+                    return Err(bad("relocation position", c.position, r.position));
+                }
+                ie.position = r.position;
+                ie.record_crc = r.record_crc;
             }
         }
 
@@ -356,7 +397,15 @@ impl ShardImage {
                         .or_else(|| img.deleted_after.get(id).map(|v| &v[..]))
                         .unwrap_or(&[]);
                     for (i, e) in es.iter().enumerate() {
-                        if scanned.get(i) != Some(e) {
+                        // A moved entry: the copy must describe the same entry.
+                        let same = |s: &IndexEntry| {
+                            if img.moved.contains(&(*id, i as u64)) {
+                                (s.body_len, s.extras) == (e.body_len, e.extras)
+                            } else {
+                                s == e
+                            }
+                        };
+                        if !scanned.get(i).is_some_and(same) {
                             let page = (i / crate::format::INDEX_ENTRIES_PER_PAGE) as u64 * PAGE_BYTES;
                             let found = scanned.get(i).map_or(u64::MAX, |s| s.position);
                             return Err(corrupt(
@@ -389,6 +438,23 @@ impl ShardImage {
             }
         }
 
+        img.load_key_files(&dir.join("keys"), mode)?;
+
+        // An entry whose original went with a compacted segment must have
+        // been met as a copy.
+        for (id, l) in &img.ledgers {
+            if let Some(i) = l.index.iter().position(|e| e.position == HOLE) {
+                return Err(corrupt(
+                    &index_dir.join(format!("{id:020}.idx")),
+                    0,
+                    CorruptReason::Field {
+                        field: "entry missing from the log (no record or copy)",
+                        expected: i as u64,
+                        found: HOLE,
+                    },
+                ));
+            }
+        }
         // Per-segment totals from the index.
         for l in img.ledgers.values_mut() {
             l.bytes = l.index.iter().map(|e| e.body_len as u64).sum();
@@ -566,6 +632,25 @@ impl ShardImage {
                     // ledger's index file (the checkpoint may list it).
                     self.deleted_after.insert(rh.ledger, l.index);
                 }
+            } else if rh.kind == KIND_MOVE {
+                // A compaction copy: the entry lives here now. One for a
+                // ledger gone (deleted) is unreferenced.
+                // (A full scan may meet the copy before any surviving
+                // record of a ledger the checkpoint lists.)
+                if self.ckpt_ledgers.contains(&rh.ledger) && !self.deleted_after.contains_key(&rh.ledger) {
+                    self.ledgers.entry(rh.ledger).or_default();
+                }
+                let Some(l) = self.ledgers.get_mut(&rh.ledger) else { continue };
+                let at = position + r.offset as u64;
+                let ie = IndexEntry { position: at, body_len: rh.body_len, record_crc: rh.crc, extras: rh.extras };
+                let i = rh.entry as usize;
+                if i >= l.index.len() {
+                    // Full scan: the original was in a removed segment (a
+                    // hole nothing fills is reported at the end).
+                    l.index.resize(i + 1, IndexEntry { position: HOLE, ..ie });
+                }
+                l.index[i] = ie;
+                self.moved.insert((rh.ledger, rh.entry));
             } else if rh.kind == KIND_ENTRY {
                 // Before the checkpoint, a ledger the checkpoint does not list
                 // was deleted; garbage collection may have removed some of
@@ -581,6 +666,12 @@ impl ShardImage {
                     continue;
                 }
                 let l = self.ledgers.entry(rh.ledger).or_default();
+                if rh.entry > l.index.len() as u64 && self.ckpt_ledgers.contains(&rh.ledger) {
+                    // A live ledger whose earlier entries' segment was
+                    // compacted and removed: their copies come later.
+                    let hole = IndexEntry { position: HOLE, body_len: 0, record_crc: 0, extras: rh.extras };
+                    l.index.resize(rh.entry as usize, hole);
+                }
                 if rh.entry != l.index.len() as u64 {
                     return Err(corrupt(
                         path,
@@ -606,6 +697,54 @@ impl ShardImage {
                     self.meta.insert(k.to_vec(), v.to_vec());
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Reads the key index files' headers; in `Verify` mode also every item
+    /// page, and each item against the ledger index (same key hash) when the
+    /// ledger still exists.
+    fn load_key_files(&mut self, dir: &Path, mode: ScanMode) -> Result<()> {
+        use crate::keyindex::{decode_key_file_header, decode_key_page, key_file_header_len};
+        let Ok(rd) = std::fs::read_dir(dir) else { return Ok(()) };
+        let mut files: Vec<(u64, PathBuf)> = Vec::new();
+        for ent in rd.flatten() {
+            let name = ent.file_name().to_string_lossy().into_owned();
+            match numbered(&name, ".kix") {
+                Some(seq) => files.push((seq, ent.path())),
+                None => self.stray_files.push(ent.path()),
+            }
+        }
+        files.sort();
+        for (_, path) in files {
+            let b = std::fs::read(&path).map_err(io_err("read key index file", &path))?;
+            let len = key_file_header_len(&b).map_err(|r| corrupt(&path, 0, r))?;
+            let header = decode_key_file_header(&b[..(len as usize).min(b.len())]).map_err(|r| corrupt(&path, 0, r))?;
+            if mode == ScanMode::Verify {
+                for p in 0..header.item_pages {
+                    let off = (header.header_pages + p as u64) * PAGE_BYTES;
+                    let page = b.get(off as usize..).unwrap_or(&[]);
+                    let items = decode_key_page(page, p).map_err(|r| corrupt(&path, off, r))?;
+                    for it in items {
+                        let ie = self.ledgers.get(&it.ledger).and_then(|l| l.index.get(it.entry as usize));
+                        if let Some(ie) = ie {
+                            if ie.extras.key_hash != it.key_hash {
+                                return Err(corrupt(
+                                    &path,
+                                    off,
+                                    CorruptReason::Field {
+                                        field: "key index item hash (as in the ledger index)",
+                                        expected: ie.extras.key_hash as u64,
+                                        found: it.key_hash as u64,
+                                    },
+                                ));
+                            }
+                        }
+                    }
+                    self.checked.key_pages += 1;
+                }
+            }
+            self.key_files.push(KeyFileInfo { path, header });
         }
         Ok(())
     }

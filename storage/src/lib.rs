@@ -25,16 +25,20 @@
 //!
 //! On-disk layouts and the crash analysis: `docs/format.md`.
 
+mod compact;
 pub mod disk;
 mod error;
 pub mod format;
 pub mod inspect;
+pub mod keyindex;
 mod log;
 mod recovery;
 pub mod sim;
 pub mod stage;
 
+pub use compact::CompactionStats;
 pub use disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
 pub use error::{CorruptReason, StorageError};
 pub use format::{key_hash, tag_hash, IndexEntry, IndexExtras};
+pub use keyindex::KeyHit;
 pub use log::{Appended, EntryLog, LogConfig, Recovery};

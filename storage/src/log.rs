@@ -16,8 +16,8 @@ use crate::disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
 use crate::error::{CorruptReason, Result, StorageError};
 use crate::format::{
     check_entry_record, encode_index_page, pad_to_page, BatchHeader, Checkpoint, CheckpointLedger, CleanMarker,
-    IndexEntry, IndexExtras, RecordHeader, BATCH_HEADER_BYTES, INDEX_ENTRIES_PER_PAGE, KIND_DELETE, KIND_ENTRY,
-    KIND_META, META_KEY_BYTES_MAX, RECORD_HEADER_BYTES,
+    IndexEntry, IndexExtras, RecordHeader, Relocation, BATCH_HEADER_BYTES, INDEX_ENTRIES_PER_PAGE, KIND_DELETE,
+    KIND_ENTRY, KIND_META, KIND_MOVE, META_KEY_BYTES_MAX, RECORD_HEADER_BYTES,
 };
 
 /// Configuration of one shard's entry log.
@@ -49,6 +49,25 @@ pub struct LogConfig {
     /// also reads the ledger's following entries in that segment, up to this
     /// many bytes, in one request, into the read cache. Default 1 MiB.
     pub read_ahead_bytes: usize,
+    /// A segment before the checkpoint whose live entry bytes are below this
+    /// percentage of `segment_bytes` is compacted: its live entries are
+    /// copied to the tail and it is deleted. 0 disables compaction. Default 25.
+    pub compaction_live_pct: u8,
+    /// Most live bytes one compaction pass copies. Default 64 MiB.
+    pub compaction_bytes_per_pass: u64,
+    /// How often the background compaction pass runs (zero: never; `compact`
+    /// still works). Default 60 s.
+    pub compaction_interval: Duration,
+    /// Shares of the compaction task queue (glommio's default queue has
+    /// 1,000), so that compaction yields to producers and readers. Default 50.
+    pub compaction_shares: usize,
+    /// Items (durable entries with a key) per key index file; the part not
+    /// yet in a file stays in memory (32 bytes an item). Default 262,144.
+    pub key_index_items_per_file: usize,
+    /// How often the background task writes full key index files and
+    /// removes those of deleted ledgers (zero: never; lookups still work
+    /// from memory). Default 10 s.
+    pub key_index_interval: Duration,
 }
 
 impl LogConfig {
@@ -63,6 +82,12 @@ impl LogConfig {
             entry_bytes_max: 5 << 20,
             read_cache_bytes: 64 << 20,
             read_ahead_bytes: 1 << 20,
+            compaction_live_pct: 25,
+            compaction_bytes_per_pass: 64 << 20,
+            compaction_interval: Duration::from_secs(60),
+            compaction_shares: 50,
+            key_index_items_per_file: 1 << 18,
+            key_index_interval: Duration::from_secs(10),
         }
     }
 
@@ -149,6 +174,7 @@ pub(crate) struct Paths {
     pub dir: PathBuf,
     pub log_dir: PathBuf,
     pub index_dir: PathBuf,
+    pub keys_dir: PathBuf,
     pub checkpoint: PathBuf,
     pub checkpoint_tmp: PathBuf,
     pub clean: PathBuf,
@@ -160,6 +186,7 @@ impl Paths {
             dir: dir.to_path_buf(),
             log_dir: dir.join("log"),
             index_dir: dir.join("index"),
+            keys_dir: dir.join("keys"),
             checkpoint: dir.join("checkpoint"),
             checkpoint_tmp: dir.join("checkpoint.tmp"),
             clean: dir.join("CLEAN"),
@@ -216,9 +243,27 @@ pub(crate) enum Mode {
 }
 
 enum PendingKind {
-    Entry { ledger: u64, entry: u64, body: Bytes, extras: IndexExtras },
-    Meta { key: Bytes, value: Bytes },
-    Delete { ledger: u64 },
+    Entry {
+        ledger: u64,
+        entry: u64,
+        body: Bytes,
+        extras: IndexExtras,
+    },
+    Meta {
+        key: Bytes,
+        value: Bytes,
+    },
+    Delete {
+        ledger: u64,
+    },
+    /// A compaction copy of `ledger:entry`, whose record is at `from` now.
+    Move {
+        ledger: u64,
+        entry: u64,
+        body: Bytes,
+        extras: IndexExtras,
+        from: u64,
+    },
 }
 
 struct Pending {
@@ -229,7 +274,7 @@ struct Pending {
 impl Pending {
     fn body_len(&self) -> usize {
         match &self.kind {
-            PendingKind::Entry { body, .. } => body.len(),
+            PendingKind::Entry { body, .. } | PendingKind::Move { body, .. } => body.len(),
             PendingKind::Meta { key, value } => 2 + key.len() + value.len(),
             PendingKind::Delete { .. } => 0,
         }
@@ -264,6 +309,13 @@ pub(crate) struct State<F> {
     /// Live (not deleted) entries per segment start, from the index: a
     /// segment at zero before the checkpoint position is garbage.
     pub seg_live: BTreeMap<u64, u64>,
+    /// Live record bytes (header and body) per segment start, beside
+    /// `seg_live`: compaction picks segments by it.
+    pub seg_live_bytes: BTreeMap<u64, u64>,
+    /// Entries moved by compaction after their index page was written: the
+    /// index file keeps the old position, every checkpoint carries these.
+    /// Only durable positions; dropped with the ledger.
+    pub relocated: BTreeMap<(u64, u64), IndexEntry>,
     /// Ledgers whose deletion record was laid out at this log position;
     /// their index files go once a checkpoint covers the position.
     pub deleted_at: Vec<(u64, u64)>,
@@ -301,6 +353,8 @@ impl<F> State<F> {
             meta_durable: BTreeMap::new(),
             segments: BTreeMap::new(),
             seg_live: BTreeMap::new(),
+            seg_live_bytes: BTreeMap::new(),
+            relocated: BTreeMap::new(),
             deleted_at: Vec::new(),
             tail: 0,
             next_seq: 0,
@@ -324,6 +378,37 @@ impl<F> State<F> {
             .chain(std::mem::take(&mut self.close_wakers))
         {
             w.wake();
+        }
+    }
+
+    /// Queues a compaction copy (see `compact.rs`); returns its lsn.
+    pub(crate) fn push_move(&mut self, ledger: u64, entry: u64, body: Bytes, extras: IndexExtras, from: u64) -> u64 {
+        let lsn = self.next_lsn;
+        self.next_lsn += 1;
+        self.pending_bytes += body.len() as u64;
+        self.pending.push_back(Pending { lsn, kind: PendingKind::Move { ledger, entry, body, extras, from } });
+        self.wake_flusher();
+        lsn
+    }
+
+    /// Moves one entry's liveness from the segment holding `from` to the one
+    /// holding `to` (both counts and bytes).
+    pub(crate) fn shift_live(&mut self, from: Option<u64>, to: Option<u64>, bytes: u64) {
+        if let Some(p) = from {
+            if let Some((&start, _)) = self.segments.range(..=p).next_back() {
+                if let Some(n) = self.seg_live.get_mut(&start) {
+                    *n = n.saturating_sub(1);
+                }
+                if let Some(n) = self.seg_live_bytes.get_mut(&start) {
+                    *n = n.saturating_sub(bytes);
+                }
+            }
+        }
+        if let Some(p) = to {
+            if let Some((&start, _)) = self.segments.range(..=p).next_back() {
+                *self.seg_live.entry(start).or_default() += 1;
+                *self.seg_live_bytes.entry(start).or_default() += bytes;
+            }
         }
     }
 
@@ -379,6 +464,10 @@ pub(crate) struct Shared<D: Disk> {
     pub st: RefCell<State<D::File>>,
     /// Serializes checkpoints (the periodic task and `close`).
     pub ckpt_lock: glommio::sync::Semaphore,
+    /// Serializes compaction passes (the background task and `compact`).
+    pub compact_lock: glommio::sync::Semaphore,
+    /// The per-shard key index (`keyindex.rs`).
+    pub keys: RefCell<crate::keyindex::KeyIndex<D::File>>,
 }
 
 impl<D: Disk> Drop for Shared<D> {
@@ -470,7 +559,7 @@ impl<D: Disk> Shared<D> {
         }
 
         // 2. Lay the records out (pending only grows at the back meanwhile).
-        let (buf, seg, position, seq, last_lsn, metas) = {
+        let (buf, seg, position, seq, last_lsn, metas, moves) = {
             let mut st = self.st.borrow_mut();
             let st = &mut *st;
             let position = st.tail;
@@ -481,6 +570,7 @@ impl<D: Disk> Shared<D> {
             let mut off = BATCH_HEADER_BYTES;
             let mut last_lsn = 0;
             let mut metas = Vec::new();
+            let mut moves = Vec::new();
             for _ in 0..count {
                 let p = st.pending.pop_front().expect("counted above");
                 st.pending_bytes -= p.body_len() as u64;
@@ -501,6 +591,18 @@ impl<D: Disk> Shared<D> {
                             extras,
                         });
                         *st.seg_live.entry(seg.start).or_default() += 1;
+                        *st.seg_live_bytes.entry(seg.start).or_default() += (RECORD_HEADER_BYTES + body_len) as u64;
+                    }
+                    PendingKind::Move { ledger, entry, body: data, extras, from } => {
+                        body[..body_len].copy_from_slice(&data);
+                        let crc = RecordHeader::encode(hdr, KIND_MOVE, ledger, entry, extras, &[&data]);
+                        let to = IndexEntry {
+                            position: position + off as u64,
+                            body_len: body_len as u32,
+                            record_crc: crc,
+                            extras,
+                        };
+                        moves.push((ledger, entry, from, to));
                     }
                     PendingKind::Meta { key, value } => {
                         let klen = (key.len() as u16).to_le_bytes();
@@ -532,7 +634,7 @@ impl<D: Disk> Shared<D> {
                 body_crc,
             }
             .encode(&mut buf);
-            (buf, seg, position, seq, last_lsn, metas)
+            (buf, seg, position, seq, last_lsn, metas, moves)
         };
 
         // 3. One write, one fdatasync. Only this task writes the log, so at
@@ -557,6 +659,9 @@ impl<D: Disk> Shared<D> {
         st.tail = position + batch_len;
         st.next_seq = seq + 1;
         st.durable_lsn = last_lsn;
+        if !moves.is_empty() {
+            apply_moves(&mut st, moves);
+        }
         for (k, v) in metas {
             if v.is_empty() {
                 st.meta_durable.remove(&k[..]);
@@ -585,10 +690,15 @@ impl<D: Disk> Shared<D> {
             entries: Vec<IndexEntry>,
             file: Option<Rc<F>>,
         }
-        let (position, next_seq, ckpt_seq, mut table, work, meta) = {
+        let (position, next_seq, ckpt_seq, mut table, work, meta, relocations) = {
             let st = self.st.borrow();
             if st.mode == Mode::Failed {
                 return Err(StorageError::Failed);
+            }
+            // After close's clean checkpoint nothing may be written (the
+            // clean marker names that checkpoint).
+            if st.mode == Mode::Closed {
+                return Err(StorageError::Closed);
             }
             let position = st.tail;
             if !clean && st.ckpt_position == Some(position) {
@@ -603,8 +713,7 @@ impl<D: Disk> Shared<D> {
                 if matches!(l.deleted, Some(Some(p)) if p < position) {
                     continue; // its deletion is durable and covered by this checkpoint
                 }
-                // Index entries are in log order: those before `position` are durable.
-                let k = l.index.partition_point(|e| e.position < position) as u64;
+                let k = durable_entries(l, position);
                 assert!(k >= l.file_entries);
                 if k == 0 {
                     continue;
@@ -621,7 +730,18 @@ impl<D: Disk> Shared<D> {
                 }
             }
             let meta: Vec<(Vec<u8>, Vec<u8>)> = st.meta_durable.iter().map(|(k, v)| (k.clone(), v.to_vec())).collect();
-            (position, st.next_seq, st.ckpt_seq + 1, table, work, meta)
+            let listed: std::collections::HashSet<u64> = table.iter().map(|t| t.ledger).collect();
+            let relocations: Vec<Relocation> = st
+                .relocated
+                .iter()
+                .filter(|((ledger, _), _)| listed.contains(ledger))
+                .map(|(&(ledger, entry), ie)| {
+                    // Applied only once durable, so before the tail.
+                    assert!(ie.position < position, "relocation {ledger}:{entry} at {} >= {position}", ie.position);
+                    Relocation { ledger, entry, position: ie.position, record_crc: ie.record_crc }
+                })
+                .collect();
+            (position, st.next_seq, st.ckpt_seq + 1, table, work, meta, relocations)
         };
 
         // Index pages, appended behind the log. A page is never rewritten:
@@ -659,7 +779,7 @@ impl<D: Disk> Shared<D> {
                 .map_err(self.io("fsync index directory", &self.paths.index_dir))?;
         }
 
-        let ckpt = Checkpoint { ckpt_seq, position, next_batch_seq: next_seq, ledgers: table, meta };
+        let ckpt = Checkpoint { ckpt_seq, position, next_batch_seq: next_seq, ledgers: table, meta, relocations };
         self.write_atomically(&self.paths.checkpoint_tmp, &self.paths.checkpoint, &ckpt.encode()).await?;
 
         {
@@ -713,12 +833,13 @@ impl<D: Disk> Shared<D> {
             for (ledger, _) in &done {
                 if let Some(l) = st.ledgers.remove(ledger) {
                     for e in &l.index {
-                        if let Some((&start, _)) = st.segments.range(..=e.position).next_back() {
-                            if let Some(n) = st.seg_live.get_mut(&start) {
-                                *n = n.saturating_sub(1);
-                            }
-                        }
+                        st.shift_live(Some(e.position), None, (RECORD_HEADER_BYTES as u64) + e.body_len as u64);
                     }
+                }
+                let gone: Vec<(u64, u64)> =
+                    st.relocated.range((*ledger, 0)..=(*ledger, u64::MAX)).map(|(k, _)| *k).collect();
+                for k in gone {
+                    st.relocated.remove(&k);
                 }
             }
             let dead: Vec<Rc<Segment<D::File>>> = st
@@ -730,6 +851,7 @@ impl<D: Disk> Shared<D> {
             for s in &dead {
                 st.segments.remove(&s.start);
                 st.seg_live.remove(&s.start);
+                st.seg_live_bytes.remove(&s.start);
             }
             (done, dead)
         };
@@ -768,6 +890,36 @@ impl<D: Disk> Shared<D> {
         f.sync().await.map_err(self.io("fdatasync", tmp))?;
         self.disk.rename(tmp, path).await.map_err(self.io("rename", tmp))?;
         self.disk.sync_dir(&self.paths.dir).await.map_err(self.io("fsync directory", &self.paths.dir))
+    }
+}
+
+/// How many of a ledger's entries lie before log position `position`.
+/// Compaction moves only entries already in the index file
+/// (`< file_entries`), so the entries after those are in log order.
+pub(crate) fn durable_entries<F>(l: &Ledger<F>, position: u64) -> u64 {
+    let rest = l.index.get(l.file_entries as usize..).unwrap_or(&[]);
+    l.file_entries + rest.partition_point(|e| e.position < position) as u64
+}
+
+/// Points index entries at their compaction copies once the copies are
+/// durable (called with the batch's tail advance, under the same borrow, so
+/// a checkpoint sees both or neither). A copy of an entry whose ledger was
+/// deleted meanwhile, or that moved since, is left unreferenced.
+fn apply_moves<F>(st: &mut State<F>, moves: Vec<(u64, u64, u64, IndexEntry)>) {
+    for (ledger, entry, from, to) in moves {
+        let Some(l) = st.ledgers.get_mut(&ledger) else { continue };
+        if l.deleted.is_some() {
+            continue;
+        }
+        let Some(ie) = usize::try_from(entry).ok().and_then(|i| l.index.get_mut(i)) else { continue };
+        if ie.position != from {
+            continue;
+        }
+        assert!(entry < l.file_entries, "compaction moved {ledger}:{entry}, which is not in the index file yet");
+        assert_eq!((ie.body_len, ie.extras), (to.body_len, to.extras), "a copy is the same entry");
+        *ie = to;
+        st.relocated.insert((ledger, entry), to);
+        st.shift_live(Some(from), Some(to.position), (RECORD_HEADER_BYTES as u64) + to.body_len as u64);
     }
 }
 
@@ -1034,11 +1186,14 @@ impl<D: Disk> EntryLog<D> {
             let mut ahead = Vec::new();
             if sequential && self.sh.cfg.read_cache_bytes > 0 {
                 let limit = ie.position + self.sh.cfg.read_ahead_bytes as u64;
+                let mut prev_end = ie.position + (RECORD_HEADER_BYTES as u64) + ie.body_len as u64;
                 for (i, e) in l.index.iter().enumerate().skip(entry as usize + 1) {
                     let end = e.position + (RECORD_HEADER_BYTES as u64) + e.body_len as u64;
-                    if end > limit || end > st.tail || end > seg.end() {
+                    // Compaction can move an entry out of log order: stop there.
+                    if e.position < prev_end || end > limit || end > st.tail || end > seg.end() {
                         break;
                     }
+                    prev_end = end;
                     ahead.push((i as u64, *e));
                 }
             }
@@ -1159,7 +1314,9 @@ impl<D: Disk> EntryLog<D> {
     pub async fn checkpoint(&self) -> Result<()> {
         let r = self.sh.checkpoint(false).await;
         if let Err(e) = &r {
-            self.sh.fail(e);
+            if !matches!(e, StorageError::Closed) {
+                self.sh.fail(e);
+            }
         }
         r
     }
@@ -1207,7 +1364,7 @@ impl<D: Disk> EntryLog<D> {
     }
 }
 
-fn check_mode(mode: Mode) -> Result<()> {
+pub(crate) fn check_mode(mode: Mode) -> Result<()> {
     match mode {
         Mode::Open => Ok(()),
         Mode::Failed => Err(StorageError::Failed),

@@ -15,7 +15,7 @@ use crate::disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
 use crate::error::{CorruptReason, Result, StorageError};
 use crate::format::{
     could_be_torn, decode_index_page, records, split_meta, BatchHeader, Checkpoint, CleanMarker, IndexEntry,
-    BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_DELETE, KIND_ENTRY,
+    BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_DELETE, KIND_ENTRY, KIND_MOVE, RECORD_HEADER_BYTES,
 };
 use crate::log::{checkpointer, flusher, EntryLog, Ledger, LogConfig, Paths, Recovery, Segment, Shared, State};
 
@@ -189,6 +189,25 @@ impl<D: Disk> EntryLog<D> {
                 let ledger = load_index(&disk, &paths, cl.ledger, cl.indexed_entries, cl.pages, c.position).await?;
                 st.ledgers.insert(cl.ledger, ledger);
             }
+            // Entries compaction moved after their index page was written.
+            for r in &c.relocations {
+                let bad = |field, expected, found| {
+                    StorageError::corrupt(&paths.checkpoint, 0, CorruptReason::Field { field, expected, found })
+                };
+                let Some(l) = st.ledgers.get_mut(&r.ledger) else {
+                    return Err(bad("relocation ledger (not in the checkpoint)", 0, r.ledger));
+                };
+                let Some(ie) = usize::try_from(r.entry).ok().and_then(|i| l.index.get_mut(i)) else {
+                    return Err(bad("relocation entry", l.index.len() as u64, r.entry));
+                };
+                if r.position >= c.position {
+                    return Err(bad("relocation position", c.position, r.position));
+                }
+                ie.position = r.position;
+                ie.record_crc = r.record_crc;
+                let ie = *ie;
+                st.relocated.insert((r.ledger, r.entry), ie);
+            }
         }
 
         let scanned = if clean {
@@ -213,12 +232,26 @@ impl<D: Disk> EntryLog<D> {
         if removed_segment {
             disk.sync_dir(&paths.log_dir).await.map_err(io_err("fsync log directory", &paths.log_dir))?;
         }
-        // Live entries per segment, for garbage collection of segments.
-        for l in st.ledgers.values() {
-            for e in &l.index {
-                if let Some((&start, _)) = st.segments.range(..=e.position).next_back() {
-                    *st.seg_live.entry(start).or_default() += 1;
-                }
+        // Live entries per segment, for garbage collection and compaction.
+        // Every entry must lie in a segment: one that does not was lost
+        // (e.g. a segment deleted while still referenced), never dropped.
+        for (id, l) in &st.ledgers {
+            for (i, e) in l.index.iter().enumerate() {
+                let Some(seg) =
+                    st.segments.range(..=e.position).next_back().map(|(_, s)| s).filter(|s| e.position < s.end())
+                else {
+                    return Err(StorageError::corrupt(
+                        paths.index(*id),
+                        0,
+                        CorruptReason::Field {
+                            field: "entry position (no segment holds it)",
+                            expected: i as u64,
+                            found: e.position,
+                        },
+                    ));
+                };
+                *st.seg_live.entry(seg.start).or_default() += 1;
+                *st.seg_live_bytes.entry(seg.start).or_default() += (RECORD_HEADER_BYTES as u64) + e.body_len as u64;
             }
         }
         for start in st.segments.keys() {
@@ -281,6 +314,9 @@ impl<D: Disk> EntryLog<D> {
             "entry log opened"
         );
 
+        // The key index: its files, extended later from the ledger indexes.
+        let keys = crate::keyindex::load(&disk, &paths.keys_dir).await?;
+
         let entry_max = config.effective_entry_bytes_max();
         let interval = config.checkpoint_interval;
         let sh = Rc::new(Shared {
@@ -290,9 +326,26 @@ impl<D: Disk> EntryLog<D> {
             paths,
             st: RefCell::new(st),
             ckpt_lock: glommio::sync::Semaphore::new(1),
+            compact_lock: glommio::sync::Semaphore::new(1),
+            keys: RefCell::new(keys),
         });
         glommio::spawn_local(flusher(Rc::downgrade(&sh))).detach();
         glommio::spawn_local(checkpointer(Rc::downgrade(&sh), interval)).detach();
+        // Compaction and key index upkeep are background work: their own
+        // queue with few shares, so that producers' appends and readers go first.
+        let (compaction_interval, keys_interval) = (sh.cfg.compaction_interval, sh.cfg.key_index_interval);
+        if !compaction_interval.is_zero() || !keys_interval.is_zero() {
+            let tq = glommio::executor().create_task_queue(
+                glommio::Shares::Static(sh.cfg.compaction_shares.max(1)),
+                glommio::Latency::NotImportant,
+                "magnetar-storage-background",
+            );
+            let qerr = |e| StorageError::Config(format!("background task queue: {e}"));
+            let task = crate::compact::compactor(Rc::downgrade(&sh), compaction_interval);
+            glommio::spawn_local_into(task, tq).map_err(qerr)?.detach();
+            let task = crate::compact::key_upkeep(Rc::downgrade(&sh), keys_interval);
+            glommio::spawn_local_into(task, tq).map_err(qerr)?.detach();
+        }
         Ok((EntryLog { sh }, recovery))
     }
 }
@@ -564,7 +617,47 @@ fn replay<F>(st: &mut State<F>, path: &Path, batch_off: u64, position: u64, h: &
         let rh = r.header;
         if rh.kind == KIND_DELETE {
             st.ledgers.remove(&rh.ledger);
+            let gone: Vec<(u64, u64)> =
+                st.relocated.range((rh.ledger, 0)..=(rh.ledger, u64::MAX)).map(|(k, _)| *k).collect();
+            for k in gone {
+                st.relocated.remove(&k);
+            }
             st.deleted_at.push((rh.ledger, position + r.offset as u64));
+        } else if rh.kind == KIND_MOVE {
+            // A compaction copy: the entry now lives here. A copy for a
+            // ledger deleted before it (or never indexed) is unreferenced.
+            let Some(l) = st.ledgers.get_mut(&rh.ledger) else { continue };
+            let Some(ie) = usize::try_from(rh.entry).ok().and_then(|i| l.index.get_mut(i)) else {
+                return Err(corrupt(CorruptReason::EntryOrder {
+                    ledger: rh.ledger,
+                    expected: l.index.len() as u64,
+                    found: rh.entry,
+                }));
+            };
+            if ie.body_len != rh.body_len || ie.extras != rh.extras {
+                return Err(corrupt(CorruptReason::Field {
+                    field: "moved record length",
+                    expected: ie.body_len as u64,
+                    found: rh.body_len as u64,
+                }));
+            }
+            *ie = IndexEntry {
+                position: position + r.offset as u64,
+                body_len: rh.body_len,
+                record_crc: rh.crc,
+                extras: rh.extras,
+            };
+            // Only entries below the index file's count are ever moved; one
+            // above it would not be written to the next checkpoint.
+            if rh.entry < l.file_entries {
+                st.relocated.insert((rh.ledger, rh.entry), *ie);
+            } else {
+                return Err(corrupt(CorruptReason::Field {
+                    field: "moved entry (not in an index file)",
+                    expected: l.file_entries,
+                    found: rh.entry,
+                }));
+            }
         } else if rh.kind == KIND_ENTRY {
             let l = st.ledgers.entry(rh.ledger).or_insert_with(Ledger::new);
             if rh.entry != l.index.len() as u64 {

@@ -6,7 +6,9 @@
 //! contains everything whose `wait_durable` returned Ok: in order, byte for
 //! byte, exactly once, with metadata last-write-wins.
 //!
-//! Method: a workload (appends to a few ledgers, metadata puts and deletes,
+//! Method: a workload (appends to a few ledgers, metadata puts and deletes, ledger deletions,
+//! compaction passes, key index upkeep (every recovery is also checked
+//! against the key index: exactly the recovered entries with each key),
 //! waits from spawned tasks, checkpoints, sometimes a clean close) runs on a
 //! `SimDisk` that freezes at operation n; the crash image is opened and
 //! compared with the model. `crash_at_every_step` tries every n of one
@@ -30,7 +32,8 @@ use std::rc::Rc;
 use bytes::Bytes;
 use common::{run, small_config, Model, Rec};
 use magnetar_storage::sim::{FaultError, FaultKind, SimDisk, SimRng};
-use magnetar_storage::{EntryLog, LogConfig, StorageError};
+use magnetar_storage::{key_hash, EntryLog, IndexExtras, LogConfig, StorageError};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Runs `steps` random operations on `log`, extending `model`. Returns when
 /// done or as soon as the log refuses work (the disk crashed under it).
@@ -45,7 +48,7 @@ async fn workload(log: &EntryLog<SimDisk>, model: &mut Model, rng: &mut SimRng, 
             0..=11 => {
                 let ledger = model.ledger_of(rng.below(4));
                 let body = common::body(rng, step as u64);
-                match log.append(ledger, body.clone()) {
+                match log.append_with(ledger, body.clone(), extras_of(&body, step)) {
                     Ok(a) => {
                         assert_eq!(
                             a.entry,
@@ -97,6 +100,32 @@ async fn workload(log: &EntryLog<SimDisk>, model: &mut Model, rng: &mut SimRng, 
                     acked_lsn.set(acked_lsn.get().max(l));
                 }
             }
+            19 => {
+                // Compaction: copies live entries of sparse segments to the
+                // tail, then checkpoints (which deletes the emptied ones).
+                match log.compact().await {
+                    Ok(st) => {
+                        COMPACTED.with(|c| {
+                            let (m, r) = c.get();
+                            c.set((m + st.entries_moved, r + st.segments_removed));
+                        });
+                    }
+                    Err(StorageError::Corrupt { .. }) => {
+                        panic!("compaction found damage (replay: MAGNETAR_SEED={})", SEED.with(|s| s.get()))
+                    }
+                    Err(_) => {
+                        stopped = true;
+                        break;
+                    }
+                }
+            }
+            18 if rng.chance(1, 3) => {
+                // Key index upkeep: writes files of 16 items.
+                if log.maintain_key_index(rng.chance(1, 4)).await.is_err() && log.is_failed() {
+                    stopped = true;
+                    break;
+                }
+            }
             18 => {
                 for _ in 0..rng.below(4) {
                     futures_lite::future::yield_now().await;
@@ -141,14 +170,60 @@ async fn workload(log: &EntryLog<SimDisk>, model: &mut Model, rng: &mut SimRng, 
     model.acked = model.acked.max(base + acked_new);
 }
 
+/// The key an entry is appended with (none for a quarter of them), from
+/// its body, so that the oracle can recompute it.
+fn key_of(body: &[u8]) -> Option<String> {
+    let k = body.first().copied().unwrap_or(0) % 4;
+    (k != 0).then(|| format!("key-{k}"))
+}
+
+fn extras_of(body: &[u8], step: usize) -> IndexExtras {
+    IndexExtras {
+        publish_time_ms: step as u64,
+        key_hash: key_of(body).map_or(0, |k| key_hash(k.as_bytes())),
+        tag_hash: 0,
+    }
+}
+
+/// The key index after recovery: exactly the recovered entries with each key.
+async fn check_keys(model: &Model, log: &EntryLog<SimDisk>, ctx: &str) {
+    let mut want: BTreeMap<String, BTreeSet<(u64, u64)>> = BTreeMap::new();
+    let deleted: BTreeSet<u64> =
+        model.recs.iter().filter_map(|r| if let Rec::Delete { ledger } = r { Some(*ledger) } else { None }).collect();
+    for r in &model.recs {
+        if let Rec::Entry { ledger, entry, body } = r {
+            if let (Some(k), false) = (key_of(body), deleted.contains(ledger)) {
+                want.entry(k).or_default().insert((*ledger, *entry));
+            }
+        }
+    }
+    for k in 1..4 {
+        let key = format!("key-{k}");
+        let got: BTreeSet<(u64, u64)> = log
+            .find_key(key_hash(key.as_bytes()), &|_| true, None, usize::MAX)
+            .await
+            .unwrap_or_else(|e| panic!("{ctx}: find_key: {e}"))
+            .into_iter()
+            .map(|h| (h.ledger, h.entry))
+            .collect();
+        assert_eq!(got, want.remove(&key).unwrap_or_default(), "{ctx}: key index for {key}");
+    }
+}
+
 fn cfg() -> LogConfig {
-    small_config("/shard-0")
+    let mut c = small_config("/shard-0");
+    c.key_index_items_per_file = 16;
+    // Compact eagerly, so that the small workloads do it often.
+    c.compaction_live_pct = 60;
+    c
 }
 
 thread_local! {
     /// (recoveries, with a torn tail truncated, crashes inside recovery,
     ///  unacknowledged records lost, unacknowledged records recovered)
     static STATS: Cell<(u64, u64, u64, u64, u64)> = const { Cell::new((0, 0, 0, 0, 0)) };
+    /// Entries moved and segments removed by compaction passes.
+    static COMPACTED: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
     /// Recoveries that found segments removed by garbage collection.
     static GC_SEEN: Cell<u64> = const { Cell::new(0) };
     /// The seed being run, for messages from inside the workload.
@@ -172,6 +247,8 @@ fn print_stats(name: &str) {
          unacknowledged records: {lost} lost, {kept} recovered"
     );
     println!("{name}: {} recoveries found segments removed by garbage collection", GC_SEEN.with(|g| g.get()));
+    let (moved, removed) = COMPACTED.with(|c| c.get());
+    println!("{name}: compaction moved {moved} entries; its checkpoints removed {removed} segments");
     FAULTS.with(|f| {
         if !f.borrow().is_empty() {
             println!("{name}: injected faults that fired: {:?}", f.borrow());
@@ -182,6 +259,7 @@ fn print_stats(name: &str) {
 /// Verifies and counts what happened to unacknowledged records.
 async fn check(model: &Model, log: &EntryLog<SimDisk>, ctx: &str) -> Model {
     let m = model.verify(log, ctx).await;
+    check_keys(&m, log, ctx).await;
     // Holes in the segment sequence: garbage collection removed segments.
     let segs = log.segments();
     if segs.windows(2).any(|w| w[1].0 != w[0].0 + (64 << 10)) || segs.first().is_some_and(|s| s.0 > 0) {

@@ -4,7 +4,7 @@
 //! recovery would restore (ledgers, entry bytes, metadata, where the log
 //! ends and how much torn tail gets truncated), and `Verify` names the file
 //! and offset of damage anywhere in the log, the index files or the
-//! checkpoint.
+//! checkpoint. Workloads include compaction passes.
 //!
 //! Method: workloads on a `SimDisk`, crashed by seed; the crash image is
 //! exported to a temporary directory and loaded by the inspector in both
@@ -23,6 +23,14 @@ use common::{run, shard_dir, small_config};
 use magnetar_storage::inspect::{ScanMode, ShardImage, Tail};
 use magnetar_storage::sim::{SimDisk, SimRng};
 use magnetar_storage::{CorruptReason, EntryLog, StorageError};
+
+/// Compacts eagerly, so that crash images hold moved entries and removed
+/// segments.
+fn cfg() -> magnetar_storage::LogConfig {
+    let mut c = small_config("/shard-0");
+    c.compaction_live_pct = 60;
+    c
+}
 
 fn load(root: &Path, mode: ScanMode) -> Result<ShardImage, StorageError> {
     ShardImage::load(&root.join("shard-0"), mode, &mut |_, _| {})
@@ -50,6 +58,10 @@ async fn workload(log: &EntryLog<SimDisk>, rng: &mut SimRng, steps: usize) {
                 Some(l) => log.wait_durable(l).await.map(|_| l),
                 None => continue,
             },
+            _ if rng.chance(1, 2) => match log.compact().await {
+                Ok(_) => continue,
+                Err(e) => Err(e),
+            },
             _ => match log.checkpoint().await {
                 Ok(()) => continue,
                 Err(e) => Err(e),
@@ -69,7 +81,7 @@ async fn one_seed(seed: u64) {
     let ctx = format!("seed {seed} (replay: MAGNETAR_SEED={seed})");
     let mut rng = SimRng::new(seed);
     let disk = SimDisk::new();
-    let (log, _) = EntryLog::open_with(disk.clone(), small_config("/shard-0")).await.unwrap();
+    let (log, _) = EntryLog::open_with(disk.clone(), cfg()).await.unwrap();
     disk.crash_at_op(disk.ops() + 5 + rng.below(200), rng.next_u64());
     let steps = 40 + rng.below(120) as usize;
     workload(&log, &mut rng, steps).await;
@@ -95,7 +107,7 @@ async fn one_seed(seed: u64) {
         assert_eq!(l.index, full.ledgers[id].index, "{ctx}: ledger {id}");
     }
 
-    let (log, rec) = EntryLog::open_with(image, small_config("/shard-0")).await.unwrap();
+    let (log, rec) = EntryLog::open_with(image, cfg()).await.unwrap();
     let recovered: BTreeMap<u64, u64> = log.ledgers().into_iter().filter(|(_, n)| *n > 0).collect();
     assert_eq!(counts(&tail), recovered, "{ctx}: ledgers");
     let meta: BTreeMap<Vec<u8>, Vec<u8>> = log.meta_prefix(b"").into_iter().map(|(k, v)| (k, v.to_vec())).collect();

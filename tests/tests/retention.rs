@@ -112,8 +112,12 @@ where
 
 fn dir_bytes(p: &Path) -> u64 {
     let mut total = 0;
-    for e in std::fs::read_dir(p).unwrap().flatten() {
-        let md = e.metadata().unwrap();
+    // The broker keeps creating, renaming and removing files meanwhile
+    // (segments, checkpoint.tmp, key index files): one that vanished
+    // between the listing and its stat counts as gone.
+    let Ok(rd) = std::fs::read_dir(p) else { return 0 };
+    for e in rd.flatten() {
+        let Ok(md) = e.metadata() else { continue };
         total += if md.is_dir() { dir_bytes(&e.path()) } else { md.len() };
     }
     total

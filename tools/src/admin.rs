@@ -8,6 +8,20 @@
 //! line; `get`/`policies`/`lookup` commands print one JSON document on one
 //! line; commands that change something print nothing. Errors go to stderr
 //! with a non-zero exit status.
+//!
+//! `magnetar admin messages find TOPIC --key K [--before T] [--limit N]`
+//! (issue #3): the newest messages with key K (all partitions of a
+//! partitioned topic), newest first, found through the broker's key index
+//! without scanning the log. T is a publish time: milliseconds since the
+//! epoch or RFC 3339 in UTC (`2026-11-30T03:00:00Z`); only messages
+//! published before it. N defaults to 10 (at most 1,000). One JSON object a
+//! line: `{"id":"L:E:P:B","key":…,"properties":{…},"publish_time_ms":…,
+//! "payload_size":…,"payload":"…","topic":…}`, with `"payload_base64"`
+//! instead of `"payload"` when the payload is not UTF-8 (as `consume
+//! --output jsonl`); B is -1 for a message that is not in a batch. A
+//! compressed batch is one line for the whole entry with `"compression"` and
+//! `"batch_messages"` (the broker never decompresses). If the answer was cut
+//! at its 4 MiB payload bound, stderr says so.
 
 use crate::produce::DEFAULT_URL;
 use magnetar_client::{normalize_topic, Client};
@@ -38,6 +52,35 @@ pub enum AdminCmd {
     /// Subscriptions of a topic.
     #[command(subcommand)]
     Subscriptions(SubscriptionsCmd),
+    #[command(subcommand)]
+    Messages(MessagesCmd),
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum MessagesCmd {
+    /// The newest messages with a key (see the module docs for the output).
+    Find {
+        topic: String,
+        #[arg(long)]
+        key: String,
+        /// Only messages published before this time: ms since the epoch or
+        /// RFC 3339 in UTC.
+        #[arg(long, value_parser = parse_time_ms)]
+        before: Option<u64>,
+        #[arg(long, default_value_t = 10)]
+        limit: u32,
+    },
+}
+
+/// Milliseconds since the epoch, or an RFC 3339 time in UTC.
+fn parse_time_ms(s: &str) -> Result<u64, String> {
+    if let Ok(ms) = s.parse::<u64>() {
+        return Ok(ms);
+    }
+    let t = humantime::parse_rfc3339(s)
+        .map_err(|e| format!("{s:?} is neither milliseconds since the epoch nor RFC 3339 in UTC: {e}"))?;
+    let d = t.duration_since(std::time::UNIX_EPOCH).map_err(|_| format!("{s:?} is before 1970"))?;
+    u64::try_from(d.as_millis()).map_err(|_| format!("{s:?} is too far in the future"))
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -199,6 +242,24 @@ async fn admin(args: AdminArgs) -> Result<(), Box<dyn Error>> {
             println!("{}", serde_json::to_string_pretty(&value)?);
             return Ok(());
         }
+        AdminCmd::Messages(MessagesCmd::Find { topic: t, key, before, limit }) => {
+            let client = Client::connect(&args.url).await?;
+            let answer = client
+                .admin()
+                .call("messages.find", json!({ "topic": topic(&t)?, "key": key, "before_ms": before, "limit": limit }))
+                .await;
+            client.close();
+            let answer = answer?;
+            for m in answer["messages"].as_array().map(Vec::as_slice).unwrap_or_default() {
+                println!("{}", found_line(m));
+            }
+            if answer["truncated"].as_bool() == Some(true) {
+                eprintln!(
+                    "answer cut at the broker's payload bound; ask with a smaller --limit or an earlier --before"
+                );
+            }
+            return Ok(());
+        }
         AdminCmd::Tenants(c) => match c {
             TenantsCmd::List => ("tenants.list", json!({}), Print::Lines),
             TenantsCmd::Create { tenant } => ("tenants.create", json!({ "tenant": tenant }), Print::Nothing),
@@ -306,4 +367,72 @@ async fn admin(args: AdminArgs) -> Result<(), Box<dyn Error>> {
         }
     }
     Ok(())
+}
+
+/// One output line of `messages find`, fields in contract order.
+#[derive(serde::Serialize)]
+struct FoundRecord<'a> {
+    id: &'a Value,
+    key: &'a Value,
+    properties: &'a Value,
+    publish_time_ms: &'a Value,
+    payload_size: &'a Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload_base64: Option<&'a str>,
+    topic: &'a Value,
+    #[serde(skip_serializing_if = "Value::is_null")]
+    compression: &'a Value,
+    #[serde(skip_serializing_if = "Value::is_null")]
+    batch_messages: &'a Value,
+}
+
+/// The payload as text when it is UTF-8, else base64 (as the broker sent it).
+fn found_line(m: &Value) -> String {
+    use base64::Engine as _;
+    let b64 = m["payload_base64"].as_str().unwrap_or_default();
+    let bytes = base64::engine::general_purpose::STANDARD.decode(b64).unwrap_or_default();
+    let (payload, payload_base64) = match String::from_utf8(bytes) {
+        Ok(text) => (Some(text), None),
+        Err(_) => (None, Some(b64)),
+    };
+    let r = FoundRecord {
+        id: &m["id"],
+        key: &m["key"],
+        properties: &m["properties"],
+        publish_time_ms: &m["publish_time_ms"],
+        payload_size: &m["payload_size"],
+        payload,
+        payload_base64,
+        topic: &m["topic"],
+        compression: &m["compression"],
+        batch_messages: &m["batch_messages"],
+    };
+    serde_json::to_string(&r).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn before_accepts_ms_and_rfc3339() {
+        assert_eq!(parse_time_ms("1700000000123"), Ok(1_700_000_000_123));
+        assert_eq!(parse_time_ms("2023-11-14T22:13:20Z"), Ok(1_700_000_000_000));
+        assert_eq!(parse_time_ms("2023-11-14T22:13:20.5Z"), Ok(1_700_000_000_500));
+        assert!(parse_time_ms("yesterday").is_err());
+    }
+
+    #[test]
+    fn found_line_text_or_base64() {
+        let m = json!({"id":"1:2:-1:-1","key":"k","properties":{"a":"b"},"publish_time_ms":5,"payload_size":2,
+            "payload_base64":"aGk=","topic":"persistent://public/default/t"});
+        assert_eq!(
+            found_line(&m),
+            r#"{"id":"1:2:-1:-1","key":"k","properties":{"a":"b"},"publish_time_ms":5,"payload_size":2,"payload":"hi","topic":"persistent://public/default/t"}"#
+        );
+        let m = json!({"id":"1:2:-1:-1","payload_base64":"/w==","payload_size":1});
+        assert!(found_line(&m).contains(r#""payload_base64":"/w==""#));
+    }
 }

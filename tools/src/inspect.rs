@@ -265,7 +265,8 @@ fn shard_json(name: &str, img: &ShardImage) -> Value {
         "dir": img.dir.display().to_string(),
         "clean_shutdown": img.clean,
         "checkpoint": img.checkpoint.as_ref().map(|c| json!({"seq": c.ckpt_seq, "position": c.position,
-            "next_batch_seq": c.next_batch_seq, "ledgers": c.ledgers.len(), "meta_keys": c.meta.len()})),
+            "next_batch_seq": c.next_batch_seq, "ledgers": c.ledgers.len(), "meta_keys": c.meta.len(),
+            "relocations": c.relocations.len()})),
         "tail": tail_json(&img.tail),
         "segments": segments,
         "ledgers": ledgers,
@@ -273,6 +274,10 @@ fn shard_json(name: &str, img: &ShardImage) -> Value {
         "checked": {"bytes_scanned": c.bytes_scanned, "batches": c.batches, "records": c.records,
                     "index_pages": c.index_pages, "index_entries": c.index_entries},
         "stray_files": img.stray_files.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+        "key_files": img.key_files.iter().map(|k| json!({"file": k.path.display().to_string(), "seq": k.header.seq,
+            "items": k.header.items, "ledgers": k.header.ledgers.len(), "min_publish_time_ms": k.header.min_time_ms,
+            "max_publish_time_ms": k.header.max_time_ms})).collect::<Vec<_>>(),
+        "key_pages_checked": c.key_pages,
     })
 }
 
@@ -282,12 +287,13 @@ fn print_shard(name: &str, img: &ShardImage, verified: bool) {
     println!("\n{name} ({}): {state}", img.dir.display());
     match &img.checkpoint {
         Some(c) => println!(
-            "  checkpoint #{} at log position {} (batch {}), {} ledgers indexed, {} metadata keys",
+            "  checkpoint #{} at log position {} (batch {}), {} ledgers indexed, {} metadata keys, {} entries relocated by compaction",
             c.ckpt_seq,
             c.position,
             c.next_batch_seq,
             c.ledgers.len(),
-            c.meta.len()
+            c.meta.len(),
+            c.relocations.len()
         ),
         None => println!("  no checkpoint yet"),
     }
@@ -341,17 +347,31 @@ fn print_shard(name: &str, img: &ShardImage, verified: bool) {
             println!("      unreadable: {e}");
         }
     }
+    if !img.key_files.is_empty() {
+        println!("  key index files:");
+        for k in &img.key_files {
+            let name = k.path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+            println!(
+                "    {name}  items {:>9}  ledgers {:>5}  publish times {}..={}",
+                k.header.items,
+                k.header.ledgers.len(),
+                k.header.min_time_ms,
+                k.header.max_time_ms
+            );
+        }
+    }
     for p in &img.stray_files {
         println!("  stray file {}", p.display());
     }
     let c = &img.checked;
     if verified {
         println!(
-            "  verify OK: {} batches, {} records, {} index pages, {} index entries checked ({} read)",
+            "  verify OK: {} batches, {} records, {} index pages, {} index entries, {} key index pages checked ({} read)",
             c.batches,
             c.records,
             c.index_pages,
             c.index_entries,
+            c.key_pages,
             mib(c.bytes_scanned)
         );
     }

@@ -51,6 +51,9 @@ pub fn small_config(dir: &str) -> LogConfig {
     c.write_cache_bytes = 8 << 10;
     c.checkpoint_interval = Duration::from_secs(3600);
     c.allow_tmpfs = true;
+    // Tests compact explicitly (`compact()`); no background task queue per open.
+    c.compaction_interval = Duration::ZERO;
+    c.key_index_interval = Duration::ZERO;
     c
 }
 

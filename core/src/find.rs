@@ -1,0 +1,137 @@
+//! Lookup of messages by key (`magnetar admin messages find`), on the shard
+//! that owns the topic: candidates from the storage key index (newest
+//! first, by key hash, without scanning the log), each confirmed by reading
+//! the entry and comparing its key, since 32-bit hashes collide.
+//!
+//! What is indexed is the entry's key: a message's key, or a batch's shared
+//! key (key-based batching; a batch of mixed keys has none, so its messages
+//! are not found by key). Inside an uncompressed batch, the messages with
+//! the key are returned one by one; a compressed one is returned whole (the
+//! broker never decompresses).
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use base64::Engine as _;
+use magnetar_storage::{key_hash, StorageError};
+use magnetar_wire::{decode_batch, decode_message, CompressionType, ErrorCode};
+use serde_json::{json, Value};
+
+use crate::error::CoreError;
+use crate::shard::Shard;
+use crate::topic_name::TopicName;
+
+/// Most messages one lookup returns.
+pub(crate) const FIND_LIMIT_MAX: u32 = 1000;
+/// Most payload bytes one answer carries (the rest of the messages are left
+/// out and `truncated` is set), so an answer stays far below the frame limit.
+const FIND_PAYLOAD_BYTES_MAX: usize = 4 << 20;
+/// Rounds of asking the index for more candidates when hash collisions or
+/// deleted entries left fewer confirmed messages than asked for.
+const FIND_ROUNDS_MAX: usize = 4;
+
+/// The ledgers holding `topic`'s entries on this shard, if it exists.
+pub(crate) fn topic_ledgers(shard: &Shard, topic: &str) -> Option<Vec<u64>> {
+    shard.topic_ledger_ids(topic)
+}
+
+/// Finds up to `limit` messages of `topic` (one partition or a plain topic)
+/// with key `key`, published before `before_ms` if given, newest first.
+/// Answers `{"messages":[…],"truncated":bool}`.
+pub(crate) async fn find_messages(
+    shard: &Rc<Shard>,
+    topic: &str,
+    key: &str,
+    before_ms: Option<u64>,
+    limit: u32,
+) -> Result<Value, CoreError> {
+    let tn = TopicName::parse(topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+    let partition = tn.partition().and_then(|p| i32::try_from(p).ok()).unwrap_or(-1);
+    let ledgers = topic_ledgers(shard, topic)
+        .ok_or_else(|| CoreError::new(ErrorCode::TopicNotFound, format!("topic {topic} does not exist")))?;
+    let limit = limit.min(FIND_LIMIT_MAX) as usize;
+    let hash = key_hash(key.as_bytes());
+    let mut out: Vec<Value> = Vec::new();
+    let mut payload_bytes = 0usize;
+    let mut truncated = false;
+    let mut seen = 0usize;
+    let mut want = limit * 2 + 16;
+    'rounds: for _ in 0..FIND_ROUNDS_MAX {
+        let ok = |l: u64| ledgers.contains(&l);
+        let hits = shard.log.find_key(hash, &ok, before_ms, want).await?;
+        for hit in hits.iter().skip(seen) {
+            let blob = match shard.log.read(hit.ledger, hit.entry).await {
+                Ok(b) => b,
+                // Deleted meanwhile (retention): not an error for a lookup.
+                Err(StorageError::NoSuchEntry { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let Ok((meta, payload)) = decode_message(&blob) else { continue };
+            let id = |batch: i64| format!("{}:{}:{partition}:{batch}", hit.ledger, hit.entry);
+            let mut found: Vec<(String, BTreeMap<String, String>, bytes::Bytes)> = Vec::new();
+            let mut compression = None;
+            if meta.num_messages <= 1 || meta.compression != CompressionType::None {
+                if meta.partition_key.as_deref() == Some(key) {
+                    let props = meta.properties.iter().cloned().collect();
+                    found.push((id(-1), props, payload.clone()));
+                    if meta.compression != CompressionType::None {
+                        compression = Some(format!("{:?}", meta.compression));
+                    }
+                }
+            } else if let Ok(records) = decode_batch(&payload, meta.num_messages) {
+                // Newest first inside the batch too.
+                for (i, r) in records.iter().enumerate().rev() {
+                    if r.partition_key.as_deref() == Some(key) {
+                        found.push((id(i as i64), r.properties.iter().cloned().collect(), r.payload.clone()));
+                    }
+                }
+            }
+            for (id, properties, payload) in found {
+                if out.len() >= limit {
+                    break 'rounds;
+                }
+                if payload_bytes + payload.len() > FIND_PAYLOAD_BYTES_MAX {
+                    truncated = true;
+                    break 'rounds;
+                }
+                payload_bytes += payload.len();
+                let mut m = json!({
+                    "id": id,
+                    "key": key,
+                    "properties": properties,
+                    "publish_time_ms": meta.publish_time_ms,
+                    "payload_size": payload.len(),
+                    "payload_base64": base64::engine::general_purpose::STANDARD.encode(&payload),
+                    "topic": topic,
+                });
+                if let Some(c) = &compression {
+                    m["compression"] = json!(c);
+                    m["batch_messages"] = json!(meta.num_messages.max(1));
+                }
+                out.push(m);
+            }
+        }
+        if out.len() >= limit || hits.len() < want {
+            break;
+        }
+        seen = hits.len();
+        want *= 4;
+    }
+    Ok(json!({ "messages": out, "truncated": truncated }))
+}
+
+/// Merges the answers of several partitions: newest first, `limit` in all.
+pub(crate) fn merge(answers: Vec<Value>, limit: u32) -> Value {
+    let mut all: Vec<Value> = Vec::new();
+    let mut truncated = false;
+    for a in answers {
+        truncated |= a["truncated"].as_bool().unwrap_or(false);
+        if let Some(ms) = a["messages"].as_array() {
+            all.extend(ms.iter().cloned());
+        }
+    }
+    // Stable: within one partition the order (batch index) is kept.
+    all.sort_by_key(|m| std::cmp::Reverse(m["publish_time_ms"].as_u64().unwrap_or(0)));
+    all.truncate(limit.min(FIND_LIMIT_MAX) as usize);
+    json!({ "messages": all, "truncated": truncated })
+}
