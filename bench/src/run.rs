@@ -13,9 +13,12 @@
 //! intended send time `start + i / rate_per_producer`; the producer never
 //! sends before it, and publish and end-to-end latency count from it. So a
 //! stalled broker is charged for every message that should have gone out
-//! during the stall (no coordinated omission). With `rate = 0` the intended
-//! time is when the producer asks to send, before waiting for a free
-//! `max_pending` slot (`max_pending` counts messages, per partition). The
+//! during the stall (no coordinated omission). With `rate = 0` there is no
+//! schedule: a message's time starts when it gets a free `max_pending` slot
+//! and is sent (`max_pending` counts messages, per partition). Starting it
+//! before the slot charged each message of a one-at-a-time run with its
+//! predecessor's round trip, so that shape reported two round trips
+//! (issue #6, bench/README.md "where a lone message's time goes"). The
 //! intended time travels in the first 8 bytes of the
 //! payload (nanoseconds since the run's epoch; producer and consumer share
 //! one process and one monotonic clock), so end-to-end latency has
@@ -251,7 +254,7 @@ async fn produce_loop(ctx: ProducerCtx, plan: ProducerPlan, w: Workload, rec: Re
         if plan.count.is_some_and(|c| i >= c) {
             break;
         }
-        let intended = if plan.rate > 0.0 {
+        let scheduled = if plan.rate > 0.0 {
             let at = start + Duration::from_secs_f64(i as f64 / plan.rate);
             if plan.stop_at.is_some_and(|s| at >= s) {
                 break;
@@ -261,17 +264,19 @@ async fn produce_loop(ctx: ProducerCtx, plan: ProducerPlan, w: Workload, rec: Re
                 // measurement, since latency counts from `at`.
                 tokio::time::sleep_until(at.into()).await;
             }
-            at
+            Some(at)
         } else {
-            let now = Instant::now();
-            if plan.stop_at.is_some_and(|s| now >= s) {
+            if plan.stop_at.is_some_and(|s| Instant::now() >= s) {
                 break;
             }
-            now
+            None
         };
-        // A free in-flight slot first (the intended time is already fixed, so
-        // waiting here is charged to latency). Never closed while we hold ctx.
+        // A free in-flight slot first. With a rate the intended time is
+        // already fixed, so waiting here is charged to latency; without one
+        // the message's time starts once it has a slot (see the module doc).
+        // Never closed while we hold ctx.
         let Ok(permit) = ctx.in_flight.clone().acquire_owned().await else { break };
+        let intended = scheduled.unwrap_or_else(Instant::now);
         let size = sizes.next(&mut rng);
         // The client routes: keyed messages by the key's hash (FNV-1a),
         // the others round-robin.

@@ -219,6 +219,22 @@ async fn below_capacity_latency_is_the_broker_delay() {
     .expect("test timed out");
 }
 
+/// As fast as possible, one in flight: each message's latency is one round
+/// trip (the broker's delay), not its own plus the wait for its
+/// predecessor's receipt, which made this shape report two delays.
+#[tokio::test]
+async fn one_at_a_time_latency_is_one_round_trip() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let (publish, _e2e, produced) = measure(0, 1).await;
+        // 1 s window, 20 ms per message: ~50 messages.
+        assert!((20..=55).contains(&produced), "{produced} messages in 1 s one at a time");
+        let d = DELAY.as_secs_f64() * 1e3;
+        assert!(publish.p50 >= d && publish.p50 < 1.5 * d, "publish p50 {} vs delay {d}", publish.p50);
+    })
+    .await
+    .expect("test timed out");
+}
+
 /// Above capacity: 100 msg/s scheduled, but one in flight and a 20 ms delay
 /// allow at most 50/s, so message i (intended at 10·i ms) completes at about
 /// 20·(i+1) ms or later: its latency is at least 20 + 10·i ms and grows

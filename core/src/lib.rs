@@ -37,6 +37,7 @@ mod topic_policies;
 pub use config::BrokerConfig;
 pub use error::{CoreError, StartError};
 pub use launch::{launch, Running};
+pub use magnetar_storage::stage;
 pub use shard::{
     decode_topic_meta, Broker, ConsumerEvent, ConsumerHandle, ConsumerRef, ProducerHandle, SeekTarget,
     SubscribeRequest, LEDGER_ID_SHARD_STRIDE, SHARDS_MAX,

@@ -731,6 +731,7 @@ impl Shard {
         num_messages: u32,
         blob: Bytes,
     ) -> LocalBoxFuture<'static, OpResult> {
+        crate::stage::mark("2_owner_send");
         let appended = (|| {
             if self.draining.get() {
                 return Err(CoreError::new(ErrorCode::ServiceNotReady, "broker is shutting down"));
@@ -851,6 +852,7 @@ impl Shard {
         let (id, pos, lsn) = appended;
         async move {
             let r = me.log.wait_durable(lsn).await;
+            crate::stage::mark("7_owner_durable");
             me.inflight.set(me.inflight.get() - 1);
             r?;
             topic.on_durable(pos);

@@ -136,7 +136,10 @@ pub(crate) async fn run(broker: Broker, stream: TcpStream, limits: ConnectionLim
                 writer_out.signal.wait().await;
                 continue;
             }
-            if let Err(e) = writer.write_all(&chunk).await {
+            magnetar_core::stage::mark("9_writer_woke");
+            let written = writer.write_all(&chunk).await;
+            magnetar_core::stage::mark("10_written");
+            if let Err(e) = written {
                 tracing::debug!("write failed: {e}");
                 writer_out.closed.set(true);
                 break;
@@ -485,6 +488,7 @@ impl Conn {
             );
             return Ok(());
         };
+        magnetar_core::stage::mark("1_conn_send");
         let bytes = payload.len();
         self.inflight_bytes.set(self.inflight_bytes.get() + bytes);
         let fut = self.broker.send(&p.handle, sequence_id, num_messages, payload);
@@ -504,6 +508,7 @@ impl Conn {
         glommio::spawn_local(async move {
             while let Some(receipt) = rx.recv().await {
                 let (sequence_id, bytes, result) = receipt.await;
+                magnetar_core::stage::mark("8_conn_receipt");
                 match result {
                     Ok(message_id) => out.push(&Command::SendReceipt { producer_id, sequence_id, message_id }, &[]),
                     Err(e) => out

@@ -34,6 +34,7 @@ pub mod keyindex;
 mod log;
 mod recovery;
 pub mod sim;
+pub mod stage;
 
 pub use compact::CompactionStats;
 pub use disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
