@@ -20,6 +20,9 @@ pub struct BrokerConfig {
     pub cursor_persist_interval: Duration,
     /// Storage: entry-log segment size.
     pub segment_bytes: u64,
+    /// Write zeros over new segments instead of only fallocating them (see
+    /// `magnetar_storage::LogConfig::prezero_segments`).
+    pub prezero_segments: bool,
     /// Storage: recent entries kept in memory per shard.
     pub write_cache_bytes: usize,
     /// Storage: largest single group-commit write.
@@ -59,6 +62,7 @@ impl BrokerConfig {
             message_bytes_max: 5 * 1024 * 1024,
             cursor_persist_interval: Duration::from_millis(100),
             segment_bytes: 256 * 1024 * 1024,
+            prezero_segments: false,
             write_cache_bytes: 256 * 1024 * 1024,
             flush_bytes_max: 4 * 1024 * 1024,
             allow_tmpfs: false,

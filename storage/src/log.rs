@@ -68,6 +68,14 @@ pub struct LogConfig {
     /// removes those of deleted ledgers (zero: never; lookups still work
     /// from memory). Default 10 s.
     pub key_index_interval: Duration,
+    /// Write zeros over each new segment (in the background, when the spare
+    /// is created) instead of only reserving it with fallocate. On ext4 an
+    /// fdatasync after writing into reserved-but-unwritten extents also
+    /// commits the extent conversion in the journal; overwriting written
+    /// blocks does not (fio, 4 KiB write + fdatasync, alternating rounds:
+    /// p50 80–272 µs into fallocated space, 43–47 µs overwriting). Costs one
+    /// extra sequential write of every segment. Default off.
+    pub prezero_segments: bool,
 }
 
 impl LogConfig {
@@ -88,6 +96,7 @@ impl LogConfig {
             compaction_shares: 50,
             key_index_items_per_file: 1 << 18,
             key_index_interval: Duration::from_secs(10),
+            prezero_segments: false,
         }
     }
 
@@ -503,6 +512,17 @@ impl<D: Disk> Shared<D> {
         // during an earlier creation, before any batch reached it.
         let file = self.disk.open(&path, OpenMode::Truncate).await.map_err(self.io("create segment", &path))?;
         file.allocate(len).await.map_err(self.io("preallocate segment", &path))?;
+        if self.cfg.prezero_segments {
+            // 1 MiB at a time (a multiple of the page size; segment_bytes is
+            // one too, so the last chunk is page-aligned as well).
+            let zeros = vec![0u8; (1 << 20).min(len as usize)];
+            let mut pos = 0;
+            while pos < len {
+                let n = zeros.len().min((len - pos) as usize);
+                file.write_at(pos, &zeros[..n]).await.map_err(self.io("zero new segment", &path))?;
+                pos += n as u64;
+            }
+        }
         // Size and name must be durable before a batch in this segment is
         // acknowledged, or recovery could not find the batch.
         file.sync().await.map_err(self.io("fdatasync new segment", &path))?;

@@ -21,6 +21,11 @@ pub struct StandaloneArgs {
     /// Entry-log segment size in MiB.
     #[arg(long, default_value_t = 256)]
     pub segment_mib: u64,
+    /// Write zeros over each new segment in the background instead of only
+    /// reserving it: a receipt's fdatasync then overwrites written blocks
+    /// (cheaper on ext4), at the cost of writing every segment twice.
+    #[arg(long)]
+    pub segment_prezero: bool,
     /// Recent entries kept in memory per shard, in MiB.
     #[arg(long, default_value_t = 256)]
     pub write_cache_mib: usize,
@@ -79,6 +84,7 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     let mut config = BrokerConfig::new(&args.data_dir, shards);
     config.pin_cpus = !args.no_pin;
     config.segment_bytes = args.segment_mib * 1024 * 1024;
+    config.prezero_segments = args.segment_prezero;
     config.write_cache_bytes = args.write_cache_mib * 1024 * 1024;
     config.allow_tmpfs = args.allow_tmpfs;
     config.disk_watermarks.refuse_pct = args.disk_refuse_pct;
