@@ -707,21 +707,6 @@ mod tests {
         assert_eq!(err.reason, "too many ack bits", "{err}");
     }
 
-    /// SplitMix64: small, seedable, replayable.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
-
     /// Decoding a damaged or hostile `s/` record errors and never panics:
     /// random byte strings, and valid records with bytes flipped, cut,
     /// inserted or overwritten with extreme values. A record that decodes
@@ -733,7 +718,7 @@ mod tests {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
         });
         eprintln!("decode_of_damaged_records_errors_and_never_panics: MAGNETAR_SEED={seed}");
-        let mut rng = Rng(seed);
+        let mut rng = magnetar_storage::sim::SimRng::new(seed);
         let mut valid = Vec::new();
         for v in 0..16u64 {
             let mut batch_acks = BatchAcks::default();
@@ -754,35 +739,17 @@ mod tests {
                 .encode(),
             );
         }
-        let extremes: [&[u8]; 4] = [&[0xff; 4], &[0; 4], &[0x00, 0x00, 0x10, 0x00], &[0x01, 0x00, 0x10, 0x00]];
         for case in 0..20_000u64 {
             let bytes = if rng.below(4) == 0 {
-                let mut b = vec![0u8; rng.below(300) as usize];
-                b.iter_mut().for_each(|x| *x = rng.next() as u8);
+                let n = rng.below(300) as usize;
+                let mut b = rng.bytes(n);
                 if !b.is_empty() {
                     b[0] = 1;
                 }
                 b
             } else {
-                let mut b = valid[rng.below(valid.len() as u64) as usize].clone();
-                for _ in 0..=rng.below(3) {
-                    let at = rng.below(b.len() as u64 + 1) as usize;
-                    match rng.below(5) {
-                        0 if at < b.len() => b[at] ^= 1 << rng.below(8),
-                        1 => b.truncate(at),
-                        2 => b.insert(at, rng.next() as u8),
-                        3 if at < b.len() => {
-                            b.remove(at);
-                        }
-                        _ => {
-                            let x = extremes[rng.below(4) as usize];
-                            let end = (at + x.len()).min(b.len());
-                            let n = end.saturating_sub(at);
-                            b[at..end].copy_from_slice(&x[..n]);
-                        }
-                    }
-                }
-                b
+                let pick = valid[rng.below(valid.len() as u64) as usize].clone();
+                rng.mutate(pick)
             };
             let decoded = std::panic::catch_unwind(|| SubState::decode(&bytes))
                 .unwrap_or_else(|_| panic!("decode panicked: MAGNETAR_SEED={seed}, case {case}, bytes {bytes:?}"));

@@ -2,34 +2,16 @@
 //! them without nightly or libFuzzer: no decoder panics on random bytes or
 //! on valid encodings with bytes flipped, cut, inserted or overwritten.
 //!
-//! Method: per target, a few thousand inputs from a seeded SplitMix64 (the
+//! Method: per target, a few thousand inputs from a seeded `SimRng` (SplitMix64; the
 //! seed is printed; `MAGNETAR_SEED=<n>` replays it, `MAGNETAR_FUZZ_ITERS=<n>`
 //! runs longer), half of them mutations of real encodings (the seeds a
 //! libFuzzer corpus would start from). A panic names the target, seed and
 //! input.
 
 use bytes::BytesMut;
+use magnetar_storage::sim::SimRng;
 use magnetar_wire::{AckType, Command, MessageId, MessageMetadata};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-}
 
 fn seed() -> u64 {
     std::env::var("MAGNETAR_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
@@ -41,41 +23,18 @@ fn iterations() -> u64 {
     std::env::var("MAGNETAR_FUZZ_ITERS").ok().and_then(|s| s.parse().ok()).unwrap_or(20_000)
 }
 
-fn mutate(rng: &mut Rng, mut b: Vec<u8>) -> Vec<u8> {
-    const EXTREMES: [[u8; 4]; 4] = [[0xff; 4], [0; 4], [0x00, 0x00, 0x10, 0x00], [0x01, 0x00, 0x00, 0x80]];
-    for _ in 0..=rng.below(4) {
-        let at = rng.below(b.len() as u64 + 1) as usize;
-        match rng.below(5) {
-            0 if at < b.len() => b[at] ^= 1 << rng.below(8),
-            1 => b.truncate(at),
-            2 => b.insert(at, rng.next() as u8),
-            3 if at < b.len() => {
-                b.remove(at);
-            }
-            _ => {
-                let x = EXTREMES[rng.below(4) as usize];
-                let end = (at + 4).min(b.len());
-                let n = end.saturating_sub(at);
-                b[at..end].copy_from_slice(&x[..n]);
-            }
-        }
-    }
-    b
-}
-
 /// Runs `body` over random and mutated inputs.
 fn run(name: &str, body: fn(&[u8]), corpus: &[Vec<u8>], max_random: u64) {
     let seed = seed();
     eprintln!("{name}: MAGNETAR_SEED={seed}");
-    let mut rng = Rng(seed);
+    let mut rng = SimRng::new(seed);
     for case in 0..iterations() {
         let input = if corpus.is_empty() || rng.below(2) == 0 {
-            let mut b = vec![0u8; rng.below(max_random) as usize];
-            b.iter_mut().for_each(|x| *x = rng.next() as u8);
-            b
+            let n = rng.below(max_random) as usize;
+            rng.bytes(n)
         } else {
             let pick = corpus[rng.below(corpus.len() as u64) as usize].clone();
-            mutate(&mut rng, pick)
+            rng.mutate(pick)
         };
         if catch_unwind(AssertUnwindSafe(|| body(&input))).is_err() {
             panic!("{name} panicked: MAGNETAR_SEED={seed}, case {case}, input {input:?}");

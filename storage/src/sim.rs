@@ -48,6 +48,35 @@ impl SimRng {
     pub fn chance(&mut self, num: u64, den: u64) -> bool {
         self.below(den) < num
     }
+    /// `n` random bytes.
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next_u64() as u8).collect()
+    }
+    /// A few random damages to a valid encoding, as a fuzzer's mutator would
+    /// do: a bit flipped, cut short, a byte inserted or removed, or four bytes
+    /// overwritten with an extreme value (all ones, zeros, a large count).
+    /// Shared by the decoders' fuzz-style tests (core and `fuzz/`).
+    pub fn mutate(&mut self, mut b: Vec<u8>) -> Vec<u8> {
+        const EXTREMES: [[u8; 4]; 5] =
+            [[0xff; 4], [0; 4], [0x00, 0x00, 0x10, 0x00], [0x01, 0x00, 0x00, 0x80], [0x01, 0x00, 0x10, 0x00]];
+        for _ in 0..=self.below(4) {
+            let at = self.below(b.len() as u64 + 1) as usize;
+            match self.below(5) {
+                0 if at < b.len() => b[at] ^= 1 << self.below(8),
+                1 => b.truncate(at),
+                2 => b.insert(at, self.next_u64() as u8),
+                3 if at < b.len() => {
+                    b.remove(at);
+                }
+                _ => {
+                    let x = EXTREMES[self.below(EXTREMES.len() as u64) as usize];
+                    let end = (at + x.len()).min(b.len());
+                    b[at..end].copy_from_slice(&x[..end - at]);
+                }
+            }
+        }
+        b
+    }
 }
 
 /// The error an injected fault returns.
