@@ -238,10 +238,17 @@ impl<D: Disk> EntryLog<D> {
     }
 }
 
-/// The background compaction task: one pass every `interval`, in the task
-/// queue it was spawned into (few shares). Exits when the log is closed,
-/// failed or dropped.
-pub(crate) async fn compactor<D: Disk>(weak: Weak<Shared<D>>, interval: Duration) {
+/// A background task of the log: `pass` every `interval`, in the task queue
+/// it was spawned into (few shares). Exits when the log is closed, failed or
+/// dropped. A failed pass is logged; a write or fsync failure has already
+/// failed the log (fail-stop), anything else (damaged data stays where it
+/// is and reads report it; a read failure) is tried again next time.
+pub(crate) async fn every<D, P, F>(weak: Weak<Shared<D>>, interval: Duration, what: &'static str, pass: P)
+where
+    D: Disk,
+    P: Fn(EntryLog<D>) -> F,
+    F: std::future::Future<Output = Result<()>>,
+{
     if interval.is_zero() {
         return;
     }
@@ -252,38 +259,8 @@ pub(crate) async fn compactor<D: Disk>(weak: Weak<Shared<D>>, interval: Duration
             break;
         }
         let log = EntryLog { sh };
-        match log.compact().await {
-            Ok(_) => {}
-            // Damaged data stays where it is and reads report it; the log
-            // goes on. Anything else has already failed the log.
-            Err(e @ StorageError::Corrupt { .. }) => warn!(error = %e, "compaction pass stopped"),
-            Err(e) => {
-                warn!(error = %e, "compaction pass failed");
-                if log.is_failed() {
-                    break;
-                }
-            }
-        }
-    }
-}
-
-/// The background key index task: every `interval`, writes full key index
-/// files and removes those of deleted ledgers (`keyindex.rs`).
-pub(crate) async fn key_upkeep<D: Disk>(weak: Weak<Shared<D>>, interval: Duration) {
-    if interval.is_zero() {
-        return;
-    }
-    loop {
-        glommio::timer::sleep(interval).await;
-        let Some(sh) = weak.upgrade() else { break };
-        if sh.st.borrow().mode != Mode::Open {
-            break;
-        }
-        let log = EntryLog { sh };
-        // A write or fsync failure has failed the log (fail-stop); a read
-        // failure is retried next time.
-        if let Err(e) = log.maintain_key_index(false).await {
-            warn!(error = %e, "key index upkeep failed");
+        if let Err(e) = pass(log.clone()).await {
+            warn!(error = %e, "{what} failed");
             if log.is_failed() {
                 break;
             }

@@ -341,9 +341,14 @@ impl<D: Disk> EntryLog<D> {
                 "magnetar-storage-background",
             );
             let qerr = |e| StorageError::Config(format!("background task queue: {e}"));
-            let task = crate::compact::compactor(Rc::downgrade(&sh), compaction_interval);
+            let task =
+                crate::compact::every(Rc::downgrade(&sh), compaction_interval, "compaction pass", |log| async move {
+                    log.compact().await.map(drop)
+                });
             glommio::spawn_local_into(task, tq).map_err(qerr)?.detach();
-            let task = crate::compact::key_upkeep(Rc::downgrade(&sh), keys_interval);
+            let task = crate::compact::every(Rc::downgrade(&sh), keys_interval, "key index upkeep", |log| async move {
+                log.maintain_key_index(false).await.map(drop)
+            });
             glommio::spawn_local_into(task, tq).map_err(qerr)?.detach();
         }
         Ok((EntryLog { sh }, recovery))
