@@ -10,12 +10,14 @@
 //!   under a deadline; on timeout its processes and directories are removed.
 //! - [`test_dir`], [`topics_per_shard`], [`expected_payload`],
 //!   [`check_topic_log`], [`connect_on_shard`]: data helpers.
+//! - [`consume`]: `receive` within a deadline, `assert_quiet`, `produce_one_batch`.
 //! - [`RawConnection`]: a blocking raw-protocol connection for exact frames.
 //!
 //! See `README.md` for how it works and how to run one test.
 
 mod broker;
 mod cli;
+pub mod consume;
 mod data;
 mod process;
 mod raw;

@@ -9,42 +9,10 @@
 
 #![allow(clippy::unwrap_used)]
 
-use magnetar_client::{
-    AckType, BatchingOptions, Client, Consumer, InitialPosition, Message, MessageId, OutgoingMessage, SubscriptionType,
-};
+use magnetar_client::{AckType, Client, InitialPosition, MessageId, SubscriptionType};
+use magnetar_tests::consume::{assert_quiet, produce_one_batch, receive};
 use magnetar_tests::{run_async_with_timeout, test_dir, BrokerProcess};
 use std::time::Duration;
-
-const RECEIVE_TIMEOUT: Duration = Duration::from_secs(10);
-
-async fn receive(consumer: &Consumer, what: &str) -> Message {
-    tokio::time::timeout(RECEIVE_TIMEOUT, consumer.receive())
-        .await
-        .unwrap_or_else(|_| panic!("{what}: no message within {RECEIVE_TIMEOUT:?}"))
-        .unwrap_or_else(|e| panic!("{what}: receive failed: {e}"))
-}
-
-async fn assert_quiet(consumer: &Consumer, wait: Duration, what: &str) {
-    if let Ok(m) = tokio::time::timeout(wait, consumer.receive()).await {
-        panic!("{what}: expected nothing, got {:?}", m.map(|m| (m.id, m.redelivery_count)));
-    }
-}
-
-async fn produce_one_batch(client: &Client, topic: &str) -> Vec<MessageId> {
-    let options = BatchingOptions { max_messages: 10, max_delay: Duration::from_secs(5), ..Default::default() };
-    let producer = client.producer(topic).batching(options).create().await.expect("producer");
-    let mut receipts = Vec::new();
-    for i in 0..10 {
-        receipts.push(producer.send_async(OutgoingMessage::new(format!("b{i}"))).await.expect("send"));
-    }
-    let mut ids = Vec::new();
-    for r in receipts {
-        ids.push(r.await.expect("receipt"));
-    }
-    producer.close().await.expect("close producer");
-    assert!(ids.iter().all(|id| id.entry == ids[0].entry), "one batch entry: {ids:?}");
-    ids
-}
 
 /// Nine messages acked (their acks still in a 5 s ack group), the tenth
 /// negatively acked with a 50 ms backoff: only the tenth comes back. The

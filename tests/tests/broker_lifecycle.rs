@@ -6,7 +6,8 @@
 //! Method: real broker processes on temporary directories; the client SDK
 //! for precise acks, the CLI where a produce run must be interrupted.
 
-use magnetar_client::{Client, Consumer, InitialPosition, Message, MessageId, OutgoingMessage};
+use magnetar_client::{Client, Consumer, InitialPosition, MessageId, OutgoingMessage};
+use magnetar_tests::consume::{receive, RECEIVE_TIMEOUT};
 use magnetar_tests::{
     check_topic_log, run_async_with_timeout, run_with_timeout, test_dir, topics_per_shard, BrokerProcess, ConsumeCmd,
     Line, ProduceCmd, ProducedRun, Receipt, Received,
@@ -14,14 +15,6 @@ use magnetar_tests::{
 use std::time::{Duration, Instant};
 
 const SHARDS: u32 = 2;
-const RECEIVE_TIMEOUT: Duration = Duration::from_secs(10);
-
-async fn receive(consumer: &Consumer, what: &str) -> Message {
-    tokio::time::timeout(RECEIVE_TIMEOUT, consumer.receive())
-        .await
-        .unwrap_or_else(|_| panic!("{what}: no message within {RECEIVE_TIMEOUT:?}"))
-        .unwrap_or_else(|e| panic!("{what}: receive failed: {e}"))
-}
 
 async fn assert_quiet(consumer: &Consumer, what: &str) {
     if let Ok(m) = tokio::time::timeout(Duration::from_millis(500), consumer.receive()).await {

@@ -11,6 +11,7 @@
 //! producer name and sequence id.
 
 use magnetar_client::{AckType, Client, Consumer, InitialPosition, Message, MessageId, OutgoingMessage};
+use magnetar_tests::consume::receive;
 use magnetar_tests::{connect_on_shard, run_async_with_timeout, test_dir, topics_per_shard, BrokerProcess};
 use std::time::Duration;
 
@@ -18,7 +19,6 @@ const SHARDS: u32 = 2;
 const MESSAGES: u64 = 100;
 /// Connections tried to land one on a given shard.
 const CONNECT_ATTEMPTS: usize = 64;
-const RECEIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn payload(producer: &str, i: u64) -> Vec<u8> {
     // Varying lengths, not just text: byte-level corruption must show.
@@ -43,13 +43,6 @@ async fn produce(client: &Client, topic: &str, producer_name: &str) -> Vec<Messa
     }
     producer.close().await.expect("close producer");
     ids
-}
-
-async fn receive(consumer: &Consumer, what: &str) -> Message {
-    tokio::time::timeout(RECEIVE_TIMEOUT, consumer.receive())
-        .await
-        .unwrap_or_else(|_| panic!("{what}: no message within {RECEIVE_TIMEOUT:?}"))
-        .unwrap_or_else(|e| panic!("{what}: receive failed: {e}"))
 }
 
 fn check(msg: &Message, producer_name: &str, i: u64, id: MessageId, what: &str) {

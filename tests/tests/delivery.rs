@@ -16,6 +16,7 @@ use magnetar_client::{
     AckType, Client, ClientError, Consumer, ErrorCode, InitialPosition, Message, MessageId, OutgoingMessage,
     SubscriptionType,
 };
+use magnetar_tests::consume::{assert_quiet, receive, RECEIVE_TIMEOUT};
 use magnetar_tests::{
     connect_on_shard, run_async_with_timeout, test_dir, topics_per_shard, BrokerOptions, BrokerProcess, ConsumeCmd,
     ProduceCmd,
@@ -25,21 +26,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const SHARDS: u32 = 2;
-const RECEIVE_TIMEOUT: Duration = Duration::from_secs(10);
-
-async fn receive(consumer: &Consumer, what: &str) -> Message {
-    tokio::time::timeout(RECEIVE_TIMEOUT, consumer.receive())
-        .await
-        .unwrap_or_else(|_| panic!("{what}: no message within {RECEIVE_TIMEOUT:?}"))
-        .unwrap_or_else(|e| panic!("{what}: receive failed: {e}"))
-}
-
-/// Asserts nothing arrives within `wait`.
-async fn assert_quiet(consumer: &Consumer, wait: Duration, what: &str) {
-    if let Ok(m) = tokio::time::timeout(wait, consumer.receive()).await {
-        panic!("{what}: expected nothing, got {:?}", m.map(|m| (m.id, m.redelivery_count)));
-    }
-}
 
 async fn consumer(
     client: &Client,

@@ -16,13 +16,12 @@
 #![allow(clippy::unwrap_used)]
 
 use magnetar_client::{AckType, Client, Consumer, InitialPosition, Message, MessageId, OutgoingMessage};
+use magnetar_tests::consume::{assert_quiet, receive};
 use magnetar_tests::{run_async_with_timeout, test_dir, topics_per_shard, BrokerOptions, BrokerProcess};
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-const RECEIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn options(shards: u32, ledger_max_entries: u64, retention_interval_s: Option<u64>) -> BrokerOptions {
     let mut o = BrokerOptions::new(shards);
@@ -40,19 +39,6 @@ fn options(shards: u32, ledger_max_entries: u64, retention_interval_s: Option<u6
 
 fn key(id: &MessageId) -> (u64, u64) {
     (id.ledger, id.entry)
-}
-
-async fn receive(consumer: &Consumer, what: &str) -> Message {
-    tokio::time::timeout(RECEIVE_TIMEOUT, consumer.receive())
-        .await
-        .unwrap_or_else(|_| panic!("{what}: no message within {RECEIVE_TIMEOUT:?}"))
-        .unwrap_or_else(|e| panic!("{what}: receive failed: {e}"))
-}
-
-async fn assert_quiet(consumer: &Consumer, wait: Duration, what: &str) {
-    if let Ok(m) = tokio::time::timeout(wait, consumer.receive()).await {
-        panic!("{what}: expected nothing, got {:?}", m.map(|m| m.id));
-    }
 }
 
 async fn subscribe(client: &Client, topic: &str, sub: &str) -> Consumer {

@@ -15,27 +15,13 @@
 #![allow(clippy::unwrap_used)]
 
 use magnetar_client::{
-    AckType, BatchingOptions, Client, ClientError, Consumer, ErrorCode, InitialPosition, Message, MessageId,
-    OutgoingMessage, SubscriptionType,
+    AckType, Client, ClientError, Consumer, ErrorCode, InitialPosition, MessageId, OutgoingMessage, SubscriptionType,
 };
+use magnetar_tests::consume::{assert_quiet, produce_one_batch, receive};
 use magnetar_tests::{run_async_with_timeout, test_dir, topics_per_shard, BrokerProcess};
 use std::time::Duration;
 
 const SHARDS: u32 = 2;
-const RECEIVE_TIMEOUT: Duration = Duration::from_secs(10);
-
-async fn receive(consumer: &Consumer, what: &str) -> Message {
-    tokio::time::timeout(RECEIVE_TIMEOUT, consumer.receive())
-        .await
-        .unwrap_or_else(|_| panic!("{what}: no message within {RECEIVE_TIMEOUT:?}"))
-        .unwrap_or_else(|e| panic!("{what}: receive failed: {e}"))
-}
-
-async fn assert_quiet(consumer: &Consumer, wait: Duration, what: &str) {
-    if let Ok(m) = tokio::time::timeout(wait, consumer.receive()).await {
-        panic!("{what}: expected nothing, got {:?}", m.map(|m| (m.id, m.redelivery_count)));
-    }
-}
 
 async fn subscribe(client: &Client, topic: &str, sub: &str, t: SubscriptionType) -> Result<Consumer, ClientError> {
     client
@@ -51,23 +37,6 @@ async fn subscribe(client: &Client, topic: &str, sub: &str, t: SubscriptionType)
 async fn sub_stats(client: &Client, topic: &str, sub: &str) -> serde_json::Value {
     let json: serde_json::Value = serde_json::from_str(&client.topic_stats(topic).await.expect("stats")).unwrap();
     json["subscriptions"][sub].clone()
-}
-
-/// Ten messages in one batch entry.
-async fn produce_one_batch(client: &Client, topic: &str) -> Vec<MessageId> {
-    let options = BatchingOptions { max_messages: 10, max_delay: Duration::from_secs(5), ..Default::default() };
-    let producer = client.producer(topic).batching(options).create().await.expect("producer");
-    let mut receipts = Vec::new();
-    for i in 0..10 {
-        receipts.push(producer.send_async(OutgoingMessage::new(format!("b{i}"))).await.expect("send"));
-    }
-    let mut ids = Vec::new();
-    for r in receipts {
-        ids.push(r.await.expect("receipt"));
-    }
-    producer.close().await.expect("close producer");
-    assert!(ids.iter().all(|id| id.entry == ids[0].entry), "one batch entry: {ids:?}");
-    ids
 }
 
 /// Acking some messages of a batch redelivers only the others: after the

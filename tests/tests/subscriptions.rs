@@ -11,7 +11,8 @@
 //! dispatches exactly within the flow permits a consumer grants (checked on
 //! a raw connection, which grants permits one `Flow` frame at a time).
 
-use magnetar_client::{AckType, Client, ClientError, Consumer, ErrorCode, InitialPosition, Message, OutgoingMessage};
+use magnetar_client::{AckType, Client, ClientError, Consumer, ErrorCode, InitialPosition, OutgoingMessage};
+use magnetar_tests::consume::receive;
 use magnetar_tests::{
     connect_on_shard, run_async_with_timeout, run_cli, test_dir, topics_per_shard, BrokerProcess, ConsumeCmd,
     RawConnection,
@@ -20,14 +21,6 @@ use magnetar_wire::{Command, SubscriptionType};
 use std::time::Duration;
 
 const SHARDS: u32 = 2;
-const RECEIVE_TIMEOUT: Duration = Duration::from_secs(10);
-
-async fn receive(consumer: &Consumer, what: &str) -> Message {
-    tokio::time::timeout(RECEIVE_TIMEOUT, consumer.receive())
-        .await
-        .unwrap_or_else(|_| panic!("{what}: no message within {RECEIVE_TIMEOUT:?}"))
-        .unwrap_or_else(|e| panic!("{what}: receive failed: {e}"))
-}
 
 async fn subscribe(client: &Client, topic: &str, sub: &str) -> Result<Consumer, ClientError> {
     client.subscribe(topic, sub).initial_position(InitialPosition::Earliest).subscribe().await
