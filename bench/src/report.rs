@@ -243,6 +243,13 @@ pub fn summary(r: &Report) -> String {
             b.messages, b.bytes as f64 / 1e6, b.produce_s, b.produce_msgs_per_s, b.produce_mb_per_s, b.catchup_s,
             b.consume_msgs_per_s, b.consume_mb_per_s
         );
+        if let Some(c) = &b.catchup_cpu {
+            s += &format!(
+                "catch-up cpu per message: client {:.2} us, broker {}\n",
+                c.client_us_per_msg,
+                c.broker_us_per_msg.map(|v| format!("{v:.2} us")).unwrap_or_else(|| "unknown (external)".into()),
+            );
+        }
     } else {
         s += &format!("measured {:.1} s after {:.1} s warm-up\n", r.measured_s, w.warmup_s);
     }
@@ -295,6 +302,8 @@ pub const COMPARED: &[(&str, bool)] = &[
     ("cpu.client_us_per_msg", false),
     ("backlog.consume_msgs_per_s", true),
     ("backlog.consume_mb_per_s", true),
+    ("backlog.catchup_cpu.broker_us_per_msg", false),
+    ("backlog.catchup_cpu.client_us_per_msg", false),
 ];
 
 fn lookup(v: &Value, path: &str) -> Option<f64> {

@@ -98,6 +98,11 @@ pub struct BacklogResult {
     pub catchup_s: f64,
     pub consume_msgs_per_s: f64,
     pub consume_mb_per_s: f64,
+    /// CPU of client and broker during the catch-up alone (`catchup_s`),
+    /// per backlog message received; the run's `cpu` covers both phases.
+    /// Absent from results written before it was added.
+    #[serde(default)]
+    pub catchup_cpu: Option<crate::cpu::CpuUse>,
 }
 
 /// What a run measured.
@@ -522,6 +527,7 @@ pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
         let produced = rec.produced_all();
         let produce_s = produced_end.duration_since(start).as_secs_f64();
         let catchup_start = Instant::now();
+        let catchup_mark = crate::cpu::CpuMark::start(opts.broker_pid);
         consumer_tasks = open_consumers(&opts, &topics, &rec, &stop_rx, false, &mut clients).await?;
         let target = produced * u64::from(w.subscriptions);
         let r2 = rec.clone();
@@ -529,6 +535,7 @@ pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
         wait_quiet(move || r2.consumed_all() >= target, move || r3.consumed_all(), DRAIN_IDLE_MAX).await;
         let catchup_s = catchup_start.elapsed().as_secs_f64();
         let consumed = rec.consumed_all();
+        let catchup_cpu = catchup_mark.finish(consumed);
         let bytes = (produced as f64 * size.mean()) as u64;
         backlog = Some(BacklogResult {
             messages: produced,
@@ -539,6 +546,7 @@ pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
             catchup_s,
             consume_msgs_per_s: consumed as f64 / catchup_s,
             consume_mb_per_s: consumed as f64 * size.mean() / catchup_s / 1e6,
+            catchup_cpu: Some(catchup_cpu),
         });
     }
 

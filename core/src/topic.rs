@@ -158,6 +158,8 @@ pub(crate) struct Subscription {
     pub(crate) type_held_until_ms: Cell<u64>,
     /// Dispatch counters and the outgoing rate (stats).
     pub(crate) counters: crate::stats::SubCounters,
+    /// Fresh entries read from disk in one run and not yet looked at.
+    pub(crate) ahead: RefCell<crate::dispatcher::task::ReadAhead>,
 }
 
 pub(crate) fn policy_for(t: SubscriptionType) -> Policy {
@@ -215,6 +217,7 @@ impl Subscription {
             state_written_ms: Cell::new(0),
             type_held_until_ms: Cell::new(0),
             counters: Default::default(),
+            ahead: RefCell::new(Default::default()),
         })
     }
 

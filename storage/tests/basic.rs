@@ -497,6 +497,68 @@ fn read_ahead_serves_sequential_catch_up() {
     });
 }
 
+/// Goal: `read_run` reads consecutive entries in one disk request (bounded
+/// by entries and bytes, within one segment), returns every byte right,
+/// ends a run before a damaged entry and refuses a damaged first entry, and
+/// serves what the write cache still holds from there.
+#[test]
+fn read_run_reads_consecutive_entries_and_stops_at_damage() {
+    run(30, || async {
+        let disk = SimDisk::new();
+        let cfg = small_config("/s");
+        let (log, _) = EntryLog::open_with(disk.clone(), cfg.clone()).await.unwrap();
+        let body = |i: u64| Bytes::from(vec![(i % 250) as u8 + 1; 1000]);
+        let mut last = 0;
+        for i in 0..200u64 {
+            last = log.append(1, body(i)).unwrap().lsn;
+            log.append(2, Bytes::from_static(b"other")).unwrap();
+        }
+        log.wait_durable(last + 1).await.unwrap();
+        // The newest entries are in the write cache: a run from there.
+        let tail = log.read_run(1, 199, 10, 1 << 20).await.unwrap();
+        assert_eq!(tail, vec![body(199)]);
+
+        let (_, reads_before) = log.read_stats();
+        let mut i = 0u64;
+        let mut runs = 0;
+        while i < 200 {
+            let run = log.read_run(1, i, 16, 8_000).await.unwrap();
+            assert!(!run.is_empty() && run.len() <= 16, "run of {} at {i}", run.len());
+            // 1,000-byte bodies (and other records between them): the
+            // 8,000-byte bound allows at most 8.
+            assert!(run.len() <= 8, "run of {} at {i}", run.len());
+            for b in run {
+                assert_eq!(b, body(i), "entry {i}");
+                i += 1;
+            }
+            runs += 1;
+        }
+        let (_, reads_after) = log.read_stats();
+        println!("read_run: {runs} runs, {} disk reads for 200 entries", reads_after - reads_before);
+        assert!(runs < 100, "{runs} runs for 200 entries");
+        let one = log.read_run(1, 5, 1, 1 << 20).await.unwrap();
+        assert_eq!(one, vec![body(5)]);
+        assert!(matches!(log.read_run(1, 200, 4, 1 << 20).await, Err(StorageError::NoSuchEntry { .. })));
+
+        // Damage entry 150's body; a fresh log (empty caches): a run from
+        // 145 ends before 150, a run from 150 is refused, 151 reads.
+        let pos = log.index_entry(1, 150).unwrap().position;
+        let seg_start = log.segments().iter().map(|s| s.0).filter(|s| *s <= pos).max().unwrap();
+        log.close().await.unwrap();
+        let path = std::path::Path::new("/s/log").join(format!("{seg_start:020}.seg"));
+        disk.damage(&path, pos - seg_start + 48 + 500, &[0]);
+        let (log, _) = EntryLog::open_with(disk, cfg).await.unwrap();
+        let run = log.read_run(1, 145, 100, 1 << 20).await.unwrap();
+        assert!(!run.is_empty() && run.len() <= 5, "run of {} from 145", run.len());
+        for (k, b) in run.iter().enumerate() {
+            assert_eq!(*b, body(145 + k as u64));
+        }
+        let r = log.read_run(1, 150, 100, 1 << 20).await;
+        assert!(matches!(r, Err(StorageError::Corrupt { .. })), "{r:?}");
+        assert_eq!(log.read_run(1, 151, 1, 1 << 20).await.unwrap(), vec![body(151)]);
+    });
+}
+
 /// Goal: with `prezero_segments`, every new segment is written with zeros
 /// before use (the extra writes are there), and the log still recovers every
 /// acknowledged entry after a crash — zeros read as "no batch", like

@@ -190,7 +190,7 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
         if sub.replay.borrow().len() >= shard.config.unacked_per_subscription_max as usize {
             return;
         }
-        let Some(blob) = read(shard, topic, sub, pos).await else { return };
+        let Some(blob) = read_fresh(shard, topic, sub, pos).await else { return };
         if sub.read_pos.get() != pos || sub.cursor.borrow().is_acked(pos) {
             continue;
         }
@@ -230,6 +230,99 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
     }
 }
 
+/// Entries a run read from the log holds at most (with `RUN_BYTES_MAX`).
+const RUN_ENTRIES_MAX: usize = 1024;
+/// Log bytes one run reads at most: one disk request, like the storage
+/// read-ahead it replaces for a subscription catching up.
+const RUN_BYTES_MAX: usize = 1 << 20;
+/// Below this many wanted entries a fresh entry is read on its own (through
+/// the log's read cache and read-ahead): a consumer with few permits would
+/// otherwise issue one small disk request per entry.
+const RUN_ENTRIES_MIN: usize = 16;
+
+/// Fresh entries of one ledger read in one run, not yet looked at: the
+/// entry at topic position `first + i` is `(ledger, first_entry + i)`.
+/// Bounded by one run (`RUN_BYTES_MAX`, and by the permits the consumers had
+/// when it was read, so it drains within the pass unless entries are
+/// filtered out or batches take more than one permit).
+#[derive(Default)]
+pub(crate) struct ReadAhead {
+    first: u64,
+    ledger: u64,
+    first_entry: u64,
+    entries: std::collections::VecDeque<Bytes>,
+}
+
+impl ReadAhead {
+    /// The entry at topic position `pos`, stored as `(ledger, entry)`, if
+    /// the run holds it; entries before it are dropped (skipped by the
+    /// dispatcher). Anything else empties the run.
+    fn take(&mut self, pos: u64, ledger: u64, entry: u64) -> Option<Bytes> {
+        if self.entries.is_empty() {
+            return None;
+        }
+        let skip = pos.checked_sub(self.first).map(|d| usize::try_from(d).unwrap_or(usize::MAX));
+        match skip {
+            Some(k) if k < self.entries.len() && self.ledger == ledger && self.first_entry + k as u64 == entry => {
+                self.entries.drain(..k);
+                self.first = pos + 1;
+                self.first_entry = entry + 1;
+                self.entries.pop_front()
+            }
+            _ => {
+                self.entries.clear();
+                None
+            }
+        }
+    }
+}
+
+/// How many fresh entries from `pos` the consumers can take now: their
+/// permits (each entry takes at least one), within the unacked limits and
+/// what is durable.
+fn run_len(shard: &Shard, topic: &Topic, sub: &Subscription, pos: u64) -> usize {
+    let per_consumer = shard.config.unacked_per_consumer_max;
+    let takers: u64 = sub
+        .consumers
+        .borrow()
+        .iter()
+        .filter(|c| c.permits > 0 && c.unacked < per_consumer)
+        .map(|c| c.permits.min(u64::from(per_consumer - c.unacked)))
+        .sum();
+    let room = (shard.config.unacked_per_subscription_max as usize).saturating_sub(sub.pending.borrow().len());
+    let durable = topic.durable_next.get().saturating_sub(pos);
+    usize::try_from(takers.min(durable)).unwrap_or(usize::MAX).min(room).min(RUN_ENTRIES_MAX)
+}
+
+/// Reads one fresh entry: from the subscription's current run, else by
+/// reading a new run from the log (see [`read`] for errors).
+async fn read_fresh(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>, pos: u64) -> Option<Bytes> {
+    let Some((ledger, e)) = topic.ledgers.borrow().locate(pos) else {
+        return read(shard, topic, sub, pos).await;
+    };
+    if let Some(b) = sub.ahead.borrow_mut().take(pos, ledger, e) {
+        sub.counters.entries_read.set(sub.counters.entries_read.get() + 1);
+        return Some(b);
+    }
+    let want = run_len(shard, topic, sub, pos);
+    if want < RUN_ENTRIES_MIN {
+        return read(shard, topic, sub, pos).await;
+    }
+    sub.counters.entries_read.set(sub.counters.entries_read.get() + 1);
+    match shard.log.read_run(ledger, e, want, RUN_BYTES_MAX).await {
+        Ok(run) => {
+            let mut run = std::collections::VecDeque::from(run);
+            let first = run.pop_front();
+            *sub.ahead.borrow_mut() = ReadAhead { first: pos + 1, ledger, first_entry: e + 1, entries: run };
+            first
+        }
+        Err(err) => {
+            fail_read(shard, topic, sub, pos, err);
+            None
+        }
+    }
+}
+
 /// Reads one entry. Unreadable data (failed checksum, I/O error) is never
 /// served: every consumer is closed with the reason and `None` returned.
 async fn read(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>, entry: u64) -> Option<Bytes> {
@@ -242,21 +335,33 @@ async fn read(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>, entr
     match result {
         Ok(b) => Some(b),
         Err(e) => {
-            tracing::error!(topic = %topic.key, entry, "read failed: {e}");
-            let consumers: Vec<ConsumerRef> = sub.consumers.borrow().iter().map(|c| c.consumer).collect();
-            for c in consumers {
-                sub.remove_consumer(shard, c);
-                shard.deliver(
-                    c,
-                    ConsumerEvent::Closed {
-                        consumer_id: c.consumer_id,
-                        code: ErrorCode::PersistenceError,
-                        message: format!("cannot read entry {entry} of {}: {e}", topic.key),
-                    },
-                );
-            }
+            fail_read(shard, topic, sub, entry, e);
             None
         }
+    }
+}
+
+/// Closes every consumer of `sub` with the reason `entry` cannot be read.
+fn fail_read(
+    shard: &Rc<Shard>,
+    topic: &Rc<Topic>,
+    sub: &Rc<Subscription>,
+    entry: u64,
+    e: magnetar_storage::StorageError,
+) {
+    tracing::error!(topic = %topic.key, entry, "read failed: {e}");
+    sub.ahead.borrow_mut().entries.clear();
+    let consumers: Vec<ConsumerRef> = sub.consumers.borrow().iter().map(|c| c.consumer).collect();
+    for c in consumers {
+        sub.remove_consumer(shard, c);
+        shard.deliver(
+            c,
+            ConsumerEvent::Closed {
+                consumer_id: c.consumer_id,
+                code: ErrorCode::PersistenceError,
+                message: format!("cannot read entry {entry} of {}: {e}", topic.key),
+            },
+        );
     }
 }
 
