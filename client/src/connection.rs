@@ -546,69 +546,58 @@ async fn reader_loop(
     shared.fail(reason);
 }
 
-/// Decodes one entry into its messages: decompresses the payload when the
-/// producer compressed it, and splits a batch (`num_messages` > 1) into its
-/// messages, numbered by `batch_index`. Each message of a batch gets the
-/// entry's metadata with its own key, properties, event time and sequence id;
-/// `num_messages` stays the batch size (the consumer's ack tracker needs it).
-/// Messages whose bit is set in `ack_set` (a batch redelivered after some
-/// of its messages were acknowledged) are left out.
+/// Decodes one entry into its messages and hands each to `emit`, in
+/// order: decompresses the payload when the producer compressed it, and
+/// splits a batch (`num_messages` > 1) into its messages, numbered by
+/// `batch_index`. Each message of a batch gets the entry's metadata with its
+/// own key, properties, event time and sequence id; `num_messages` stays the
+/// batch size (the consumer's ack tracker needs it). Messages whose bit is
+/// set in `ack_set` (a batch redelivered after some of its messages were
+/// acknowledged) are left out. On an error nothing was emitted.
 fn unpack_entry(
     blob: &Bytes,
     id: MessageId,
     topic: &str,
     redelivery_count: u32,
     ack_set: Vec<u64>,
-) -> Result<Vec<Message>> {
+    mut emit: impl FnMut(Message),
+) -> Result<()> {
     let (metadata, payload) = decode_message(blob)?;
     if metadata.chunk.is_some() {
         // A chunk: decompressed once the whole message is reassembled.
-        return Ok(vec![Message {
-            id,
-            topic: topic.to_string(),
-            metadata,
-            payload: payload.clone(),
-            redelivery_count,
-            ack_set: Vec::new(),
-        }]);
+        emit(Message { id, topic: topic.to_string(), metadata, payload, redelivery_count, ack_set: Vec::new() });
+        return Ok(());
     }
     let payload = crate::compression::decompress(metadata.compression, &payload, metadata.uncompressed_size)?;
     let mut metadata = metadata;
     metadata.compression = magnetar_wire::CompressionType::None;
     if metadata.num_messages <= 1 {
-        return Ok(vec![Message {
-            id,
-            topic: topic.to_string(),
-            metadata,
-            payload,
-            redelivery_count,
-            ack_set: Vec::new(),
-        }]);
+        emit(Message { id, topic: topic.to_string(), metadata, payload, redelivery_count, ack_set: Vec::new() });
+        return Ok(());
     }
     let records = magnetar_wire::decode_batch(&payload, metadata.num_messages)?;
     let acked = |i: usize| ack_set.get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0);
-    Ok(records
-        .into_iter()
-        .enumerate()
-        .filter(|(i, _)| !acked(*i))
-        .map(|(i, r)| {
-            let mut m = metadata.clone();
-            m.partition_key = r.partition_key;
-            m.ordering_key = r.ordering_key;
-            m.properties = r.properties;
-            m.event_time_ms = r.event_time_ms;
-            m.sequence_id = r.sequence_id;
-            m.uncompressed_size = u32::try_from(r.payload.len()).unwrap_or(u32::MAX);
-            Message {
-                id: MessageId { batch_index: i32::try_from(i).unwrap_or(i32::MAX), ..id },
-                topic: topic.to_string(),
-                metadata: m,
-                payload: r.payload,
-                redelivery_count,
-                ack_set: ack_set.clone(),
-            }
-        })
-        .collect())
+    for (i, r) in records.into_iter().enumerate() {
+        if acked(i) {
+            continue;
+        }
+        let mut m = metadata.clone();
+        m.partition_key = r.partition_key;
+        m.ordering_key = r.ordering_key;
+        m.properties = r.properties;
+        m.event_time_ms = r.event_time_ms;
+        m.sequence_id = r.sequence_id;
+        m.uncompressed_size = u32::try_from(r.payload.len()).unwrap_or(u32::MAX);
+        emit(Message {
+            id: MessageId { batch_index: i32::try_from(i).unwrap_or(i32::MAX), ..id },
+            topic: topic.to_string(),
+            metadata: m,
+            payload: r.payload,
+            redelivery_count,
+            ack_set: ack_set.clone(),
+        });
+    }
+    Ok(())
 }
 
 /// Route one frame from the broker. An `Err` is a protocol violation that
@@ -681,12 +670,12 @@ async fn dispatch(
             };
             // Only this entry can be bad; the frame itself was sound, so the
             // application hears about it and the connection goes on.
-            let deliveries = match unpack_entry(&payload, message_id, &topic, redelivery_count, ack_set) {
-                Ok(messages) => messages.into_iter().map(Ok).collect(),
-                Err(e) => vec![Err(e)],
-            };
-            for delivery in deliveries {
-                let _ = deliver.send(delivery);
+            // Straight into the consumer's queue: no Vec of messages per entry.
+            let unpacked = unpack_entry(&payload, message_id, &topic, redelivery_count, ack_set, |m| {
+                let _ = deliver.send(Ok(m));
+            });
+            if let Err(e) = unpacked {
+                let _ = deliver.send(Err(e));
             }
         }
         Command::CloseProducer { producer_id, .. } => {

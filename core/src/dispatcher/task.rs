@@ -203,7 +203,8 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
             }
             continue;
         }
-        if peeked.deliver_at_ms > now_ms() {
+        // 0: not delayed (no clock read per entry).
+        if peeked.deliver_at_ms != 0 && peeked.deliver_at_ms > now_ms() {
             sub.read_pos.set(pos + 1);
             let mut delayed = sub.delayed.borrow_mut();
             delayed.insert(peeked.deliver_at_ms, pos, peeked.key_hash);
@@ -241,16 +242,29 @@ const RUN_BYTES_MAX: usize = 1 << 20;
 const RUN_ENTRIES_MIN: usize = 16;
 
 /// Fresh entries of one ledger read in one run, not yet looked at: the
-/// entry at topic position `first + i` is `(ledger, first_entry + i)`.
-/// Bounded by one run (`RUN_BYTES_MAX`, and by the permits the consumers had
-/// when it was read, so it drains within the pass unless entries are
-/// filtered out or batches take more than one permit).
+/// entry at topic position `first + i` is `(ledger, first_entry + i)`; and
+/// the read of the next run, started when this one is half used so the disk
+/// works while the dispatcher delivers. Each run is bounded by
+/// `RUN_BYTES_MAX` and by the permits the consumers had when it was asked
+/// for, so at most two runs' worth of the consumers' permits are held.
 #[derive(Default)]
 pub(crate) struct ReadAhead {
     first: u64,
     ledger: u64,
     first_entry: u64,
     entries: std::collections::VecDeque<Bytes>,
+    /// Entries the current run had when read (when to start the next).
+    run_len: usize,
+    next: Option<NextRun>,
+}
+
+/// A run being read in the background, from topic position `pos` stored
+/// as `(ledger, entry)`.
+struct NextRun {
+    pos: u64,
+    ledger: u64,
+    entry: u64,
+    rx: futures::channel::oneshot::Receiver<Result<Vec<Bytes>, magnetar_storage::StorageError>>,
 }
 
 impl ReadAhead {
@@ -300,26 +314,79 @@ async fn read_fresh(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>
     let Some((ledger, e)) = topic.ledgers.borrow().locate(pos) else {
         return read(shard, topic, sub, pos).await;
     };
-    if let Some(b) = sub.ahead.borrow_mut().take(pos, ledger, e) {
+    let taken = sub.ahead.borrow_mut().take(pos, ledger, e);
+    if let Some(b) = taken {
         sub.counters.entries_read.set(sub.counters.entries_read.get() + 1);
+        start_next_run(shard, topic, sub);
         return Some(b);
     }
-    let want = run_len(shard, topic, sub, pos);
-    if want < RUN_ENTRIES_MIN {
-        return read(shard, topic, sub, pos).await;
-    }
+    // The run read in the background, if it starts here (a failed one is
+    // read again below, which reports the error).
+    let next = sub.ahead.borrow_mut().next.take();
+    let prefetched = match next {
+        Some(n) if (n.pos, n.ledger, n.entry) == (pos, ledger, e) => n.rx.await.ok().and_then(Result::ok),
+        _ => None,
+    };
+    let run = match prefetched.filter(|r| !r.is_empty()) {
+        Some(run) => run,
+        None => {
+            let want = run_len(shard, topic, sub, pos);
+            if want < RUN_ENTRIES_MIN {
+                return read(shard, topic, sub, pos).await;
+            }
+            match shard.log.read_run(ledger, e, want, RUN_BYTES_MAX).await {
+                Ok(run) => run,
+                Err(err) => {
+                    sub.counters.entries_read.set(sub.counters.entries_read.get() + 1);
+                    fail_read(shard, topic, sub, pos, err);
+                    return None;
+                }
+            }
+        }
+    };
     sub.counters.entries_read.set(sub.counters.entries_read.get() + 1);
-    match shard.log.read_run(ledger, e, want, RUN_BYTES_MAX).await {
-        Ok(run) => {
-            let mut run = std::collections::VecDeque::from(run);
-            let first = run.pop_front();
-            *sub.ahead.borrow_mut() = ReadAhead { first: pos + 1, ledger, first_entry: e + 1, entries: run };
-            first
+    let mut run = std::collections::VecDeque::from(run);
+    let first = run.pop_front();
+    {
+        let mut a = sub.ahead.borrow_mut();
+        let run_len = run.len() + 1;
+        // A background read started while this one was awaited is kept
+        // only if it starts where this run ends (`take` checks).
+        let next = a.next.take();
+        *a = ReadAhead { first: pos + 1, ledger, first_entry: e + 1, entries: run, run_len, next };
+    }
+    start_next_run(shard, topic, sub);
+    first
+}
+
+/// Once the current run is half used, starts reading the next one in the
+/// background (in the dispatch task queue), sized by the permits the
+/// consumers have now: the disk reads it while the dispatcher delivers.
+fn start_next_run(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
+    let (pos, left) = {
+        let a = sub.ahead.borrow();
+        if a.next.is_some() || a.entries.len() * 2 > a.run_len {
+            return;
         }
-        Err(err) => {
-            fail_read(shard, topic, sub, pos, err);
-            None
+        (a.first + a.entries.len() as u64, a.entries.len())
+    };
+    let Some((ledger, entry)) = topic.ledgers.borrow().locate(pos) else { return };
+    // The entries still in this run take permits first.
+    let want = run_len(shard, topic, sub, pos).saturating_sub(left);
+    if want < RUN_ENTRIES_MIN {
+        return;
+    }
+    let (tx, rx) = futures::channel::oneshot::channel();
+    let log = shard.log.clone();
+    let read = async move {
+        let _ = tx.send(log.read_run(ledger, entry, want, RUN_BYTES_MAX).await);
+    };
+    match glommio::spawn_local_into(read, shard.dispatch_tq) {
+        Ok(t) => {
+            t.detach();
+            sub.ahead.borrow_mut().next = Some(NextRun { pos, ledger, entry, rx });
         }
+        Err(e) => tracing::debug!("cannot start a background read: {e}"),
     }
 }
 
@@ -422,4 +489,41 @@ fn deliver(
         consumer,
         ConsumerEvent::Message { consumer_id: consumer.consumer_id, message_id, redelivery_count, blob, ack_set },
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ReadAhead;
+    use bytes::Bytes;
+
+    fn run(first: u64, ledger: u64, first_entry: u64, n: u64) -> ReadAhead {
+        let entries = (0..n).map(|i| Bytes::from(vec![i as u8])).collect();
+        ReadAhead { first, ledger, first_entry, entries, run_len: n as usize, next: None }
+    }
+
+    /// Goal: a run hands out the entry at a position only when the position
+    /// is stored where the run read it; skipped positions drop what is
+    /// before them; anything else empties the run (read again).
+    #[test]
+    fn take_matches_position_and_location() {
+        let mut a = run(100, 7, 40, 5);
+        assert_eq!(a.take(100, 7, 40), Some(Bytes::from(vec![0u8])));
+        // 101 skipped by the dispatcher (acked): 102 is entry 42.
+        assert_eq!(a.take(102, 7, 42), Some(Bytes::from(vec![2u8])));
+        assert_eq!(a.entries.len(), 2);
+        // Stored elsewhere than the run says: not served, the run is gone.
+        assert_eq!(a.take(103, 8, 0), None);
+        assert!(a.entries.is_empty());
+
+        let mut a = run(100, 7, 40, 5);
+        // Before the run (a seek back) or past it: empty.
+        assert_eq!(a.take(99, 7, 39), None);
+        assert!(a.entries.is_empty());
+        let mut a = run(100, 7, 40, 5);
+        assert_eq!(a.take(105, 7, 45), None);
+        assert!(a.entries.is_empty());
+        let mut a = run(100, 7, 40, 5);
+        assert_eq!(a.take(104, 7, 44), Some(Bytes::from(vec![4u8])));
+        assert!(a.entries.is_empty());
+    }
 }
