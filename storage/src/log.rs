@@ -1271,7 +1271,7 @@ impl<D: Disk> EntryLog<D> {
     /// damage). The bodies read from disk are slices of one buffer and do
     /// not go through the read cache: a sequential reader that keeps its
     /// own run pays neither a copy nor a hash insert and eviction per
-    /// entry (issue #6: ~35 % of the broker's catch-up CPU went there).
+    /// entry (issue #6: about a third of the broker's catch-up CPU went there).
     pub async fn read_run(&self, ledger: u64, entry: u64, max_entries: usize, max_bytes: usize) -> Result<Vec<Bytes>> {
         let max_entries = max_entries.max(1);
         let (seg, first, run) = {
