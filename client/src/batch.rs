@@ -129,10 +129,13 @@ impl BatchReceipt {
         }
     }
 
+    /// Sets the outcome, unless one is already set (the first one stays).
     fn complete(&self, outcome: Result<MessageId>, batched: bool) {
         let wakers = {
             let mut st = self.lock();
-            assert!(st.outcome.is_none(), "a batch receipt completes once");
+            if st.outcome.is_some() {
+                return;
+            }
             st.outcome = Some(outcome);
             st.batched = batched;
             std::mem::take(&mut st.wakers)
@@ -269,6 +272,15 @@ async fn resolve(
     deadline: tokio::time::Instant,
     after: Duration,
 ) {
+    /// Should the task be dropped before it completes the receipt (the
+    /// runtime shutting down), its messages fail rather than wait forever.
+    struct Abandoned(Arc<BatchReceipt>);
+    impl Drop for Abandoned {
+        fn drop(&mut self) {
+            self.0.complete(Err(ClientError::Disconnected { reason: "send abandoned by the client".into() }), true);
+        }
+    }
+    let receipt = Abandoned(receipt);
     let (outcome, batched) = match tokio::time::timeout_at(deadline, sent).await {
         Ok(Ok((Ok(entry), batched))) => (entry.await, batched),
         Ok(Ok((Err(e), batched))) => (Err(e), batched),
@@ -276,7 +288,7 @@ async fn resolve(
         Ok(Err(_)) => (Err(ClientError::Disconnected { reason: "send abandoned by the client".into() }), true),
         Err(_) => (Err(ClientError::Timeout { operation: "send receipt", after }), true),
     };
-    receipt.complete(outcome, batched);
+    receipt.0.complete(outcome, batched);
 }
 
 /// Sends one batch as one entry and hands its receipt (or the error) to the
@@ -330,4 +342,46 @@ async fn send_batch(core: &ProducerCore, c: Container) {
         })
         .await;
     let _ = sent.send((entry, true));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn poll_now(receipt: &BatchReceipt, index: u32) -> Poll<Result<MessageId>> {
+        receipt.poll(index, &mut None, &mut Context::from_waker(Waker::noop()))
+    }
+
+    /// Goal: a batch's receipt gives message i the entry id with batch index
+    /// i (a plain entry's id unchanged), the first outcome stays, and a
+    /// resolver dropped with its runtime fails the batch instead of leaving
+    /// its messages waiting. Method: receipts completed by hand; a resolver
+    /// spawned on a runtime that is then dropped.
+    #[test]
+    fn batch_receipts_resolve_once_and_never_hang() {
+        let id = MessageId::new(4, 9, 2, -1);
+        let batched = BatchReceipt::default();
+        assert!(poll_now(&batched, 0).is_pending());
+        batched.complete(Ok(id), true);
+        batched.complete(Err(ClientError::Disconnected { reason: "late".into() }), true);
+        assert!(matches!(poll_now(&batched, 3), Poll::Ready(Ok(got)) if got == MessageId::new(4, 9, 2, 3)));
+        let plain = BatchReceipt::default();
+        plain.complete(Ok(id), false);
+        assert!(matches!(poll_now(&plain, 0), Poll::Ready(Ok(got)) if got == id));
+
+        let receipt = Arc::new(BatchReceipt::default());
+        let (_sent, rx) = oneshot::channel();
+        {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(3600);
+            rt.block_on(async {
+                tokio::spawn(resolve(receipt.clone(), rx, deadline, Duration::from_secs(1)));
+                tokio::task::yield_now().await;
+            });
+        }
+        match poll_now(&receipt, 0) {
+            Poll::Ready(Err(ClientError::Disconnected { reason })) => assert!(reason.contains("abandoned"), "{reason}"),
+            other => panic!("expected Disconnected, got {other:?}"),
+        }
+    }
 }
