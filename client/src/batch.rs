@@ -80,7 +80,8 @@ struct ReceiptState {
     outcome: Option<Result<MessageId>>,
     /// The entry was a batch (its messages get their batch index).
     batched: bool,
-    /// Of the messages' futures waiting; each future remembers its place.
+    /// The wakers of the messages' futures that wait; each future remembers
+    /// its place here.
     wakers: Vec<Waker>,
 }
 
@@ -186,7 +187,9 @@ impl Batcher {
         let after = core.conn.options.operation_timeout.saturating_add(self.options.max_delay);
         // A batch goes out within `max_delay` and one tick of its first
         // message, so every message still gets `after` from its own send.
-        let deadline = first_at + after + self.options.max_delay + self.tick();
+        // (A timeout too large for the clock means none: a year.)
+        let wait = after.saturating_add(self.options.max_delay).saturating_add(self.tick());
+        let deadline = first_at.checked_add(wait).unwrap_or_else(|| first_at + Duration::from_secs(365 * 24 * 3600));
         tokio::spawn(resolve(receipt.clone(), rx, deadline.into(), after));
         let capacity = (self.options.max_bytes / first_len.max(1))
             .saturating_add(1)
