@@ -9,12 +9,15 @@
 # unbatched per-message costs.
 #
 # Backlog runs (--backlog-messages) also get the catch-up figures
-# (backlog.consume_*, backlog.catchup_cpu.*). To compare client changes too,
-# set MAGNETAR_BENCH_A / MAGNETAR_BENCH_B to the bench binary of each side
-# (default: MAGNETAR_BENCH, else target/release/magnetar-bench, for both).
+# (backlog.consume_*, backlog.catchup_cpu.*).
 #
 # Usage: bench/scripts/ab.sh BROKER_A BROKER_B ROUNDS [magnetar-bench flags...]
 # e.g.   bench/scripts/ab.sh /tmp/magnetar-before target/release/magnetar 3 --duration-s 8
+#
+# To compare two clients (the bench links the client SDK), give each side
+# its own bench binary: MAGNETAR_BENCH_A and MAGNETAR_BENCH_B (both default
+# to MAGNETAR_BENCH, else target/release/magnetar-bench); BROKER_A and
+# BROKER_B may then be the same broker binary.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 A=$1; B=$2; ROUNDS=$3; shift 3
@@ -26,7 +29,7 @@ for r in $(seq 1 "$ROUNDS"); do
   for side in A B; do
     bin=$A; bench=$BENCH_A; [ $side = B ] && bin=$B && bench=$BENCH_B
     "$bench" --broker-bin "$bin" --no-history -q --json "$OUT/$side-$r.json" "$@" >/dev/null
-    python3 -c "import json,sys; j=json.load(open(sys.argv[1])); b=j.get('backlog') or {}; c=b.get('catchup_cpu') or {}; print(sys.argv[2], 'round', sys.argv[3], '%.0f msg/s' % j['produce']['msgs_per_s'], 'publish p50 %.3f p99 %.3f ms' % (j['publish_latency_ms']['p50'], j['publish_latency_ms']['p99']), 'broker %.2f us/msg' % j['cpu']['broker_us_per_msg'], ('catch-up %.1f MB/s broker %.2f client %.2f us/msg' % (b['consume_mb_per_s'], c.get('broker_us_per_msg') or 0, c.get('client_us_per_msg') or 0)) if b else '')" "$OUT/$side-$r.json" $side $r
+    python3 -c "import json,sys; j=json.load(open(sys.argv[1])); b=j.get('backlog') or {}; c=b.get('catchup_cpu') or {}; print(sys.argv[2], 'round', sys.argv[3], '%.0f msg/s' % j['produce']['msgs_per_s'], 'publish p50 %.3f p99 %.3f ms' % (j['publish_latency_ms']['p50'], j['publish_latency_ms']['p99']), 'broker %.2f client %.2f us/msg' % (j['cpu']['broker_us_per_msg'], j['cpu']['client_us_per_msg']), ('catch-up %.1f MB/s broker %.2f client %.2f us/msg' % (b['consume_mb_per_s'], c.get('broker_us_per_msg') or 0, c.get('client_us_per_msg') or 0)) if b else '')" "$OUT/$side-$r.json" $side $r
   done
 done
 python3 - "$OUT" "$ROUNDS" <<'PY'
