@@ -79,6 +79,9 @@ pub struct StandaloneArgs {
     pub retention_check_interval_s: u64,
 }
 
+/// Kernel-picked shard ports tried before giving up on a collision.
+const SHARD_PORT_TRIES_MAX: u32 = 16;
+
 pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     let shards = match args.shards {
         Some(n) => n,
@@ -92,7 +95,7 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     let addr = reservation.addr();
     // One reservation per shard port, held until the end like the shared
     // one: a port picked here (port 0) stays ours while shards bind it.
-    let mut shard_reservations = Vec::new();
+    let mut shard_reservations: Vec<PortReservation> = Vec::new();
     if !args.no_shard_ports {
         for i in 0..shards {
             let port = match args.shard_port_base {
@@ -101,7 +104,27 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
                     .map_err(|_| format!("--shard-port-base {base} + {i} is not a port"))?,
             };
             let want = SocketAddr::new(addr.ip(), port);
-            let r = PortReservation::new(want).map_err(|e| format!("cannot bind shard {i}'s port {want}: {e}"))?;
+            // A shard's port must be its own: SO_REUSEPORT would let it
+            // share the --listen port or another shard's, and connections
+            // there would land on any of them. A port picked by the kernel
+            // (port 0) is tried again in the unlikely case it is one of them.
+            let mut tries = 0;
+            let r = loop {
+                let r = PortReservation::new(want).map_err(|e| format!("cannot bind shard {i}'s port {want}: {e}"))?;
+                let taken = r.addr().port() == addr.port()
+                    || shard_reservations.iter().any(|o| o.addr().port() == r.addr().port());
+                if !taken {
+                    break r;
+                }
+                tries += 1;
+                if port != 0 || tries >= SHARD_PORT_TRIES_MAX {
+                    return Err(format!(
+                        "shard {i}'s port {} is already the broker's (--listen or another shard's)",
+                        r.addr().port()
+                    )
+                    .into());
+                }
+            };
             shard_reservations.push(r);
         }
     }
