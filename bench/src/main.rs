@@ -225,6 +225,7 @@ fn main_inner(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         outcome.server_version.clone(),
         broker.as_ref().map(|b| b.data_dir.display().to_string()),
         broker_args,
+        outcome.shard_aware,
     );
     if let Some(mut b) = broker.take() {
         b.stop();
