@@ -236,11 +236,14 @@ impl Batcher {
     }
 
     /// Sends the batches whose first message waited `max_delay`.
-    async fn flush_due(&self, core: &ProducerCore) {
+    /// Returns when the oldest batch still open falls due (`None`: none is
+    /// open).
+    async fn flush_due(&self, core: &ProducerCore) -> Option<Instant> {
         let mut open = self.open.lock().await;
+        let now = Instant::now();
         let due: Vec<Option<String>> = open
             .iter()
-            .filter(|(_, c)| c.first_at.elapsed() >= self.options.max_delay)
+            .filter(|(_, c)| now.saturating_duration_since(c.first_at) >= self.options.max_delay)
             .map(|(k, _)| k.clone())
             .collect();
         for k in due {
@@ -248,6 +251,7 @@ impl Batcher {
                 send_batch(core, c).await;
             }
         }
+        open.values().map(|c| c.first_at + self.options.max_delay).min()
     }
 }
 
@@ -260,10 +264,20 @@ const RECORD_OVERHEAD_BYTES: usize = 64;
 /// The producer's timer: sends batches that waited long enough. Ends with
 /// the producer.
 pub(crate) async fn flush_loop(core: Arc<ProducerCore>, batcher: Arc<Batcher>) {
+    // Sleeps until the oldest open batch falls due rather than a fixed
+    // tick: a fixed tick of max_delay / 2 (at least the timer's 1 ms
+    // resolution) let a batch wait up to ~2 x max_delay plus the rounding.
     let tick = batcher.tick();
+    let mut wake = tokio::time::Instant::now() + tick;
     while !core.is_closed() {
-        tokio::time::sleep(tick).await;
-        batcher.flush_due(&core).await;
+        tokio::time::sleep_until(wake).await;
+        let now = Instant::now();
+        wake = match batcher.flush_due(&core).await {
+            // Never sooner than now, never later than one tick: a batch
+            // opened while sleeping is seen within a tick of its opening.
+            Some(due) => tokio::time::Instant::from_std(due.min(now + tick).max(now)),
+            None => tokio::time::Instant::from_std(now + tick),
+        };
     }
 }
 
