@@ -1067,6 +1067,13 @@ impl<D: Disk> EntryLog<D> {
         if body.len() as u64 > self.sh.entry_max {
             return Err(StorageError::TooLarge { len: body.len() as u64, max: self.sh.entry_max });
         }
+        // A deletion replayed by recovery drops the ledger from `ledgers`
+        // but its index file stays (the checkpoint still names its pages)
+        // until a checkpoint covers the deletion: a new ledger under the
+        // same id would write its first index page over the old one.
+        if !st.ledgers.contains_key(&ledger) && st.deleted_at.iter().any(|(l, _)| *l == ledger) {
+            return Err(StorageError::LedgerDeleted { ledger });
+        }
         let l = st.ledgers.entry(ledger).or_insert_with(Ledger::new);
         if l.deleted.is_some() {
             return Err(StorageError::LedgerDeleted { ledger });
@@ -1118,7 +1125,9 @@ impl<D: Disk> EntryLog<D> {
     /// `wait_durable(lsn)`; replayed by recovery), and once a checkpoint
     /// covers it the ledger's index file and every segment left without a
     /// live entry are removed, freeing the space. Ledger ids must never be
-    /// reused after a deletion. `LedgerBusy` while appends to the ledger are
+    /// reused after a deletion; until a checkpoint covers the deletion
+    /// (also after a restart that replayed it) appends to the id get
+    /// `LedgerDeleted`. `LedgerBusy` while appends to the ledger are
     /// not yet laid out in a batch.
     pub fn delete_ledger(&self, ledger: u64) -> Result<u64> {
         let mut st = self.sh.st.borrow_mut();

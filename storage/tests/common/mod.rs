@@ -135,10 +135,17 @@ impl Model {
                     }
                 }
             }
+            // The longest matching prefix: a deletion right after its
+            // ledger's entries leaves the same state as before them, and a
+            // model that forgot a recovered deletion would reuse the id.
             if m >= self.acked && counts == recovered && meta == recovered_meta {
                 matched = Some(m);
-                break;
             }
+        }
+        if matched.is_some() {
+            // The checks below compare against the matched state, which is
+            // the recovered one.
+            meta = recovered_meta.clone();
         }
         let Some(m) = matched else {
             let shape: Vec<String> = self
