@@ -16,8 +16,8 @@ use crate::disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
 use crate::error::{CorruptReason, Result, StorageError};
 use crate::format::{
     check_entry_record, encode_index_page, pad_to_page, BatchHeader, Checkpoint, CheckpointLedger, CleanMarker,
-    IndexEntry, IndexExtras, RecordHeader, Relocation, BATCH_HEADER_BYTES, INDEX_ENTRIES_PER_PAGE, KIND_DELETE,
-    KIND_ENTRY, KIND_META, KIND_MOVE, META_KEY_BYTES_MAX, RECORD_HEADER_BYTES,
+    IndexEntry, IndexExtras, RecordHeader, Relocation, BATCH_FLAG_OVER_STALE, BATCH_HEADER_BYTES,
+    INDEX_ENTRIES_PER_PAGE, KIND_DELETE, KIND_ENTRY, KIND_META, KIND_MOVE, META_KEY_BYTES_MAX, RECORD_HEADER_BYTES,
 };
 
 /// Configuration of one shard's entry log.
@@ -76,6 +76,13 @@ pub struct LogConfig {
     /// p50 80–272 µs into fallocated space, 43–47 µs overwriting). Costs one
     /// extra sequential write of every segment. Default off.
     pub prezero_segments: bool,
+    /// Segments that garbage collection frees are kept (under their old
+    /// names, up to this many per shard) and renamed into place as the next
+    /// spare instead of being unlinked and created afresh: their blocks are
+    /// already written, so batches overwrite them instead of converting
+    /// unwritten extents (an ext4 journal commit per fdatasync). Beyond the
+    /// bound they are unlinked. 0 disables recycling. Default 2.
+    pub recycle_segments: usize,
 }
 
 impl LogConfig {
@@ -97,6 +104,7 @@ impl LogConfig {
             key_index_items_per_file: 1 << 18,
             key_index_interval: Duration::from_secs(10),
             prezero_segments: false,
+            recycle_segments: 2,
         }
     }
 
@@ -214,6 +222,10 @@ pub(crate) struct Segment<F> {
     pub len: u64,
     pub path: PathBuf,
     pub file: F,
+    /// A recycled file: the space behind the tail holds stale bytes of an
+    /// earlier use, not zeros (batches written into it say so in their
+    /// header, `BATCH_FLAG_OVER_STALE`).
+    pub recycled: std::cell::Cell<bool>,
 }
 
 impl<F> Segment<F> {
@@ -315,6 +327,11 @@ pub(crate) struct State<F> {
     /// Metadata as of the durable log position (what a checkpoint saves).
     pub meta_durable: BTreeMap<Vec<u8>, Bytes>,
     pub segments: BTreeMap<u64, Rc<Segment<F>>>,
+    /// Freed segments kept for recycling, under their old names (which lie
+    /// before the checkpoint position and hold nothing live), oldest first.
+    pub recycle_pool: Vec<PathBuf>,
+    /// Segments made by recycling since open (a counter).
+    pub recycled: u64,
     /// Live (not deleted) entries per segment start, from the index: a
     /// segment at zero before the checkpoint position is garbage.
     pub seg_live: BTreeMap<u64, u64>,
@@ -361,6 +378,8 @@ impl<F> State<F> {
             meta: BTreeMap::new(),
             meta_durable: BTreeMap::new(),
             segments: BTreeMap::new(),
+            recycle_pool: Vec::new(),
+            recycled: 0,
             seg_live: BTreeMap::new(),
             seg_live_bytes: BTreeMap::new(),
             relocated: BTreeMap::new(),
@@ -508,6 +527,27 @@ impl<D: Disk> Shared<D> {
     async fn create_segment(&self, start: u64) -> Result<Rc<Segment<D::File>>> {
         let path = self.paths.segment(start);
         let len = self.cfg.segment_bytes;
+        let recycled = self.st.borrow_mut().recycle_pool.pop();
+        if let Some(old) = recycled {
+            // A freed segment, renamed into place. Its size is durable since
+            // its creation; the rename must be durable before a batch in it
+            // is acknowledged (a crash before that leaves the old name: an
+            // unreferenced segment before the checkpoint, freed again by the
+            // next one; or the new name with no valid batch of this use:
+            // removed at open as an unused spare).
+            self.disk.rename(&old, &path).await.map_err(self.io("rename recycled segment", &old))?;
+            self.disk
+                .sync_dir(&self.paths.log_dir)
+                .await
+                .map_err(self.io("fsync log directory", &self.paths.log_dir))?;
+            let file =
+                self.disk.open(&path, OpenMode::Existing).await.map_err(self.io("open recycled segment", &path))?;
+            let size = file.size().await.map_err(self.io("stat recycled segment", &path))?;
+            assert_eq!(size, len, "only segments of the configured size are pooled");
+            self.st.borrow_mut().recycled += 1;
+            debug!(from = %old.display(), path = %path.display(), start, len, "recycled segment");
+            return Ok(Rc::new(Segment { start, len, path, file, recycled: true.into() }));
+        }
         // Truncate: a file of this name can only be left over from a crash
         // during an earlier creation, before any batch reached it.
         let file = self.disk.open(&path, OpenMode::Truncate).await.map_err(self.io("create segment", &path))?;
@@ -528,7 +568,7 @@ impl<D: Disk> Shared<D> {
         file.sync().await.map_err(self.io("fdatasync new segment", &path))?;
         self.disk.sync_dir(&self.paths.log_dir).await.map_err(self.io("fsync log directory", &self.paths.log_dir))?;
         debug!(path = %path.display(), start, len, "created segment");
-        Ok(Rc::new(Segment { start, len, path, file }))
+        Ok(Rc::new(Segment { start, len, path, file, recycled: false.into() }))
     }
 
     /// Writes one group-commit batch: everything pending up to
@@ -652,6 +692,7 @@ impl<D: Disk> Shared<D> {
                 position,
                 records_len,
                 body_crc,
+                flags: if seg.recycled.get() { BATCH_FLAG_OVER_STALE } else { 0 },
             }
             .encode(&mut buf);
             (buf, seg, position, seq, last_lsn, metas, moves)
@@ -889,15 +930,29 @@ impl<D: Disk> Shared<D> {
                 .await
                 .map_err(self.io("fsync index directory", &self.paths.index_dir))?;
         }
-        if !segments.is_empty() {
-            for s in &segments {
-                self.disk.remove(&s.path).await.map_err(self.io("remove dead segment", &s.path))?;
+        // Freed segments of the configured size go to the recycling pool
+        // (nothing to do on disk: they keep their names until reused); the
+        // rest are unlinked.
+        let mut removed = 0;
+        for s in &segments {
+            {
+                let mut st = self.st.borrow_mut();
+                if s.len == self.cfg.segment_bytes && st.recycle_pool.len() < self.cfg.recycle_segments {
+                    st.recycle_pool.push(s.path.clone());
+                    continue;
+                }
             }
+            self.disk.remove(&s.path).await.map_err(self.io("remove dead segment", &s.path))?;
+            removed += 1;
+        }
+        if removed > 0 {
             self.disk
                 .sync_dir(&self.paths.log_dir)
                 .await
                 .map_err(self.io("fsync log directory", &self.paths.log_dir))?;
-            info!(dir = %self.cfg.dir.display(), segments = segments.len(), "removed segments holding no live entry");
+        }
+        if !segments.is_empty() {
+            info!(dir = %self.cfg.dir.display(), removed, kept_for_reuse = segments.len() - removed, "freed segments holding no live entry");
         }
         Ok(())
     }
@@ -1257,6 +1312,13 @@ impl<D: Disk> EntryLog<D> {
             st.rcache_put((ledger, entry), Bytes::copy_from_slice(&body), bound);
         }
         Ok(body)
+    }
+
+    /// Segment recycling: (freed segments waiting in the pool, segments
+    /// made by renaming a freed one since open).
+    pub fn recycle_stats(&self) -> (usize, u64) {
+        let st = self.sh.st.borrow();
+        (st.recycle_pool.len(), st.recycled)
     }
 
     /// Read-cache counters: (reads served from the read cache, disk reads).
