@@ -83,7 +83,23 @@ pub struct LogConfig {
     /// unwritten extents (an ext4 journal commit per fdatasync). Beyond the
     /// bound they are unlinked. 0 disables recycling. Default 2.
     pub recycle_segments: usize,
+    /// Zero the tail segment ahead of the write position, in the
+    /// background, up to this many bytes ahead of the tail (0: never), so
+    /// that batches overwrite written blocks (see `prezero_segments`) without
+    /// zeroing a whole segment at once. Only while recent batches are small
+    /// (average at most [`ZERO_AHEAD_BATCH_MAX`]): large batches pay the
+    /// extent conversion once per many bytes, and zeroing ahead of them would
+    /// only write everything twice. A batch beyond the zeroed part is written
+    /// all the same. Recycled segments need none. Default 8 MiB.
+    pub zero_ahead_bytes: u64,
 }
+
+/// Zeroing ahead (`LogConfig::zero_ahead_bytes`) runs only while the
+/// flusher's average batch is at most this long.
+pub const ZERO_AHEAD_BATCH_MAX: u64 = 256 << 10;
+
+/// One zeroing write (then one fdatasync).
+const ZERO_CHUNK_BYTES: u64 = 1 << 20;
 
 impl LogConfig {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
@@ -105,6 +121,7 @@ impl LogConfig {
             key_index_interval: Duration::from_secs(10),
             prezero_segments: false,
             recycle_segments: 2,
+            zero_ahead_bytes: 8 << 20,
         }
     }
 
@@ -332,6 +349,16 @@ pub(crate) struct State<F> {
     pub recycle_pool: Vec<PathBuf>,
     /// Segments made by recycling since open (a counter).
     pub recycled: u64,
+    /// Below this log position the tail segment's blocks are known written
+    /// (batches, zeros from the zeroing task, or a recycled segment's whole
+    /// length): writes there overwrite instead of converting unwritten
+    /// extents. The flusher writes at or beyond it only holding `zero_lock`.
+    pub zeroed: u64,
+    /// Moving average of the flusher's batch length (bytes).
+    pub avg_batch: u64,
+    pub zero_waker: Option<Waker>,
+    /// Bytes zeroed ahead since open (a counter).
+    pub zeroed_bytes: u64,
     /// Live (not deleted) entries per segment start, from the index: a
     /// segment at zero before the checkpoint position is garbage.
     pub seg_live: BTreeMap<u64, u64>,
@@ -380,6 +407,10 @@ impl<F> State<F> {
             segments: BTreeMap::new(),
             recycle_pool: Vec::new(),
             recycled: 0,
+            zeroed: 0,
+            avg_batch: 0,
+            zero_waker: None,
+            zeroed_bytes: 0,
             seg_live: BTreeMap::new(),
             seg_live_bytes: BTreeMap::new(),
             relocated: BTreeMap::new(),
@@ -400,7 +431,7 @@ impl<F> State<F> {
         for (_, ws) in std::mem::take(&mut self.durable_waiters) {
             ws.into_iter().for_each(Waker::wake);
         }
-        for w in [self.flusher_waker.take(), self.ckpt_waker.take()]
+        for w in [self.flusher_waker.take(), self.ckpt_waker.take(), self.zero_waker.take()]
             .into_iter()
             .flatten()
             .chain(std::mem::take(&mut self.close_wakers))
@@ -494,6 +525,10 @@ pub(crate) struct Shared<D: Disk> {
     pub ckpt_lock: glommio::sync::Semaphore,
     /// Serializes compaction passes (the background task and `compact`).
     pub compact_lock: glommio::sync::Semaphore,
+    /// Held by the zeroing task for each zeroing write, and by the flusher
+    /// for a batch that reaches `State::zeroed`: a batch is never written
+    /// where a zeroing write is in flight (it could land after the batch).
+    pub zero_lock: glommio::sync::Semaphore,
     /// The per-shard key index (`keyindex.rs`).
     pub keys: RefCell<crate::keyindex::KeyIndex<D::File>>,
 }
@@ -612,6 +647,8 @@ impl<D: Disk> Shared<D> {
             };
             assert!(seg.len >= batch_len);
             let mut st = self.st.borrow_mut();
+            // Recycled and pre-zeroed segments are written all through.
+            st.zeroed = if seg.recycled.get() || self.cfg.prezero_segments { seg.end() } else { start };
             st.segments.insert(start, seg);
             // The rest of the previous segment stays zero; recovery knows a
             // batch that did not fit moved to the next segment.
@@ -703,9 +740,22 @@ impl<D: Disk> Shared<D> {
         // instead, to save the flusher's wake-up between the two: 12x slower
         // on ext4 here, bench/README.md "where a lone message's time goes".)
         let off = position - seg.start;
+        let end = position + batch_len;
+        // Into space not known written: wait for a zeroing write in flight.
+        let zero_permit = if end > self.st.borrow().zeroed {
+            Some(self.zero_lock.acquire_permit(1).await.map_err(|_| StorageError::Closed)?)
+        } else {
+            None
+        };
         crate::stage::mark("4b_write_submit");
         seg.file.write_at(off, &buf).await.map_err(self.io("write batch", &seg.path))?;
         crate::stage::mark("5_written");
+        {
+            let mut st = self.st.borrow_mut();
+            st.zeroed = st.zeroed.max(end);
+            st.avg_batch = if st.avg_batch == 0 { batch_len } else { (st.avg_batch * 7 + batch_len) / 8 };
+        }
+        drop(zero_permit);
         seg.file.sync().await.map_err(self.io("fdatasync segment", &seg.path))?;
         crate::stage::mark("6_synced");
 
@@ -728,6 +778,14 @@ impl<D: Disk> Shared<D> {
                 st.meta_durable.remove(&k[..]);
             } else {
                 st.meta_durable.insert(k.to_vec(), v);
+            }
+        }
+        if self.cfg.zero_ahead_bytes > 0
+            && st.zeroed < st.tail + self.cfg.zero_ahead_bytes / 2
+            && st.avg_batch <= ZERO_AHEAD_BATCH_MAX
+        {
+            if let Some(w) = st.zero_waker.take() {
+                w.wake();
             }
         }
         let later = st.durable_waiters.split_off(&(last_lsn + 1));
@@ -1074,6 +1132,75 @@ pub(crate) async fn flusher<D: Disk>(weak: Weak<Shared<D>>) {
     }
 }
 
+/// The zeroing task (`LogConfig::zero_ahead_bytes`): writes zeros over the
+/// tail segment ahead of the tail, one chunk and one fdatasync at a time,
+/// while the flusher's batches are small. Woken by the flusher.
+pub(crate) async fn zeroer<D: Disk>(weak: Weak<Shared<D>>) {
+    loop {
+        let w2 = weak.clone();
+        let work = poll_fn(move |cx| {
+            let Some(sh) = w2.upgrade() else {
+                return Poll::Ready(None);
+            };
+            let mut st = sh.st.borrow_mut();
+            if st.mode != Mode::Open {
+                return Poll::Ready(None);
+            }
+            if zero_target(&sh.cfg, &st).is_some() {
+                drop(st);
+                return Poll::Ready(Some(sh));
+            }
+            st.zero_waker = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await;
+        let Some(sh) = work else { break };
+        if let Err(e) = sh.zero_ahead().await {
+            sh.fail(&e);
+            break;
+        }
+    }
+}
+
+/// The next chunk to zero, `(segment, from, to)` as log positions, if any.
+fn zero_target<F>(cfg: &LogConfig, st: &State<F>) -> Option<(Rc<Segment<F>>, u64, u64)> {
+    if cfg.zero_ahead_bytes == 0 || st.avg_batch > ZERO_AHEAD_BATCH_MAX {
+        return None;
+    }
+    let seg = st.segment_at(st.tail)?;
+    // Everything before the tail is written; so is everything before
+    // `zeroed` (which the flusher raises past each batch it writes).
+    let from = st.zeroed.max(st.tail);
+    let limit = (st.tail + cfg.zero_ahead_bytes).min(seg.end());
+    (from < limit).then(|| (seg.clone(), from, (from + ZERO_CHUNK_BYTES).min(seg.end())))
+}
+
+impl<D: Disk> Shared<D> {
+    /// Zeros one chunk ahead of the tail (holding `zero_lock`, so no batch
+    /// is written there meanwhile) and fdatasyncs it, so that the extent
+    /// conversion is committed now rather than by a batch's fdatasync.
+    async fn zero_ahead(&self) -> Result<()> {
+        let _permit = self.zero_lock.acquire_permit(1).await.map_err(|_| StorageError::Closed)?;
+        let (seg, from, to) = {
+            let st = self.st.borrow();
+            if st.mode != Mode::Open {
+                return Ok(());
+            }
+            match zero_target(&self.cfg, &st) {
+                Some(t) => t,
+                None => return Ok(()),
+            }
+        };
+        let zeros = vec![0u8; (to - from) as usize];
+        seg.file.write_at(from - seg.start, &zeros).await.map_err(self.io("zero ahead", &seg.path))?;
+        seg.file.sync().await.map_err(self.io("fdatasync after zeroing ahead", &seg.path))?;
+        let mut st = self.st.borrow_mut();
+        st.zeroed = st.zeroed.max(to);
+        st.zeroed_bytes += to - from;
+        Ok(())
+    }
+}
+
 /// The periodic checkpoint task.
 pub(crate) async fn checkpointer<D: Disk>(weak: Weak<Shared<D>>, interval: Duration) {
     loop {
@@ -1321,6 +1448,11 @@ impl<D: Disk> EntryLog<D> {
         (st.recycle_pool.len(), st.recycled)
     }
 
+    /// Bytes zeroed ahead of the tail since open (`zero_ahead_bytes`).
+    pub fn zeroed_ahead_bytes(&self) -> u64 {
+        self.sh.st.borrow().zeroed_bytes
+    }
+
     /// Read-cache counters: (reads served from the read cache, disk reads).
     pub fn read_stats(&self) -> (u64, u64) {
         let st = self.sh.st.borrow();
@@ -1434,6 +1566,8 @@ impl<D: Disk> EntryLog<D> {
         if self.sh.st.borrow().mode == Mode::Failed {
             return Err(StorageError::Failed);
         }
+        // A zeroing write in flight finishes first (none starts while closing).
+        drop(self.sh.zero_lock.acquire_permit(1).await.map_err(|_| StorageError::Closed)?);
         if let Err(e) = self.sh.checkpoint(true).await {
             self.sh.fail(&e);
             return Err(e);

@@ -17,7 +17,7 @@ use crate::format::{
     could_be_torn, decode_index_page, records, split_meta, BatchHeader, Checkpoint, CleanMarker, IndexEntry,
     BATCH_FLAG_OVER_STALE, BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_DELETE, KIND_ENTRY, KIND_MOVE, RECORD_HEADER_BYTES,
 };
-use crate::log::{checkpointer, flusher, EntryLog, Ledger, LogConfig, Paths, Recovery, Segment, Shared, State};
+use crate::log::{checkpointer, flusher, zeroer, EntryLog, Ledger, LogConfig, Paths, Recovery, Segment, Shared, State};
 
 /// Read granularity of the recovery scan.
 const SCAN_CHUNK_BYTES: u64 = 1 << 20;
@@ -241,6 +241,8 @@ impl<D: Disk> EntryLog<D> {
                     seg.recycled.set(h.position == seg.start && h.flags & BATCH_FLAG_OVER_STALE != 0);
                 }
             }
+            // Written up to the tail; a recycled segment all through.
+            st.zeroed = if seg.recycled.get() { seg.end() } else { scanned.tail };
         }
         // Live entries per segment, for garbage collection and compaction.
         // Every entry must lie in a segment: one that does not was lost
@@ -337,10 +339,12 @@ impl<D: Disk> EntryLog<D> {
             st: RefCell::new(st),
             ckpt_lock: glommio::sync::Semaphore::new(1),
             compact_lock: glommio::sync::Semaphore::new(1),
+            zero_lock: glommio::sync::Semaphore::new(1),
             keys: RefCell::new(keys),
         });
         glommio::spawn_local(flusher(Rc::downgrade(&sh))).detach();
         glommio::spawn_local(checkpointer(Rc::downgrade(&sh), interval)).detach();
+        let zero = sh.cfg.zero_ahead_bytes > 0;
         // Compaction and key index upkeep are background work: their own
         // queue with few shares, so that producers' appends and readers go first.
         let (compaction_interval, keys_interval) = (sh.cfg.compaction_interval, sh.cfg.key_index_interval);
@@ -360,6 +364,12 @@ impl<D: Disk> EntryLog<D> {
                 log.maintain_key_index(false).await.map(drop)
             });
             glommio::spawn_local_into(task, tq).map_err(qerr)?.detach();
+            if zero {
+                glommio::spawn_local_into(zeroer(Rc::downgrade(&sh)), tq).map_err(qerr)?.detach();
+            }
+        } else if zero {
+            // (Tests: no background queue per open; same task, default queue.)
+            glommio::spawn_local(zeroer(Rc::downgrade(&sh))).detach();
         }
         Ok((EntryLog { sh }, recovery))
     }

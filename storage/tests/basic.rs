@@ -614,3 +614,50 @@ fn freed_segments_are_recycled() {
         }
     });
 }
+
+/// Goal: the zeroing task (`zero_ahead_bytes`) writes zeros ahead of the
+/// tail while batches are small, never more than the bound ahead of it and
+/// never over a batch (everything reads back, also after a crash), and not
+/// at all while batches are large.
+#[test]
+fn zero_ahead_follows_small_batches_only() {
+    run(60, || async {
+        let mut cfg = small_config("/s");
+        cfg.segment_bytes = 4 << 20;
+        cfg.flush_bytes_max = 1 << 20;
+        cfg.zero_ahead_bytes = 512 << 10;
+        // Lone appends, each waited for: one page per batch.
+        let disk = SimDisk::new();
+        let (log, _) = EntryLog::open_with(disk.clone(), cfg.clone()).await.unwrap();
+        for e in 0..300u64 {
+            let a = log.append(1, Bytes::from(format!("lone {e}"))).unwrap();
+            log.wait_durable(a.lsn).await.unwrap();
+            for _ in 0..4 {
+                futures_lite::future::yield_now().await;
+            }
+        }
+        let tail = log.index_entry(1, 299).unwrap().position + 4096;
+        let zeroed = log.zeroed_ahead_bytes();
+        assert!(zeroed > 0, "nothing zeroed ahead");
+        assert!(zeroed <= tail + cfg.zero_ahead_bytes + (1 << 20), "zeroed {zeroed}, tail {tail}");
+        let image = disk.crash(3);
+        drop(log);
+        let (log, _) = EntryLog::open_with(image, cfg.clone()).await.unwrap();
+        for e in 0..300u64 {
+            assert_eq!(log.read(1, e).await.unwrap(), Bytes::from(format!("lone {e}")));
+        }
+        drop(log);
+
+        // Large batches: nothing zeroed.
+        let disk = SimDisk::new();
+        let (log, _) = EntryLog::open_with(disk.clone(), cfg.clone()).await.unwrap();
+        for round in 0..6u64 {
+            let mut last = 0;
+            for e in 0..100u64 {
+                last = log.append(1, Bytes::from(vec![(round * 100 + e) as u8; 9000])).unwrap().lsn;
+            }
+            log.wait_durable(last).await.unwrap();
+        }
+        assert_eq!(log.zeroed_ahead_bytes(), 0);
+    });
+}

@@ -167,6 +167,7 @@ async fn workload(log: &EntryLog<SimDisk>, model: &mut Model, rng: &mut SimRng, 
         acked_lsn.set(acked_lsn.get().max(lsns.last().copied().unwrap_or(0)));
     }
     RECYCLED.with(|r| r.set(r.get() + log.recycle_stats().1));
+    ZEROED.with(|r| r.set(r.get() + log.zeroed_ahead_bytes()));
     let acked_new = lsns.iter().filter(|&&l| l <= acked_lsn.get()).count();
     model.acked = model.acked.max(base + acked_new);
 }
@@ -229,6 +230,8 @@ thread_local! {
     static GC_SEEN: Cell<u64> = const { Cell::new(0) };
     /// Segments made by recycling a freed one (then crashed and recovered).
     static RECYCLED: Cell<u64> = const { Cell::new(0) };
+    /// Bytes the zeroing task wrote ahead of the tail.
+    static ZEROED: Cell<u64> = const { Cell::new(0) };
     /// The seed being run, for messages from inside the workload.
     static SEED: Cell<u64> = const { Cell::new(0) };
     /// Injected faults that fired, by (kind, error).
@@ -251,6 +254,7 @@ fn print_stats(name: &str) {
     );
     println!("{name}: {} recoveries found segments removed by garbage collection", GC_SEEN.with(|g| g.get()));
     println!("{name}: {} segments made by recycling a freed one", RECYCLED.with(|g| g.get()));
+    println!("{name}: {} bytes zeroed ahead of the tail", ZEROED.with(|g| g.get()));
     let (moved, removed) = COMPACTED.with(|c| c.get());
     println!("{name}: compaction moved {moved} entries; its checkpoints removed {removed} segments");
     FAULTS.with(|f| {
