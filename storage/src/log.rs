@@ -74,7 +74,10 @@ pub struct LogConfig {
     /// commits the extent conversion in the journal; overwriting written
     /// blocks does not (fio, 4 KiB write + fdatasync, alternating rounds:
     /// p50 80–272 µs into fallocated space, 43–47 µs overwriting). Costs one
-    /// extra sequential write of every segment. Default off.
+    /// extra sequential write of every segment, and the first segment is
+    /// zeroed before the first batch. Default off: `zero_ahead_bytes` gets
+    /// lone batches the same without either, and recycled segments need no
+    /// zeroing at all.
     pub prezero_segments: bool,
     /// Segments that garbage collection frees are kept (under their old
     /// names, up to this many per shard) and renamed into place as the next
@@ -95,11 +98,16 @@ pub struct LogConfig {
 }
 
 /// Zeroing ahead (`LogConfig::zero_ahead_bytes`) runs only while the
-/// flusher's average batch is at most this long.
-pub const ZERO_AHEAD_BATCH_MAX: u64 = 256 << 10;
+/// flusher's average batch is at most this long: lone messages (a page or
+/// two per batch). With 16 producers one in flight each (~5 pages a batch)
+/// zeroing ahead cost throughput side by side (bench/README.md).
+pub const ZERO_AHEAD_BATCH_MAX: u64 = 16 << 10;
 
-/// One zeroing write (then one fdatasync).
-const ZERO_CHUNK_BYTES: u64 = 1 << 20;
+/// One zeroing write (then one fdatasync): a quarter of the distance ahead,
+/// between 1 and 4 MiB.
+fn zero_chunk_bytes(cfg: &LogConfig) -> u64 {
+    (cfg.zero_ahead_bytes / 4).clamp(1 << 20, 4 << 20) / PAGE_BYTES * PAGE_BYTES
+}
 
 impl LogConfig {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
@@ -742,10 +750,13 @@ impl<D: Disk> Shared<D> {
         let off = position - seg.start;
         let end = position + batch_len;
         // Into space not known written: wait for a zeroing write in flight.
-        let zero_permit = if end > self.st.borrow().zeroed {
-            Some(self.zero_lock.acquire_permit(1).await.map_err(|_| StorageError::Closed)?)
-        } else {
+        // (Tried: a batch wholly in written space as one O_DSYNC write
+        // instead of write + fdatasync; not better here, bench/README.md
+        // "Recycled and zeroed-ahead segments".)
+        let zero_permit = if end <= self.st.borrow().zeroed {
             None
+        } else {
+            Some(self.zero_lock.acquire_permit(1).await.map_err(|_| StorageError::Closed)?)
         };
         crate::stage::mark("4b_write_submit");
         seg.file.write_at(off, &buf).await.map_err(self.io("write batch", &seg.path))?;
@@ -1172,13 +1183,15 @@ fn zero_target<F>(cfg: &LogConfig, st: &State<F>) -> Option<(Rc<Segment<F>>, u64
     // `zeroed` (which the flusher raises past each batch it writes).
     let from = st.zeroed.max(st.tail);
     let limit = (st.tail + cfg.zero_ahead_bytes).min(seg.end());
-    (from < limit).then(|| (seg.clone(), from, (from + ZERO_CHUNK_BYTES).min(seg.end())))
+    (from < limit).then(|| (seg.clone(), from, (from + zero_chunk_bytes(cfg)).min(seg.end())))
 }
 
 impl<D: Disk> Shared<D> {
     /// Zeros one chunk ahead of the tail (holding `zero_lock`, so no batch
-    /// is written there meanwhile) and fdatasyncs it, so that the extent
-    /// conversion is committed now rather than by a batch's fdatasync.
+    /// is written there meanwhile). No fdatasync of its own: the zeros need
+    /// not be durable (lost, the space reads as zeros all the same), and the
+    /// next batch's fdatasync commits the chunk's extent conversion once,
+    /// instead of a separate fdatasync competing with the flusher's.
     async fn zero_ahead(&self) -> Result<()> {
         let _permit = self.zero_lock.acquire_permit(1).await.map_err(|_| StorageError::Closed)?;
         let (seg, from, to) = {
@@ -1193,7 +1206,6 @@ impl<D: Disk> Shared<D> {
         };
         let zeros = vec![0u8; (to - from) as usize];
         seg.file.write_at(from - seg.start, &zeros).await.map_err(self.io("zero ahead", &seg.path))?;
-        seg.file.sync().await.map_err(self.io("fdatasync after zeroing ahead", &seg.path))?;
         let mut st = self.st.borrow_mut();
         st.zeroed = st.zeroed.max(to);
         st.zeroed_bytes += to - from;
