@@ -36,7 +36,7 @@ use magnetar_client::{
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
 
 /// Payload bytes carrying the intended send time.
@@ -141,11 +141,30 @@ fn now_ms() -> u64 {
 
 struct ProducerCtx {
     producer: Arc<PartitionedProducer>,
-    receipts: mpsc::Sender<(Instant, usize, RoutedSend, OwnedSemaphorePermit)>,
+    /// One channel per partition's collector (see `open_producer`).
+    receipts: Vec<mpsc::UnboundedSender<Sent>>,
     /// One permit per message in flight (`max_pending × partitions`): the
-    /// client's own bound counts sends, and a batch is one send.
+    /// client's own bound counts sends, and a batch is one send. Taken in
+    /// chunks of `permits_chunk` and given back by the collectors in runs,
+    /// which keeps fewer messages in flight, never more.
     in_flight: Arc<Semaphore>,
+    permits_chunk: u32,
 }
+
+/// A message on its way: its intended send time, size and receipt. Its
+/// in-flight permit is given back when its receipt is recorded. (The
+/// channels are unbounded: the permits bound what they hold.)
+struct Sent {
+    intended: Instant,
+    bytes: usize,
+    receipt: RoutedSend,
+}
+
+/// Most permits the produce loop takes at once.
+const PERMITS_CHUNK_MAX: u32 = 64;
+/// Most receipts a collector holds before recording them and giving their
+/// permits back.
+const RECEIPTS_RUN_MAX: usize = 256;
 
 /// The client connections of a run: one per producer and consumer, or
 /// `connections` of each kind shared round-robin.
@@ -186,10 +205,11 @@ struct ProducerPlan {
 }
 
 /// Open one logical producer: a connection and a partitioned producer on
-/// `topic` (with the workload's batching and codec), plus the task that
-/// awaits its receipts. Receipts of different partitions complete
-/// independently, so they are awaited as they come, not in send order (one
-/// slow partition must not delay the time recorded for the others).
+/// `topic` (with the workload's batching and codec), plus the tasks that
+/// await its receipts: one per partition, since receipts of different
+/// partitions complete independently (one slow partition must not delay the
+/// time recorded for the others), while one partition's complete in send
+/// order, so its collector awaits them in turn.
 async fn open_producer(
     opts: &RunOptions,
     topic: &str,
@@ -201,7 +221,11 @@ async fn open_producer(
     let client = conns.next(opts, w.connections).await?;
     let mut builder =
         client.producer(topic.to_string()).max_pending(w.max_pending as usize).compression(w.compression_type());
-    if let Some(batching) = w.batching() {
+    let batching = w.batching();
+    // Key-based batches of one partition complete in the order they fill,
+    // not in send order.
+    let in_send_order = !batching.as_ref().is_some_and(|b| b.key_based);
+    if let Some(batching) = batching {
         builder = builder.batching(batching);
     }
     let producer = builder
@@ -209,36 +233,104 @@ async fn open_producer(
         .await
         .map_err(client_err(format!("create producer on {topic}")))?;
     // What may be in flight: max_pending messages per partition. The permit
-    // of a message is released when its receipt is recorded, so the producer
-    // never runs ahead of its own receipts.
+    // of a message is given back when its receipt is recorded, so the
+    // producer never runs ahead of its own receipts.
     let limit = (w.max_pending as usize).saturating_mul(w.partitions as usize).max(1);
     let in_flight = Arc::new(Semaphore::new(limit));
-    let (tx, mut rx) = mpsc::channel::<(Instant, usize, RoutedSend, OwnedSemaphorePermit)>(limit);
-    let rec = rec.clone();
-    collectors.push(tokio::spawn(async move {
-        let mut in_flight = FuturesUnordered::new();
-        let mut open = true;
-        loop {
-            tokio::select! {
-                next = rx.recv(), if open && in_flight.len() < limit => match next {
-                    Some((intended, bytes, receipt, permit)) => in_flight.push(async move {
-                        let r = receipt.receipt().await;
-                        (intended, Instant::now(), bytes, r, permit)
-                    }),
-                    None => open = false,
-                },
-                Some((intended, at, bytes, r, permit)) = in_flight.next(), if !in_flight.is_empty() => {
-                    match r {
-                        Ok(_) => rec.published(intended, at, bytes),
-                        Err(e) => rec.publish_failed(e.to_string()),
-                    }
-                    drop(permit);
+    let permits_chunk = u32::try_from(limit / 16).unwrap_or(u32::MAX).clamp(1, PERMITS_CHUNK_MAX);
+    let mut receipts = Vec::new();
+    for _ in 0..producer.partitions().max(1) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        receipts.push(tx);
+        let (rec, in_flight) = (rec.clone(), in_flight.clone());
+        collectors.push(if in_send_order {
+            tokio::spawn(collect_in_order(rx, rec, in_flight))
+        } else {
+            tokio::spawn(collect_as_they_come(rx, rec, in_flight))
+        });
+    }
+    let ctx = ProducerCtx { producer: Arc::new(producer), receipts, in_flight, permits_chunk };
+    Ok((client, ctx))
+}
+
+/// Records one partition's receipts, awaiting them in send order. The
+/// messages of one entry (a batch) complete at once: they share one clock
+/// reading and one lock of the recorder.
+async fn collect_in_order(mut rx: mpsc::UnboundedReceiver<Sent>, rec: Recorder, in_flight: Arc<Semaphore>) {
+    let mut run: Vec<(Instant, usize)> = Vec::with_capacity(RECEIPTS_RUN_MAX);
+    // The entry whose receipt the run holds, and when it was seen.
+    let mut seen: Option<((i32, u64, u64), Instant)> = None;
+    let record = |run: &mut Vec<(Instant, usize)>, seen: &Option<(_, Instant)>| {
+        if let (Some((_, at)), false) = (seen, run.is_empty()) {
+            rec.published_many(*at, run);
+            in_flight.add_permits(run.len());
+            run.clear();
+        }
+    };
+    loop {
+        let sent = match rx.try_recv() {
+            Ok(sent) => sent,
+            Err(mpsc::error::TryRecvError::Disconnected) => break,
+            Err(mpsc::error::TryRecvError::Empty) => {
+                // Never wait while holding permits.
+                record(&mut run, &seen);
+                match rx.recv().await {
+                    Some(sent) => sent,
+                    None => break,
                 }
-                else => break,
+            }
+        };
+        let mut receipt = std::pin::pin!(sent.receipt.receipt());
+        let result = match futures::poll!(receipt.as_mut()) {
+            std::task::Poll::Ready(r) => r,
+            std::task::Poll::Pending => {
+                record(&mut run, &seen);
+                receipt.await
+            }
+        };
+        match result {
+            Ok(id) => {
+                let entry = (id.partition, id.ledger, id.entry);
+                if seen.is_none_or(|(e, _)| e != entry) || run.len() >= RECEIPTS_RUN_MAX {
+                    record(&mut run, &seen);
+                    seen = Some((entry, Instant::now()));
+                }
+                run.push((sent.intended, sent.bytes));
+            }
+            Err(e) => {
+                record(&mut run, &seen);
+                rec.publish_failed(e.to_string());
+                in_flight.add_permits(1);
             }
         }
-    }));
-    Ok((client, ProducerCtx { producer: Arc::new(producer), receipts: tx, in_flight }))
+    }
+    record(&mut run, &seen);
+}
+
+/// Records one partition's receipts as they complete (key-based batching,
+/// where they need not complete in send order).
+async fn collect_as_they_come(mut rx: mpsc::UnboundedReceiver<Sent>, rec: Recorder, in_flight: Arc<Semaphore>) {
+    let mut pending = FuturesUnordered::new();
+    let mut open = true;
+    loop {
+        tokio::select! {
+            next = rx.recv(), if open => match next {
+                Some(Sent { intended, bytes, receipt }) => pending.push(async move {
+                    let r = receipt.receipt().await;
+                    (intended, Instant::now(), bytes, r)
+                }),
+                None => open = false,
+            },
+            Some((intended, at, bytes, r)) = pending.next(), if !pending.is_empty() => {
+                match r {
+                    Ok(_) => rec.published(intended, at, bytes),
+                    Err(e) => rec.publish_failed(e.to_string()),
+                }
+                in_flight.add_permits(1);
+            }
+            else => break,
+        }
+    }
 }
 
 async fn produce_loop(ctx: ProducerCtx, plan: ProducerPlan, w: Workload, rec: Recorder, filler: Bytes) {
@@ -250,6 +342,8 @@ async fn produce_loop(ctx: ProducerCtx, plan: ProducerPlan, w: Workload, rec: Re
     let mut rng = Rng::new(w.seed.wrapping_mul(1_000_003).wrapping_add(u64::from(plan.index)));
     let start = Instant::now();
     let mut i: u64 = 0;
+    // In-flight permits taken and not yet used by a message.
+    let mut spare: u32 = 0;
     loop {
         if plan.count.is_some_and(|c| i >= c) {
             break;
@@ -266,17 +360,28 @@ async fn produce_loop(ctx: ProducerCtx, plan: ProducerPlan, w: Workload, rec: Re
             }
             Some(at)
         } else {
-            if plan.stop_at.is_some_and(|s| Instant::now() >= s) {
-                break;
-            }
             None
         };
         // A free in-flight slot first. With a rate the intended time is
         // already fixed, so waiting here is charged to latency; without one
         // the message's time starts once it has a slot (see the module doc).
-        // Never closed while we hold ctx.
-        let Ok(permit) = ctx.in_flight.clone().acquire_owned().await else { break };
-        let intended = scheduled.unwrap_or_else(Instant::now);
+        if spare == 0 {
+            // Never closed while we hold ctx.
+            let Ok(permits) = ctx.in_flight.acquire_many(ctx.permits_chunk).await else { break };
+            permits.forget();
+            spare = ctx.permits_chunk;
+        }
+        let intended = match scheduled {
+            Some(at) => at,
+            None => {
+                let now = Instant::now();
+                if plan.stop_at.is_some_and(|s| now >= s) {
+                    break;
+                }
+                now
+            }
+        };
+        spare -= 1;
         let size = sizes.next(&mut rng);
         // The client routes: keyed messages by the key's hash (FNV-1a),
         // the others round-robin.
@@ -284,9 +389,13 @@ async fn produce_loop(ctx: ProducerCtx, plan: ProducerPlan, w: Workload, rec: Re
         msg.key = keys.next(&mut rng).map(|k| format!("k{k}"));
         match ctx.producer.send_async(msg).await {
             Ok(receipt) => {
-                let _ = ctx.receipts.send((intended, size, receipt, permit)).await;
+                let collector = receipt.partition() % ctx.receipts.len().max(1);
+                if let Some(tx) = ctx.receipts.get(collector) {
+                    let _ = tx.send(Sent { intended, bytes: size, receipt });
+                }
             }
             Err(e) => {
+                ctx.in_flight.add_permits(1);
                 let fatal = !matches!(e, ClientError::MessageTooLarge { .. });
                 rec.publish_failed(e.to_string());
                 if fatal {
@@ -296,6 +405,7 @@ async fn produce_loop(ctx: ProducerCtx, plan: ProducerPlan, w: Workload, rec: Re
         }
         i += 1;
     }
+    ctx.in_flight.add_permits(spare as usize);
     // Dropping `ctx.receipts` lets the collectors end once every receipt is in.
 }
 

@@ -207,16 +207,25 @@ impl Recorder {
 
     /// A receipt for a message meant to be sent at `intended`.
     pub fn published(&self, intended: Instant, now: Instant, bytes: usize) {
-        let ns = u64::try_from(now.saturating_duration_since(intended).as_nanos()).unwrap_or(u64::MAX).max(1);
+        self.published_many(now, &[(intended, bytes)]);
+    }
+
+    /// Receipts seen at `now` (e.g. the messages of one batch), each given
+    /// as its message's intended send time and size: one lock for them all.
+    pub fn published_many(&self, now: Instant, receipts: &[(Instant, usize)]) {
         let mut inner = self.lock();
-        inner.produced_all += 1;
-        inner.produced_tick.add(bytes);
-        inner.publish_tick.saturating_record(ns);
-        if Self::in_window(&inner, now) {
-            inner.produced_window.add(bytes);
-        }
-        if Self::latency_counts(&inner, intended) {
-            inner.publish_total.saturating_record(ns);
+        let in_window = Self::in_window(&inner, now);
+        for &(intended, bytes) in receipts {
+            let ns = u64::try_from(now.saturating_duration_since(intended).as_nanos()).unwrap_or(u64::MAX).max(1);
+            inner.produced_all += 1;
+            inner.produced_tick.add(bytes);
+            inner.publish_tick.saturating_record(ns);
+            if in_window {
+                inner.produced_window.add(bytes);
+            }
+            if Self::latency_counts(&inner, intended) {
+                inner.publish_total.saturating_record(ns);
+            }
         }
     }
 

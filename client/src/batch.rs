@@ -8,11 +8,11 @@
 
 use crate::error::{ClientError, Result};
 use crate::message::OutgoingMessage;
-use crate::producer::{ProducerCore, SendFuture};
-use bytes::{Bytes, BytesMut};
-use magnetar_wire::{encode_batch_record_into, BatchMessage, MessageId, MessageMetadata};
+use crate::producer::{EntryBody, ProducerCore, SendFuture};
+use magnetar_wire::{encode_batch_record_into, BatchMessage, CompressionType, MessageId, MessageMetadata};
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
@@ -54,15 +54,97 @@ impl BatchingOptions {
     }
 }
 
-struct Pending {
-    msg: OutgoingMessage,
-    done: oneshot::Sender<Result<MessageId>>,
-}
-
 struct Container {
-    msgs: Vec<Pending>,
+    msgs: Vec<OutgoingMessage>,
     bytes: usize,
     first_at: Instant,
+    /// The receipt every message of this batch shares.
+    receipt: Arc<BatchReceipt>,
+    /// Hands the entry's receipt (or the error that kept the batch from
+    /// going out) to the batch's resolver task, with whether it went out as
+    /// a batch (a "batch" of one goes out as a plain message).
+    sent: oneshot::Sender<(Result<SendFuture>, bool)>,
+}
+
+/// The receipt shared by the messages of one batch, so that a batched send
+/// costs no channel, timer or task of its own: the batch's resolver task
+/// completes it once; message `i` then reads the entry's id with
+/// `batch_index` i.
+#[derive(Default)]
+pub(crate) struct BatchReceipt {
+    state: std::sync::Mutex<ReceiptState>,
+}
+
+#[derive(Default)]
+struct ReceiptState {
+    outcome: Option<Result<MessageId>>,
+    /// The entry was a batch (its messages get their batch index).
+    batched: bool,
+    /// The wakers of the messages' futures that wait; each future remembers
+    /// its place here.
+    wakers: Vec<Waker>,
+}
+
+impl BatchReceipt {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ReceiptState> {
+        // Only plain field updates happen under the lock; a poisoned lock
+        // still holds consistent data.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Message `index`'s outcome, or `Pending` with the task's waker
+    /// registered (at `*registered`, reused on later polls).
+    pub(crate) fn poll(
+        &self,
+        index: u32,
+        registered: &mut Option<usize>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<MessageId>> {
+        let mut st = self.lock();
+        let batched = st.batched;
+        match &mut st.outcome {
+            Some(Ok(id)) if batched => {
+                Poll::Ready(Ok(MessageId { batch_index: i32::try_from(index).unwrap_or(i32::MAX), ..*id }))
+            }
+            Some(Ok(id)) => Poll::Ready(Ok(*id)),
+            // The one message of a plain entry gets the error itself.
+            Some(Err(e)) if !batched => {
+                let copy = copy_error(e);
+                Poll::Ready(Err(std::mem::replace(e, copy)))
+            }
+            Some(Err(e)) => Poll::Ready(Err(copy_error(e))),
+            None => {
+                match registered.and_then(|i| st.wakers.get_mut(i)) {
+                    Some(w) => {
+                        if !w.will_wake(cx.waker()) {
+                            w.clone_from(cx.waker());
+                        }
+                    }
+                    None => {
+                        *registered = Some(st.wakers.len());
+                        st.wakers.push(cx.waker().clone());
+                    }
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    /// Sets the outcome, unless one is already set (the first one stays).
+    fn complete(&self, outcome: Result<MessageId>, batched: bool) {
+        let wakers = {
+            let mut st = self.lock();
+            if st.outcome.is_some() {
+                return;
+            }
+            st.outcome = Some(outcome);
+            st.batched = batched;
+            std::mem::take(&mut st.wakers)
+        };
+        for w in wakers {
+            w.wake();
+        }
+    }
 }
 
 /// The open batches of one producer.
@@ -91,11 +173,35 @@ impl Batcher {
         Self { options, open: tokio::sync::Mutex::new(BTreeMap::new()) }
     }
 
+    /// How often the flusher looks for batches that waited `max_delay`.
+    fn tick(&self) -> Duration {
+        (self.options.max_delay / 2).max(Duration::from_millis(1))
+    }
+
+    /// A new, empty batch whose first message is `first_len` bytes, and its
+    /// resolver task.
+    fn open_batch(&self, core: &ProducerCore, first_len: usize) -> Container {
+        let first_at = Instant::now();
+        let receipt = Arc::new(BatchReceipt::default());
+        let (sent, rx) = oneshot::channel();
+        let after = core.conn.options.operation_timeout.saturating_add(self.options.max_delay);
+        // A batch goes out within `max_delay` and one tick of its first
+        // message, so every message still gets `after` from its own send.
+        // (A timeout too large for the clock means none: a year.)
+        let wait = after.saturating_add(self.options.max_delay).saturating_add(self.tick());
+        let deadline = first_at.checked_add(wait).unwrap_or_else(|| first_at + Duration::from_secs(365 * 24 * 3600));
+        tokio::spawn(resolve(receipt.clone(), rx, deadline.into(), after));
+        let capacity = (self.options.max_bytes / first_len.max(1))
+            .saturating_add(1)
+            .min(self.options.max_messages)
+            .min(BATCH_CAPACITY_MAX);
+        Container { msgs: Vec::with_capacity(capacity), bytes: 0, first_at, receipt, sent }
+    }
+
     pub(crate) async fn add(&self, core: &ProducerCore, msg: OutgoingMessage) -> Result<SendFuture> {
         if core.is_closed() {
             return Err(ClientError::ProducerClosed { producer_name: core.name().to_string() });
         }
-        let (done, rx) = oneshot::channel();
         let key = if self.options.key_based { msg.key.clone() } else { None };
         let len = msg.payload.len();
         let mut open = self.open.lock().await;
@@ -106,19 +212,18 @@ impl Batcher {
                 send_batch(core, c).await;
             }
         }
-        let c = open.entry(key.clone()).or_insert_with(|| Container {
-            msgs: Vec::new(),
-            bytes: 0,
-            first_at: Instant::now(),
-        });
-        c.msgs.push(Pending { msg, done });
+        let c = open.entry(key.clone()).or_insert_with(|| self.open_batch(core, len));
+        // Below BATCH_MESSAGES_LIMIT, so it fits.
+        let index = u32::try_from(c.msgs.len()).unwrap_or(u32::MAX);
+        let receipt = SendFuture::batched(c.receipt.clone(), index);
+        c.msgs.push(msg);
         c.bytes += len;
         if c.msgs.len() >= self.options.max_messages || c.bytes >= self.options.max_bytes {
             if let Some(c) = open.remove(&key) {
                 send_batch(core, c).await;
             }
         }
-        Ok(SendFuture::new(rx, u64::MAX, core.conn.options.operation_timeout + self.options.max_delay))
+        Ok(receipt)
     }
 
     /// Sends every open batch now.
@@ -131,11 +236,14 @@ impl Batcher {
     }
 
     /// Sends the batches whose first message waited `max_delay`.
-    async fn flush_due(&self, core: &ProducerCore) {
+    /// Returns when the oldest batch still open falls due (`None`: none is
+    /// open).
+    async fn flush_due(&self, core: &ProducerCore) -> Option<Instant> {
         let mut open = self.open.lock().await;
+        let now = Instant::now();
         let due: Vec<Option<String>> = open
             .iter()
-            .filter(|(_, c)| c.first_at.elapsed() >= self.options.max_delay)
+            .filter(|(_, c)| now.saturating_duration_since(c.first_at) >= self.options.max_delay)
             .map(|(k, _)| k.clone())
             .collect();
         for k in due {
@@ -143,91 +251,154 @@ impl Batcher {
                 send_batch(core, c).await;
             }
         }
+        open.values().map(|c| c.first_at + self.options.max_delay).min()
     }
 }
+
+/// Most messages a new batch makes room for up front (more grow the vector).
+const BATCH_CAPACITY_MAX: usize = 1024;
+/// Bytes a batch record takes beyond its payload, key and properties (its
+/// length field and the fixed part of its metadata), for sizing the buffer.
+const RECORD_OVERHEAD_BYTES: usize = 64;
 
 /// The producer's timer: sends batches that waited long enough. Ends with
 /// the producer.
 pub(crate) async fn flush_loop(core: Arc<ProducerCore>, batcher: Arc<Batcher>) {
-    let tick = (batcher.options.max_delay / 2).max(Duration::from_millis(1));
+    // Sleeps until the oldest open batch falls due rather than a fixed
+    // tick: a fixed tick of max_delay / 2 (at least the timer's 1 ms
+    // resolution) let a batch wait up to ~2 x max_delay plus the rounding.
+    let tick = batcher.tick();
+    let mut wake = tokio::time::Instant::now() + tick;
     while !core.is_closed() {
-        tokio::time::sleep(tick).await;
-        batcher.flush_due(&core).await;
+        tokio::time::sleep_until(wake).await;
+        let now = Instant::now();
+        wake = match batcher.flush_due(&core).await {
+            // Never sooner than now, never later than one tick: a batch
+            // opened while sleeping is seen within a tick of its opening.
+            Some(due) => tokio::time::Instant::from_std(due.min(now + tick).max(now)),
+            None => tokio::time::Instant::from_std(now + tick),
+        };
     }
 }
 
-/// Sends one batch as one entry and arranges for each message's receipt.
-/// Errors go to the messages' receipts.
-async fn send_batch(core: &ProducerCore, c: Container) {
-    let mut msgs = c.msgs;
-    if msgs.len() == 1 {
-        let Some(Pending { msg, done }) = msgs.pop() else { return };
-        match core.send_single(msg).await {
-            Ok(fut) => {
-                tokio::spawn(async move {
-                    let _ = done.send(fut.await);
-                });
-            }
-            Err(e) => {
-                let _ = done.send(Err(e));
-            }
+/// A batch's resolver: waits until the batch went out (by `deadline`), then
+/// for its entry's receipt, and completes the batch's receipt with it.
+async fn resolve(
+    receipt: Arc<BatchReceipt>,
+    sent: oneshot::Receiver<(Result<SendFuture>, bool)>,
+    deadline: tokio::time::Instant,
+    after: Duration,
+) {
+    /// Should the task be dropped before it completes the receipt (the
+    /// runtime shutting down), its messages fail rather than wait forever.
+    struct Abandoned(Arc<BatchReceipt>);
+    impl Drop for Abandoned {
+        fn drop(&mut self) {
+            self.0.complete(Err(ClientError::Disconnected { reason: "send abandoned by the client".into() }), true);
         }
+    }
+    let receipt = Abandoned(receipt);
+    let (outcome, batched) = match tokio::time::timeout_at(deadline, sent).await {
+        Ok(Ok((Ok(entry), batched))) => (entry.await, batched),
+        Ok(Ok((Err(e), batched))) => (Err(e), batched),
+        // The batch was dropped unsent (the producer was dropped).
+        Ok(Err(_)) => (Err(ClientError::Disconnected { reason: "send abandoned by the client".into() }), true),
+        Err(_) => (Err(ClientError::Timeout { operation: "send receipt", after }), true),
+    };
+    receipt.0.complete(outcome, batched);
+}
+
+/// Sends one batch as one entry and hands its receipt (or the error) to the
+/// batch's resolver.
+async fn send_batch(core: &ProducerCore, c: Container) {
+    let Container { mut msgs, bytes, sent, .. } = c;
+    if msgs.len() == 1 {
+        let Some(msg) = msgs.pop() else { return };
+        let _ = sent.send((core.send_single(msg).await, false));
         return;
     }
     let n = u32::try_from(msgs.len()).unwrap_or(u32::MAX);
     let compression = core.compression();
     // Key-based batches hold one key: it becomes the entry's key too.
-    let shared_key = msgs
-        .first()
-        .and_then(|p| p.msg.key.clone())
-        .filter(|k| msgs.iter().all(|p| p.msg.key.as_deref() == Some(k.as_str())));
-    let records: Vec<BatchMessage> = msgs
-        .iter()
-        .map(|p| BatchMessage {
-            properties: p.msg.properties.clone(),
-            partition_key: p.msg.key.clone(),
-            ordering_key: None,
-            event_time_ms: p.msg.event_time_ms.unwrap_or(0),
-            sequence_id: 0,
-            payload: p.msg.payload.clone(),
-        })
-        .collect();
-    let sent = core
+    let shared_key =
+        msgs.first().and_then(|m| m.key.clone()).filter(|k| msgs.iter().all(|m| m.key.as_deref() == Some(k.as_str())));
+    let records_bytes = msgs.iter().fold(bytes, |a, m| {
+        a.saturating_add(RECORD_OVERHEAD_BYTES).saturating_add(crate::producer::metadata_variable_bytes(m))
+    });
+    let headroom = core.headroom(shared_key.as_ref().map_or(0, |k| k.len().saturating_add(8)));
+    let entry = core
         .send_entry(n, None, move |sequence_id| {
-            let mut buf = BytesMut::new();
-            for (i, mut r) in records.into_iter().enumerate() {
-                r.sequence_id = sequence_id.saturating_add(i as u64);
-                encode_batch_record_into(&r, &mut buf);
+            // Uncompressed, the records are the entry's payload: they go
+            // straight into the frame's buffer (the payloads' one copy).
+            let plain = compression == CompressionType::None;
+            let mut body = EntryBody::with_capacity(if plain { headroom } else { 0 }, records_bytes);
+            for (i, m) in msgs.into_iter().enumerate() {
+                let record = BatchMessage {
+                    properties: m.properties,
+                    partition_key: m.key,
+                    ordering_key: None,
+                    event_time_ms: m.event_time_ms.unwrap_or(0),
+                    sequence_id: sequence_id.saturating_add(i as u64),
+                    payload: m.payload,
+                };
+                encode_batch_record_into(&record, body.tail());
             }
-            let uncompressed_size = u32::try_from(buf.len())
-                .map_err(|_| ClientError::MessageTooLarge { size: buf.len(), max_frame_bytes: u32::MAX })?;
-            let payload: Bytes = crate::compression::compress(compression, &buf)?;
+            let size = body.payload().len();
+            let uncompressed_size =
+                u32::try_from(size).map_err(|_| ClientError::MessageTooLarge { size, max_frame_bytes: u32::MAX })?;
+            if !plain {
+                body = EntryBody::copy_of(&crate::compression::compress(compression, body.payload())?, headroom);
+            }
             let metadata = MessageMetadata {
                 partition_key: shared_key,
                 compression,
                 uncompressed_size,
                 ..MessageMetadata::default()
             };
-            Ok((metadata, payload))
+            Ok((metadata, body))
         })
         .await;
-    match sent {
-        Ok(fut) => {
-            tokio::spawn(async move {
-                let result = fut.await;
-                for (i, p) in msgs.into_iter().enumerate() {
-                    let r = match &result {
-                        Ok(id) => Ok(MessageId { batch_index: i32::try_from(i).unwrap_or(i32::MAX), ..*id }),
-                        Err(e) => Err(copy_error(e)),
-                    };
-                    let _ = p.done.send(r);
-                }
+    let _ = sent.send((entry, true));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn poll_now(receipt: &BatchReceipt, index: u32) -> Poll<Result<MessageId>> {
+        receipt.poll(index, &mut None, &mut Context::from_waker(Waker::noop()))
+    }
+
+    /// Goal: a batch's receipt gives message i the entry id with batch index
+    /// i (a plain entry's id unchanged), the first outcome stays, and a
+    /// resolver dropped with its runtime fails the batch instead of leaving
+    /// its messages waiting. Method: receipts completed by hand; a resolver
+    /// spawned on a runtime that is then dropped.
+    #[test]
+    fn batch_receipts_resolve_once_and_never_hang() {
+        let id = MessageId::new(4, 9, 2, -1);
+        let batched = BatchReceipt::default();
+        assert!(poll_now(&batched, 0).is_pending());
+        batched.complete(Ok(id), true);
+        batched.complete(Err(ClientError::Disconnected { reason: "late".into() }), true);
+        assert!(matches!(poll_now(&batched, 3), Poll::Ready(Ok(got)) if got == MessageId::new(4, 9, 2, 3)));
+        let plain = BatchReceipt::default();
+        plain.complete(Ok(id), false);
+        assert!(matches!(poll_now(&plain, 0), Poll::Ready(Ok(got)) if got == id));
+
+        let receipt = Arc::new(BatchReceipt::default());
+        let (_sent, rx) = oneshot::channel();
+        {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(3600);
+            rt.block_on(async {
+                tokio::spawn(resolve(receipt.clone(), rx, deadline, Duration::from_secs(1)));
+                tokio::task::yield_now().await;
             });
         }
-        Err(e) => {
-            for p in msgs {
-                let _ = p.done.send(Err(copy_error(&e)));
-            }
+        match poll_now(&receipt, 0) {
+            Poll::Ready(Err(ClientError::Disconnected { reason })) => assert!(reason.contains("abandoned"), "{reason}"),
+            other => panic!("expected Disconnected, got {other:?}"),
         }
     }
 }

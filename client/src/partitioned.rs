@@ -84,7 +84,9 @@ pub struct PartitionedProducer {
     growing: tokio::sync::Mutex<()>,
     next: AtomicUsize,
     single: u32,
-    last_refresh: std::sync::Mutex<Instant>,
+    /// Microseconds after `created` when the partition count is next looked
+    /// up (an atomic, so that a send costs no lock for it).
+    next_refresh_us: AtomicU64,
     created: Instant,
 }
 
@@ -97,21 +99,35 @@ impl std::fmt::Debug for PartitionedProducer {
 /// The receipt of one routed send; see [`crate::SendFuture`].
 pub struct RoutedSend {
     inner: crate::producer::SendFuture,
-    started: Instant,
-    latency_us: Arc<AtomicU64>,
+    partition: usize,
+    /// When it was sent, and the partition's latency to fold the round trip
+    /// into: only with `RoutingMode::Latency` (the others spare the clock).
+    timing: Option<(Instant, Arc<AtomicU64>)>,
 }
 
 impl RoutedSend {
+    /// The index of the partition the message was routed to (0 for a topic
+    /// that is not partitioned). A partition's receipts complete in send
+    /// order (per key with key-based batching).
+    pub fn partition(&self) -> usize {
+        self.partition
+    }
+
     pub async fn receipt(self) -> Result<MessageId> {
         let r = self.inner.await;
-        if r.is_ok() {
-            let us = u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX);
-            let old = self.latency_us.load(Ordering::Relaxed);
+        if let (Ok(_), Some((started, latency_us))) = (&r, self.timing) {
+            let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            let old = latency_us.load(Ordering::Relaxed);
             let new = if old == 0 { us } else { old - old / 8 + us / 8 };
-            self.latency_us.store(new, Ordering::Relaxed);
+            latency_us.store(new, Ordering::Relaxed);
         }
         r
     }
+}
+
+/// `PARTITIONS_REFRESH_INTERVAL` in microseconds.
+fn refresh_interval_us() -> u64 {
+    u64::try_from(PARTITIONS_REFRESH_INTERVAL.as_micros()).unwrap_or(u64::MAX)
 }
 
 impl PartitionedProducer {
@@ -132,7 +148,7 @@ impl PartitionedProducer {
             parts: std::sync::RwLock::new(Vec::new()),
             growing: tokio::sync::Mutex::new(()),
             next: AtomicUsize::new(0),
-            last_refresh: std::sync::Mutex::new(Instant::now()),
+            next_refresh_us: AtomicU64::new(refresh_interval_us()),
             created: Instant::now(),
         };
         me.grow_to(n.max(1)).await?;
@@ -166,17 +182,19 @@ impl PartitionedProducer {
     }
 
     /// Checks the partition count again (at most once a refresh interval) and
-    /// starts producers on new partitions.
-    async fn maybe_refresh(&self) -> Result<()> {
+    /// starts producers on new partitions; `now_us` is the time since `created`.
+    async fn maybe_refresh(&self, now_us: u64) -> Result<()> {
         if !self.partitioned {
             return Ok(());
         }
-        {
-            let mut last = self.last_refresh.lock().unwrap_or_else(|p| p.into_inner());
-            if last.elapsed() < PARTITIONS_REFRESH_INTERVAL {
-                return Ok(());
-            }
-            *last = Instant::now();
+        let due = self.next_refresh_us.load(Ordering::Relaxed);
+        if now_us < due {
+            return Ok(());
+        }
+        let next = now_us.saturating_add(refresh_interval_us());
+        // One concurrent send wins the refresh; the others go on.
+        if self.next_refresh_us.compare_exchange(due, next, Ordering::Relaxed, Ordering::Relaxed).is_err() {
+            return Ok(());
         }
         self.refresh_partitions().await
     }
@@ -216,7 +234,8 @@ impl PartitionedProducer {
         self.partitioned
     }
 
-    fn route(&self, msg: &OutgoingMessage, parts: &[Partition]) -> usize {
+    /// `now_us`: the time since `created`.
+    fn route(&self, msg: &OutgoingMessage, parts: &[Partition], now_us: u64) -> usize {
         let n = u32::try_from(parts.len()).unwrap_or(u32::MAX).max(1);
         let i = match (&self.routing, &msg.key) {
             (RoutingMode::Custom(r), _) => r.choose(msg, n) % n,
@@ -226,8 +245,7 @@ impl PartitionedProducer {
                 // so that batches fill (Pulsar's round-robin router).
                 Some(b) => {
                     let period = u64::try_from(b.max_delay.as_micros()).unwrap_or(u64::MAX).max(1);
-                    let now = u64::try_from(self.created.elapsed().as_micros()).unwrap_or(0);
-                    u32::try_from((now / period) % u64::from(n)).unwrap_or(0)
+                    u32::try_from((now_us / period) % u64::from(n)).unwrap_or(0)
                 }
                 None => u32::try_from(self.next.fetch_add(1, Ordering::Relaxed) % parts.len().max(1)).unwrap_or(0),
             },
@@ -255,16 +273,19 @@ impl PartitionedProducer {
     /// Route and queue one message; the returned receipt resolves once the
     /// partition's broker made it durable. Its id names the partition.
     pub async fn send_async(&self, msg: OutgoingMessage) -> Result<RoutedSend> {
-        self.maybe_refresh().await?;
-        let (producer, latency_us) = {
+        // One clock read per send, for the refresh, the routing and the latency.
+        let now = Instant::now();
+        let now_us = u64::try_from(now.saturating_duration_since(self.created).as_micros()).unwrap_or(u64::MAX);
+        self.maybe_refresh(now_us).await?;
+        let (producer, partition, timing) = {
             let parts = self.read_parts();
-            let i = self.route(&msg, &parts);
+            let i = self.route(&msg, &parts, now_us);
             let p = parts.get(i).ok_or(ClientError::InvalidOption { option: "router", reason: "no partition" })?;
-            (p.producer.clone(), p.latency_us.clone())
+            let timing = matches!(self.routing, RoutingMode::Latency).then(|| (now, p.latency_us.clone()));
+            (p.producer.clone(), i, timing)
         };
-        let started = Instant::now();
         let inner = producer.send_async(msg).await?;
-        Ok(RoutedSend { inner, started, latency_us })
+        Ok(RoutedSend { inner, partition, timing })
     }
 
     pub async fn send(&self, msg: OutgoingMessage) -> Result<MessageId> {

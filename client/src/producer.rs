@@ -1,12 +1,14 @@
 //! Producers: publish messages to one topic and await their receipts.
 
-use crate::batch::{Batcher, BatchingOptions};
+use crate::batch::{BatchReceipt, Batcher, BatchingOptions};
 use crate::connection::{Connection, InflightSend};
 use crate::error::{ClientError, Result};
 use crate::message::OutgoingMessage;
 use crate::names::normalize_topic;
-use bytes::Bytes;
-use magnetar_wire::{encode_message, Command, CompressionType, MessageId, MessageMetadata, ProducerAccessMode};
+use bytes::{Buf, Bytes, BytesMut};
+use magnetar_wire::{
+    encode_frame_head, encode_message_into, Command, CompressionType, MessageId, MessageMetadata, ProducerAccessMode,
+};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -232,13 +234,20 @@ impl ProducerCore {
         let payload_len = msg.payload.len();
         let uncompressed_size = u32::try_from(payload_len)
             .map_err(|_| ClientError::MessageTooLarge { size: payload_len, max_frame_bytes: u32::MAX })?;
-        let payload = crate::compression::compress(compression, &msg.payload)?;
+        let compressed = match compression {
+            CompressionType::None => None,
+            codec => Some(crate::compression::compress(codec, &msg.payload)?),
+        };
         if let Some(chunk_bytes) = self.chunk_bytes {
+            let payload = compressed.clone().unwrap_or_else(|| msg.payload.clone());
             if payload.len() > chunk_bytes {
                 return self.send_chunked(msg, payload, uncompressed_size, chunk_bytes).await;
             }
         }
+        let headroom = self.headroom(metadata_variable_bytes(&msg));
         self.send_entry(1, explicit, move |sequence_id| {
+            // The one copy of the payload: into the frame's buffer.
+            let body = EntryBody::copy_of(compressed.as_deref().unwrap_or(&msg.payload), headroom);
             let metadata = MessageMetadata {
                 sequence_id,
                 event_time_ms: msg.event_time_ms.unwrap_or(0),
@@ -251,9 +260,17 @@ impl ProducerCore {
                 tag: msg.tag,
                 ..MessageMetadata::default()
             };
-            Ok((metadata, payload))
+            Ok((metadata, body))
         })
         .await
+    }
+
+    /// Bytes to leave free before an entry's payload for the frame head and
+    /// the message metadata of this producer's entries, given the bytes of
+    /// the entry's key, properties and tag (`EntryBody` falls back to a copy
+    /// should it not be enough).
+    pub(crate) fn headroom(&self, variable_bytes: usize) -> usize {
+        ENTRY_HEADROOM_BYTES.saturating_add(self.name.len()).saturating_add(variable_bytes)
     }
 
     /// Queue one entry of `num_messages` messages. `build` gets the entry's
@@ -264,7 +281,7 @@ impl ProducerCore {
         &self,
         num_messages: u32,
         explicit_sequence_id: Option<u64>,
-        build: impl FnOnce(u64) -> Result<(MessageMetadata, Bytes)>,
+        build: impl FnOnce(u64) -> Result<(MessageMetadata, EntryBody)>,
     ) -> Result<SendFuture> {
         if self.is_closed() {
             return Err(self.closed_error());
@@ -294,25 +311,23 @@ impl ProducerCore {
         permit: tokio::sync::OwnedSemaphorePermit,
         num_messages: u32,
         explicit_sequence_id: Option<u64>,
-        build: impl FnOnce(u64) -> Result<(MessageMetadata, Bytes)>,
+        build: impl FnOnce(u64) -> Result<(MessageMetadata, EntryBody)>,
     ) -> Result<SendFuture> {
         let sequence_id = explicit_sequence_id.unwrap_or(*next);
-        let (mut metadata, payload) = build(sequence_id)?;
+        let (mut metadata, body) = build(sequence_id)?;
         metadata.producer_name = self.name.clone();
         metadata.sequence_id = sequence_id;
         metadata.publish_time_ms = now_ms();
         metadata.num_messages = num_messages;
-        let blob = encode_message(&metadata, &payload);
-        let frame =
-            self.conn.encode(&Command::Send { producer_id: self.producer_id, sequence_id, num_messages }, &blob)?;
+        let command = Command::Send { producer_id: self.producer_id, sequence_id, num_messages };
+        let frame = body.into_frame(&command, &metadata, self.conn.server.max_frame_bytes)?;
         let (done, rx) = oneshot::channel();
         self.conn.push_inflight(self.producer_id, InflightSend { sequence_id, done, _permit: permit })?;
         *next = (*next).max(sequence_id.saturating_add(u64::from(num_messages)));
         // If this fails the connection is down, and failing it already
         // completed the in-flight entry with the same error.
         self.conn.write(frame).await?;
-        let after = self.conn.options.operation_timeout;
-        Ok(SendFuture { rx, sequence_id, timeout: Box::pin(tokio::time::sleep(after)), after })
+        Ok(SendFuture::new(rx, sequence_id, self.conn.options.operation_timeout))
     }
 
     /// Sends a compressed payload above the chunk size as chunks sharing one
@@ -334,6 +349,7 @@ impl ProducerCore {
         let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         let mut next = self.next_sequence_id.lock().await;
         let uuid = format!("{}-{}-{nanos:x}", self.name, *next);
+        let headroom = self.headroom(metadata_variable_bytes(&msg).saturating_add(uuid.len()));
         let mut sequence_id = msg.sequence_id;
         let mut receipts = Vec::with_capacity(num_chunks as usize);
         for chunk_id in 0..num_chunks {
@@ -342,7 +358,7 @@ impl ProducerCore {
             }
             let permit = self.permits.clone().acquire_owned().await.map_err(|_| self.closed_error())?;
             let start = chunk_id as usize * chunk_bytes;
-            let part = payload.slice(start..len.min(start + chunk_bytes));
+            let part = &payload[start..len.min(start + chunk_bytes)];
             let (uuid, msg) = (uuid.clone(), &msg);
             let receipt = self
                 .send_locked(&mut next, permit, 1, sequence_id, move |seq| {
@@ -358,7 +374,7 @@ impl ProducerCore {
                         tag: msg.tag.clone(),
                         ..MessageMetadata::default()
                     };
-                    Ok((metadata, part))
+                    Ok((metadata, EntryBody::copy_of(part, headroom)))
                 })
                 .await?;
             sequence_id = Some(receipt.sequence_id());
@@ -537,18 +553,34 @@ impl Producer {
 
 /// The receipt of one send: resolves to the message id once the broker has
 /// made the message durable, or to the error that prevented it. Times out
-/// after the client's operation timeout, counted from `send_async`'s return.
+/// after the client's operation timeout, counted from `send_async`'s return
+/// (for a chunked message, twice that). A batched message shares its batch's
+/// receipt: it times out if its batch did not go out within the operation
+/// timeout plus twice the batch delay and one flusher tick (at most 1 ms
+/// beyond the delay) of the batch's first message, or if the batch's entry
+/// got no receipt within the operation timeout of being sent.
 #[must_use = "the receipt says whether the message was stored"]
 pub struct SendFuture {
-    rx: oneshot::Receiver<Result<MessageId>>,
+    receipt: Receipt,
     sequence_id: u64,
-    timeout: Pin<Box<tokio::time::Sleep>>,
-    after: Duration,
+}
+
+enum Receipt {
+    /// The receipt of an entry of its own, with its own deadline.
+    Entry { rx: oneshot::Receiver<Result<MessageId>>, timeout: Pin<Box<tokio::time::Sleep>>, after: Duration },
+    /// Message `index` of a batch; `waker` is where this future's waker sits
+    /// in the batch's receipt once registered.
+    Batched { batch: Arc<BatchReceipt>, index: u32, waker: Option<usize> },
 }
 
 impl SendFuture {
     pub(crate) fn new(rx: oneshot::Receiver<Result<MessageId>>, sequence_id: u64, after: Duration) -> Self {
-        Self { rx, sequence_id, timeout: Box::pin(tokio::time::sleep(after)), after }
+        Self { receipt: Receipt::Entry { rx, timeout: Box::pin(tokio::time::sleep(after)), after }, sequence_id }
+    }
+
+    /// Message `index` of the batch whose receipt is `batch`.
+    pub(crate) fn batched(batch: Arc<BatchReceipt>, index: u32) -> Self {
+        Self { receipt: Receipt::Batched { batch, index, waker: None }, sequence_id: u64::MAX }
     }
 
     /// The sequence id this message's entry was sent with (`u64::MAX` for a
@@ -562,16 +594,185 @@ impl Future for SendFuture {
     type Output = Result<MessageId>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match Pin::new(&mut self.rx).poll(cx) {
-            Poll::Ready(Ok(result)) => return Poll::Ready(result),
-            Poll::Ready(Err(_)) => {
-                return Poll::Ready(Err(ClientError::Disconnected { reason: "send abandoned by the client".into() }))
+        match &mut self.receipt {
+            Receipt::Entry { rx, timeout, after } => {
+                match Pin::new(rx).poll(cx) {
+                    Poll::Ready(Ok(result)) => return Poll::Ready(result),
+                    Poll::Ready(Err(_)) => {
+                        return Poll::Ready(Err(ClientError::Disconnected {
+                            reason: "send abandoned by the client".into(),
+                        }))
+                    }
+                    Poll::Pending => {}
+                }
+                if timeout.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Err(ClientError::Timeout { operation: "send receipt", after: *after }));
+                }
+                Poll::Pending
             }
-            Poll::Pending => {}
+            Receipt::Batched { batch, index, waker } => batch.poll(*index, waker, cx),
         }
-        if self.timeout.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Err(ClientError::Timeout { operation: "send receipt", after: self.after }));
+    }
+}
+
+/// Bytes left free before an entry's payload for the frame head (about 70
+/// bytes for a `Send`), the message header and the fixed part of its
+/// metadata; `ProducerCore::headroom` adds the names, keys and properties.
+const ENTRY_HEADROOM_BYTES: usize = 320;
+
+/// Flatbuffer bytes a string costs beyond its characters (length, NUL, padding).
+const STRING_OVERHEAD_BYTES: usize = 8;
+/// ... and a property beyond its name and value (its table and offsets).
+const PROPERTY_OVERHEAD_BYTES: usize = 32;
+
+/// The variable-length bytes `msg` puts in an entry's metadata.
+pub(crate) fn metadata_variable_bytes(msg: &OutgoingMessage) -> usize {
+    let s = |v: &Option<String>| v.as_ref().map_or(0, |v| v.len().saturating_add(STRING_OVERHEAD_BYTES));
+    msg.properties.iter().fold(s(&msg.key).saturating_add(s(&msg.tag)), |a, (k, v)| {
+        a.saturating_add(k.len()).saturating_add(v.len()).saturating_add(PROPERTY_OVERHEAD_BYTES)
+    })
+}
+
+/// An entry's payload in the buffer its frame is built in: `buf[start..]` is
+/// the payload, `buf[..start]` is left free, so that the message metadata
+/// and the frame head go in front of the payload and the payload is copied
+/// once (into this buffer) on its way to the socket.
+pub(crate) struct EntryBody {
+    buf: BytesMut,
+    start: usize,
+}
+
+impl EntryBody {
+    /// An empty payload with `headroom` free bytes before it and room for
+    /// `payload_bytes` after.
+    pub(crate) fn with_capacity(headroom: usize, payload_bytes: usize) -> Self {
+        let mut buf = BytesMut::with_capacity(headroom.saturating_add(payload_bytes));
+        buf.resize(headroom, 0);
+        Self { buf, start: headroom }
+    }
+
+    pub(crate) fn copy_of(payload: &[u8], headroom: usize) -> Self {
+        let mut body = Self::with_capacity(headroom, payload.len());
+        body.buf.extend_from_slice(payload);
+        body
+    }
+
+    /// The buffer to append payload bytes to (only append: what lies before
+    /// the end belongs to the body).
+    pub(crate) fn tail(&mut self) -> &mut BytesMut {
+        &mut self.buf
+    }
+
+    pub(crate) fn payload(&self) -> &[u8] {
+        self.buf.get(self.start..).unwrap_or_default()
+    }
+
+    /// The frame of `command` carrying the message blob (`metadata` and this
+    /// payload), built in place; refuses a frame above `max_frame_bytes` (as
+    /// the broker would).
+    fn into_frame(self, command: &Command, metadata: &MessageMetadata, max_frame_bytes: u32) -> Result<Bytes> {
+        let Self { buf, start } = self;
+        let (frame, blob_len) = match frame_in_place(buf, start, command, metadata)? {
+            Ok(framed) => framed,
+            Err(buf) => {
+                // The metadata did not fit before the payload: copy it all.
+                let payload = buf.get(start..).unwrap_or_default();
+                let mut blob = BytesMut::with_capacity(payload.len().saturating_add(ENTRY_HEADROOM_BYTES));
+                encode_message_into(metadata, payload, &mut blob);
+                let mut frame = BytesMut::with_capacity(blob.len().saturating_add(ENTRY_HEADROOM_BYTES));
+                magnetar_wire::encode_frame(command, &blob, &mut frame)?;
+                (frame.freeze(), blob.len())
+            }
+        };
+        // The limit counts the bytes after the 4-byte length field.
+        let frame_len = frame.len().saturating_sub(4);
+        if u32::try_from(frame_len).map_or(true, |len| len > max_frame_bytes) {
+            return Err(ClientError::MessageTooLarge { size: blob_len, max_frame_bytes });
         }
-        Poll::Pending
+        Ok(frame)
+    }
+}
+
+/// Puts the message header and metadata, then the frame head, into the free
+/// bytes before the payload at `buf[start..]`: the frame and the length of
+/// its message blob. Gives `buf` back untouched past `start` when they do
+/// not fit.
+fn frame_in_place(
+    mut buf: BytesMut,
+    start: usize,
+    command: &Command,
+    metadata: &MessageMetadata,
+) -> Result<std::result::Result<(Bytes, usize), BytesMut>> {
+    let mut prefix = BytesMut::with_capacity(ENTRY_HEADROOM_BYTES);
+    encode_message_into(metadata, &[], &mut prefix);
+    let Some(blob_at) = start.checked_sub(prefix.len()) else { return Ok(Err(buf)) };
+    buf[blob_at..start].copy_from_slice(&prefix);
+    let mut head = prefix;
+    head.clear();
+    // The head's checksum covers the blob, which is now whole in `buf`.
+    encode_frame_head(command, &buf[blob_at..], &mut head)?;
+    let Some(frame_at) = blob_at.checked_sub(head.len()) else { return Ok(Err(buf)) };
+    buf[frame_at..blob_at].copy_from_slice(&head);
+    let blob_len = buf.len() - blob_at;
+    buf.advance(frame_at);
+    Ok(Ok((buf.freeze(), blob_len)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The frame as built before frames were built in place: blob, then frame.
+    fn frame_by_copies(command: &Command, metadata: &MessageMetadata, payload: &[u8]) -> Bytes {
+        let blob = magnetar_wire::encode_message(metadata, payload);
+        let mut frame = BytesMut::new();
+        magnetar_wire::encode_frame(command, &blob, &mut frame).unwrap_or_else(|e| panic!("{e}"));
+        frame.freeze()
+    }
+
+    /// Goal: a frame built in place (metadata and head put before the
+    /// payload) is byte for byte the frame built by copying, whether the
+    /// headroom fits (in place) or not (the copying fallback), and the frame
+    /// limit still refuses what is too large. Method: a small and a large
+    /// metadata (long name, key, properties) with headroom 0, just the
+    /// default, and the computed one.
+    #[test]
+    fn frames_built_in_place_match_frames_built_by_copying() {
+        let payload: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
+        let small = MessageMetadata {
+            producer_name: "p".into(),
+            sequence_id: 7,
+            publish_time_ms: 1_700_000_000_000,
+            num_messages: 1,
+            uncompressed_size: 3000,
+            ..MessageMetadata::default()
+        };
+        let large = MessageMetadata {
+            producer_name: "n".repeat(700),
+            partition_key: Some("k".repeat(900)),
+            properties: (0..20).map(|i| (format!("name{i}"), "v".repeat(40))).collect(),
+            tag: Some("t".into()),
+            ..small.clone()
+        };
+        let command = Command::Send { producer_id: 3, sequence_id: 7, num_messages: 1 };
+        for metadata in [&small, &large] {
+            let expected = frame_by_copies(&command, metadata, &payload);
+            let variable = metadata.producer_name.len()
+                + metadata.partition_key.as_ref().map_or(0, |k| k.len() + STRING_OVERHEAD_BYTES)
+                + metadata.properties.iter().map(|(k, v)| k.len() + v.len() + PROPERTY_OVERHEAD_BYTES).sum::<usize>()
+                + metadata.tag.as_ref().map_or(0, |t| t.len() + STRING_OVERHEAD_BYTES);
+            for headroom in [0, ENTRY_HEADROOM_BYTES, ENTRY_HEADROOM_BYTES + variable] {
+                let body = EntryBody::copy_of(&payload, headroom);
+                let frame = body.into_frame(&command, metadata, 1 << 20).unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(frame, expected, "headroom {headroom}, name {} bytes", metadata.producer_name.len());
+            }
+            match EntryBody::copy_of(&payload, ENTRY_HEADROOM_BYTES).into_frame(&command, metadata, 2000) {
+                Err(ClientError::MessageTooLarge { size, max_frame_bytes: 2000 }) => {
+                    // The message's size: metadata and payload (as before).
+                    assert_eq!(size, magnetar_wire::encode_message(metadata, &payload).len());
+                }
+                other => panic!("expected MessageTooLarge, got {other:?}"),
+            }
+        }
     }
 }

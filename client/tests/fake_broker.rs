@@ -709,3 +709,132 @@ async fn full_queue_fails_fast_when_asked() {
     })
     .await;
 }
+
+/// Goal: the messages of one batch share the batch's receipt: each gets the
+/// entry's id with its own batch index, in send order, and the entry on the
+/// wire carries every message once with sequence ids `batch id + index`; a
+/// "batch" of one goes out as a plain message and keeps the plain id; an
+/// entry the broker refuses fails each of its messages with the broker's
+/// error.
+/// Method: a batching producer (5 messages per batch) sends 5, then 5 that
+/// the broker refuses, then 1 flushed alone; the broker decodes each Send.
+#[tokio::test]
+async fn batched_receipts_share_the_entry_id() {
+    within(async {
+        let (url, accept) = listen(1 << 20).await;
+        let broker = tokio::spawn(async move {
+            let mut conn = accept.await;
+            let producer_id = conn.accept_producer("b").await;
+            for (batch, expected_seq) in [(0u64, 0u64), (1, 5)] {
+                let frame = conn.recv_cmd().await;
+                let Command::Send { sequence_id, num_messages, .. } = frame.command else {
+                    panic!("expected Send, got {:?}", frame.command)
+                };
+                assert_eq!((sequence_id, num_messages), (expected_seq, 5));
+                let (meta, payload) = decode_message(&frame.payload).unwrap();
+                assert_eq!((meta.producer_name.as_str(), meta.sequence_id, meta.num_messages), ("b", sequence_id, 5));
+                assert_eq!(meta.uncompressed_size as usize, payload.len());
+                let records = magnetar_wire::decode_batch(&payload, 5).unwrap();
+                for (i, r) in records.iter().enumerate() {
+                    assert_eq!(r.sequence_id, sequence_id + i as u64);
+                    assert_eq!(r.payload, Bytes::from(format!("m{}", sequence_id + i as u64)));
+                    assert_eq!(r.partition_key.as_deref(), Some("k"));
+                }
+                let answer = if batch == 0 {
+                    Command::SendReceipt { producer_id, sequence_id, message_id: MessageId::new(7, 1, -1, -1) }
+                } else {
+                    Command::SendError {
+                        producer_id,
+                        sequence_id,
+                        code: ErrorCode::PersistenceError,
+                        message: "disk".into(),
+                    }
+                };
+                conn.send(answer, &[]).await;
+            }
+            let frame = conn.recv_cmd().await;
+            let Command::Send { sequence_id, num_messages, .. } = frame.command else {
+                panic!("expected Send, got {:?}", frame.command)
+            };
+            assert_eq!((sequence_id, num_messages), (10, 1));
+            let (meta, payload) = decode_message(&frame.payload).unwrap();
+            assert_eq!((meta.num_messages, payload), (1, Bytes::from("alone")));
+            conn.send(Command::SendReceipt { producer_id, sequence_id, message_id: MessageId::new(7, 3, -1, -1) }, &[])
+                .await;
+            while conn.recv().await.is_some() {}
+        });
+        let client = Client::connect_with(&url, options()).await.unwrap();
+        let batching = magnetar_client::BatchingOptions {
+            max_messages: 5,
+            max_delay: Duration::from_secs(60),
+            ..Default::default()
+        };
+        let producer = client.producer("t").batching(batching).create().await.unwrap();
+        let mut receipts = Vec::new();
+        for i in 0..10 {
+            receipts.push(producer.send_async(OutgoingMessage::new(format!("m{i}")).with_key("k")).await.unwrap());
+        }
+        let alone = producer.send_async(OutgoingMessage::new("alone")).await.unwrap();
+        producer.flush().await.unwrap();
+        for (i, r) in receipts.into_iter().enumerate() {
+            match (i, r.await) {
+                (0..=4, Ok(id)) => assert_eq!(id, MessageId::new(7, 1, -1, i as i32)),
+                (_, Err(ClientError::Broker { code: ErrorCode::PersistenceError, message })) => {
+                    assert!(i >= 5 && message == "disk", "message {i}: {message}");
+                }
+                (i, other) => panic!("message {i}: {other:?}"),
+            }
+        }
+        assert_eq!(alone.await.unwrap(), MessageId::new(7, 3, -1, -1));
+        client.close();
+        broker.await.unwrap();
+    })
+    .await;
+}
+
+/// Goal: batched receipts still end without an answer: a batch whose entry
+/// gets no receipt times out (each message), and the messages of a batch
+/// that never went out fail when the producer is dropped.
+/// Method: a broker that takes the Send and never answers, a 300 ms
+/// operation timeout; then a second batch left open (long delay) and the
+/// producer dropped.
+#[tokio::test]
+async fn batched_receipts_time_out_or_fail_when_abandoned() {
+    within(async {
+        let (url, accept) = listen(1 << 20).await;
+        let broker = tokio::spawn(async move {
+            let mut conn = accept.await;
+            conn.accept_producer("b").await;
+            let frame = conn.recv_cmd().await;
+            assert!(matches!(frame.command, Command::Send { num_messages: 3, .. }), "{:?}", frame.command);
+            while conn.recv().await.is_some() {}
+        });
+        let opts = ClientOptions { operation_timeout: Duration::from_millis(300), ..ClientOptions::default() };
+        let client = Client::connect_with(&url, opts).await.unwrap();
+        let batching = magnetar_client::BatchingOptions {
+            max_messages: 3,
+            max_delay: Duration::from_secs(60),
+            ..Default::default()
+        };
+        let producer = client.producer("t").batching(batching).create().await.unwrap();
+        let mut unanswered = Vec::new();
+        for i in 0..3 {
+            unanswered.push(producer.send_async(OutgoingMessage::new(format!("m{i}"))).await.unwrap());
+        }
+        let open = producer.send_async(OutgoingMessage::new("never sent")).await.unwrap();
+        for r in unanswered {
+            match r.await {
+                Err(ClientError::Timeout { operation: "send receipt", .. }) => {}
+                other => panic!("expected Timeout, got {other:?}"),
+            }
+        }
+        drop(producer);
+        match open.await {
+            Err(ClientError::Disconnected { reason }) => assert!(reason.contains("abandoned"), "{reason}"),
+            other => panic!("expected Disconnected, got {other:?}"),
+        }
+        client.close();
+        broker.await.unwrap();
+    })
+    .await;
+}

@@ -227,7 +227,7 @@ fn random_connections(addr: SocketAddr, seed: u64) {
         }
         let mut bytes = vec![0u8; rng.below(2048) as usize + 1];
         rng.fill(&mut bytes);
-        if rng.below(4) == 0 {
+        if bytes.len() >= 4 && rng.below(4) == 0 {
             // A plausible length prefix, so the body is read as a frame.
             let len = (bytes.len() as u32).saturating_sub(4);
             bytes[..4].copy_from_slice(&len.to_le_bytes());
