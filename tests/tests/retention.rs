@@ -256,7 +256,7 @@ fn retention_deletes_acknowledged_ledgers_and_their_segments() {
         // Freed segments are unlinked here, so that the files and bytes
         // below measure what retention frees; by default up to two per
         // shard are kept for reuse (storage's `freed_segments_are_recycled`).
-        o.extra_args = vec!["--segment-recycle".into(), "0".into()];
+        o.extra_args.extend(["--segment-recycle".to_string(), "0".to_string()]);
         let mut broker = BrokerProcess::start_with(dir.path(), &o);
         let url = broker.url();
         let client = Client::connect(&url).await.unwrap();
