@@ -116,6 +116,11 @@ struct Args {
     /// Self-started broker: extra `magnetar standalone` argument (repeatable).
     #[arg(long = "broker-arg", allow_hyphen_values = true)]
     broker_args: Vec<String>,
+    /// Connect every producer and consumer through the given address only,
+    /// instead of straight to the port of the broker shard that owns its
+    /// topic (the default when the broker announces per-shard ports).
+    #[arg(long)]
+    no_shard_aware: bool,
     /// Client runtime threads (1 = a current-thread runtime, leaving the
     /// other cores to the broker).
     #[arg(long, default_value_t = 1)]
@@ -207,6 +212,7 @@ fn main_inner(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut options = RunOptions::new(w.clone(), url.clone());
     options.progress = !args.quiet;
+    options.client_options.shard_aware = !args.no_shard_aware;
     options.broker_pid = broker.as_ref().map(|b| b.pid());
     let outcome = runtime.block_on(run(options))?;
     let mut broker_args = args.broker_args.clone();
@@ -219,6 +225,7 @@ fn main_inner(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         outcome.server_version.clone(),
         broker.as_ref().map(|b| b.data_dir.display().to_string()),
         broker_args,
+        outcome.shard_aware,
     );
     if let Some(mut b) = broker.take() {
         b.stop();

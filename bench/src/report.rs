@@ -33,6 +33,10 @@ pub struct Environment {
     pub server_version: String,
     pub data_dir: Option<String>,
     pub broker_args: Vec<String>,
+    /// Producers and consumers connected straight to the port of the shard
+    /// owning their topic (the client is shard-aware and the broker
+    /// announced more than one shard port).
+    pub shard_aware: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -117,6 +121,7 @@ pub fn environment(
     server_version: String,
     data_dir: Option<String>,
     broker_args: Vec<String>,
+    shard_aware: bool,
 ) -> Environment {
     let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default();
     Environment {
@@ -128,6 +133,7 @@ pub fn environment(
         server_version,
         data_dir,
         broker_args,
+        shard_aware,
     }
 }
 

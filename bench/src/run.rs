@@ -105,6 +105,8 @@ pub struct RunOutcome {
     pub run_id: String,
     pub topics: Vec<String>,
     pub server_version: String,
+    /// Whether producers and consumers went straight to their owner shard.
+    pub shard_aware: bool,
     pub totals: Totals,
     pub backlog: Option<BacklogResult>,
     /// True when every acknowledged message was received by every subscription.
@@ -562,6 +564,7 @@ pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
     // A probe connection: is the broker there, and what is it?
     let probe = Client::connect_with(&opts.url, opts.client_options.clone()).await.map_err(client_err(&opts.url))?;
     let server_version = probe.server_info().server_version.clone();
+    let shard_aware = opts.client_options.shard_aware && probe.server_info().shard_ports.len() > 1;
     for topic in &topics {
         probe
             .admin()
@@ -672,5 +675,5 @@ pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
     drop(clients);
     let totals = rec.totals();
     let flat_topics = (0..w.topics).flat_map(|t| w.partition_topics(&run_id, t)).collect();
-    Ok(RunOutcome { run_id, topics: flat_topics, server_version, totals, backlog, drained, cpu })
+    Ok(RunOutcome { run_id, topics: flat_topics, server_version, shard_aware, totals, backlog, drained, cpu })
 }

@@ -112,6 +112,7 @@ async fn connection(
                 protocol_version: magnetar_wire::PROTOCOL_VERSION,
                 max_frame_bytes: 16 << 20,
                 shard: 0,
+                shard_ports: Vec::new(),
             }),
             Command::Producer { request_id, producer_id, topic, .. } => {
                 producers.insert(producer_id, topic);

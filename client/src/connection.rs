@@ -56,6 +56,11 @@ pub struct ClientOptions {
     pub keepalive_interval: Option<Duration>,
     /// Largest frame accepted from the broker.
     pub max_frame_bytes: u32,
+    /// Connect each producer and consumer straight to the port of the
+    /// broker shard that owns its topic, when the broker announces per-shard
+    /// ports (`crate::routing`). Off: everything uses the one connection to
+    /// the given address, and the broker forwards between its shards.
+    pub shard_aware: bool,
 }
 
 impl Default for ClientOptions {
@@ -65,6 +70,7 @@ impl Default for ClientOptions {
             connect_timeout: Duration::from_secs(10),
             keepalive_interval: Some(Duration::from_secs(30)),
             max_frame_bytes: magnetar_wire::FRAME_BYTES_MAX_DEFAULT,
+            shard_aware: true,
         }
     }
 }
@@ -78,6 +84,9 @@ pub struct ServerInfo {
     pub max_frame_bytes: u32,
     /// Shard the connection landed on.
     pub shard: u32,
+    /// The port each shard listens on by itself (index = shard id); empty
+    /// when the broker has none (an older broker).
+    pub shard_ports: Vec<u16>,
 }
 
 /// A send awaiting its receipt. Holding the permit here, rather than in the
@@ -187,6 +196,9 @@ pub(crate) struct Connection {
     write: mpsc::Sender<Bytes>,
     pub server: ServerInfo,
     pub options: ClientOptions,
+    /// The port this connection reached, and the client's other connections.
+    pub port: u16,
+    pub peers: Arc<crate::routing::Peers>,
     next_request_id: AtomicU64,
     next_handle_id: AtomicU64,
     tasks: Vec<JoinHandle<()>>,
@@ -210,6 +222,18 @@ impl Connection {
     /// Open the TCP connection, do the `Connect`/`Connected` handshake and
     /// start the tasks.
     pub(crate) async fn open(host: &str, port: u16, options: ClientOptions) -> Result<Connection> {
+        let peers = Arc::new(crate::routing::Peers::new(host, port, options.clone()));
+        Self::open_in(host, port, options, peers).await
+    }
+
+    /// [`open`](Self::open) a further connection of the client that `peers`
+    /// belongs to.
+    pub(crate) async fn open_in(
+        host: &str,
+        port: u16,
+        options: ClientOptions,
+        peers: Arc<crate::routing::Peers>,
+    ) -> Result<Connection> {
         let stream = tokio::time::timeout(options.connect_timeout, TcpStream::connect((host, port)))
             .await
             .map_err(|_| ClientError::Timeout { operation: "connect", after: options.connect_timeout })?
@@ -242,8 +266,8 @@ impl Connection {
             .await
             .map_err(|_| ClientError::Timeout { operation: "connect handshake", after: options.operation_timeout })??;
         let server = match answer {
-            Command::Connected { server_version, protocol_version, max_frame_bytes, shard } => {
-                ServerInfo { server_version, protocol_version, max_frame_bytes, shard }
+            Command::Connected { server_version, protocol_version, max_frame_bytes, shard, shard_ports } => {
+                ServerInfo { server_version, protocol_version, max_frame_bytes, shard, shard_ports }
             }
             Command::Error { code, message, .. } => return Err(ClientError::Broker { code, message }),
             other => return Err(ClientError::UnexpectedResponse { request: "Connect", got: format!("{other:?}") }),
@@ -273,6 +297,8 @@ impl Connection {
             write,
             server,
             options,
+            port,
+            peers,
             next_request_id: AtomicU64::new(1),
             next_handle_id: AtomicU64::new(1),
             tasks,

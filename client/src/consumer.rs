@@ -264,8 +264,32 @@ impl ConsumerBuilder {
         Ok(multi)
     }
 
-    /// Subscribe, then grant the broker the initial flow permits.
+    /// Subscribe, then grant the broker the initial flow permits. The
+    /// consumer lives on the connection to the shard that owns the topic
+    /// when the broker has per-shard ports (looked up again when that shard
+    /// answers `NotOwner`), else on the client's connection. With a retry
+    /// topic (`enable_retry`) it stays on the client's connection: both
+    /// subscriptions share one connection and their owners may differ.
     pub async fn subscribe(self) -> Result<Consumer> {
+        let topic = normalize_topic(&self.topic)?;
+        let mut lookups = 0;
+        loop {
+            let shard_aware = !self.retry_enabled && lookups < crate::routing::NOT_OWNER_LOOKUPS_MAX;
+            let conn = self.conn.for_topic(&topic, shard_aware).await;
+            let mut on = self.with_topic(topic.clone());
+            on.conn = conn;
+            match on.subscribe_here().await {
+                Err(e) if shard_aware && crate::routing::is_not_owner(&e) => {
+                    tracing::debug!(%topic, error = %e, "consumer refused by a shard that does not own the topic");
+                    lookups += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    /// Subscribe on this builder's connection.
+    async fn subscribe_here(self) -> Result<Consumer> {
         if self.receiver_queue_size == 0 || self.receiver_queue_size > RECEIVER_QUEUE_SIZE_MAX {
             return Err(ClientError::InvalidOption { option: "receiver_queue_size", reason: "must be in 1..=1048576" });
         }

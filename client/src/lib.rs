@@ -12,8 +12,12 @@
 //! # let _ = id; Ok(()) }
 //! ```
 //!
-//! One [`Client`] is one TCP connection; its producers and consumers share
-//! it. See `README.md` for the threading model and limits.
+//! One [`Client`] is one TCP connection to the address it was given, plus,
+//! when the broker listens on a port per shard, one connection per shard
+//! that owns a topic of its producers and consumers (each connects straight
+//! to its topic's owner; `ClientOptions::shard_aware`). Producers and
+//! consumers on the same shard share a connection. See `README.md` for the
+//! threading model and limits.
 
 mod ack_group;
 mod admin;
@@ -29,6 +33,7 @@ mod names;
 mod partitioned;
 mod producer;
 mod reconnect;
+mod routing;
 
 pub use admin::Admin;
 pub use batch::BatchingOptions;
@@ -51,6 +56,7 @@ pub use partitioned::{
 };
 pub use producer::{Producer, ProducerBuilder, SendFuture, DEFAULT_MAX_PENDING, MAX_PENDING_MAX};
 pub use reconnect::{ReconnectOptions, ResilientProducer, ServiceUrlProvider};
+pub use routing::NOT_OWNER_LOOKUPS_MAX;
 pub use tracker::{NackBackoff, ACK_TIMEOUT_BUCKETS};
 
 // The protocol types an application needs, so it does not have to depend on
@@ -86,8 +92,9 @@ impl Client {
 
     pub async fn connect_with(url: &str, options: ClientOptions) -> Result<Client> {
         let url = parse_service_url(url)?;
-        let conn = Connection::open(&url.host, url.port, options).await?;
-        Ok(Client { conn: Arc::new(conn) })
+        let conn = Arc::new(Connection::open(&url.host, url.port, options).await?);
+        conn.peers.adopt(url.port, &conn);
+        Ok(Client { conn })
     }
 
     /// Start building a producer on `topic` (`topic`, `tenant/ns/topic` or a full name).
@@ -160,11 +167,13 @@ impl Client {
         self.conn.shared.closed_reason()
     }
 
-    /// Close the connection now: frames already queued get a short chance to
-    /// be written, everything still waiting fails with `Disconnected`.
-    /// Close producers and consumers first for a graceful end.
+    /// Close the connection now (and the client's connections to other
+    /// shards): frames already queued get a short chance to be written,
+    /// everything still waiting fails with `Disconnected`. Close producers
+    /// and consumers first for a graceful end.
     pub fn close(&self) {
         self.conn.shared.fail("closed by the client".to_string());
+        self.conn.peers.close_all("closed by the client");
     }
 }
 

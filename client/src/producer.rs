@@ -125,44 +125,36 @@ impl ProducerBuilder {
         self
     }
 
-    /// Register the producer with the broker.
+    /// Register the producer with the broker: on the connection to the
+    /// shard that owns the topic when the broker has per-shard ports
+    /// (looked up again when that shard answers `NotOwner`), else on the
+    /// client's connection.
     pub async fn create(self) -> Result<Producer> {
         if self.max_pending == 0 || self.max_pending > MAX_PENDING_MAX {
             return Err(ClientError::InvalidOption { option: "max_pending", reason: "must be in 1..=1048576" });
         }
         let topic = normalize_topic(&self.topic)?;
-        let producer_id = self.conn.next_handle_id();
-        let requested_name = self.name.unwrap_or_default();
-        let access_mode = self.access_mode;
-        let after = match access_mode {
-            // Waiting for the topic is the point; a year stands for "no deadline".
-            ProducerAccessMode::WaitForExclusive => Duration::from_secs(365 * 24 * 3600),
-            _ => self.conn.options.operation_timeout,
-        };
-        let answer = self
-            .conn
-            .request_within("create producer", after, |request_id| Command::Producer {
-                request_id,
-                producer_id,
-                topic: topic.clone(),
-                producer_name: requested_name.clone(),
-                access_mode,
-            })
-            .await?;
-        let Command::ProducerSuccess { producer_name, last_sequence_id, .. } = answer else {
-            return Err(ClientError::UnexpectedResponse { request: "Producer", got: format!("{answer:?}") });
-        };
-        let name = if producer_name.is_empty() { requested_name } else { producer_name };
-        let closed = Arc::new(AtomicBool::new(false));
-        self.conn.register_producer(producer_id, name.clone(), closed.clone())?;
-        // Continue after what the broker has persisted for this name, so a
-        // restarted named producer never reuses a sequence id (dedup-safe).
-        let next_sequence_id = u64::try_from(last_sequence_id.saturating_add(1)).unwrap_or(0);
         if let Some(b) = &self.batching {
             b.validate()?;
         }
+        let mut lookups = 0;
+        let (conn, answer) = loop {
+            let shard_aware = lookups < crate::routing::NOT_OWNER_LOOKUPS_MAX;
+            let conn = self.conn.for_topic(&topic, shard_aware).await;
+            match self.register(&conn, &topic).await {
+                Err(e) if shard_aware && crate::routing::is_not_owner(&e) => {
+                    tracing::debug!(%topic, error = %e, "producer refused by a shard that does not own the topic");
+                    lookups += 1;
+                }
+                answer => break (conn, answer?),
+            }
+        };
+        let (producer_id, name, last_sequence_id, closed) = answer;
+        // Continue after what the broker has persisted for this name, so a
+        // restarted named producer never reuses a sequence id (dedup-safe).
+        let next_sequence_id = u64::try_from(last_sequence_id.saturating_add(1)).unwrap_or(0);
         let core = Arc::new(ProducerCore {
-            conn: self.conn,
+            conn,
             producer_id,
             topic,
             name,
@@ -176,6 +168,35 @@ impl ProducerBuilder {
             block_if_queue_full: self.block_if_queue_full,
         });
         Ok(Producer::new(core, self.batching))
+    }
+
+    /// Creates the producer on `conn`: its id, name, last sequence id and
+    /// closed flag.
+    async fn register(&self, conn: &Arc<Connection>, topic: &str) -> Result<(u64, String, i64, Arc<AtomicBool>)> {
+        let producer_id = conn.next_handle_id();
+        let requested_name = self.name.clone().unwrap_or_default();
+        let access_mode = self.access_mode;
+        let after = match access_mode {
+            // Waiting for the topic is the point; a year stands for "no deadline".
+            ProducerAccessMode::WaitForExclusive => Duration::from_secs(365 * 24 * 3600),
+            _ => conn.options.operation_timeout,
+        };
+        let answer = conn
+            .request_within("create producer", after, |request_id| Command::Producer {
+                request_id,
+                producer_id,
+                topic: topic.to_string(),
+                producer_name: requested_name.clone(),
+                access_mode,
+            })
+            .await?;
+        let Command::ProducerSuccess { producer_name, last_sequence_id, .. } = answer else {
+            return Err(ClientError::UnexpectedResponse { request: "Producer", got: format!("{answer:?}") });
+        };
+        let name = if producer_name.is_empty() { requested_name } else { producer_name };
+        let closed = Arc::new(AtomicBool::new(false));
+        conn.register_producer(producer_id, name.clone(), closed.clone())?;
+        Ok((producer_id, name, last_sequence_id, closed))
     }
 }
 

@@ -99,6 +99,7 @@ async fn listen(max_frame_bytes: u32) -> (String, impl Future<Output = FakeConn>
                 protocol_version: magnetar_wire::PROTOCOL_VERSION,
                 max_frame_bytes,
                 shard: 1,
+                shard_ports: Vec::new(),
             },
             &[],
         )
@@ -835,6 +836,136 @@ async fn batched_receipts_time_out_or_fail_when_abandoned() {
         }
         client.close();
         broker.await.unwrap();
+    })
+    .await;
+}
+
+/// Accepts one connection on `listener` and answers its `Connect` as shard
+/// `shard` of a broker whose shards listen on `shard_ports`.
+async fn accept_as_shard(listener: &TcpListener, shard: u32, shard_ports: &[u16]) -> FakeConn {
+    let (stream, _) = listener.accept().await.unwrap();
+    let mut conn = FakeConn { stream, decoder: FrameDecoder::new(16 << 20), buf: BytesMut::new() };
+    match conn.recv().await.unwrap().command {
+        Command::Connect { .. } => {}
+        other => panic!("expected Connect, got {other:?}"),
+    }
+    let connected = Command::Connected {
+        server_version: "fake".into(),
+        protocol_version: magnetar_wire::PROTOCOL_VERSION,
+        max_frame_bytes: 1 << 20,
+        shard,
+        shard_ports: shard_ports.to_vec(),
+    };
+    conn.send(connected, &[]).await;
+    conn
+}
+
+/// Answers the next request, which must be a `topics.owner` lookup of
+/// `topic`, with `shard` and `shard_port`.
+async fn answer_owner(conn: &mut FakeConn, topic: &str, shard: u32, shard_port: u16) {
+    match conn.recv_cmd().await.command {
+        Command::AdminRequest { request_id, op, json } => {
+            assert_eq!(op, "topics.owner");
+            let args: serde_json::Value = serde_json::from_str(&json).unwrap();
+            assert_eq!(args["topic"], topic);
+            let json = serde_json::json!({ "topic": topic, "bundle": 3, "shard": shard, "shard_port": shard_port });
+            conn.send(Command::AdminResponse { request_id, json: json.to_string() }, &[]).await;
+        }
+        other => panic!("expected the topics.owner lookup, got {other:?}"),
+    }
+}
+
+/// Goal: a producer goes to the port of the shard the lookup names; told
+/// `NotOwner` there, the client looks the topic up again and follows the
+/// new answer (here: the shard its first connection is on).
+/// Method: a fake broker with a shared listener (shard 0) and shard 1's own
+/// listener; the lookup names shard 1, shard 1 refuses with `NotOwner`, the
+/// second lookup names shard 0, and the producer must then be created (and
+/// send) on the first connection.
+#[tokio::test]
+async fn producer_follows_the_owner_and_looks_up_again_when_not_owner() {
+    within(async {
+        let shared = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let shard1 = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let ports = [shared.local_addr().unwrap().port(), shard1.local_addr().unwrap().port()];
+        let url = format!("magnetar://{}", shared.local_addr().unwrap());
+        let topic = "persistent://public/default/orders";
+        let broker = tokio::spawn(async move {
+            let mut first = accept_as_shard(&shared, 0, &ports).await;
+            answer_owner(&mut first, topic, 1, ports[1]).await;
+            let mut second = accept_as_shard(&shard1, 1, &ports).await;
+            match second.recv_cmd().await.command {
+                Command::Producer { request_id, topic: t, .. } => {
+                    assert_eq!(t, topic);
+                    let refusal =
+                        Command::Error { request_id, code: ErrorCode::NotOwner, message: "owned by shard 0".into() };
+                    second.send(refusal, &[]).await;
+                }
+                other => panic!("expected Producer on shard 1's port, got {other:?}"),
+            }
+            answer_owner(&mut first, topic, 0, ports[0]).await;
+            let producer_id = first.accept_producer("p").await;
+            let frame = first.recv_cmd().await;
+            let Command::Send { producer_id: p, sequence_id, .. } = frame.command else {
+                panic!("expected Send on the first connection, got {:?}", frame.command)
+            };
+            assert_eq!(p, producer_id);
+            let receipt = Command::SendReceipt { producer_id, sequence_id, message_id: MessageId::new(1, 0, -1, -1) };
+            first.send(receipt, &[]).await;
+            (first, second)
+        });
+        let client = Client::connect_with(&url, options()).await.unwrap();
+        assert_eq!(client.server_info().shard_ports, vec![ports[0], ports[1]]);
+        let producer = client.producer("orders").create().await.unwrap();
+        assert_eq!(producer.send(OutgoingMessage::new("m")).await.unwrap(), MessageId::new(1, 0, -1, -1));
+        let _conns = broker.await.unwrap();
+    })
+    .await;
+}
+
+/// Goal: a shard port that does not answer costs nothing but the attempt:
+/// the producer falls back to the shared port, which serves every topic.
+/// Method: the lookup names shard 1 on a port nobody listens on (bound,
+/// then closed); the producer must be created on the first connection.
+#[tokio::test]
+async fn producer_falls_back_to_the_shared_port_when_the_shard_port_is_closed() {
+    within(async {
+        let shared = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dead_port = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
+        let ports = [shared.local_addr().unwrap().port(), dead_port];
+        let url = format!("magnetar://{}", shared.local_addr().unwrap());
+        let topic = "persistent://public/default/orders";
+        let broker = tokio::spawn(async move {
+            let mut first = accept_as_shard(&shared, 0, &ports).await;
+            answer_owner(&mut first, topic, 1, ports[1]).await;
+            first.accept_producer("p").await;
+            first
+        });
+        let client = Client::connect_with(&url, options()).await.unwrap();
+        let producer = client.producer("orders").create().await.unwrap();
+        assert_eq!(producer.name(), "p");
+        let _conn = broker.await.unwrap();
+    })
+    .await;
+}
+
+/// Goal: with `shard_aware` off the client never looks up owners, whatever
+/// the broker announces. Method: the fake broker announces two shard ports
+/// and expects the `Producer` request first.
+#[tokio::test]
+async fn shard_aware_off_uses_the_given_address_only() {
+    within(async {
+        let shared = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let ports = [shared.local_addr().unwrap().port(), 1];
+        let url = format!("magnetar://{}", shared.local_addr().unwrap());
+        let broker = tokio::spawn(async move {
+            let mut first = accept_as_shard(&shared, 0, &ports).await;
+            first.accept_producer("p").await;
+            first
+        });
+        let client = Client::connect_with(&url, ClientOptions { shard_aware: false, ..options() }).await.unwrap();
+        client.producer("orders").create().await.unwrap();
+        let _conn = broker.await.unwrap();
     })
     .await;
 }

@@ -22,7 +22,9 @@
 //! | `topics.list` | `namespace` | full names, partitions included |
 //! | `topics.delete` | `topic` (a partitioned one deletes every partition) | `null` |
 //! | `topics.last-message-id` | `topic` | `{"id": "L:E:P:-1" or null}`; partitioned: `{"partitions": [{"id": …}, …]}` |
-//! | `topics.lookup` | `topic` | `{"topic", "partitions", "bundle", "shard"}` (the net layer adds `broker`) |
+//! | `topics.lookup` | `topic` | `{"topic", "partitions", "bundle", "shard", "shard_port"?, "partition_owners"}` (the net layer adds `broker`) |
+//! | `topics.owner` | `topic` (exactly this name; no side effects) | `{"topic", "bundle", "shard", "shard_port"?}` |
+//! | `broker.shard-stats` | – | `{"shards": [{"shard", "port"?, "cross_shard_requests", "cross_shard_events"}, …]}` |
 //! | `topics.{set,get,remove}-retention`, `topics.{set,get,remove}-message-ttl` | see [`crate::topic_policies`] | |
 //!
 //! Runs on shard 0; never crosses cores.
@@ -350,19 +352,66 @@ async fn run(shard: &Rc<Shard>, op: &str, args: &Value) -> Result<Value, CoreErr
                 .map(|i| {
                     let part = TopicName { local: format!("{}-partition-{i}", tn.local), ..tn.clone() };
                     let b = ownership::bundle_of(&part, policies.bundles);
-                    json!({ "topic": part.to_string(), "bundle": b, "shard": ownership::shard_of_bundle(b, shard.nshards) })
+                    let s = ownership::shard_of_bundle(b, shard.nshards);
+                    with_shard_port(shard, s, json!({ "topic": part.to_string(), "bundle": b, "shard": s }))
                 })
                 .collect();
-            Ok(json!({
+            let answer = json!({
                 "topic": tn.to_string(),
                 "partitions": partitions,
                 "bundle": bundle,
                 "shard": owner,
                 "partition_owners": parts,
-            }))
+            });
+            Ok(with_shard_port(shard, owner, answer))
+        }
+        "topics.owner" => {
+            // What a shard-aware client asks before creating a producer or
+            // consumer: the owner of exactly this name, never creating
+            // anything (unlike `topics.lookup`, which may auto-create a
+            // partitioned topic's metadata).
+            let tn = topic_arg(op, args)?;
+            let policies = namespace_must_exist(md, &tn).await?;
+            let bundle = ownership::bundle_of(&tn, policies.bundles);
+            let owner = ownership::shard_of_bundle(bundle, shard.nshards);
+            Ok(with_shard_port(shard, owner, json!({ "topic": tn.to_string(), "bundle": bundle, "shard": owner })))
+        }
+        "broker.shard-stats" => {
+            let mut shards = Vec::new();
+            for i in 0..shard.nshards {
+                let Reply::Traffic(t) = shard.call(i, Op::Traffic).await? else {
+                    return Err(CoreError::new(ErrorCode::UnknownError, "internal: unexpected reply to Traffic"));
+                };
+                let entry = json!({
+                    "shard": t.shard,
+                    "cross_shard_requests": t.cross_shard_requests,
+                    "cross_shard_events": t.cross_shard_events,
+                });
+                shards.push(match shard.config.shard_ports.get(i as usize) {
+                    Some(port) => with_key(entry, "port", json!(port)),
+                    None => entry,
+                });
+            }
+            Ok(json!({ "shards": shards }))
         }
         other => Err(CoreError::new(ErrorCode::NotAllowed, format!("unknown admin operation {other:?}"))),
     }
+}
+
+/// Adds `"shard_port"` (the port shard `owner` listens on by itself) to a
+/// lookup answer, when the broker has per-shard listeners.
+fn with_shard_port(shard: &Shard, owner: u32, answer: Value) -> Value {
+    match shard.config.shard_ports.get(owner as usize) {
+        Some(port) => with_key(answer, "shard_port", json!(port)),
+        None => answer,
+    }
+}
+
+fn with_key(mut object: Value, key: &str, value: Value) -> Value {
+    if let Value::Object(map) = &mut object {
+        map.insert(key.to_string(), value);
+    }
+    object
 }
 
 fn check_persistent(tn: &TopicName) -> Result<(), CoreError> {

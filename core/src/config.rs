@@ -56,6 +56,11 @@ pub struct BrokerConfig {
     /// After a restart, how long a subscription keeps the type it had
     /// against a consumer of another type, while its own consumers reconnect.
     pub subscription_type_hold: Duration,
+    /// The port each shard listens on by itself (index = shard id), named in
+    /// lookup answers so a client can connect straight to a topic's owner;
+    /// empty when there are no per-shard listeners. Plain data: the network
+    /// layer binds the ports, the core only reports them.
+    pub shard_ports: Vec<u16>,
 }
 
 impl BrokerConfig {
@@ -82,6 +87,7 @@ impl BrokerConfig {
             ledger_rollover: crate::ledgers::Rollover::default(),
             retention_check_interval: Duration::from_secs(120),
             subscription_type_hold: Duration::from_secs(30),
+            shard_ports: Vec::new(),
         }
     }
 }

@@ -175,7 +175,7 @@ where
                 while gate.state(&shutdown) == crate::start_gate::GateState::Waiting {
                     glommio::timer::sleep(Duration::from_millis(5)).await;
                 }
-                let serving = glommio::spawn_local(serve(Broker { shard: shard.clone() }));
+                let serving = glommio::spawn_local(serve(Broker::new(shard.clone())));
                 // Let the serve task run up to its first await (binding its
                 // listener) before reporting this shard ready.
                 futures_lite::future::yield_now().await;

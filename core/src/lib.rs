@@ -39,7 +39,7 @@ pub use error::{CoreError, StartError};
 pub use launch::{launch, Running};
 pub use magnetar_storage::stage;
 pub use shard::{
-    decode_topic_meta, Broker, ConsumerEvent, ConsumerHandle, ConsumerRef, ProducerHandle, SeekTarget,
+    decode_topic_meta, Broker, ConsumerEvent, ConsumerHandle, ConsumerRef, ProducerHandle, SeekTarget, ShardTraffic,
     SubscribeRequest, LEDGER_ID_SHARD_STRIDE, SHARDS_MAX,
 };
 pub use topic_name::TopicName;

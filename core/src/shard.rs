@@ -202,6 +202,8 @@ pub(crate) enum Op {
     TopicPolicy {
         topic: String,
     },
+    /// On any shard: its [`ShardTraffic`] counters.
+    Traffic,
     /// On any shard: the topics of its log whose full name starts with `prefix`.
     ListTopics {
         prefix: String,
@@ -236,6 +238,7 @@ pub(crate) enum Reply {
     Policy(TopicPolicy),
     Topics(Vec<String>),
     Stats(String),
+    Traffic(ShardTraffic),
 }
 
 pub(crate) type OpResult = Result<Reply, CoreError>;
@@ -279,6 +282,26 @@ pub(crate) struct Shard {
     /// shares than the default queue, where the log's flusher (the fsync
     /// path of every receipt) runs.
     pub(crate) dispatch_tq: glommio::TaskQueueHandle,
+    /// Producer and consumer requests this shard sent over the mesh to a
+    /// topic's owner (a client connected to the wrong shard), and consumer
+    /// events (deliveries, closes) it sent to a consumer's connection on
+    /// another shard: what shard-aware clients avoid. Admin, lookup and
+    /// policy requests are not counted (they go to shard 0 by design).
+    cross_shard_requests: Cell<u64>,
+    cross_shard_events: Cell<u64>,
+}
+
+/// What one shard sent over the mesh on behalf of producers and consumers
+/// since it started (admin `broker.shard-stats`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardTraffic {
+    pub shard: u32,
+    /// Producer and consumer requests (create, send, subscribe, flow, ack,
+    /// close, redeliver, seek) routed to the topic's owner on another shard.
+    pub cross_shard_requests: u64,
+    /// Consumer events (a message to deliver, a close, an active-consumer
+    /// change) sent to a consumer whose connection is on another shard.
+    pub cross_shard_events: u64,
 }
 
 /// The handle a connection uses to reach the broker; one per shard, cheap to
@@ -286,6 +309,10 @@ pub(crate) struct Shard {
 #[derive(Clone)]
 pub struct Broker {
     pub(crate) shard: Rc<Shard>,
+    /// Set for the connections of a shard's own port: producers and
+    /// consumers of topics another shard owns are refused with `NotOwner`
+    /// (the client looked up a stale owner), instead of crossing the mesh.
+    owner_only: bool,
 }
 
 fn topic_meta_key(topic: &str) -> Vec<u8> {
@@ -381,7 +408,17 @@ impl Shard {
                 glommio::Latency::NotImportant,
                 "dispatch",
             ),
+            cross_shard_requests: Cell::new(0),
+            cross_shard_events: Cell::new(0),
         })
+    }
+
+    pub(crate) fn traffic(&self) -> ShardTraffic {
+        ShardTraffic {
+            shard: self.id,
+            cross_shard_requests: self.cross_shard_requests.get(),
+            cross_shard_events: self.cross_shard_events.get(),
+        }
     }
 
     pub(crate) fn is_closed(&self) -> bool {
@@ -396,6 +433,9 @@ impl Shard {
     pub(crate) fn call(self: &Rc<Self>, owner: u32, op: Op) -> LocalBoxFuture<'static, OpResult> {
         if owner == self.id {
             return self.handle_op(op);
+        }
+        if is_client_op(&op) {
+            self.cross_shard_requests.set(self.cross_shard_requests.get() + 1);
         }
         let req_id = self.next_req.get();
         self.next_req.set(req_id + 1);
@@ -436,6 +476,7 @@ impl Shard {
         if to.shard == self.id {
             self.deliver_local(to.sink, event);
         } else {
+            self.cross_shard_events.set(self.cross_shard_events.get() + 1);
             self.mesh.send(to.shard, MeshMsg::Event { sink: to.sink, event });
         }
     }
@@ -484,6 +525,7 @@ impl Shard {
                 let me = self.clone();
                 async move { crate::admin::topic_policy(&me, &topic).await.map(Reply::Policy) }.boxed_local()
             }
+            Op::Traffic => futures::future::ready(Ok(Reply::Traffic(self.traffic()))).boxed_local(),
             Op::ListTopics { prefix } => {
                 let mut key = META_TOPIC_PREFIX.to_vec();
                 key.extend_from_slice(prefix.as_bytes());
@@ -1647,6 +1689,23 @@ fn is_non_persistent(op: &Op) -> bool {
     }
 }
 
+/// Whether `op` is a producer's or consumer's request (what a shard-aware
+/// client sends straight to the owner), as opposed to admin and metadata.
+fn is_client_op(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::CreateProducer { .. }
+            | Op::Send { .. }
+            | Op::CloseProducer { .. }
+            | Op::Subscribe { .. }
+            | Op::Flow { .. }
+            | Op::Ack { .. }
+            | Op::CloseConsumer { .. }
+            | Op::Redeliver { .. }
+            | Op::Seek { .. }
+    )
+}
+
 /// Decodes a topic record (`t/<topic>` metadata value, either version):
 /// the topic's current ledger id. `None` for a value in an unknown format.
 /// Public for offline tools; [`decode_topic_record`] gives every ledger.
@@ -1657,8 +1716,25 @@ pub fn decode_topic_meta(v: &[u8]) -> Option<u64> {
 // ------------------------------------------------------------------ handle
 
 impl Broker {
+    pub(crate) fn new(shard: Rc<Shard>) -> Self {
+        Self { shard, owner_only: false }
+    }
+
+    /// A handle for the connections of this shard's own port: producers and
+    /// consumers of topics owned by another shard are refused with
+    /// `NotOwner` rather than routed over the mesh.
+    pub fn owner_only(&self) -> Broker {
+        Broker { shard: self.shard.clone(), owner_only: true }
+    }
+
     pub fn shard_id(&self) -> u32 {
         self.shard.id
+    }
+
+    /// This shard's counters of requests and events that crossed the mesh
+    /// (see [`ShardTraffic`]).
+    pub fn traffic(&self) -> ShardTraffic {
+        self.shard.traffic()
     }
 
     pub fn shards(&self) -> u32 {
@@ -1693,6 +1769,22 @@ impl Broker {
         Ok((key, owner, policy))
     }
 
+    /// [`resolve_topic`](Self::resolve_topic) for a producer or consumer:
+    /// on a shard's own port, a topic of another shard is refused.
+    async fn resolve_client_topic(&self, topic: &str) -> Result<(String, u32, TopicPolicy), CoreError> {
+        let resolved = self.resolve_topic(topic).await?;
+        if self.owner_only && resolved.1 != self.shard.id {
+            return Err(CoreError::new(
+                ErrorCode::NotOwner,
+                format!(
+                    "topic {} is owned by shard {}, not by shard {} (look it up again)",
+                    resolved.0, resolved.1, self.shard.id
+                ),
+            ));
+        }
+        Ok(resolved)
+    }
+
     /// Runs an admin operation (on shard 0) and returns its JSON answer.
     pub async fn admin(&self, op: &str, json: &str) -> Result<String, CoreError> {
         match self.shard.call(0, Op::Admin { op: op.to_string(), json: json.to_string() }).await? {
@@ -1725,7 +1817,7 @@ impl Broker {
         producer_name: &str,
         mode: ProducerAccessMode,
     ) -> Result<ProducerHandle, CoreError> {
-        let (topic, owner, policy) = self.resolve_topic(topic).await?;
+        let (topic, owner, policy) = self.resolve_client_topic(topic).await?;
         let op = Op::CreateProducer { topic: topic.clone(), name: producer_name.to_string(), mode, policy };
         match self.shard.call(owner, op).await? {
             Reply::Producer { name, last_sequence_id } => {
@@ -1768,7 +1860,7 @@ impl Broker {
 
     /// Attaches a consumer; its messages go to `sink` (see `register_sink`).
     pub async fn subscribe(&self, mut req: SubscribeRequest, sink: u64) -> Result<ConsumerHandle, CoreError> {
-        let (topic, owner, policy) = self.resolve_topic(&req.topic).await?;
+        let (topic, owner, policy) = self.resolve_client_topic(&req.topic).await?;
         req.topic = topic.clone();
         let consumer = ConsumerRef { shard: self.shard.id, sink, consumer_id: req.consumer_id };
         let subscription = req.subscription.clone();

@@ -95,6 +95,8 @@ struct Conn {
     gone: Cell<bool>,
     /// `host:port` this connection reached (for lookup answers).
     local_addr: Option<String>,
+    /// Announced in `Connected`: the port of each shard's own listener.
+    shard_ports: Rc<[u16]>,
     inflight_bytes: Rc<Cell<usize>>,
     drained: Rc<Signal>,
 }
@@ -106,7 +108,7 @@ enum End {
     Io(std::io::Error),
 }
 
-pub(crate) async fn run(broker: Broker, stream: TcpStream, limits: ConnectionLimits) {
+pub(crate) async fn run(broker: Broker, stream: TcpStream, limits: ConnectionLimits, shard_ports: Rc<[u16]>) {
     let _ = stream.set_nodelay(true);
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let local_addr = stream.local_addr().ok().map(|a| a.to_string());
@@ -163,6 +165,7 @@ pub(crate) async fn run(broker: Broker, stream: TcpStream, limits: ConnectionLim
         pending_producers: RefCell::new(std::collections::HashSet::new()),
         gone: Cell::new(false),
         local_addr,
+        shard_ports,
         inflight_bytes: Rc::new(Cell::new(0)),
         drained: Rc::new(Signal::new()),
     });
@@ -229,6 +232,7 @@ impl Conn {
                                     protocol_version: protocol_version.min(PROTOCOL_VERSION),
                                     max_frame_bytes: self.limits.frame_bytes_max,
                                     shard: self.broker.shard_id(),
+                                    shard_ports: self.shard_ports.to_vec(),
                                 },
                                 &[],
                             );

@@ -3,8 +3,15 @@
 //! Every shard runs one acceptor on the same port (SO_REUSEPORT), so the
 //! kernel spreads connections over shards. A connection speaks the native
 //! protocol (frames from magnetar-wire) with the `Broker` handle of its own
-//! shard, which routes each request to the topic's owner shard. This crate
-//! knows nothing of files; core knows nothing of sockets.
+//! shard, which routes each request to the topic's owner shard.
+//!
+//! Each shard may also listen on a port of its own (`NetConfig::shard_addrs`,
+//! announced in `Connected::shard_ports`): a shard-aware client connects
+//! there to the owner of its topic, so its requests never cross the mesh.
+//! On such a port, producers and consumers of another shard's topics are
+//! refused with `NotOwner` (the client's lookup was stale).
+//!
+//! This crate knows nothing of files; core knows nothing of sockets.
 
 mod connection;
 
@@ -19,13 +26,24 @@ pub use connection::ConnectionLimits;
 #[derive(Debug, Clone)]
 pub struct NetConfig {
     pub limits: ConnectionLimits,
-    /// Most connections one shard accepts; more are closed at once.
+    /// Most connections one shard accepts (both its ports together); more
+    /// are closed at once.
     pub connections_per_shard_max: usize,
+    /// The address shard `i` listens on by itself (ports resolved, e.g. by a
+    /// [`PortReservation`] each); empty: no per-shard listeners.
+    pub shard_addrs: Vec<SocketAddr>,
 }
 
 impl Default for NetConfig {
     fn default() -> Self {
-        Self { limits: ConnectionLimits::default(), connections_per_shard_max: 10_000 }
+        Self { limits: ConnectionLimits::default(), connections_per_shard_max: 10_000, shard_addrs: Vec::new() }
+    }
+}
+
+impl NetConfig {
+    /// The ports of `shard_addrs`, as announced in `Connected`.
+    pub fn shard_ports(&self) -> Vec<u16> {
+        self.shard_addrs.iter().map(SocketAddr::port).collect()
     }
 }
 
@@ -56,9 +74,30 @@ impl PortReservation {
     }
 }
 
-/// The accept loop of one shard. Runs until the future is dropped (the core
-/// drops it at shutdown).
+/// The accept loops of one shard: the shared port `addr`, and the shard's own
+/// port when `config.shard_addrs` names one. Runs until the future is
+/// dropped (the core drops it at shutdown).
 pub async fn serve(broker: Broker, addr: SocketAddr, config: NetConfig) {
+    let open = Rc::new(Cell::new(0usize));
+    let shard_ports: Rc<[u16]> = config.shard_ports().into();
+    let own = match config.shard_addrs.get(broker.shard_id() as usize) {
+        Some(&own) => match glommio::net::TcpListener::bind(own) {
+            Ok(l) => {
+                tracing::debug!(shard = broker.shard_id(), addr = %own, "listening on the shard's own port");
+                Some(l)
+            }
+            Err(e) => {
+                // The shared port still serves everything; shard-aware
+                // clients fall back to it when this port does not answer.
+                tracing::error!(shard = broker.shard_id(), addr = %own, "cannot listen on the shard's own port: {e}");
+                None
+            }
+        },
+        None => None,
+    };
+    let _own_loop = own.map(|l| {
+        glommio::spawn_local(accept_loop(l, broker.owner_only(), config.clone(), open.clone(), shard_ports.clone()))
+    });
     let listener = match glommio::net::TcpListener::bind(addr) {
         Ok(l) => l,
         Err(e) => {
@@ -67,7 +106,16 @@ pub async fn serve(broker: Broker, addr: SocketAddr, config: NetConfig) {
         }
     };
     tracing::debug!(shard = broker.shard_id(), %addr, "listening");
-    let open = Rc::new(Cell::new(0usize));
+    accept_loop(listener, broker, config, open, shard_ports).await;
+}
+
+async fn accept_loop(
+    listener: glommio::net::TcpListener,
+    broker: Broker,
+    config: NetConfig,
+    open: Rc<Cell<usize>>,
+    shard_ports: Rc<[u16]>,
+) {
     loop {
         let stream = match listener.accept().await {
             Ok(s) => s,
@@ -87,9 +135,10 @@ pub async fn serve(broker: Broker, addr: SocketAddr, config: NetConfig) {
             continue;
         }
         open.set(open.get() + 1);
-        let (broker, limits, open) = (broker.clone(), config.limits.clone(), open.clone());
+        let (broker, limits, open, shard_ports) =
+            (broker.clone(), config.limits.clone(), open.clone(), shard_ports.clone());
         glommio::spawn_local(async move {
-            connection::run(broker, stream, limits).await;
+            connection::run(broker, stream, limits, shard_ports).await;
             open.set(open.get() - 1);
         })
         .detach();

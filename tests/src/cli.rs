@@ -316,6 +316,8 @@ pub struct Received {
     pub publish_time_ms: u64,
     pub receive_time_ms: u64,
     pub redelivery_count: u64,
+    /// `deliver_at_ms`, present only for a message sent with a delivery time.
+    pub deliver_at_ms: Option<u64>,
     /// From `payload` (UTF-8) or `payload_base64`.
     pub payload: Vec<u8>,
 }
@@ -348,6 +350,7 @@ impl Received {
             publish_time_ms: u64_field(&v, "publish_time_ms", line),
             receive_time_ms: u64_field(&v, "receive_time_ms", line),
             redelivery_count: u64_field(&v, "redelivery_count", line),
+            deliver_at_ms: v.get("deliver_at_ms").map(|_| u64_field(&v, "deliver_at_ms", line)),
             payload,
         }
     }

@@ -38,11 +38,15 @@ use std::time::Duration;
 
 /// Opens connections to `url` until one lands on `shard` (the kernel picks
 /// the shard, SO_REUSEPORT hashing the connection's 4-tuple); the others are
-/// closed. Panics after `attempts` connections on other shards.
+/// closed. Panics after `attempts` connections on other shards. The client
+/// is not shard-aware: its producers and consumers stay on this connection,
+/// so requests for another shard's topics cross between shards (what these
+/// tests exercise).
 pub async fn connect_on_shard(url: &str, shard: u32, attempts: usize) -> Client {
     let mut seen = Vec::new();
+    let options = magnetar_client::ClientOptions { shard_aware: false, ..Default::default() };
     for _ in 0..attempts {
-        let client = tokio::time::timeout(Duration::from_secs(10), Client::connect(url))
+        let client = tokio::time::timeout(Duration::from_secs(10), Client::connect_with(url, options.clone()))
             .await
             .unwrap_or_else(|_| panic!("connecting to {url} timed out"))
             .unwrap_or_else(|e| panic!("connecting to {url}: {e}"));

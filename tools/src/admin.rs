@@ -54,6 +54,16 @@ pub enum AdminCmd {
     Subscriptions(SubscriptionsCmd),
     #[command(subcommand)]
     Messages(MessagesCmd),
+    /// The broker itself.
+    #[command(subcommand)]
+    Broker(BrokerCmd),
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum BrokerCmd {
+    /// Per shard: its own port and the producer/consumer requests and
+    /// deliveries it sent to another shard (JSON).
+    ShardStats,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -185,6 +195,8 @@ pub enum TopicsCmd {
     Delete { topic: String },
     /// Which broker and shard own the topic (JSON).
     Lookup { topic: String },
+    /// The shard owning exactly this topic name, and its port (JSON).
+    Owner { topic: String },
     /// The id of the topic's last stored entry: `{"id":"L:E:P:-1"}` (or
     /// null), per partition for a partitioned topic.
     LastMessageId { topic: String },
@@ -314,6 +326,7 @@ async fn admin(args: AdminArgs) -> Result<(), Box<dyn Error>> {
                 }
             }
         }
+        AdminCmd::Broker(BrokerCmd::ShardStats) => ("broker.shard-stats", json!({}), Print::Json),
         AdminCmd::Topics(c) => match c {
             TopicsCmd::List { namespace } => ("topics.list", json!({ "namespace": namespace }), Print::Lines),
             TopicsCmd::Create { topic: t } => ("topics.create", json!({ "topic": topic(&t)? }), Print::Nothing),
@@ -328,6 +341,7 @@ async fn admin(args: AdminArgs) -> Result<(), Box<dyn Error>> {
             }
             TopicsCmd::Delete { topic: t } => ("topics.delete", json!({ "topic": topic(&t)? }), Print::Nothing),
             TopicsCmd::Lookup { topic: t } => ("topics.lookup", json!({ "topic": topic(&t)? }), Print::Json),
+            TopicsCmd::Owner { topic: t } => ("topics.owner", json!({ "topic": topic(&t)? }), Print::Json),
             TopicsCmd::LastMessageId { topic: t } => {
                 ("topics.last-message-id", json!({ "topic": topic(&t)? }), Print::Json)
             }

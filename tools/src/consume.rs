@@ -7,7 +7,8 @@
 //! `{"id":"L:E:P:B","key":…,"properties":{…},"publish_time_ms":…,
 //! "receive_time_ms":…,"redelivery_count":…,"payload":"…"}`, with
 //! `"payload_base64"` instead of `"payload"` when the payload is not UTF-8,
-//! then `"topic"` (the topic or partition it came from).
+//! then `"topic"` (the topic or partition it came from), then
+//! `"deliver_at_ms"` only for a message sent with a delivery time.
 //! Status lines go to stderr.
 //!
 //! Flags of issue #4, also a contract: `--type exclusive|failover|shared|key_shared`
@@ -156,6 +157,9 @@ pub(crate) struct ReceiveRecord<'a> {
     /// The topic (a partition's own name for a partitioned topic); added by
     /// issue #5 for multi-topic consumption.
     topic: &'a str,
+    /// The time the producer asked delivery to wait for (absent: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    deliver_at_ms: Option<u64>,
 }
 
 pub(crate) fn record(msg: &Message, receive_time_ms: u64) -> ReceiveRecord<'_> {
@@ -173,6 +177,7 @@ pub(crate) fn record(msg: &Message, receive_time_ms: u64) -> ReceiveRecord<'_> {
         payload,
         payload_base64,
         topic: &msg.topic,
+        deliver_at_ms: msg.deliver_at_ms(),
     }
 }
 

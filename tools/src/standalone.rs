@@ -15,6 +15,15 @@ pub struct StandaloneArgs {
     /// Address of the native protocol listener (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:6650")]
     pub listen: SocketAddr,
+    /// Each shard also listens alone on port BASE + shard id (announced to
+    /// clients, which connect straight to a topic's owner); 0 = a free port
+    /// per shard, picked at start. The --listen port serves everything.
+    #[arg(long, default_value_t = 0)]
+    pub shard_port_base: u16,
+    /// No per-shard ports: every connection goes through --listen and
+    /// requests for another shard's topics cross between shards.
+    #[arg(long)]
+    pub no_shard_ports: bool,
     /// Shards (executors), one per CPU by default. Fixed for a data directory.
     #[arg(long)]
     pub shards: Option<u32>,
@@ -80,6 +89,9 @@ pub struct StandaloneArgs {
     pub retention_check_interval_s: u64,
 }
 
+/// Kernel-picked shard ports tried before giving up on a collision.
+const SHARD_PORT_TRIES_MAX: u32 = 16;
+
 pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     let shards = match args.shards {
         Some(n) => n,
@@ -91,7 +103,44 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
 
     let reservation = PortReservation::new(args.listen).map_err(|e| format!("cannot bind {}: {e}", args.listen))?;
     let addr = reservation.addr();
+    // One reservation per shard port, held until the end like the shared
+    // one: a port picked here (port 0) stays ours while shards bind it.
+    let mut shard_reservations: Vec<PortReservation> = Vec::new();
+    if !args.no_shard_ports {
+        for i in 0..shards {
+            let port = match args.shard_port_base {
+                0 => 0,
+                base => u16::try_from(u32::from(base) + i)
+                    .map_err(|_| format!("--shard-port-base {base} + {i} is not a port"))?,
+            };
+            let want = SocketAddr::new(addr.ip(), port);
+            // A shard's port must be its own: SO_REUSEPORT would let it
+            // share the --listen port or another shard's, and connections
+            // there would land on any of them. A port picked by the kernel
+            // (port 0) is tried again in the unlikely case it is one of them.
+            let mut tries = 0;
+            let r = loop {
+                let r = PortReservation::new(want).map_err(|e| format!("cannot bind shard {i}'s port {want}: {e}"))?;
+                let taken = r.addr().port() == addr.port()
+                    || shard_reservations.iter().any(|o| o.addr().port() == r.addr().port());
+                if !taken {
+                    break r;
+                }
+                tries += 1;
+                if port != 0 || tries >= SHARD_PORT_TRIES_MAX {
+                    return Err(format!(
+                        "shard {i}'s port {} is already the broker's (--listen or another shard's)",
+                        r.addr().port()
+                    )
+                    .into());
+                }
+            };
+            shard_reservations.push(r);
+        }
+    }
+    let shard_addrs: Vec<SocketAddr> = shard_reservations.iter().map(PortReservation::addr).collect();
     let mut config = BrokerConfig::new(&args.data_dir, shards);
+    config.shard_ports = shard_addrs.iter().map(SocketAddr::port).collect();
     config.pin_cpus = !args.no_pin;
     config.segment_bytes = args.segment_mib * 1024 * 1024;
     config.prezero_segments = args.segment_prezero;
@@ -114,8 +163,8 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     // Restart time, reported in the log (issue #3): from here to "broker
     // ready"; each shard's own share is its "recovered entry log" line.
     let started = std::time::Instant::now();
-    tracing::info!(data_dir = %args.data_dir.display(), shards, %addr, "starting standalone broker");
-    let net = NetConfig::default();
+    tracing::info!(data_dir = %args.data_dir.display(), shards, %addr, ?shard_addrs, "starting standalone broker");
+    let net = NetConfig { shard_addrs, ..NetConfig::default() };
     let running =
         magnetar_core::launch(config, shutdown.clone(), move |broker| magnetar_net::serve(broker, addr, net.clone()))?;
     // One line on stdout that scripts and tests wait for (the port matters
@@ -124,6 +173,7 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     tracing::info!(%addr, start_ms = started.elapsed().as_millis() as u64, "broker ready");
     let result = running.join();
     drop(reservation);
+    drop(shard_reservations);
     if shutdown.load(Ordering::SeqCst) {
         tracing::info!("broker stopped");
     }

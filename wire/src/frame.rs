@@ -249,7 +249,9 @@ fn command_variable_bytes(command: &Command) -> u64 {
     let s = |v: &str| len_u64(v.len());
     match command {
         Command::Connect { client_version, .. } => s(client_version),
-        Command::Connected { server_version, .. } => s(server_version),
+        Command::Connected { server_version, shard_ports, .. } => {
+            s(server_version).saturating_add(len_u64(shard_ports.len()).saturating_mul(2))
+        }
         Command::Producer { topic, producer_name, .. } => s(topic).saturating_add(s(producer_name)),
         Command::ProducerSuccess { producer_name, .. } => s(producer_name),
         Command::SendError { message, .. } | Command::Error { message, .. } => s(message),
@@ -372,13 +374,15 @@ fn build_command<'b>(fbb: &mut FlatBufferBuilder<'b>, command: &Command) -> WIPO
             let args = fb::ConnectArgs { client_version, protocol_version: *protocol_version };
             (fb::AnyCommand::Connect, fb::Connect::create(fbb, &args).as_union_value())
         }
-        Command::Connected { server_version, protocol_version, max_frame_bytes, shard } => {
+        Command::Connected { server_version, protocol_version, max_frame_bytes, shard, shard_ports } => {
             let server_version = Some(fbb.create_string(server_version));
+            let shard_ports = (!shard_ports.is_empty()).then(|| fbb.create_vector(shard_ports));
             let args = fb::ConnectedArgs {
                 server_version,
                 protocol_version: *protocol_version,
                 max_frame_bytes: *max_frame_bytes,
                 shard: *shard,
+                shard_ports,
             };
             (fb::AnyCommand::Connected, fb::Connected::create(fbb, &args).as_union_value())
         }
@@ -587,6 +591,7 @@ fn command_from_fb(base: &fb::BaseCommand<'_>) -> Result<Command, WireError> {
                 protocol_version: c.protocol_version(),
                 max_frame_bytes: c.max_frame_bytes(),
                 shard: c.shard(),
+                shard_ports: c.shard_ports().map(|v| v.iter().collect()).unwrap_or_default(),
             }
         }
         fb::AnyCommand::Producer => {

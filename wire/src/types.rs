@@ -95,6 +95,10 @@ pub enum ErrorCode {
     /// Another producer took the topic with `ExclusiveWithFencing`: this
     /// producer may not send any more.
     ProducerFenced = 16,
+    /// A `Producer` or `Subscribe` reached a shard's own port (see
+    /// `Connected::shard_ports`) for a topic that shard does not own: the
+    /// client's lookup is stale; look the topic up again.
+    NotOwner = 17,
 }
 
 impl ErrorCode {
@@ -116,6 +120,7 @@ impl ErrorCode {
             14 => Self::NotAllowed,
             15 => Self::StorageFull,
             16 => Self::ProducerFenced,
+            17 => Self::NotOwner,
             _ => Self::UnknownError,
         }
     }
@@ -185,12 +190,15 @@ pub enum Command {
         protocol_version: u32,
     },
     /// The broker's answer to `Connect`. `max_frame_bytes` is the largest frame
-    /// the broker accepts; `shard` is the shard the connection landed on.
+    /// the broker accepts; `shard` is the shard the connection landed on;
+    /// `shard_ports[i]` is the port shard `i` listens on by itself (empty:
+    /// no per-shard listeners, e.g. an older broker).
     Connected {
         server_version: String,
         protocol_version: u32,
         max_frame_bytes: u32,
         shard: u32,
+        shard_ports: Vec<u16>,
     },
     /// Create a producer on a topic. An empty `producer_name` asks the broker to
     /// generate a unique one.

@@ -56,7 +56,7 @@ fn arb_id() -> impl Strategy<Value = MessageId> {
 }
 
 fn arb_code() -> impl Strategy<Value = ErrorCode> {
-    (0u16..16).prop_map(ErrorCode::from_u16)
+    (0u16..18).prop_map(ErrorCode::from_u16)
 }
 
 fn arb_string() -> impl Strategy<Value = String> {
@@ -75,14 +75,10 @@ fn arb_command() -> impl Strategy<Value = Command> {
     prop_oneof![
         (arb_string(), any::<u32>())
             .prop_map(|(client_version, protocol_version)| Command::Connect { client_version, protocol_version }),
-        (arb_string(), any::<u32>(), any::<u32>(), any::<u32>()).prop_map(
-            |(server_version, protocol_version, max_frame_bytes, shard)| Command::Connected {
-                server_version,
-                protocol_version,
-                max_frame_bytes,
-                shard
-            }
-        ),
+        (arb_string(), any::<u32>(), any::<u32>(), any::<u32>(), proptest::collection::vec(any::<u16>(), 0..8))
+            .prop_map(|(server_version, protocol_version, max_frame_bytes, shard, shard_ports)| {
+                Command::Connected { server_version, protocol_version, max_frame_bytes, shard, shard_ports }
+            }),
         (any::<u64>(), any::<u64>(), arb_string(), arb_string(), 0u8..4).prop_map(
             |(request_id, producer_id, topic, producer_name, mode)| Command::Producer {
                 request_id,

@@ -13,10 +13,10 @@ pub mod wire {
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_ERROR_CODE: u16 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_ERROR_CODE: u16 = 16;
+pub const ENUM_MAX_ERROR_CODE: u16 = 17;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 17] = [
+pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 18] = [
   ErrorCode::UnknownError,
   ErrorCode::ProtocolError,
   ErrorCode::UnsupportedVersion,
@@ -34,6 +34,7 @@ pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 17] = [
   ErrorCode::NotAllowed,
   ErrorCode::StorageFull,
   ErrorCode::ProducerFenced,
+  ErrorCode::NotOwner,
 ];
 
 /// Typed error codes (types.rs `ErrorCode`). Unknown values from a newer
@@ -60,9 +61,12 @@ impl ErrorCode {
   pub const NotAllowed: Self = Self(14);
   pub const StorageFull: Self = Self(15);
   pub const ProducerFenced: Self = Self(16);
+  /// A `Producer` or `Subscribe` reached a shard's own port for a topic
+  /// that shard does not own: look the topic up again.
+  pub const NotOwner: Self = Self(17);
 
   pub const ENUM_MIN: u16 = 0;
-  pub const ENUM_MAX: u16 = 16;
+  pub const ENUM_MAX: u16 = 17;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::UnknownError,
     Self::ProtocolError,
@@ -81,6 +85,7 @@ impl ErrorCode {
     Self::NotAllowed,
     Self::StorageFull,
     Self::ProducerFenced,
+    Self::NotOwner,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -102,6 +107,7 @@ impl ErrorCode {
       Self::NotAllowed => Some("NotAllowed"),
       Self::StorageFull => Some("StorageFull"),
       Self::ProducerFenced => Some("ProducerFenced"),
+      Self::NotOwner => Some("NotOwner"),
       _ => None,
     }
   }
@@ -1234,6 +1240,7 @@ impl<'a> Connected<'a> {
   pub const VT_PROTOCOL_VERSION: ::flatbuffers::VOffsetT = 6;
   pub const VT_MAX_FRAME_BYTES: ::flatbuffers::VOffsetT = 8;
   pub const VT_SHARD: ::flatbuffers::VOffsetT = 10;
+  pub const VT_SHARD_PORTS: ::flatbuffers::VOffsetT = 12;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -1245,6 +1252,7 @@ impl<'a> Connected<'a> {
     args: &'args ConnectedArgs<'args>
   ) -> ::flatbuffers::WIPOffset<Connected<'bldr>> {
     let mut builder = ConnectedBuilder::new(_fbb);
+    if let Some(x) = args.shard_ports { builder.add_shard_ports(x); }
     builder.add_shard(args.shard);
     builder.add_max_frame_bytes(args.max_frame_bytes);
     builder.add_protocol_version(args.protocol_version);
@@ -1281,6 +1289,16 @@ impl<'a> Connected<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(Connected::VT_SHARD, Some(0)).unwrap()}
   }
+  /// The port each shard listens on by itself, indexed by shard id (on the
+  /// host the client reached); a connection there lands on that shard.
+  /// Absent or empty: the broker has no per-shard listeners.
+  #[inline]
+  pub fn shard_ports(&self) -> Option<::flatbuffers::Vector<'a, u16>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u16>>>(Connected::VT_SHARD_PORTS, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for Connected<'_> {
@@ -1293,6 +1311,7 @@ impl ::flatbuffers::Verifiable for Connected<'_> {
      .visit_field::<u32>("protocol_version", Self::VT_PROTOCOL_VERSION, false)?
      .visit_field::<u32>("max_frame_bytes", Self::VT_MAX_FRAME_BYTES, false)?
      .visit_field::<u32>("shard", Self::VT_SHARD, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u16>>>("shard_ports", Self::VT_SHARD_PORTS, false)?
      .finish();
     Ok(())
   }
@@ -1302,6 +1321,7 @@ pub struct ConnectedArgs<'a> {
     pub protocol_version: u32,
     pub max_frame_bytes: u32,
     pub shard: u32,
+    pub shard_ports: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u16>>>,
 }
 impl<'a> Default for ConnectedArgs<'a> {
   #[inline]
@@ -1311,6 +1331,7 @@ impl<'a> Default for ConnectedArgs<'a> {
       protocol_version: 0,
       max_frame_bytes: 0,
       shard: 0,
+      shard_ports: None,
     }
   }
 }
@@ -1337,6 +1358,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ConnectedBuilder<'a, 'b, A> {
     self.fbb_.push_slot::<u32>(Connected::VT_SHARD, shard, 0);
   }
   #[inline]
+  pub fn add_shard_ports(&mut self, shard_ports: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u16>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Connected::VT_SHARD_PORTS, shard_ports);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ConnectedBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ConnectedBuilder {
@@ -1358,6 +1383,7 @@ impl ::core::fmt::Debug for Connected<'_> {
       ds.field("protocol_version", &self.protocol_version());
       ds.field("max_frame_bytes", &self.max_frame_bytes());
       ds.field("shard", &self.shard());
+      ds.field("shard_ports", &self.shard_ports());
       ds.finish()
   }
 }

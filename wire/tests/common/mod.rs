@@ -18,6 +18,14 @@ pub fn all_commands() -> Vec<Command> {
             protocol_version: 1,
             max_frame_bytes: FRAME_BYTES_MAX_DEFAULT,
             shard: u32::MAX,
+            shard_ports: Vec::new(),
+        },
+        Command::Connected {
+            server_version: String::new(),
+            protocol_version: 1,
+            max_frame_bytes: 1,
+            shard: 1,
+            shard_ports: vec![6651, 0, u16::MAX],
         },
         Command::Producer {
             request_id: u64::MAX,
