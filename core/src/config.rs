@@ -23,6 +23,12 @@ pub struct BrokerConfig {
     /// Write zeros over new segments instead of only fallocating them (see
     /// `magnetar_storage::LogConfig::prezero_segments`).
     pub prezero_segments: bool,
+    /// Storage: zero segments this far ahead of the tail in the background
+    /// (`magnetar_storage::LogConfig::zero_ahead_bytes`; 0: never).
+    pub zero_ahead_bytes: u64,
+    /// Storage: freed segments kept per shard for reuse
+    /// (`magnetar_storage::LogConfig::recycle_segments`; 0: unlink them).
+    pub recycle_segments: usize,
     /// Storage: recent entries kept in memory per shard.
     pub write_cache_bytes: usize,
     /// Storage: largest single group-commit write.
@@ -68,6 +74,8 @@ impl BrokerConfig {
             cursor_persist_interval: Duration::from_millis(100),
             segment_bytes: 256 * 1024 * 1024,
             prezero_segments: false,
+            zero_ahead_bytes: 8 << 20,
+            recycle_segments: 2,
             write_cache_bytes: 256 * 1024 * 1024,
             flush_bytes_max: 4 * 1024 * 1024,
             allow_tmpfs: false,

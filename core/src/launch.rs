@@ -125,6 +125,8 @@ where
                 let mut lc = LogConfig::new(config.data_dir.join(format!("shard-{id}")));
                 lc.segment_bytes = config.segment_bytes;
                 lc.prezero_segments = config.prezero_segments;
+                lc.zero_ahead_bytes = config.zero_ahead_bytes;
+                lc.recycle_segments = config.recycle_segments;
                 lc.write_cache_bytes = config.write_cache_bytes;
                 lc.flush_bytes_max = config.flush_bytes_max;
                 lc.allow_tmpfs = config.allow_tmpfs;

@@ -96,7 +96,14 @@ pub struct BatchHeader {
     pub records_len: u32,
     /// CRC-32 of bytes [64, batch_len) of the batch: records and padding.
     pub body_crc: u32,
+    /// [`BATCH_FLAG_OVER_STALE`] or 0.
+    pub flags: u16,
 }
+
+/// Batch flag: the batch was written into a recycled segment, over bytes of
+/// an earlier use of the file rather than zeros, so a tear of it need not
+/// leave a zero sector (see [`could_be_torn`]).
+pub const BATCH_FLAG_OVER_STALE: u16 = 1;
 
 impl BatchHeader {
     pub fn encode(&self, out: &mut [u8]) {
@@ -105,7 +112,7 @@ impl BatchHeader {
         b.fill(0);
         wr(b, 0, &BATCH_MAGIC);
         wr(b, 12, &BATCH_VERSION.to_le_bytes());
-        wr(b, 14, &0u16.to_le_bytes());
+        wr(b, 14, &self.flags.to_le_bytes());
         wr(b, 16, &self.batch_len.to_le_bytes());
         wr(b, 20, &self.record_count.to_le_bytes());
         wr(b, 24, &self.seq.to_le_bytes());
@@ -139,6 +146,7 @@ impl BatchHeader {
             position: rd_u64(b, 32),
             records_len: rd_u32(b, 40),
             body_crc: rd_u32(b, 44),
+            flags: rd_u16(b, 14),
         };
         let len = h.batch_len as u64;
         if len == 0 || !len.is_multiple_of(PAGE_BYTES) {
@@ -173,14 +181,21 @@ pub const SECTOR_BYTES: usize = 512;
 
 /// Whether a last batch whose body checksum fails can be a torn write. A
 /// torn write leaves some sectors as they were, and the space behind the tail
-/// is always zero (segments are preallocated and torn regions are zeroed
-/// before reuse), so a tear implies an all-zero sector among the records.
+/// is zero (segments are preallocated and torn regions are zeroed before
+/// reuse), so a tear implies an all-zero sector among the records. Except in
+/// a recycled segment (the batch has [`BATCH_FLAG_OVER_STALE`]): there any
+/// failing last batch could be torn.
 /// Without one the batch was complete and has rotted: it may have been
 /// acknowledged, so it must be reported, never dropped. (Records that
 /// themselves hold 512 aligned zero bytes make rot there look like a tear:
 /// documented in `docs/format.md`.) Only sectors holding records count: a
 /// tear in the zero padding changes nothing. `b` holds the whole batch.
 pub fn could_be_torn(h: &BatchHeader, b: &[u8]) -> bool {
+    if h.flags & BATCH_FLAG_OVER_STALE != 0 {
+        // Written over stale bytes: a tear leaves old non-zero sectors, so
+        // rot and a tear cannot be told apart (docs/format.md).
+        return true;
+    }
     let used = BATCH_HEADER_BYTES + h.records_len as usize;
     if b.len() < h.batch_len as usize || used > b.len() {
         return true;
@@ -694,6 +709,7 @@ mod tests {
             position: 1 << 20,
             records_len: 500,
             body_crc: 0xdead_beef,
+            flags: BATCH_FLAG_OVER_STALE,
         };
         let mut b = [0u8; BATCH_HEADER_BYTES];
         h.encode(&mut b);

@@ -520,7 +520,16 @@ impl ShardImage {
                     break; // rest of the segment unused: next segment
                 }
                 let off = position - start;
-                match r.batch(off)? {
+                let found = match r.batch(off)? {
+                    // Left by an earlier use of this recycled file (as in recovery).
+                    Ok((h, _)) if h.position < start => Err(CorruptReason::Field {
+                        field: "batch position (stale: earlier use of a recycled segment)",
+                        expected: position,
+                        found: h.position,
+                    }),
+                    other => other,
+                };
+                match found {
                     Ok((h, b)) => {
                         let expected = seq.unwrap_or(h.seq);
                         if h.seq != expected || h.position != position {
@@ -577,7 +586,7 @@ impl ShardImage {
                             None => {
                                 if let CorruptReason::BodyCrc { stored, computed } = reason {
                                     let page = r.get(off, PAGE_BYTES as usize)?.to_vec();
-                                    if let Ok(h) = BatchHeader::decode(&page) {
+                                    if let Some(h) = BatchHeader::decode(&page).ok().filter(|h| h.position >= start) {
                                         let b = r.get(off, h.batch_len as usize)?;
                                         if !could_be_torn(&h, b) {
                                             return Err(corrupt(
@@ -841,13 +850,19 @@ fn search_valid(
             if page.len() < PAGE_BYTES as usize {
                 break;
             }
+            if page[..8] == BATCH_MAGIC {
+                if let Ok((h, _)) = r.batch(off)? {
+                    if h.position < *start {
+                        break; // stale: nothing of this use beyond (as in recovery)
+                    }
+                    if q > from {
+                        return Ok((Some((j, q, h)), nonzero_end));
+                    }
+                }
+            }
+            let page = r.get(off, PAGE_BYTES as usize)?;
             if j == 0 && page.iter().any(|&b| b != 0) {
                 nonzero_end = q + PAGE_BYTES;
-            }
-            if q > from && page[..8] == BATCH_MAGIC {
-                if let Ok((h, _)) = r.batch(off)? {
-                    return Ok((Some((j, q, h)), nonzero_end));
-                }
             }
             q += PAGE_BYTES;
         }

@@ -16,8 +16,8 @@ use crate::disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
 use crate::error::{CorruptReason, Result, StorageError};
 use crate::format::{
     check_entry_record, encode_index_page, pad_to_page, BatchHeader, Checkpoint, CheckpointLedger, CleanMarker,
-    IndexEntry, IndexExtras, RecordHeader, Relocation, BATCH_HEADER_BYTES, INDEX_ENTRIES_PER_PAGE, KIND_DELETE,
-    KIND_ENTRY, KIND_META, KIND_MOVE, META_KEY_BYTES_MAX, RECORD_HEADER_BYTES,
+    IndexEntry, IndexExtras, RecordHeader, Relocation, BATCH_FLAG_OVER_STALE, BATCH_HEADER_BYTES,
+    INDEX_ENTRIES_PER_PAGE, KIND_DELETE, KIND_ENTRY, KIND_META, KIND_MOVE, META_KEY_BYTES_MAX, RECORD_HEADER_BYTES,
 };
 
 /// Configuration of one shard's entry log.
@@ -74,8 +74,39 @@ pub struct LogConfig {
     /// commits the extent conversion in the journal; overwriting written
     /// blocks does not (fio, 4 KiB write + fdatasync, alternating rounds:
     /// p50 80–272 µs into fallocated space, 43–47 µs overwriting). Costs one
-    /// extra sequential write of every segment. Default off.
+    /// extra sequential write of every segment, and the first segment is
+    /// zeroed before the first batch. Default off: `zero_ahead_bytes` gets
+    /// lone batches the same without either, and recycled segments need no
+    /// zeroing at all.
     pub prezero_segments: bool,
+    /// Segments that garbage collection frees are kept (under their old
+    /// names, up to this many per shard) and renamed into place as the next
+    /// spare instead of being unlinked and created afresh: their blocks are
+    /// already written, so batches overwrite them instead of converting
+    /// unwritten extents (an ext4 journal commit per fdatasync). Beyond the
+    /// bound they are unlinked. 0 disables recycling. Default 2.
+    pub recycle_segments: usize,
+    /// Zero the tail segment ahead of the write position, in the
+    /// background, up to this many bytes ahead of the tail (0: never), so
+    /// that batches overwrite written blocks (see `prezero_segments`) without
+    /// zeroing a whole segment at once. Only while recent batches are small
+    /// (average at most [`ZERO_AHEAD_BATCH_MAX`]): large batches pay the
+    /// extent conversion once per many bytes, and zeroing ahead of them would
+    /// only write everything twice. A batch beyond the zeroed part is written
+    /// all the same. Recycled segments need none. Default 8 MiB.
+    pub zero_ahead_bytes: u64,
+}
+
+/// Zeroing ahead (`LogConfig::zero_ahead_bytes`) runs only while the
+/// flusher's average batch is at most this long: lone messages (a page or
+/// two per batch). With 16 producers one in flight each (~5 pages a batch)
+/// zeroing ahead cost throughput side by side (bench/README.md).
+pub const ZERO_AHEAD_BATCH_MAX: u64 = 16 << 10;
+
+/// One zeroing write (then one fdatasync): a quarter of the distance ahead,
+/// between 1 and 4 MiB.
+fn zero_chunk_bytes(cfg: &LogConfig) -> u64 {
+    (cfg.zero_ahead_bytes / 4).clamp(1 << 20, 4 << 20) / PAGE_BYTES * PAGE_BYTES
 }
 
 impl LogConfig {
@@ -97,6 +128,8 @@ impl LogConfig {
             key_index_items_per_file: 1 << 18,
             key_index_interval: Duration::from_secs(10),
             prezero_segments: false,
+            recycle_segments: 2,
+            zero_ahead_bytes: 8 << 20,
         }
     }
 
@@ -214,6 +247,10 @@ pub(crate) struct Segment<F> {
     pub len: u64,
     pub path: PathBuf,
     pub file: F,
+    /// A recycled file: the space behind the tail holds stale bytes of an
+    /// earlier use, not zeros (batches written into it say so in their
+    /// header, `BATCH_FLAG_OVER_STALE`).
+    pub recycled: std::cell::Cell<bool>,
 }
 
 impl<F> Segment<F> {
@@ -315,6 +352,21 @@ pub(crate) struct State<F> {
     /// Metadata as of the durable log position (what a checkpoint saves).
     pub meta_durable: BTreeMap<Vec<u8>, Bytes>,
     pub segments: BTreeMap<u64, Rc<Segment<F>>>,
+    /// Freed segments kept for recycling, under their old names (which lie
+    /// before the checkpoint position and hold nothing live), oldest first.
+    pub recycle_pool: Vec<PathBuf>,
+    /// Segments made by recycling since open (a counter).
+    pub recycled: u64,
+    /// Below this log position the tail segment's blocks are known written
+    /// (batches, zeros from the zeroing task, or a recycled segment's whole
+    /// length): writes there overwrite instead of converting unwritten
+    /// extents. The flusher writes at or beyond it only holding `zero_lock`.
+    pub zeroed: u64,
+    /// Moving average of the flusher's batch length (bytes).
+    pub avg_batch: u64,
+    pub zero_waker: Option<Waker>,
+    /// Bytes zeroed ahead since open (a counter).
+    pub zeroed_bytes: u64,
     /// Live (not deleted) entries per segment start, from the index: a
     /// segment at zero before the checkpoint position is garbage.
     pub seg_live: BTreeMap<u64, u64>,
@@ -361,6 +413,12 @@ impl<F> State<F> {
             meta: BTreeMap::new(),
             meta_durable: BTreeMap::new(),
             segments: BTreeMap::new(),
+            recycle_pool: Vec::new(),
+            recycled: 0,
+            zeroed: 0,
+            avg_batch: 0,
+            zero_waker: None,
+            zeroed_bytes: 0,
             seg_live: BTreeMap::new(),
             seg_live_bytes: BTreeMap::new(),
             relocated: BTreeMap::new(),
@@ -381,7 +439,7 @@ impl<F> State<F> {
         for (_, ws) in std::mem::take(&mut self.durable_waiters) {
             ws.into_iter().for_each(Waker::wake);
         }
-        for w in [self.flusher_waker.take(), self.ckpt_waker.take()]
+        for w in [self.flusher_waker.take(), self.ckpt_waker.take(), self.zero_waker.take()]
             .into_iter()
             .flatten()
             .chain(std::mem::take(&mut self.close_wakers))
@@ -475,6 +533,10 @@ pub(crate) struct Shared<D: Disk> {
     pub ckpt_lock: glommio::sync::Semaphore,
     /// Serializes compaction passes (the background task and `compact`).
     pub compact_lock: glommio::sync::Semaphore,
+    /// Held by the zeroing task for each zeroing write, and by the flusher
+    /// for a batch that reaches `State::zeroed`: a batch is never written
+    /// where a zeroing write is in flight (it could land after the batch).
+    pub zero_lock: glommio::sync::Semaphore,
     /// The per-shard key index (`keyindex.rs`).
     pub keys: RefCell<crate::keyindex::KeyIndex<D::File>>,
 }
@@ -508,6 +570,27 @@ impl<D: Disk> Shared<D> {
     async fn create_segment(&self, start: u64) -> Result<Rc<Segment<D::File>>> {
         let path = self.paths.segment(start);
         let len = self.cfg.segment_bytes;
+        let recycled = self.st.borrow_mut().recycle_pool.pop();
+        if let Some(old) = recycled {
+            // A freed segment, renamed into place. Its size is durable since
+            // its creation; the rename must be durable before a batch in it
+            // is acknowledged (a crash before that leaves the old name: an
+            // unreferenced segment before the checkpoint, freed again by the
+            // next one; or the new name with no valid batch of this use:
+            // removed at open as an unused spare).
+            self.disk.rename(&old, &path).await.map_err(self.io("rename recycled segment", &old))?;
+            self.disk
+                .sync_dir(&self.paths.log_dir)
+                .await
+                .map_err(self.io("fsync log directory", &self.paths.log_dir))?;
+            let file =
+                self.disk.open(&path, OpenMode::Existing).await.map_err(self.io("open recycled segment", &path))?;
+            let size = file.size().await.map_err(self.io("stat recycled segment", &path))?;
+            assert_eq!(size, len, "only segments of the configured size are pooled");
+            self.st.borrow_mut().recycled += 1;
+            debug!(from = %old.display(), path = %path.display(), start, len, "recycled segment");
+            return Ok(Rc::new(Segment { start, len, path, file, recycled: true.into() }));
+        }
         // Truncate: a file of this name can only be left over from a crash
         // during an earlier creation, before any batch reached it.
         let file = self.disk.open(&path, OpenMode::Truncate).await.map_err(self.io("create segment", &path))?;
@@ -528,7 +611,7 @@ impl<D: Disk> Shared<D> {
         file.sync().await.map_err(self.io("fdatasync new segment", &path))?;
         self.disk.sync_dir(&self.paths.log_dir).await.map_err(self.io("fsync log directory", &self.paths.log_dir))?;
         debug!(path = %path.display(), start, len, "created segment");
-        Ok(Rc::new(Segment { start, len, path, file }))
+        Ok(Rc::new(Segment { start, len, path, file, recycled: false.into() }))
     }
 
     /// Writes one group-commit batch: everything pending up to
@@ -572,6 +655,8 @@ impl<D: Disk> Shared<D> {
             };
             assert!(seg.len >= batch_len);
             let mut st = self.st.borrow_mut();
+            // Recycled and pre-zeroed segments are written all through.
+            st.zeroed = if seg.recycled.get() || self.cfg.prezero_segments { seg.end() } else { start };
             st.segments.insert(start, seg);
             // The rest of the previous segment stays zero; recovery knows a
             // batch that did not fit moved to the next segment.
@@ -652,6 +737,7 @@ impl<D: Disk> Shared<D> {
                 position,
                 records_len,
                 body_crc,
+                flags: if seg.recycled.get() { BATCH_FLAG_OVER_STALE } else { 0 },
             }
             .encode(&mut buf);
             (buf, seg, position, seq, last_lsn, metas, moves)
@@ -662,9 +748,25 @@ impl<D: Disk> Shared<D> {
         // instead, to save the flusher's wake-up between the two: 12x slower
         // on ext4 here, bench/README.md "where a lone message's time goes".)
         let off = position - seg.start;
+        let end = position + batch_len;
+        // Into space not known written: wait for a zeroing write in flight.
+        // (Tried: a batch wholly in written space as one O_DSYNC write
+        // instead of write + fdatasync; not better here, bench/README.md
+        // "Recycled and zeroed-ahead segments".)
+        let zero_permit = if end <= self.st.borrow().zeroed {
+            None
+        } else {
+            Some(self.zero_lock.acquire_permit(1).await.map_err(|_| StorageError::Closed)?)
+        };
         crate::stage::mark("4b_write_submit");
         seg.file.write_at(off, &buf).await.map_err(self.io("write batch", &seg.path))?;
         crate::stage::mark("5_written");
+        {
+            let mut st = self.st.borrow_mut();
+            st.zeroed = st.zeroed.max(end);
+            st.avg_batch = if st.avg_batch == 0 { batch_len } else { (st.avg_batch * 7 + batch_len) / 8 };
+        }
+        drop(zero_permit);
         seg.file.sync().await.map_err(self.io("fdatasync segment", &seg.path))?;
         crate::stage::mark("6_synced");
 
@@ -687,6 +789,14 @@ impl<D: Disk> Shared<D> {
                 st.meta_durable.remove(&k[..]);
             } else {
                 st.meta_durable.insert(k.to_vec(), v);
+            }
+        }
+        if self.cfg.zero_ahead_bytes > 0
+            && st.zeroed < st.tail + self.cfg.zero_ahead_bytes / 2
+            && st.avg_batch <= ZERO_AHEAD_BATCH_MAX
+        {
+            if let Some(w) = st.zero_waker.take() {
+                w.wake();
             }
         }
         let later = st.durable_waiters.split_off(&(last_lsn + 1));
@@ -889,15 +999,29 @@ impl<D: Disk> Shared<D> {
                 .await
                 .map_err(self.io("fsync index directory", &self.paths.index_dir))?;
         }
-        if !segments.is_empty() {
-            for s in &segments {
-                self.disk.remove(&s.path).await.map_err(self.io("remove dead segment", &s.path))?;
+        // Freed segments of the configured size go to the recycling pool
+        // (nothing to do on disk: they keep their names until reused); the
+        // rest are unlinked.
+        let mut removed = 0;
+        for s in &segments {
+            {
+                let mut st = self.st.borrow_mut();
+                if s.len == self.cfg.segment_bytes && st.recycle_pool.len() < self.cfg.recycle_segments {
+                    st.recycle_pool.push(s.path.clone());
+                    continue;
+                }
             }
+            self.disk.remove(&s.path).await.map_err(self.io("remove dead segment", &s.path))?;
+            removed += 1;
+        }
+        if removed > 0 {
             self.disk
                 .sync_dir(&self.paths.log_dir)
                 .await
                 .map_err(self.io("fsync log directory", &self.paths.log_dir))?;
-            info!(dir = %self.cfg.dir.display(), segments = segments.len(), "removed segments holding no live entry");
+        }
+        if !segments.is_empty() {
+            info!(dir = %self.cfg.dir.display(), removed, kept_for_reuse = segments.len() - removed, "freed segments holding no live entry");
         }
         Ok(())
     }
@@ -1016,6 +1140,76 @@ pub(crate) async fn flusher<D: Disk>(weak: Weak<Shared<D>>) {
         let mut st = sh.st.borrow_mut();
         st.flusher_done = true;
         std::mem::take(&mut st.close_wakers).into_iter().for_each(Waker::wake);
+    }
+}
+
+/// The zeroing task (`LogConfig::zero_ahead_bytes`): writes zeros over the
+/// tail segment ahead of the tail, one chunk and one fdatasync at a time,
+/// while the flusher's batches are small. Woken by the flusher.
+pub(crate) async fn zeroer<D: Disk>(weak: Weak<Shared<D>>) {
+    loop {
+        let w2 = weak.clone();
+        let work = poll_fn(move |cx| {
+            let Some(sh) = w2.upgrade() else {
+                return Poll::Ready(None);
+            };
+            let mut st = sh.st.borrow_mut();
+            if st.mode != Mode::Open {
+                return Poll::Ready(None);
+            }
+            if zero_target(&sh.cfg, &st).is_some() {
+                drop(st);
+                return Poll::Ready(Some(sh));
+            }
+            st.zero_waker = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await;
+        let Some(sh) = work else { break };
+        if let Err(e) = sh.zero_ahead().await {
+            sh.fail(&e);
+            break;
+        }
+    }
+}
+
+/// The next chunk to zero, `(segment, from, to)` as log positions, if any.
+fn zero_target<F>(cfg: &LogConfig, st: &State<F>) -> Option<(Rc<Segment<F>>, u64, u64)> {
+    if cfg.zero_ahead_bytes == 0 || st.avg_batch > ZERO_AHEAD_BATCH_MAX {
+        return None;
+    }
+    let seg = st.segment_at(st.tail)?;
+    // Everything before the tail is written; so is everything before
+    // `zeroed` (which the flusher raises past each batch it writes).
+    let from = st.zeroed.max(st.tail);
+    let limit = (st.tail + cfg.zero_ahead_bytes).min(seg.end());
+    (from < limit).then(|| (seg.clone(), from, (from + zero_chunk_bytes(cfg)).min(seg.end())))
+}
+
+impl<D: Disk> Shared<D> {
+    /// Zeros one chunk ahead of the tail (holding `zero_lock`, so no batch
+    /// is written there meanwhile). No fdatasync of its own: the zeros need
+    /// not be durable (lost, the space reads as zeros all the same), and the
+    /// next batch's fdatasync commits the chunk's extent conversion once,
+    /// instead of a separate fdatasync competing with the flusher's.
+    async fn zero_ahead(&self) -> Result<()> {
+        let _permit = self.zero_lock.acquire_permit(1).await.map_err(|_| StorageError::Closed)?;
+        let (seg, from, to) = {
+            let st = self.st.borrow();
+            if st.mode != Mode::Open {
+                return Ok(());
+            }
+            match zero_target(&self.cfg, &st) {
+                Some(t) => t,
+                None => return Ok(()),
+            }
+        };
+        let zeros = vec![0u8; (to - from) as usize];
+        seg.file.write_at(from - seg.start, &zeros).await.map_err(self.io("zero ahead", &seg.path))?;
+        let mut st = self.st.borrow_mut();
+        st.zeroed = st.zeroed.max(to);
+        st.zeroed_bytes += to - from;
+        Ok(())
     }
 }
 
@@ -1357,6 +1551,18 @@ impl<D: Disk> EntryLog<D> {
         Ok(out)
     }
 
+    /// Segment recycling: (freed segments waiting in the pool, segments
+    /// made by renaming a freed one since open).
+    pub fn recycle_stats(&self) -> (usize, u64) {
+        let st = self.sh.st.borrow();
+        (st.recycle_pool.len(), st.recycled)
+    }
+
+    /// Bytes zeroed ahead of the tail since open (`zero_ahead_bytes`).
+    pub fn zeroed_ahead_bytes(&self) -> u64 {
+        self.sh.st.borrow().zeroed_bytes
+    }
+
     /// Read-cache counters: (reads served from the read cache, disk reads).
     pub fn read_stats(&self) -> (u64, u64) {
         let st = self.sh.st.borrow();
@@ -1470,6 +1676,8 @@ impl<D: Disk> EntryLog<D> {
         if self.sh.st.borrow().mode == Mode::Failed {
             return Err(StorageError::Failed);
         }
+        // A zeroing write in flight finishes first (none starts while closing).
+        drop(self.sh.zero_lock.acquire_permit(1).await.map_err(|_| StorageError::Closed)?);
         if let Err(e) = self.sh.checkpoint(true).await {
             self.sh.fail(&e);
             return Err(e);

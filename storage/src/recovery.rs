@@ -15,9 +15,9 @@ use crate::disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
 use crate::error::{CorruptReason, Result, StorageError};
 use crate::format::{
     could_be_torn, decode_index_page, records, split_meta, BatchHeader, Checkpoint, CleanMarker, IndexEntry,
-    BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_DELETE, KIND_ENTRY, KIND_MOVE, RECORD_HEADER_BYTES,
+    BATCH_FLAG_OVER_STALE, BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_DELETE, KIND_ENTRY, KIND_MOVE, RECORD_HEADER_BYTES,
 };
-use crate::log::{checkpointer, flusher, EntryLog, Ledger, LogConfig, Paths, Recovery, Segment, Shared, State};
+use crate::log::{checkpointer, flusher, zeroer, EntryLog, Ledger, LogConfig, Paths, Recovery, Segment, Shared, State};
 
 /// Read granularity of the recovery scan.
 const SCAN_CHUNK_BYTES: u64 = 1 << 20;
@@ -169,7 +169,7 @@ impl<D: Disk> EntryLog<D> {
             let path = paths.log_dir.join(&name);
             let file = disk.open(&path, OpenMode::Existing).await.map_err(io_err("open segment", &path))?;
             let size = file.size().await.map_err(io_err("stat segment", &path))?;
-            segs.push(Rc::new(Segment { start, len: size - size % PAGE_BYTES, path, file }));
+            segs.push(Rc::new(Segment { start, len: size - size % PAGE_BYTES, path, file, recycled: false.into() }));
         }
         segs.sort_by_key(|s| s.start);
 
@@ -231,6 +231,18 @@ impl<D: Disk> EntryLog<D> {
         }
         if removed_segment {
             disk.sync_dir(&paths.log_dir).await.map_err(io_err("fsync log directory", &paths.log_dir))?;
+        }
+        // The flusher goes on writing into the last segment: if it is a
+        // recycled one (its first batch says so), so are its next batches.
+        if let Some(seg) = st.segments.values().next_back() {
+            let page = seg.file.read_at(0, PAGE_BYTES as usize).await.map_err(io_err("read segment", &seg.path))?;
+            if page.len() == PAGE_BYTES as usize {
+                if let Ok(h) = BatchHeader::decode(&page) {
+                    seg.recycled.set(h.position == seg.start && h.flags & BATCH_FLAG_OVER_STALE != 0);
+                }
+            }
+            // Written up to the tail; a recycled segment all through.
+            st.zeroed = if seg.recycled.get() { seg.end() } else { scanned.tail };
         }
         // Live entries per segment, for garbage collection and compaction.
         // Every entry must lie in a segment: one that does not was lost
@@ -327,10 +339,12 @@ impl<D: Disk> EntryLog<D> {
             st: RefCell::new(st),
             ckpt_lock: glommio::sync::Semaphore::new(1),
             compact_lock: glommio::sync::Semaphore::new(1),
+            zero_lock: glommio::sync::Semaphore::new(1),
             keys: RefCell::new(keys),
         });
         glommio::spawn_local(flusher(Rc::downgrade(&sh))).detach();
         glommio::spawn_local(checkpointer(Rc::downgrade(&sh), interval)).detach();
+        let zero = sh.cfg.zero_ahead_bytes > 0;
         // Compaction and key index upkeep are background work: their own
         // queue with few shares, so that producers' appends and readers go first.
         let (compaction_interval, keys_interval) = (sh.cfg.compaction_interval, sh.cfg.key_index_interval);
@@ -350,6 +364,12 @@ impl<D: Disk> EntryLog<D> {
                 log.maintain_key_index(false).await.map(drop)
             });
             glommio::spawn_local_into(task, tq).map_err(qerr)?.detach();
+            if zero {
+                glommio::spawn_local_into(zeroer(Rc::downgrade(&sh)), tq).map_err(qerr)?.detach();
+            }
+        } else if zero {
+            // (Tests: no background queue per open; same task, default queue.)
+            glommio::spawn_local(zeroer(Rc::downgrade(&sh))).detach();
         }
         Ok((EntryLog { sh }, recovery))
     }
@@ -463,7 +483,12 @@ async fn scan<D: Disk>(
             reader = Some((i, SegReader::new(seg.clone())));
         }
         let Some((_, r)) = reader.as_mut() else { unreachable!("reader set above") };
-        let found = r.batch(off).await?;
+        let found = match r.batch(off).await? {
+            // A batch of an earlier use of this (recycled) file: positions
+            // are never reused, so nothing of this use was written here.
+            Ok((h, _)) if h.position < seg.start => Err(stale_reason(position, &h)),
+            other => other,
+        };
         match found {
             Ok((h, b)) => {
                 if h.seq != seq || h.position != position {
@@ -517,7 +542,15 @@ async fn scan<D: Disk>(
                         if let CorruptReason::BodyCrc { stored, computed } = reason {
                             if let Some((_, r)) = reader.as_mut() {
                                 let page = r.get(off, PAGE_BYTES as usize).await?.to_vec();
-                                if let Ok(h) = BatchHeader::decode(&page) {
+                                // Only a header of this use of the segment
+                                // says what was written here.
+                                if let Ok(h) = BatchHeader::decode(&page).map_err(drop).and_then(|h| {
+                                    if h.position >= seg.start {
+                                        Ok(h)
+                                    } else {
+                                        Err(())
+                                    }
+                                }) {
                                     let b = r.get(off, h.batch_len as usize).await?;
                                     if !could_be_torn(&h, b) {
                                         return Err(StorageError::corrupt(
@@ -568,7 +601,16 @@ async fn scan<D: Disk>(
 /// Looks for a fully valid batch at any page after `from` (in `segs[0]`, then
 /// in the later segments). Returns it (segment index relative to `segs`,
 /// position, header), the end of the last non-zero page of `segs[0]` at or
-/// after `from`, and the bytes read.
+/// after `from` (before any stale batch, see below), and the bytes read.
+///
+/// A valid batch whose position lies before its segment's start is stale:
+/// left by an earlier use of a recycled file. It does not count as valid
+/// data, and the search of that segment stops there: batches are written
+/// one after the other from the segment's start, each only after the one
+/// before it was synced, so a later batch of this use would have overwritten
+/// the stale one first. What lies between `from` and it (non-zero) is the
+/// torn batch in flight or stale bytes; recovery zeroes only that, never
+/// the rest of a recycled segment.
 async fn search_valid<F: DiskFile>(
     segs: &[Rc<Segment<F>>],
     from: u64,
@@ -584,20 +626,37 @@ async fn search_valid<F: DiskFile>(
             if page.len() < PAGE_BYTES as usize {
                 break;
             }
+            if page[..8] == BATCH_MAGIC {
+                if let Ok((h, _)) = r.batch(off).await? {
+                    if h.position < seg.start {
+                        break; // stale: nothing of this use beyond (see above)
+                    }
+                    if q > from {
+                        scanned += r.scanned;
+                        return Ok((Some((j, q, h)), nonzero_end, scanned));
+                    }
+                }
+                // (`r.batch` may have moved the reader's buffer: re-read.)
+            }
+            let page = r.get(off, PAGE_BYTES as usize).await?;
             if j == 0 && page.iter().any(|&b| b != 0) {
                 nonzero_end = q + PAGE_BYTES;
-            }
-            if q > from && page[..8] == BATCH_MAGIC {
-                if let Ok((h, _)) = r.batch(off).await? {
-                    scanned += r.scanned;
-                    return Ok((Some((j, q, h)), nonzero_end, scanned));
-                }
             }
             q += PAGE_BYTES;
         }
         scanned += r.scanned;
     }
     Ok((None, nonzero_end, scanned))
+}
+
+/// Why a valid batch that an earlier use of a recycled segment left counts
+/// as nothing written.
+fn stale_reason(position: u64, h: &BatchHeader) -> CorruptReason {
+    CorruptReason::Field {
+        field: "batch position (stale: earlier use of a recycled segment)",
+        expected: position,
+        found: h.position,
+    }
 }
 
 /// Overwrites [from, to) of a segment with zeros and syncs it.

@@ -371,7 +371,9 @@ fn seek_by_publish_time_and_key_hash_survive_restart() {
 fn deleted_ledger_frees_its_segments() {
     run(60, || async {
         let disk = SimDisk::new();
-        let cfg = small_config("/s");
+        let mut cfg = small_config("/s");
+        // Unlinked, not kept for reuse (recycling: `freed_segments_are_recycled`).
+        cfg.recycle_segments = 0;
         let (log, _) = EntryLog::open_with(disk.clone(), cfg.clone()).await.unwrap();
         let mut last = 0;
         // Ledger 1: ~200 KiB over several 64 KiB segments; ledger 2: one
@@ -590,5 +592,134 @@ fn prezeroed_segments_are_written_and_recover() {
         }
         // 64 KiB segments, 1 MiB zero chunks: one extra write per segment.
         assert!(counts[1] > counts[0], "zero writes happened: {counts:?}");
+    });
+}
+
+/// Goal: segments that garbage collection frees are reused. Up to
+/// `recycle_segments` are kept (the rest unlinked) and renamed into place as
+/// the next segments, so the log directory does not grow; batches written
+/// into them say so (`BATCH_FLAG_OVER_STALE`); after a crash recovery reads
+/// everything back, takes the stale batches behind the tail for nothing
+/// written (zeroing at most a batch's worth, not the rest of the segment),
+/// and still reports a damaged batch of this use before valid data.
+#[test]
+fn freed_segments_are_recycled() {
+    run(60, || async {
+        let disk = SimDisk::new();
+        let mut cfg = small_config("/s");
+        cfg.segment_bytes = 256 << 10;
+        let (log, _) = EntryLog::open_with(disk.clone(), cfg.clone()).await.unwrap();
+        let dir = std::path::Path::new("/s/log");
+        let mut last = 0;
+        for i in 0..300u32 {
+            last = log.append(1, Bytes::from(vec![(i % 200) as u8 + 1; 3000])).unwrap().lsn;
+            if i % 10 == 9 {
+                log.wait_durable(last).await.unwrap();
+            }
+        }
+        log.wait_durable(last).await.unwrap();
+        let lsn = log.delete_ledger(1).unwrap();
+        log.wait_durable(lsn).await.unwrap();
+        log.checkpoint().await.unwrap();
+        let files = disk.names(dir).len();
+        assert_eq!(log.recycle_stats(), (2, 0), "two freed segments kept, the rest unlinked: {:?}", disk.names(dir));
+        // Ledger 2 rolls into both recycled files: no new file appears.
+        let body = |e: u64| Bytes::from(format!("{e:06}").repeat(400));
+        let mut bodies = Vec::new();
+        for e in 0..200u64 {
+            let a = log.append(2, body(e)).unwrap();
+            bodies.push(body(e));
+            if e % 4 == 3 {
+                log.wait_durable(a.lsn).await.unwrap();
+            }
+            last = a.lsn;
+        }
+        log.wait_durable(last).await.unwrap();
+        assert_eq!(log.recycle_stats(), (0, 2));
+        assert_eq!(disk.names(dir).len(), files, "{:?}", disk.names(dir));
+        let pos = log.index_entry(2, 199).unwrap().position;
+        let seg_start = log.segments().iter().map(|s| s.0).filter(|s| *s <= pos).max().unwrap();
+        let seg_path = dir.join(format!("{seg_start:020}.seg"));
+        let first = disk.contents(&seg_path).unwrap();
+        let h = magnetar_storage::format::BatchHeader::decode(&first[..4096]).unwrap();
+        assert_eq!((h.position, h.flags), (seg_start, magnetar_storage::format::BATCH_FLAG_OVER_STALE));
+
+        // A crash with nothing in flight: all back, stale bytes behind the
+        // tail taken for nothing written, at most ~a batch zeroed.
+        let image = disk.fork();
+        let (log2, rec) = EntryLog::open_with(image.clone(), cfg.clone()).await.unwrap();
+        assert!(rec.truncated_bytes <= 2 * cfg.flush_bytes_max as u64, "{rec:?}");
+        for (e, b) in bodies.iter().enumerate() {
+            assert_eq!(&log2.read(2, e as u64).await.unwrap(), b);
+        }
+        assert!(matches!(log2.read(1, 0).await, Err(StorageError::NoSuchEntry { .. })));
+        // Appends continue in the recycled segment and survive a restart.
+        let a = log2.append(2, Bytes::from_static(b"after")).unwrap();
+        log2.wait_durable(a.lsn).await.unwrap();
+        let image2 = image.fork();
+        drop(log2);
+        let (log3, _) = EntryLog::open_with(image2, cfg.clone()).await.unwrap();
+        assert_eq!(&log3.read(2, 200).await.unwrap()[..], b"after");
+
+        // Damage to a batch of this use with valid batches after it, in the
+        // recycled segment: reported, not taken for a torn tail.
+        let damaged = disk.fork();
+        let e = (0..200).find(|e| log.index_entry(2, *e).unwrap().position > seg_start + 4096).unwrap();
+        let at = log.index_entry(2, e).unwrap().position - seg_start + 100;
+        damaged.damage(&seg_path, at, b"rot");
+        match EntryLog::open_with(damaged, cfg.clone()).await {
+            Err(StorageError::Corrupt {
+                reason: magnetar_storage::CorruptReason::DamageBeforeValidBatch { .. },
+                ..
+            }) => {}
+            other => panic!("expected DamageBeforeValidBatch, got {:?}", other.map(|(_, r)| r)),
+        }
+    });
+}
+
+/// Goal: the zeroing task (`zero_ahead_bytes`) writes zeros ahead of the
+/// tail while batches are small, never more than the bound ahead of it and
+/// never over a batch (everything reads back, also after a crash), and not
+/// at all while batches are large.
+#[test]
+fn zero_ahead_follows_small_batches_only() {
+    run(60, || async {
+        let mut cfg = small_config("/s");
+        cfg.segment_bytes = 4 << 20;
+        cfg.flush_bytes_max = 1 << 20;
+        cfg.zero_ahead_bytes = 512 << 10;
+        // Lone appends, each waited for: one page per batch.
+        let disk = SimDisk::new();
+        let (log, _) = EntryLog::open_with(disk.clone(), cfg.clone()).await.unwrap();
+        for e in 0..300u64 {
+            let a = log.append(1, Bytes::from(format!("lone {e}"))).unwrap();
+            log.wait_durable(a.lsn).await.unwrap();
+            for _ in 0..4 {
+                futures_lite::future::yield_now().await;
+            }
+        }
+        let tail = log.index_entry(1, 299).unwrap().position + 4096;
+        let zeroed = log.zeroed_ahead_bytes();
+        assert!(zeroed > 0, "nothing zeroed ahead");
+        assert!(zeroed <= tail + cfg.zero_ahead_bytes + (1 << 20), "zeroed {zeroed}, tail {tail}");
+        let image = disk.crash(3);
+        drop(log);
+        let (log, _) = EntryLog::open_with(image, cfg.clone()).await.unwrap();
+        for e in 0..300u64 {
+            assert_eq!(log.read(1, e).await.unwrap(), Bytes::from(format!("lone {e}")));
+        }
+        drop(log);
+
+        // Large batches: nothing zeroed.
+        let disk = SimDisk::new();
+        let (log, _) = EntryLog::open_with(disk.clone(), cfg.clone()).await.unwrap();
+        for round in 0..6u64 {
+            let mut last = 0;
+            for e in 0..100u64 {
+                last = log.append(1, Bytes::from(vec![(round * 100 + e) as u8; 9000])).unwrap().lsn;
+            }
+            log.wait_durable(last).await.unwrap();
+        }
+        assert_eq!(log.zeroed_ahead_bytes(), 0);
     });
 }

@@ -253,6 +253,10 @@ fn retention_deletes_acknowledged_ledgers_and_their_segments() {
         let dir = test_dir("retention");
         let mut o = options(1, 100, Some(1));
         o.segment_mib = Some(4);
+        // Freed segments are unlinked here, so that the files and bytes
+        // below measure what retention frees; by default up to two per
+        // shard are kept for reuse (storage's `freed_segments_are_recycled`).
+        o.extra_args.extend(["--segment-recycle".to_string(), "0".to_string()]);
         let mut broker = BrokerProcess::start_with(dir.path(), &o);
         let url = broker.url();
         let client = Client::connect(&url).await.unwrap();

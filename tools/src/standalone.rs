@@ -30,11 +30,21 @@ pub struct StandaloneArgs {
     /// Entry-log segment size in MiB.
     #[arg(long, default_value_t = 256)]
     pub segment_mib: u64,
-    /// Write zeros over each new segment in the background instead of only
-    /// reserving it: a receipt's fdatasync then overwrites written blocks
-    /// (cheaper on ext4), at the cost of writing every segment twice.
+    /// Write zeros over each whole new segment when it is made (the first
+    /// one before the first receipt) instead of zeroing ahead of the tail
+    /// (`--segment-zero-ahead-mib`): costs writing every new segment twice.
     #[arg(long)]
     pub segment_prezero: bool,
+    /// Zero the tail segment this many MiB ahead of the write position in
+    /// the background, while batches are small, so that a receipt's
+    /// fdatasync overwrites written blocks (cheaper on ext4 than converting
+    /// fallocated extents). 0: never.
+    #[arg(long, default_value_t = 8)]
+    pub segment_zero_ahead_mib: u64,
+    /// Segments freed by retention or compaction kept per shard and reused
+    /// as the next segments (already written) instead of deleted. 0: delete.
+    #[arg(long, default_value_t = 2)]
+    pub segment_recycle: usize,
     /// Recent entries kept in memory per shard, in MiB.
     #[arg(long, default_value_t = 256)]
     pub write_cache_mib: usize,
@@ -134,6 +144,8 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     config.pin_cpus = !args.no_pin;
     config.segment_bytes = args.segment_mib * 1024 * 1024;
     config.prezero_segments = args.segment_prezero;
+    config.zero_ahead_bytes = args.segment_zero_ahead_mib * 1024 * 1024;
+    config.recycle_segments = args.segment_recycle;
     config.write_cache_bytes = args.write_cache_mib * 1024 * 1024;
     config.allow_tmpfs = args.allow_tmpfs;
     config.disk_watermarks.refuse_pct = args.disk_refuse_pct;
