@@ -38,8 +38,9 @@ pub struct StandaloneArgs {
     /// Zero the tail segment this many MiB ahead of the write position in
     /// the background, while batches are small, so that a receipt's
     /// fdatasync overwrites written blocks (cheaper on ext4 than converting
-    /// fallocated extents). 0: never.
-    #[arg(long, default_value_t = 8)]
+    /// fallocated extents). 0: never. At most 1024 (past the segment's end
+    /// nothing is zeroed anyway).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(0..=1024))]
     pub segment_zero_ahead_mib: u64,
     /// Segments freed by retention or compaction kept per shard and reused
     /// as the next segments (already written) instead of deleted. 0: delete.
