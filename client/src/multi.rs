@@ -83,6 +83,24 @@ impl MultiTopicConsumer {
                 if tx.send(m).await.is_err() || end {
                     return;
                 }
+                // Then hand over what is already queued without an await
+                // per message while the shared queue has room.
+                loop {
+                    let m = match consumer.try_receive() {
+                        Ok(Some(m)) => Ok(m),
+                        Ok(None) => break,
+                        Err(e) => Err(e),
+                    };
+                    let end = m.is_err() && consumer.is_closed();
+                    let sent = match tx.try_send(m) {
+                        Ok(()) => true,
+                        Err(mpsc::error::TrySendError::Full(m)) => tx.send(m).await.is_ok(),
+                        Err(mpsc::error::TrySendError::Closed(_)) => false,
+                    };
+                    if !sent || end {
+                        return;
+                    }
+                }
             }
         });
         self.tasks.lock().unwrap_or_else(|p| p.into_inner()).push(task);
