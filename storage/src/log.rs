@@ -1144,8 +1144,9 @@ pub(crate) async fn flusher<D: Disk>(weak: Weak<Shared<D>>) {
 }
 
 /// The zeroing task (`LogConfig::zero_ahead_bytes`): writes zeros over the
-/// tail segment ahead of the tail, one chunk and one fdatasync at a time,
-/// while the flusher's batches are small. Woken by the flusher.
+/// tail segment ahead of the tail, one chunk at a time (no fdatasync of its
+/// own, see `zero_ahead`), while the flusher's batches are small. Woken by
+/// the flusher.
 pub(crate) async fn zeroer<D: Disk>(weak: Weak<Shared<D>>) {
     loop {
         let w2 = weak.clone();

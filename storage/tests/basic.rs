@@ -454,6 +454,39 @@ fn dma_backend_relative_directory() {
     });
 }
 
+/// Body of entry `i` of ledger 1 in the catch-up tests.
+fn catch_up_body(i: u64) -> Bytes {
+    Bytes::from(vec![(i % 250) as u8 + 1; 1000])
+}
+
+/// Appends 200 entries `catch_up_body(i)` to ledger 1, each followed by a
+/// small entry of ledger 2, and waits until all are durable.
+async fn append_catch_up_entries(log: &EntryLog<SimDisk>) {
+    let mut last = 0;
+    for i in 0..200u64 {
+        log.append(1, catch_up_body(i)).unwrap();
+        last = log.append(2, Bytes::from_static(b"other")).unwrap().lsn;
+    }
+    log.wait_durable(last).await.unwrap();
+}
+
+/// Closes `log`, flips one byte in the middle of `ledger:entry`'s body on
+/// disk, and opens the log again (empty caches).
+async fn reopen_with_damaged_body(
+    log: EntryLog<SimDisk>,
+    disk: SimDisk,
+    cfg: LogConfig,
+    ledger: u64,
+    entry: u64,
+) -> EntryLog<SimDisk> {
+    let pos = log.index_entry(ledger, entry).unwrap().position;
+    let seg_start = log.segments().iter().map(|s| s.0).filter(|s| *s <= pos).max().unwrap();
+    log.close().await.unwrap();
+    let path = cfg.dir.join("log").join(format!("{seg_start:020}.seg"));
+    disk.damage(&path, pos - seg_start + 48 + 500, &[0]);
+    EntryLog::open_with(disk, cfg).await.unwrap().0
+}
+
 /// Goal: a sequential catch-up read of entries evicted from the write cache
 /// reads ahead (one disk request serves many entries), serves the rest from
 /// the bounded read cache, returns every byte right, and still refuses a
@@ -466,13 +499,8 @@ fn read_ahead_serves_sequential_catch_up() {
         cfg.read_cache_bytes = 32 << 10;
         cfg.read_ahead_bytes = 16 << 10;
         let (log, _) = EntryLog::open_with(disk.clone(), cfg.clone()).await.unwrap();
-        let body = |i: u64| Bytes::from(vec![(i % 250) as u8 + 1; 1000]);
-        let mut last = 0;
-        for i in 0..200u64 {
-            last = log.append(1, body(i)).unwrap().lsn;
-            log.append(2, Bytes::from_static(b"other")).unwrap();
-        }
-        log.wait_durable(last + 1).await.unwrap();
+        let body = catch_up_body;
+        append_catch_up_entries(&log).await;
         for i in 0..200u64 {
             assert_eq!(log.read(1, i).await.unwrap(), body(i), "entry {i}");
         }
@@ -482,12 +510,7 @@ fn read_ahead_serves_sequential_catch_up() {
 
         // Damage entry 150's body on disk; a fresh log (empty caches) reads
         // sequentially: 150 is refused, 149 and 151 are served.
-        let pos = log.index_entry(1, 150).unwrap().position;
-        let seg_start = log.segments().iter().map(|s| s.0).filter(|s| *s <= pos).max().unwrap();
-        log.close().await.unwrap();
-        let path = std::path::Path::new("/s/log").join(format!("{seg_start:020}.seg"));
-        disk.damage(&path, pos - seg_start + 48 + 500, &[0]);
-        let (log, _) = EntryLog::open_with(disk, cfg).await.unwrap();
+        let log = reopen_with_damaged_body(log, disk, cfg, 1, 150).await;
         for i in 140..160u64 {
             let r = log.read(1, i).await;
             if i == 150 {
@@ -509,13 +532,8 @@ fn read_run_reads_consecutive_entries_and_stops_at_damage() {
         let disk = SimDisk::new();
         let cfg = small_config("/s");
         let (log, _) = EntryLog::open_with(disk.clone(), cfg.clone()).await.unwrap();
-        let body = |i: u64| Bytes::from(vec![(i % 250) as u8 + 1; 1000]);
-        let mut last = 0;
-        for i in 0..200u64 {
-            last = log.append(1, body(i)).unwrap().lsn;
-            log.append(2, Bytes::from_static(b"other")).unwrap();
-        }
-        log.wait_durable(last + 1).await.unwrap();
+        let body = catch_up_body;
+        append_catch_up_entries(&log).await;
         // The newest entries are in the write cache: a run from there.
         let tail = log.read_run(1, 199, 10, 1 << 20).await.unwrap();
         assert_eq!(tail, vec![body(199)]);
@@ -544,12 +562,7 @@ fn read_run_reads_consecutive_entries_and_stops_at_damage() {
 
         // Damage entry 150's body; a fresh log (empty caches): a run from
         // 145 ends before 150, a run from 150 is refused, 151 reads.
-        let pos = log.index_entry(1, 150).unwrap().position;
-        let seg_start = log.segments().iter().map(|s| s.0).filter(|s| *s <= pos).max().unwrap();
-        log.close().await.unwrap();
-        let path = std::path::Path::new("/s/log").join(format!("{seg_start:020}.seg"));
-        disk.damage(&path, pos - seg_start + 48 + 500, &[0]);
-        let (log, _) = EntryLog::open_with(disk, cfg).await.unwrap();
+        let log = reopen_with_damaged_body(log, disk, cfg, 1, 150).await;
         let run = log.read_run(1, 145, 100, 1 << 20).await.unwrap();
         assert!(!run.is_empty() && run.len() <= 5, "run of {} from 145", run.len());
         for (k, b) in run.iter().enumerate() {

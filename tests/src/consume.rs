@@ -1,5 +1,6 @@
 //! Client-side helpers the end-to-end tests share: receive within a
-//! deadline, assert that nothing arrives, produce one batch entry.
+//! deadline, assert that nothing arrives, produce one batch entry, read a
+//! topic's stats, wait for a condition.
 
 use magnetar_client::{BatchingOptions, Client, Consumer, Message, MessageId, OutgoingMessage};
 use std::time::Duration;
@@ -38,4 +39,23 @@ pub async fn produce_one_batch(client: &Client, topic: &str) -> Vec<MessageId> {
     producer.close().await.expect("close producer");
     assert!(ids.iter().all(|id| id.entry == ids[0].entry), "one batch entry: {ids:?}");
     ids
+}
+
+/// The topic's stats (`topics.stats`) as JSON.
+pub async fn topic_stats(client: &Client, topic: &str) -> serde_json::Value {
+    let text = client.topic_stats(topic).await.unwrap_or_else(|e| panic!("stats of {topic}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("stats of {topic} are not JSON ({e}): {text}"))
+}
+
+/// Polls `f` every 100 ms until it holds; panics naming `what` after `timeout`.
+pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !f().await {
+        assert!(tokio::time::Instant::now() < deadline, "{what}: not within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

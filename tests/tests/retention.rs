@@ -16,7 +16,7 @@
 #![allow(clippy::unwrap_used)]
 
 use magnetar_client::{AckType, Client, Consumer, InitialPosition, Message, MessageId, OutgoingMessage};
-use magnetar_tests::consume::{assert_quiet, receive};
+use magnetar_tests::consume::{assert_quiet, receive, topic_stats as stats, wait_for};
 use magnetar_tests::{run_async_with_timeout, test_dir, topics_per_shard, BrokerOptions, BrokerProcess};
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -74,26 +74,10 @@ fn payload_tag(m: &Message) -> String {
     format!("{}-{}", parts.next().unwrap_or(""), parts.next().unwrap_or(""))
 }
 
-async fn stats(client: &Client, topic: &str) -> serde_json::Value {
-    serde_json::from_str(&client.topic_stats(topic).await.unwrap()).unwrap()
-}
-
 /// Ledger ids the topic keeps, oldest first (the last one current).
 async fn ledgers(client: &Client, topic: &str) -> Vec<u64> {
     let s = stats(client, topic).await;
     s["ledgers"].as_array().unwrap().iter().map(|l| l["ledger"].as_u64().unwrap()).collect()
-}
-
-async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !f().await {
-        assert!(tokio::time::Instant::now() < deadline, "{what}: not within {timeout:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 fn dir_bytes(p: &Path) -> u64 {

@@ -13,6 +13,7 @@
 #![allow(clippy::unwrap_used)]
 
 use magnetar_client::{Client, InitialPosition, OutgoingMessage};
+use magnetar_tests::consume::{topic_stats as stats, wait_for};
 use magnetar_tests::{run_async_with_timeout, run_cli, test_dir, BrokerOptions, BrokerProcess, CliRun};
 use std::time::Duration;
 
@@ -46,24 +47,8 @@ async fn produce(client: &Client, topic: &str, n: usize) {
     producer.close().await.unwrap();
 }
 
-async fn stats(client: &Client, topic: &str) -> serde_json::Value {
-    serde_json::from_str(&client.topic_stats(topic).await.unwrap()).unwrap()
-}
-
 async fn ledger_count(client: &Client, topic: &str) -> usize {
     stats(client, topic).await["ledgers"].as_array().unwrap().len()
-}
-
-async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !f().await {
-        assert!(tokio::time::Instant::now() < deadline, "{what}: not within {timeout:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// A topic override of 0/0 in a namespace that keeps everything deletes
