@@ -1266,10 +1266,16 @@ impl<D: Disk> EntryLog<D> {
         // but its index file stays (the checkpoint still names its pages)
         // until a checkpoint covers the deletion: a new ledger under the
         // same id would write its first index page over the old one.
-        if !st.ledgers.contains_key(&ledger) && st.deleted_at.iter().any(|(l, _)| *l == ledger) {
-            return Err(StorageError::LedgerDeleted { ledger });
-        }
-        let l = st.ledgers.entry(ledger).or_insert_with(Ledger::new);
+        // (Looked up only for an id not in `ledgers`: no cost per append.)
+        let l = match st.ledgers.entry(ledger) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                if st.deleted_at.iter().any(|(l, _)| *l == ledger) {
+                    return Err(StorageError::LedgerDeleted { ledger });
+                }
+                v.insert(Ledger::new())
+            }
+        };
         if l.deleted.is_some() {
             return Err(StorageError::LedgerDeleted { ledger });
         }
