@@ -1149,29 +1149,40 @@ pub(crate) async fn flusher<D: Disk>(weak: Weak<Shared<D>>) {
 /// the flusher.
 pub(crate) async fn zeroer<D: Disk>(weak: Weak<Shared<D>>) {
     loop {
-        let w2 = weak.clone();
-        let work = poll_fn(move |cx| {
-            let Some(sh) = w2.upgrade() else {
-                return Poll::Ready(None);
-            };
-            let mut st = sh.st.borrow_mut();
-            if st.mode != Mode::Open {
-                return Poll::Ready(None);
-            }
-            if zero_target(&sh.cfg, &st).is_some() {
-                drop(st);
-                return Poll::Ready(Some(sh));
-            }
-            st.zero_waker = Some(cx.waker().clone());
-            Poll::Pending
-        })
-        .await;
+        let work = while_open(&weak, |st| &mut st.zero_waker, |sh, st| zero_target(&sh.cfg, st).is_some()).await;
         let Some(sh) = work else { break };
         if let Err(e) = sh.zero_ahead().await {
             sh.fail(&e);
             break;
         }
     }
+}
+
+/// Waits, for a background task, until `ready` holds (returns the log) or
+/// the log is gone or no longer `Open` (returns `None`); between checks
+/// the task's waker sits in the slot `waker` picks, which whoever changes
+/// what `ready` reads wakes.
+async fn while_open<D: Disk>(
+    weak: &Weak<Shared<D>>,
+    waker: fn(&mut State<D::File>) -> &mut Option<Waker>,
+    ready: impl Fn(&Shared<D>, &State<D::File>) -> bool,
+) -> Option<Rc<Shared<D>>> {
+    poll_fn(|cx| {
+        let Some(sh) = weak.upgrade() else {
+            return Poll::Ready(None);
+        };
+        let mut st = sh.st.borrow_mut();
+        if st.mode != Mode::Open {
+            return Poll::Ready(None);
+        }
+        if ready(&sh, &st) {
+            drop(st);
+            return Poll::Ready(Some(sh));
+        }
+        *waker(&mut st) = Some(cx.waker().clone());
+        Poll::Pending
+    })
+    .await
 }
 
 /// The next chunk to zero, `(segment, from, to)` as log positions, if any.
@@ -1217,18 +1228,8 @@ impl<D: Disk> Shared<D> {
 /// The periodic checkpoint task.
 pub(crate) async fn checkpointer<D: Disk>(weak: Weak<Shared<D>>, interval: Duration) {
     loop {
-        let w2 = weak.clone();
-        let stop = poll_fn(move |cx| {
-            let Some(sh) = w2.upgrade() else {
-                return Poll::Ready(true);
-            };
-            let mut st = sh.st.borrow_mut();
-            if st.mode != Mode::Open {
-                return Poll::Ready(true);
-            }
-            st.ckpt_waker = Some(cx.waker().clone());
-            Poll::Pending
-        });
+        // Nothing to wait for but the log leaving `Open` (or the timer).
+        let stop = async { while_open(&weak, |st| &mut st.ckpt_waker, |_, _| false).await.is_none() };
         let stopped = futures_lite::future::or(stop, async {
             glommio::timer::sleep(interval).await;
             false
