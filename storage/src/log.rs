@@ -1185,6 +1185,15 @@ async fn while_open<D: Disk>(
     .await
 }
 
+/// Where entry `entry` of ledger `l` (id `ledger`) is on disk: its index
+/// entry and the segment holding it.
+fn locate<F>(st: &State<F>, l: &Ledger<F>, ledger: u64, entry: u64) -> Result<(IndexEntry, Rc<Segment<F>>)> {
+    let no = || StorageError::NoSuchEntry { ledger, entry };
+    let ie = *usize::try_from(entry).ok().and_then(|i| l.index.get(i)).ok_or_else(no)?;
+    let seg = st.segment_at(ie.position).ok_or_else(no)?.clone();
+    Ok((ie, seg))
+}
+
 /// The next chunk to zero, `(segment, from, to)` as log positions, if any.
 fn zero_target<F>(cfg: &LogConfig, st: &State<F>) -> Option<(Rc<Segment<F>>, u64, u64)> {
     if cfg.zero_ahead_bytes == 0 || st.avg_batch > ZERO_AHEAD_BATCH_MAX {
@@ -1403,13 +1412,7 @@ impl<D: Disk> EntryLog<D> {
                 st.last_disk_read.insert(ledger, entry);
                 return Ok(b);
             }
-            let Some(ie) = usize::try_from(entry).ok().and_then(|i| l.index.get(i)) else {
-                return Err(StorageError::NoSuchEntry { ledger, entry });
-            };
-            let Some(seg) = st.segment_at(ie.position) else {
-                return Err(StorageError::NoSuchEntry { ledger, entry });
-            };
-            let seg = seg.clone();
+            let (ie, seg) = locate(st, l, ledger, entry)?;
             // Sequential catch-up: also fetch the following entries of this
             // ledger that are durable (before the tail) and in this segment,
             // up to read_ahead_bytes, in the same request.
@@ -1430,7 +1433,7 @@ impl<D: Disk> EntryLog<D> {
             }
             st.last_disk_read.insert(ledger, entry);
             st.disk_reads += 1;
-            (seg, *ie, ahead)
+            (seg, ie, ahead)
         };
         let off = ie.position - seg.start;
         let len = RECORD_HEADER_BYTES + ie.body_len as usize;
@@ -1511,14 +1514,8 @@ impl<D: Disk> EntryLog<D> {
                 }
                 return Ok(out);
             }
-            let Some(ie) = usize::try_from(entry).ok().and_then(|i| l.index.get(i)) else {
-                return Err(StorageError::NoSuchEntry { ledger, entry });
-            };
-            let Some(seg) = st.segment_at(ie.position) else {
-                return Err(StorageError::NoSuchEntry { ledger, entry });
-            };
-            let seg = seg.clone();
-            let mut run = vec![*ie];
+            let (ie, seg) = locate(st, l, ledger, entry)?;
+            let mut run = vec![ie];
             let limit = ie.position.saturating_add(max_bytes as u64);
             let mut prev_end = ie.position + (RECORD_HEADER_BYTES as u64) + ie.body_len as u64;
             for e in l.index.iter().skip(entry as usize + 1).take(max_entries - 1) {
@@ -1531,7 +1528,7 @@ impl<D: Disk> EntryLog<D> {
                 run.push(*e);
             }
             st.disk_reads += 1;
-            (seg, *ie, run)
+            (seg, ie, run)
         };
         let off = first.position - seg.start;
         let span =
