@@ -806,7 +806,12 @@ impl Consumer {
     /// `tokio::time::timeout` to bound the wait. Cancel-safe: a `receive`
     /// dropped before it completes loses no message.
     pub async fn receive(&self) -> Result<Message> {
-        let mut rx = self.own_queue()?.lock().await;
+        let own = self.own_queue()?;
+        // Uncontended (the usual case): no semaphore wait future per message.
+        let mut rx = match own.try_lock() {
+            Ok(rx) => rx,
+            Err(_) => own.lock().await,
+        };
         loop {
             match rx.recv().await {
                 // Nothing below awaits, so a message taken off the queue is

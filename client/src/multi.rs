@@ -166,7 +166,11 @@ impl MultiTopicConsumer {
 
     /// The next message of any topic. Cancel-safe.
     pub async fn receive(&self) -> Result<Message> {
-        let mut q = self.rx.lock().await;
+        // Uncontended (the usual case): no semaphore wait future per message.
+        let mut q = match self.rx.try_lock() {
+            Ok(q) => q,
+            Err(_) => self.rx.lock().await,
+        };
         loop {
             if let Some(r) = self.step_held(&mut q) {
                 return r;
