@@ -175,3 +175,56 @@ fn batched_compressed_shared_run_drains() {
     assert_eq!((w["compression"].as_str(), w["subscription_type"].as_str()), (Some("lz4"), Some("shared")));
     assert_eq!(v["topics"].as_array().unwrap().len(), 4);
 }
+
+/// `--sustainable` searches a rate (a line per step on stderr, the steps in
+/// the JSON), then measures at it: the measured window's producers follow
+/// the rate found (never faster), and the search stops by `--search-max-s`.
+#[test]
+fn sustainable_search_then_measures_at_the_rate_found() {
+    let broker = magnetar_tests::magnetar_bin();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let json = dir.path().join("run.json");
+    let out = run_bench(&[
+        "--broker-bin",
+        broker.to_str().unwrap(),
+        "--data-dir",
+        dir.path().to_str().unwrap(),
+        "--shards",
+        "2",
+        "--no-pin",
+        "--broker-arg",
+        "--disk-refuse-pct=100",
+        "--sustainable",
+        "--rate",
+        "2000",
+        "--search-max-s",
+        "5",
+        "--duration-s",
+        "2",
+        "--warmup-s",
+        "0.5",
+        "--json",
+        json.to_str().unwrap(),
+        "--no-history",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stderr.contains("[search") && stderr.contains("tried"), "a line per search step:\n{stderr}");
+    assert!(stdout.contains("sustainable rate:"), "{stdout}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["workload"]["sustainable"], true);
+    let found = &v["sustainable"];
+    let rate = number(found, "rate");
+    let steps = found["steps"].as_array().unwrap();
+    assert!(!steps.is_empty() && steps.len() <= 6, "one step per second of a 5 s search: {steps:?}");
+    assert_eq!(number(&steps[0], "rate"), 2000.0, "the search starts at --rate");
+    assert!(number(found, "search_s") < 5.0 + 1.5, "{found}");
+    assert!(found["held"].is_boolean(), "{found}");
+    // Paced: the window produced no faster than the rate found (allowing for
+    // the window's edges).
+    let produced = number(&v, "produce.msgs_per_s");
+    assert!(produced > 0.0 && produced <= rate * 1.05, "produced {produced} msg/s at a rate of {rate}");
+    assert!(steps.iter().any(|s| s["verdict"] == "kept"), "{steps:?}");
+    assert!(v["timeline"].as_array().unwrap().iter().any(|t| t["phase"] == "search"));
+}
