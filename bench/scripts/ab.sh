@@ -36,6 +36,7 @@ python3 - "$OUT" "$ROUNDS" <<'PY'
 import json, sys, statistics
 out, rounds = sys.argv[1], int(sys.argv[2])
 keys = [("cpu", "broker_us_per_msg"), ("cpu", "client_us_per_msg"), ("produce", "msgs_per_s"), ("consume", "msgs_per_s"), ("publish_latency_ms", "p50"), ("publish_latency_ms", "p99"), ("publish_latency_ms", "p999"), ("e2e_latency_ms", "p50"), ("e2e_latency_ms", "p99")]
+keys += [("sustainable", "rate")]
 keys += [("backlog", "consume_msgs_per_s"), ("backlog", "consume_mb_per_s"), ("backlog", "catchup_cpu", "broker_us_per_msg"), ("backlog", "catchup_cpu", "client_us_per_msg")]
 def get(side, r, k):
     v = json.load(open(f"{out}/{side}-{r}.json"))
