@@ -210,7 +210,7 @@ impl ConsumerBuilder {
     /// Subscribe to the topic by its own name: every partition of a
     /// partitioned topic (one consumer each), or the topic itself.
     pub async fn subscribe_partitioned(self) -> Result<crate::MultiTopicConsumer> {
-        let multi = crate::MultiTopicConsumer::new(self.subscription.clone(), self.receiver_queue_size as usize);
+        let multi = crate::MultiTopicConsumer::new(self.subscription.clone());
         let topic = self.topic.clone();
         self.add_by_name(&multi, &topic).await?;
         Ok(multi)
@@ -219,7 +219,7 @@ impl ConsumerBuilder {
     /// Subscribe to each topic of `topics` (each one by its own name, so a
     /// partitioned one brings all its partitions) through one consumer.
     pub async fn subscribe_topics(self, topics: &[String]) -> Result<crate::MultiTopicConsumer> {
-        let multi = crate::MultiTopicConsumer::new(self.subscription.clone(), self.receiver_queue_size as usize);
+        let multi = crate::MultiTopicConsumer::new(self.subscription.clone());
         for t in topics {
             self.add_by_name(&multi, t).await?;
         }
@@ -251,8 +251,7 @@ impl ConsumerBuilder {
         refresh: std::time::Duration,
     ) -> Result<Arc<crate::MultiTopicConsumer>> {
         let (namespace, regex) = crate::multi::parse_pattern(pattern)?;
-        let multi =
-            Arc::new(crate::MultiTopicConsumer::new(self.subscription.clone(), self.receiver_queue_size as usize));
+        let multi = Arc::new(crate::MultiTopicConsumer::new(self.subscription.clone()));
         crate::multi::add_matching(&self, &multi, &namespace, &regex).await?;
         let weak = Arc::downgrade(&multi);
         let task = tokio::spawn(async move {

@@ -88,7 +88,7 @@ impl MultiTopicConsumer {
     /// An empty consumer; add topics with [`add_topic`](Self::add_topic).
     /// Each topic's consumer gets its own flow permits (its receiver queue
     /// size); the shared queue holds what they were sent.
-    pub(crate) fn new(subscription: String, _queue: usize) -> Self {
+    pub(crate) fn new(subscription: String) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         Self {
             subscription,
