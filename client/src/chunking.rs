@@ -12,8 +12,9 @@
 use crate::error::Result;
 use crate::message::Message;
 use bytes::{Bytes, BytesMut};
-use magnetar_wire::MessageId;
+use magnetar_wire::{MessageId, MessageMetadata};
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Default chunk size: below the broker's 5 MiB message limit with room for
@@ -83,7 +84,7 @@ impl Reassembly {
     /// of order restarts nothing: the group is dropped and its ids returned
     /// in `Err`-free form through `expire`-like acknowledgement by the caller.
     pub(crate) fn feed(&mut self, msg: Message, stray: &mut Vec<MessageId>) -> Result<Fed> {
-        let Some(info) = msg.metadata.chunk.clone() else {
+        let Some(info) = msg.entry.chunk.clone() else {
             let id = msg.id;
             return Ok(Fed::Complete(Box::new(msg), vec![id]));
         };
@@ -125,19 +126,12 @@ impl Reassembly {
         for p in &group.parts {
             joined.extend_from_slice(p);
         }
-        let mut metadata = msg.metadata.clone();
+        let mut metadata = MessageMetadata::clone(&msg.entry);
         let payload =
             crate::compression::decompress(metadata.compression, &joined.freeze(), metadata.uncompressed_size)?;
         metadata.compression = magnetar_wire::CompressionType::None;
         metadata.chunk = None;
-        let whole = Message {
-            id: msg.id,
-            topic: msg.topic.clone(),
-            metadata,
-            payload,
-            redelivery_count: msg.redelivery_count,
-            ack_set: Vec::new(),
-        };
+        let whole = Message::of_entry(msg.id, msg.topic.clone(), Arc::new(metadata), payload, msg.redelivery_count);
         Ok(Fed::Complete(Box::new(whole), group.ids))
     }
 }
@@ -145,21 +139,19 @@ impl Reassembly {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use magnetar_wire::{ChunkInfo, MessageMetadata};
+    use magnetar_wire::ChunkInfo;
 
     fn chunk(uuid: &str, id: u32, of: u32, entry: u64, payload: &'static [u8]) -> Message {
-        Message {
-            id: MessageId::new(1, entry, -1, -1),
-            topic: "t".into(),
-            metadata: MessageMetadata {
+        Message::new(
+            MessageId::new(1, entry, -1, -1),
+            "t",
+            MessageMetadata {
                 chunk: Some(ChunkInfo { uuid: uuid.into(), chunk_id: id, num_chunks: of, total_chunk_msg_size: 4 }),
                 uncompressed_size: 4,
                 ..MessageMetadata::default()
             },
-            payload: Bytes::from_static(payload),
-            redelivery_count: 0,
-            ack_set: Vec::new(),
-        }
+            Bytes::from_static(payload),
+        )
     }
 
     #[test]
@@ -173,7 +165,7 @@ mod tests {
                 assert_eq!(&m.payload[..], b"abcd");
                 assert_eq!(m.id, MessageId::new(1, 2, -1, -1));
                 assert_eq!(ids.len(), 2);
-                assert!(m.metadata.chunk.is_none());
+                assert!(m.entry.chunk.is_none());
             }
             Fed::Pending => panic!("incomplete"),
         }

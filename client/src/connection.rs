@@ -575,9 +575,9 @@ async fn reader_loop(
 /// Decodes one entry into its messages and hands each to `emit`, in
 /// order: decompresses the payload when the producer compressed it, and
 /// splits a batch (`num_messages` > 1) into its messages, numbered by
-/// `batch_index`. Each message of a batch gets the entry's metadata with its
-/// own key, properties, event time and sequence id; `num_messages` stays the
-/// batch size (the consumer's ack tracker needs it). Messages whose bit is
+/// `batch_index`. The messages of a batch share one `Arc` of the entry's
+/// metadata (`num_messages` is the batch size the consumer's ack tracker
+/// needs) and carry their own key, properties, event time and sequence id. Messages whose bit is
 /// set in `ack_set` (a batch redelivered after some of its messages were
 /// acknowledged) are left out. On an error nothing was emitted.
 fn unpack_entry(
@@ -591,36 +591,43 @@ fn unpack_entry(
     let (metadata, payload) = decode_message(blob)?;
     if metadata.chunk.is_some() {
         // A chunk: decompressed once the whole message is reassembled.
-        emit(Message { id, topic: topic.clone(), metadata, payload, redelivery_count, ack_set: Vec::new() });
+        emit(Message::of_entry(id, topic.clone(), Arc::new(metadata), payload, redelivery_count));
         return Ok(());
     }
     let payload = crate::compression::decompress(metadata.compression, &payload, metadata.uncompressed_size)?;
     let mut metadata = metadata;
     metadata.compression = magnetar_wire::CompressionType::None;
     if metadata.num_messages <= 1 {
-        emit(Message { id, topic: topic.clone(), metadata, payload, redelivery_count, ack_set: Vec::new() });
+        emit(Message::of_entry(id, topic.clone(), Arc::new(metadata), payload, redelivery_count));
         return Ok(());
     }
     let records = magnetar_wire::decode_batch(&payload, metadata.num_messages)?;
+    // One metadata for the entry, shared by its messages (the per-message
+    // fields are each message's own); its payload size is the batch's.
+    let entry = Arc::new(metadata);
     let acked = |i: usize| ack_set.get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0);
     for (i, r) in records.into_iter().enumerate() {
         if acked(i) {
             continue;
         }
-        let mut m = metadata.clone();
-        m.partition_key = r.partition_key;
-        m.ordering_key = r.ordering_key;
-        m.properties = r.properties;
-        m.event_time_ms = r.event_time_ms;
-        m.sequence_id = r.sequence_id;
-        m.uncompressed_size = u32::try_from(r.payload.len()).unwrap_or(u32::MAX);
+        let record = (r.partition_key.is_some() || r.ordering_key.is_some() || !r.properties.is_empty()).then(|| {
+            Box::new(crate::message::RecordFields {
+                partition_key: r.partition_key,
+                ordering_key: r.ordering_key,
+                properties: r.properties,
+            })
+        });
         emit(Message {
             id: MessageId { batch_index: i32::try_from(i).unwrap_or(i32::MAX), ..id },
             topic: topic.clone(),
-            metadata: m,
             payload: r.payload,
             redelivery_count,
             ack_set: ack_set.clone(),
+            entry: entry.clone(),
+            record,
+            sequence_id: r.sequence_id,
+            event_time_ms: r.event_time_ms,
+            batched: true,
         });
     }
     Ok(())

@@ -653,8 +653,8 @@ fn group_sized(
 /// topic: a message of a batch is acknowledged alone (its siblings may not
 /// have reached their limit).
 fn dead_letter_batch_size(msg: &Message) -> Vec<u32> {
-    if msg.id.batch_index >= 0 && msg.metadata.num_messages > 1 {
-        vec![msg.metadata.num_messages]
+    if msg.id.batch_index >= 0 && msg.entry.num_messages > 1 {
+        vec![msg.entry.num_messages]
     } else {
         Vec::new()
     }
@@ -733,13 +733,12 @@ async fn republish(
         return Err(ClientError::InvalidOption { option: "producer", reason: "not created" });
     };
     let mut out = OutgoingMessage::new(msg.payload.clone());
-    out.key = msg.metadata.partition_key.clone();
-    out.tag = msg.metadata.tag.clone();
+    out.key = msg.key().map(str::to_string);
+    out.tag = msg.tag().map(str::to_string);
     out.event_time_ms = msg.event_time_ms();
     out.deliver_at_ms = deliver_at_ms;
     out.properties = msg
-        .metadata
-        .properties
+        .properties()
         .iter()
         .filter(|(k, _)| k != PROPERTY_REAL_TOPIC && k != PROPERTY_ORIGIN_MESSAGE_ID && k != PROPERTY_RECONSUME_TIMES)
         .cloned()
@@ -1102,7 +1101,7 @@ impl Consumer {
     /// are acknowledged so the broker does not keep them.
     fn assemble(&self, delivery: Delivery) -> Option<Delivery> {
         let msg = match delivery {
-            Ok(m) if m.metadata.chunk.is_some() => m,
+            Ok(m) if m.entry.chunk.is_some() => m,
             other => return Some(other),
         };
         let mut stray = Vec::new();
@@ -1139,10 +1138,10 @@ impl Consumer {
 
     fn track_batch(&self, delivery: &Delivery) {
         let Ok(m) = delivery else { return };
-        if m.id.batch_index < 0 || m.metadata.num_messages <= 1 {
+        if m.id.batch_index < 0 || m.entry.num_messages <= 1 {
             return;
         }
-        let n = usize::try_from(m.metadata.num_messages).unwrap_or(0);
+        let n = usize::try_from(m.entry.num_messages).unwrap_or(0);
         self.lock_batches().entry((m.id.ledger, m.id.entry, m.id.partition)).or_insert_with(|| {
             // A redelivered batch: messages acknowledged before are not
             // handed out again, and count as acknowledged here.

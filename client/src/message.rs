@@ -88,13 +88,18 @@ impl OutgoingMessage {
 
 /// A received message. `payload` is a slice of the connection's receive
 /// buffer (not copied).
+///
+/// What the producer put in the entry (producer name, publish time, tag,
+/// delivery time, batch size) is shared by the messages of a batch: one
+/// reference-counted [`MessageMetadata`] per entry, not a copy per message.
+/// A batch message's own fields (key, ordering key, properties, event time,
+/// sequence id) are its record's; read them through the accessors.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Message {
     pub id: MessageId,
     /// Full topic name (`persistent://tenant/ns/topic`); shared by every
     /// message of the consumer (no copy per message).
     pub topic: Arc<str>,
-    pub metadata: MessageMetadata,
     pub payload: Bytes,
     /// How many times the broker delivered this message before (0 on first delivery).
     pub redelivery_count: u32,
@@ -102,9 +107,55 @@ pub struct Message {
     /// acknowledged: bit i (of word i / 64) set = message i of the batch was
     /// acknowledged and is not handed out again. Empty otherwise.
     pub ack_set: Vec<u64>,
+    /// The entry's metadata (shared by a batch's messages).
+    pub(crate) entry: Arc<MessageMetadata>,
+    /// A batch message's key, ordering key and properties (`None` when it
+    /// has none, or when the message is not of a batch: then they are the
+    /// entry's). Boxed: most messages have none, and a `Message` is moved
+    /// through the consumer's queue by value.
+    pub(crate) record: Option<Box<RecordFields>>,
+    pub(crate) sequence_id: u64,
+    pub(crate) event_time_ms: u64,
+    /// Of a batch (`record` holds its own fields, not the entry's).
+    pub(crate) batched: bool,
+}
+
+/// A batch message's own variable-length fields.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(crate) struct RecordFields {
+    pub(crate) partition_key: Option<String>,
+    pub(crate) ordering_key: Option<Bytes>,
+    pub(crate) properties: Vec<(String, String)>,
 }
 
 impl Message {
+    /// A message that is a whole entry (not of a batch), e.g. for tests of
+    /// code that consumes messages.
+    pub fn new(id: MessageId, topic: impl Into<Arc<str>>, metadata: MessageMetadata, payload: Bytes) -> Self {
+        Self::of_entry(id, topic.into(), Arc::new(metadata), payload, 0)
+    }
+
+    pub(crate) fn of_entry(
+        id: MessageId,
+        topic: Arc<str>,
+        entry: Arc<MessageMetadata>,
+        payload: Bytes,
+        redelivery_count: u32,
+    ) -> Self {
+        Self {
+            id,
+            topic,
+            payload,
+            redelivery_count,
+            ack_set: Vec::new(),
+            sequence_id: entry.sequence_id,
+            event_time_ms: entry.event_time_ms,
+            entry,
+            record: None,
+            batched: false,
+        }
+    }
+
     pub fn id(&self) -> MessageId {
         self.id
     }
@@ -118,35 +169,58 @@ impl Message {
         &self.payload
     }
 
+    /// The metadata of the entry this message came in: for a message of a
+    /// batch, its key, ordering key, properties, event time and sequence id
+    /// there are not its own (use [`Message::key`] and the other accessors).
+    pub fn entry_metadata(&self) -> &MessageMetadata {
+        &self.entry
+    }
+
     pub fn key(&self) -> Option<&str> {
-        self.metadata.partition_key.as_deref()
+        if self.batched {
+            self.record.as_ref().and_then(|r| r.partition_key.as_deref())
+        } else {
+            self.entry.partition_key.as_deref()
+        }
+    }
+
+    pub fn ordering_key(&self) -> Option<&Bytes> {
+        if self.batched {
+            self.record.as_ref().and_then(|r| r.ordering_key.as_ref())
+        } else {
+            self.entry.ordering_key.as_ref()
+        }
     }
 
     pub fn properties(&self) -> &[(String, String)] {
-        &self.metadata.properties
+        if self.batched {
+            self.record.as_ref().map_or(&[], |r| r.properties.as_slice())
+        } else {
+            &self.entry.properties
+        }
     }
 
     /// The first property with this name.
     pub fn property(&self, name: &str) -> Option<&str> {
-        self.metadata.properties.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+        self.properties().iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
     }
 
     /// When the producer sent it, milliseconds since the Unix epoch.
     pub fn publish_time_ms(&self) -> u64 {
-        self.metadata.publish_time_ms
+        self.entry.publish_time_ms
     }
 
     /// The application's event time, if the producer set one.
     pub fn event_time_ms(&self) -> Option<u64> {
-        (self.metadata.event_time_ms != 0).then_some(self.metadata.event_time_ms)
+        (self.event_time_ms != 0).then_some(self.event_time_ms)
     }
 
     pub fn producer_name(&self) -> &str {
-        &self.metadata.producer_name
+        &self.entry.producer_name
     }
 
     pub fn sequence_id(&self) -> u64 {
-        self.metadata.sequence_id
+        self.sequence_id
     }
 
     pub fn redelivery_count(&self) -> u32 {
@@ -154,11 +228,27 @@ impl Message {
     }
 
     pub fn tag(&self) -> Option<&str> {
-        self.metadata.tag.as_deref()
+        self.entry.tag.as_deref()
     }
 
     /// When the producer asked it to be delivered, if it is a delayed message.
     pub fn deliver_at_ms(&self) -> Option<u64> {
-        (self.metadata.deliver_at_ms != 0).then_some(self.metadata.deliver_at_ms)
+        (self.entry.deliver_at_ms != 0).then_some(self.entry.deliver_at_ms)
+    }
+
+    /// Messages in the entry this message came in (1 unless batched).
+    pub fn batch_size(&self) -> u32 {
+        self.entry.num_messages
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_received_message_stays_small() {
+        // It is moved by value through the consumer's queue per message.
+        assert!(std::mem::size_of::<Message>() <= 160, "{}", std::mem::size_of::<Message>());
     }
 }

@@ -466,13 +466,13 @@ fn dedup_and_seek_work_across_ledgers() {
         // Publish times of #47 and its neighbours, to check the landing spot.
         let mut times = Vec::new();
         for _ in 4..60 {
-            times.push(receive(&c, "read on").await.metadata.publish_time_ms);
+            times.push(receive(&c, "read on").await.publish_time_ms());
         }
         let t47 = times[47 - 4];
         c.seek_by_time(t47).await.unwrap();
         let m = receive(&c, "after seek by time").await;
         let i = ids.iter().position(|x| *x == m.id).unwrap();
-        assert!(i <= 47 && m.metadata.publish_time_ms >= t47, "seek by time landed on #{i}");
+        assert!(i <= 47 && m.publish_time_ms() >= t47, "seek by time landed on #{i}");
         assert!(i < 5 || times[i - 1 - 4] < t47, "seek by time landed on #{i}, after an earlier match");
         broker.terminate();
     });

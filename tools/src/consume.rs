@@ -383,19 +383,17 @@ mod tests {
     }
 
     fn message(payload: &'static [u8]) -> Message {
-        Message {
-            id: MessageId::new(1, 2, -1, -1),
-            topic: "persistent://public/default/t".into(),
-            metadata: MessageMetadata {
+        Message::new(
+            MessageId::new(1, 2, -1, -1),
+            "persistent://public/default/t",
+            MessageMetadata {
                 partition_key: Some("k1".into()),
                 properties: vec![("b".into(), "2".into()), ("a".into(), "1".into())],
                 publish_time_ms: 10,
                 ..MessageMetadata::default()
             },
-            payload: Bytes::from_static(payload),
-            redelivery_count: 0,
-            ack_set: Vec::new(),
-        }
+            Bytes::from_static(payload),
+        )
     }
 
     #[test]
