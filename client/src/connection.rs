@@ -572,40 +572,43 @@ async fn reader_loop(
     shared.fail(reason);
 }
 
-/// Decodes one entry into its messages and hands each to `emit`, in
-/// order: decompresses the payload when the producer compressed it, and
+/// What one entry holds: a message, or a batch's messages in order.
+enum Unpacked {
+    One(Message),
+    Batch(Vec<Message>),
+}
+
+/// Decodes one entry into its messages, in order: decompresses the payload when the producer compressed it, and
 /// splits a batch (`num_messages` > 1) into its messages, numbered by
 /// `batch_index`. The messages of a batch share one `Arc` of the entry's
 /// metadata (`num_messages` is the batch size the consumer's ack tracker
 /// needs) and carry their own key, properties, event time and sequence id. Messages whose bit is
 /// set in `ack_set` (a batch redelivered after some of its messages were
-/// acknowledged) are left out. On an error nothing was emitted.
+/// acknowledged) are left out.
 fn unpack_entry(
     blob: &Bytes,
     id: MessageId,
     topic: &Arc<str>,
     redelivery_count: u32,
     ack_set: Vec<u64>,
-    mut emit: impl FnMut(Message),
-) -> Result<()> {
+) -> Result<Unpacked> {
     let (metadata, payload) = decode_message(blob)?;
     if metadata.chunk.is_some() {
         // A chunk: decompressed once the whole message is reassembled.
-        emit(Message::of_entry(id, topic.clone(), Arc::new(metadata), payload, redelivery_count));
-        return Ok(());
+        return Ok(Unpacked::One(Message::of_entry(id, topic.clone(), Arc::new(metadata), payload, redelivery_count)));
     }
     let payload = crate::compression::decompress(metadata.compression, &payload, metadata.uncompressed_size)?;
     let mut metadata = metadata;
     metadata.compression = magnetar_wire::CompressionType::None;
     if metadata.num_messages <= 1 {
-        emit(Message::of_entry(id, topic.clone(), Arc::new(metadata), payload, redelivery_count));
-        return Ok(());
+        return Ok(Unpacked::One(Message::of_entry(id, topic.clone(), Arc::new(metadata), payload, redelivery_count)));
     }
     let records = magnetar_wire::decode_batch(&payload, metadata.num_messages)?;
     // One metadata for the entry, shared by its messages (the per-message
     // fields are each message's own); its payload size is the batch's.
     let entry = Arc::new(metadata);
     let acked = |i: usize| ack_set.get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0);
+    let mut messages = Vec::with_capacity(records.len());
     for (i, r) in records.into_iter().enumerate() {
         if acked(i) {
             continue;
@@ -617,7 +620,7 @@ fn unpack_entry(
                 properties: r.properties,
             })
         });
-        emit(Message {
+        messages.push(Message {
             id: MessageId { batch_index: i32::try_from(i).unwrap_or(i32::MAX), ..id },
             topic: topic.clone(),
             payload: r.payload,
@@ -630,7 +633,7 @@ fn unpack_entry(
             batched: true,
         });
     }
-    Ok(())
+    Ok(Unpacked::Batch(messages))
 }
 
 /// Route one frame from the broker. An `Err` is a protocol violation that
@@ -703,13 +706,13 @@ async fn dispatch(
             };
             // Only this entry can be bad; the frame itself was sound, so the
             // application hears about it and the connection goes on.
-            // Straight into the consumer's queue: no Vec of messages per entry.
-            let unpacked = unpack_entry(&payload, message_id, &topic, redelivery_count, ack_set, |m| {
-                let _ = deliver.send(Ok(m));
-            });
-            if let Err(e) = unpacked {
-                let _ = deliver.send(Err(e));
-            }
+            // A batch's messages go into the consumer's queue as one item.
+            let _ = match unpack_entry(&payload, message_id, &topic, redelivery_count, ack_set) {
+                Ok(Unpacked::One(m)) => deliver.send(Ok(m)),
+                Ok(Unpacked::Batch(messages)) if messages.is_empty() => true,
+                Ok(Unpacked::Batch(messages)) => deliver.send_batch(messages),
+                Err(e) => deliver.send(Err(e)),
+            };
         }
         Command::CloseProducer { producer_id, .. } => {
             // The broker closed our producer (e.g. topic unloaded).

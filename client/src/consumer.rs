@@ -429,7 +429,7 @@ impl ConsumerBuilder {
             topic,
             subscription: self.subscription,
             queue: match own {
-                Some(rx) => Queue::Own(tokio::sync::Mutex::new(rx)),
+                Some(rx) => Queue::Own(tokio::sync::Mutex::new(OwnQueue { rx, rest: Vec::new().into_iter() })),
                 None => Queue::Shared,
             },
             unflowed: AtomicU32::new(0),
@@ -466,6 +466,10 @@ pub(crate) struct Queued {
 #[allow(clippy::large_enum_variant, reason = "boxing would allocate per message; the other variants are rare")]
 pub(crate) enum Inbound {
     Delivery(Delivery),
+    /// The messages of one batch entry, in order: one queue item per entry,
+    /// not per message. The receiving side keeps what it has not handed out
+    /// yet (`OwnQueue::rest`, `Receiving::rest`) and goes on with it first.
+    Batch(std::vec::IntoIter<Message>),
     /// The consumer's connection slot is gone (closed by us or the broker,
     /// or the connection ended): nothing more comes from it.
     End,
@@ -489,6 +493,11 @@ impl Inbox {
     pub(crate) fn send(&self, delivery: Delivery) -> bool {
         self.tx.send(Queued { source: self.source, item: Inbound::Delivery(delivery) }).is_ok()
     }
+
+    /// Queues the messages of one batch entry as one item.
+    pub(crate) fn send_batch(&self, messages: Vec<Message>) -> bool {
+        self.tx.send(Queued { source: self.source, item: Inbound::Batch(messages.into_iter()) }).is_ok()
+    }
 }
 
 impl Clone for Inbox {
@@ -505,10 +514,47 @@ impl Drop for Inbox {
     }
 }
 
+/// A consumer's own queue: the channel, and what is left of the batch entry
+/// taken off it last (handed out before anything else).
+pub(crate) struct OwnQueue {
+    rx: mpsc::UnboundedReceiver<Queued>,
+    rest: std::vec::IntoIter<Message>,
+}
+
+impl OwnQueue {
+    /// The next delivery of `item`; keeps the rest of a batch.
+    fn take(&mut self, item: Inbound) -> Option<Delivery> {
+        match item {
+            Inbound::Delivery(d) => Some(d),
+            Inbound::Batch(mut batch) => {
+                let first = batch.next()?;
+                self.rest = batch;
+                Some(Ok(first))
+            }
+            // The queue closes once the retry topic's slot is gone too.
+            Inbound::End | Inbound::Joined => None,
+        }
+    }
+
+    /// Drops what is queued; calls `dropped` for each delivery.
+    fn drain(&mut self, mut dropped: impl FnMut(&Delivery)) {
+        for m in std::mem::take(&mut self.rest) {
+            dropped(&Ok(m));
+        }
+        while let Ok(queued) = self.rx.try_recv() {
+            match queued.item {
+                Inbound::Delivery(d) => dropped(&d),
+                Inbound::Batch(batch) => batch.for_each(|m| dropped(&Ok(m))),
+                Inbound::End | Inbound::Joined => {}
+            }
+        }
+    }
+}
+
 /// Where a consumer's messages wait for the application.
 enum Queue {
     /// A queue of its own, read by `receive`.
-    Own(tokio::sync::Mutex<mpsc::UnboundedReceiver<Queued>>),
+    Own(tokio::sync::Mutex<OwnQueue>),
     /// A member of a multi-topic consumer: its messages wait in the shared
     /// queue, and the multi-topic consumer hands each to `accept`.
     Shared,
@@ -806,27 +852,36 @@ impl Consumer {
     pub async fn receive(&self) -> Result<Message> {
         let own = self.own_queue()?;
         // Uncontended (the usual case): no semaphore wait future per message.
-        let mut rx = match own.try_lock() {
-            Ok(rx) => rx,
+        let mut q = match own.try_lock() {
+            Ok(q) => q,
             Err(_) => own.lock().await,
         };
+        if q.rest.len() != 0 {
+            // What a `recv` per message did: yield to the runtime now and
+            // then, so a long batch does not starve the other tasks.
+            tokio::task::coop::consume_budget().await;
+        }
         loop {
-            match rx.recv().await {
-                // Nothing below awaits, so a message taken off the queue is
-                // always returned or handed to the dead-letter task (cancel safety).
-                Some(Queued { item: Inbound::Delivery(delivery), .. }) => {
-                    if let Some(delivery) = self.accept(delivery) {
-                        return delivery;
-                    }
-                }
-                // The queue closes once the retry topic's slot is gone too.
-                Some(_) => {}
-                None => return Err(self.closed_error()),
+            let delivery = match q.rest.next() {
+                Some(m) => Ok(m),
+                None => match q.rx.recv().await {
+                    // Nothing below awaits, so a message taken off the queue is
+                    // always returned, kept in `rest` or handed to the
+                    // dead-letter task (cancel safety).
+                    Some(queued) => match q.take(queued.item) {
+                        Some(d) => d,
+                        None => continue,
+                    },
+                    None => return Err(self.closed_error()),
+                },
+            };
+            if let Some(delivery) = self.accept(delivery) {
+                return delivery;
             }
         }
     }
 
-    fn own_queue(&self) -> Result<&tokio::sync::Mutex<mpsc::UnboundedReceiver<Queued>>> {
+    fn own_queue(&self) -> Result<&tokio::sync::Mutex<OwnQueue>> {
         match &self.queue {
             Queue::Own(rx) => Ok(rx),
             Queue::Shared => Err(ClientError::InvalidOption {
@@ -928,17 +983,21 @@ impl Consumer {
     /// The next message if one is already here, without waiting. `Ok(None)`
     /// also when another task is inside `receive`.
     pub fn try_receive(&self) -> Result<Option<Message>> {
-        let Ok(mut rx) = self.own_queue()?.try_lock() else { return Ok(None) };
+        let Ok(mut q) = self.own_queue()?.try_lock() else { return Ok(None) };
         loop {
-            match rx.try_recv() {
-                Ok(Queued { item: Inbound::Delivery(delivery), .. }) => {
-                    if let Some(delivery) = self.accept(delivery) {
-                        return delivery.map(Some);
-                    }
-                }
-                Ok(_) => {}
-                Err(TryRecvError::Empty) => return Ok(None),
-                Err(TryRecvError::Disconnected) => return Err(self.closed_error()),
+            let delivery = match q.rest.next() {
+                Some(m) => Ok(m),
+                None => match q.rx.try_recv() {
+                    Ok(queued) => match q.take(queued.item) {
+                        Some(d) => d,
+                        None => continue,
+                    },
+                    Err(TryRecvError::Empty) => return Ok(None),
+                    Err(TryRecvError::Disconnected) => return Err(self.closed_error()),
+                },
+            };
+            if let Some(delivery) = self.accept(delivery) {
+                return delivery.map(Some);
             }
         }
     }
@@ -964,15 +1023,8 @@ impl Consumer {
         }
         let own = self.own_queue()?;
         self.flush_acks().await?;
-        {
-            let mut rx = own.lock().await;
-            while let Ok(queued) = rx.try_recv() {
-                if let Inbound::Delivery(delivery) = queued.item {
-                    // Their permits are granted again, as if received.
-                    self.after_receive(&delivery);
-                }
-            }
-        }
+        // Their permits are granted again, as if received.
+        own.lock().await.drain(|delivery| self.after_receive(delivery));
         let command = Command::RedeliverUnacknowledged { consumer_id: self.consumer_id, message_ids: Vec::new() };
         self.conn.send_command(&command).await?;
         if let Some(r) = &self.retry {
@@ -1005,7 +1057,7 @@ impl Consumer {
         let consumer_id = self.consumer_id;
         // Hold the queue while seeking so no `receive` hands out a message
         // from before the seek once it is answered.
-        let mut rx = own.lock().await;
+        let mut q = own.lock().await;
         let answer = self
             .conn
             .request("seek", |request_id| Command::Seek { request_id, consumer_id, message_id, publish_time_ms })
@@ -1016,7 +1068,7 @@ impl Consumer {
         }
         // The broker set our permits to 0: drop what is queued and grant
         // the whole queue again.
-        while rx.try_recv().is_ok() {}
+        q.drain(|_| {});
         self.unflowed.store(0, Ordering::Relaxed);
         self.tracker.clear();
         self.conn.send_command(&Command::Flow { consumer_id, permits: self.receiver_queue_size }).await

@@ -48,6 +48,10 @@ struct Receiving {
     ended_count: usize,
     /// Deliveries that came before their member was known, in order.
     held: VecDeque<Queued>,
+    /// What is left of the batch entry taken off the queue last, and its
+    /// member (live): handed out before anything else.
+    rest: std::vec::IntoIter<Message>,
+    rest_source: u32,
 }
 
 impl Receiving {
@@ -100,6 +104,8 @@ impl MultiTopicConsumer {
                 ended: Vec::new(),
                 ended_count: 0,
                 held: VecDeque::new(),
+                rest: Vec::new().into_iter(),
+                rest_source: 0,
             }),
             tasks: Mutex::new(Vec::new()),
         }
@@ -171,7 +177,15 @@ impl MultiTopicConsumer {
             Ok(q) => q,
             Err(_) => self.rx.lock().await,
         };
+        if q.rest.len() != 0 {
+            // What a `recv` per message did: yield to the runtime now and
+            // then, so a long batch does not starve the other tasks.
+            tokio::task::coop::consume_budget().await;
+        }
         loop {
+            if let Some(r) = self.step_rest(&mut q) {
+                return r;
+            }
             if let Some(r) = self.step_held(&mut q) {
                 return r;
             }
@@ -191,6 +205,9 @@ impl MultiTopicConsumer {
     pub fn try_receive(&self) -> Result<Option<Message>> {
         let Ok(mut q) = self.rx.try_lock() else { return Ok(None) };
         loop {
+            if let Some(r) = self.step_rest(&mut q) {
+                return r.map(Some);
+            }
             if let Some(r) = self.step_held(&mut q) {
                 return r.map(Some);
             }
@@ -230,6 +247,33 @@ impl MultiTopicConsumer {
         }
     }
 
+    /// Hands out the rest of the last batch entry, in order.
+    fn step_rest(&self, q: &mut Receiving) -> Option<Result<Message>> {
+        while let Some(m) = q.rest.next() {
+            let source = q.rest_source;
+            if let Member::Live(c) = self.member(q, source) {
+                if let Some(r) = c.accept(Ok(m)) {
+                    return Some(r);
+                }
+            }
+        }
+        None
+    }
+
+    /// The first message of a batch entry for the live member `c`; keeps
+    /// the rest in `q.rest`.
+    fn split_batch(
+        q: &mut Receiving,
+        source: u32,
+        c: &Arc<Consumer>,
+        mut batch: std::vec::IntoIter<Message>,
+    ) -> Option<Result<Message>> {
+        let first = batch.next()?;
+        q.rest = batch;
+        q.rest_source = source;
+        c.accept(Ok(first))
+    }
+
     fn step(&self, q: &mut Receiving, queued: Queued) -> Option<Result<Message>> {
         let Queued { source, item } = queued;
         // Behind what is held back for the same member (its order).
@@ -238,6 +282,10 @@ impl MultiTopicConsumer {
         let ended = match (item, member) {
             (Inbound::Joined, _) => return None,
             (Inbound::Delivery(d), Member::Live(c)) => return c.accept(d),
+            (Inbound::Batch(b), Member::Live(c)) => {
+                let c = c.clone();
+                return Self::split_batch(q, source, &c, b);
+            }
             (Inbound::End, Member::Live(c)) => c.closed_error(),
             (item, Member::Joining) => {
                 q.held.push_back(Queued { source, item });
@@ -264,6 +312,11 @@ impl MultiTopicConsumer {
             let Queued { source, item } = h;
             let out = match (item, q.members.get(source as usize)) {
                 (Inbound::Delivery(d), Some(Member::Live(c))) => c.accept(d),
+                (Inbound::Batch(b), Some(Member::Live(c))) => {
+                    let c = c.clone();
+                    // Its rest goes out before the held items after it.
+                    Self::split_batch(q, source, &c, b).or_else(|| self.step_rest(q))
+                }
                 (Inbound::End, Some(Member::Live(c))) => {
                     let e = c.closed_error();
                     q.mark_ended(source);
@@ -281,7 +334,7 @@ impl MultiTopicConsumer {
     /// Once every member's slot is gone (and nothing is queued or held),
     /// `receive` would wait for ever: the error of one of them instead.
     fn all_ended(&self, q: &mut Receiving) -> Option<ClientError> {
-        if q.ended_count == 0 || !q.rx.is_empty() || !q.held.is_empty() {
+        if q.ended_count == 0 || !q.rx.is_empty() || !q.held.is_empty() || q.rest.len() != 0 {
             return None;
         }
         let members = self.lock_members();
