@@ -337,8 +337,18 @@ impl SubState {
 /// Deliveries per entry as the dispatcher counts them (by topic position),
 /// restricted to the ones worth persisting (delivered more than once), as
 /// `(ledger, entry)`.
-pub(crate) fn redelivered(ledgers: &TopicLedgers, deliveries: &HashMap<u64, u32>) -> Vec<(EntryKey, u32)> {
-    deliveries.iter().filter(|(_, n)| **n > 1).filter_map(|(p, n)| Some((ledgers.locate(*p)?, *n))).collect()
+pub(crate) fn redelivered(
+    ledgers: &TopicLedgers,
+    deliveries: &HashMap<u64, u32>,
+    pending: &BTreeMap<u64, crate::topic::Pending>,
+) -> Vec<(EntryKey, u32)> {
+    deliveries
+        .iter()
+        .map(|(p, n)| (*p, *n))
+        .chain(pending.iter().map(|(p, h)| (*p, h.deliveries)))
+        .filter(|(_, n)| *n > 1)
+        .filter_map(|(p, n)| Some((ledgers.locate(p)?, n)))
+        .collect()
 }
 
 /// Whether the cursor (in topic positions) acknowledges `(ledger, entry)`
@@ -504,7 +514,7 @@ pub(crate) fn encode(sub: &crate::topic::Subscription, ledgers: &TopicLedgers) -
         sub_type: sub.sub_type.get(),
         filter_tag: sub.filter_tag.borrow().clone(),
         batch_acks: sub.batch_acks.borrow().clone(),
-        deliveries: redelivered(ledgers, &sub.deliveries.borrow()),
+        deliveries: redelivered(ledgers, &sub.deliveries.borrow(), &sub.pending.borrow()),
     }
     .encode()
 }

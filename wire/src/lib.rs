@@ -48,8 +48,8 @@ pub use frame::{
     FRAME_LEN_MIN,
 };
 pub use message::{
-    decode_message, encode_message, encode_message_into, peek_message, peek_publish_time_and_key, MessagePeek,
-    MESSAGE_HEADER_BYTES,
+    decode_message, encode_message, encode_message_into, peek_for_delivery, peek_message, peek_publish_time_and_key,
+    DeliveryPeek, MessagePeek, MESSAGE_HEADER_BYTES,
 };
 pub use types::*;
 
