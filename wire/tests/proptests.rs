@@ -265,6 +265,30 @@ proptest! {
         prop_assert!(buf.is_empty());
     }
 
+    /// Goal: the templated Message frame decodes to the command and payload
+    /// it was given, whatever the values (defaults included).
+    #[test]
+    fn templated_message_frames_round_trip(
+        consumer_id in prop_oneof![Just(0u64), any::<u64>()],
+        id in arb_id(),
+        redelivery_count in prop_oneof![Just(0u32), any::<u32>()],
+        meta in arb_metadata(),
+        body in proptest::collection::vec(any::<u8>(), 0..64),
+    ) {
+        let payload = encode_message(&meta, &body);
+        let mut buf = BytesMut::new();
+        encode_message_frame(consumer_id, &id, redelivery_count, &payload, &mut buf).unwrap();
+        // Twice in a row: the template is reused.
+        encode_message_frame(consumer_id, &id, redelivery_count, &payload, &mut buf).unwrap();
+        let want = Command::Message { consumer_id, message_id: id, redelivery_count, ack_set: Vec::new() };
+        for _ in 0..2 {
+            let frame = FrameDecoder::default().decode(&mut buf).unwrap().unwrap();
+            prop_assert_eq!(&frame.command, &want);
+            prop_assert_eq!(&frame.payload, &payload);
+        }
+        prop_assert!(buf.is_empty());
+    }
+
     #[test]
     fn metadata_round_trips(meta in arb_metadata(), body in proptest::collection::vec(any::<u8>(), 0..64)) {
         let blob = encode_message(&meta, &body);
