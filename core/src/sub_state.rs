@@ -340,12 +340,12 @@ impl SubState {
 pub(crate) fn redelivered(
     ledgers: &TopicLedgers,
     deliveries: &HashMap<u64, u32>,
-    pending: &BTreeMap<u64, crate::topic::Pending>,
+    pending: &crate::pending::PendingMap,
 ) -> Vec<(EntryKey, u32)> {
     deliveries
         .iter()
         .map(|(p, n)| (*p, *n))
-        .chain(pending.iter().map(|(p, h)| (*p, h.deliveries)))
+        .chain(pending.iter().map(|(p, h)| (p, h.deliveries)))
         .filter(|(_, n)| *n > 1)
         .filter_map(|(p, n)| Some((ledgers.locate(p)?, n)))
         .collect()
@@ -393,7 +393,7 @@ pub(crate) fn batch_index_ack(
         return Ok(None);
     }
     let key = (id.ledger, id.entry);
-    let outstanding = sub.pending.borrow().get(&pos).map(|p| p.num_messages);
+    let outstanding = sub.pending.borrow().get(pos).map(|p| p.num_messages);
     if outstanding.is_some_and(|n| n != size) {
         return Err(CoreError::new(
             ErrorCode::NotAllowed,

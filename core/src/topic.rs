@@ -14,6 +14,7 @@ use crate::delayed::DelayedIndex;
 use crate::dispatcher::{failover, ConsumerState, Policy};
 use crate::error::{CoreError, ErrorCode};
 use crate::ledgers::{Lookup, TopicLedgers};
+use crate::pending::PendingMap;
 use crate::shard::{ConsumerEvent, ConsumerRef, Shard};
 use crate::signal::Signal;
 use crate::topic_name::TopicName;
@@ -126,7 +127,7 @@ pub(crate) struct Subscription {
     pub(crate) consumers: RefCell<Vec<ConsumerState>>,
     pub(crate) policy: RefCell<Policy>,
     /// Delivered, not acknowledged: entry -> who holds it.
-    pub(crate) pending: RefCell<BTreeMap<u64, Pending>>,
+    pub(crate) pending: RefCell<PendingMap>,
     /// To deliver again before any fresh entry, in log order: entry -> key hash.
     pub(crate) replay: RefCell<BTreeMap<u64, u16>>,
     pub(crate) delayed: RefCell<DelayedIndex>,
@@ -208,7 +209,7 @@ impl Subscription {
             read_pos: Cell::new(read_pos),
             consumers: RefCell::new(Vec::new()),
             policy: RefCell::new(policy_for(sub_type)),
-            pending: RefCell::new(BTreeMap::new()),
+            pending: RefCell::new(PendingMap::default()),
             replay: RefCell::new(BTreeMap::new()),
             delayed: RefCell::new(DelayedIndex::new(delayed_index_max)),
             deliveries: RefCell::new(HashMap::new()),
@@ -334,9 +335,9 @@ impl Subscription {
         let mut replay = self.replay.borrow_mut();
         let mut deliveries = self.deliveries.borrow_mut();
         let mut consumers = self.consumers.borrow_mut();
-        let taken: Vec<u64> = pending.iter().filter(|(e, p)| which(**e, p)).map(|(e, _)| *e).collect();
+        let taken: Vec<u64> = pending.iter().filter(|(e, p)| which(*e, p)).map(|(e, _)| e).collect();
         for e in &taken {
-            if let Some(p) = pending.remove(e) {
+            if let Some(p) = pending.remove(*e) {
                 replay.insert(*e, p.key_hash);
                 deliveries.insert(*e, p.deliveries);
                 if let Some(c) = consumers.iter_mut().find(|c| c.consumer == p.consumer) {
@@ -515,8 +516,8 @@ impl Subscription {
             // Individual acks touch only their entries (an ack costs O(log n),
             // not a scan of everything unacknowledged); a cumulative one
             // sweeps below the new floor.
-            let mut unhold = |e: u64, pending: &mut BTreeMap<u64, Pending>| {
-                if let Some(p) = pending.remove(&e) {
+            let mut unhold = |e: u64, pending: &mut PendingMap| {
+                if let Some(p) = pending.remove(e) {
                     if let Some(c) = consumers.iter_mut().find(|c| c.consumer == p.consumer) {
                         c.unacked = c.unacked.saturating_sub(1);
                     }
@@ -539,7 +540,7 @@ impl Subscription {
                 AckType::Cumulative => {
                     deliveries.retain(|e, _| !cursor.is_acked(*e));
                     replay.retain(|e, _| !cursor.is_acked(*e));
-                    let acked: Vec<u64> = pending.keys().copied().filter(|e| cursor.is_acked(*e)).collect();
+                    let acked: Vec<u64> = pending.iter().map(|(e, _)| e).filter(|e| cursor.is_acked(*e)).collect();
                     for e in acked {
                         unhold(e, &mut pending);
                     }

@@ -89,7 +89,7 @@ fn ask<'a>(shard: &Shard, sub: &Subscription, entry: u64, key_hash: u16, blocked
     Ask {
         entry,
         key_hash,
-        outstanding_floor: [sub.pending.borrow().keys().next().copied(), sub.replay.borrow().keys().next().copied()]
+        outstanding_floor: [sub.pending.borrow().first(), sub.replay.borrow().keys().next().copied()]
             .into_iter()
             .flatten()
             .min()
@@ -197,7 +197,7 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
         }
         if sub.cursor.borrow().is_acked(pos)
             || sub.replay.borrow().contains_key(&pos)
-            || sub.pending.borrow().contains_key(&pos)
+            || sub.pending.borrow().contains(pos)
             || sub.delayed.borrow().contains(pos)
         {
             sub.read_pos.set(pos + 1);
