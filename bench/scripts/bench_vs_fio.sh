@@ -8,6 +8,10 @@
 #     clients do by default) against a broker it starts with its data
 #     directory on that disk: MB/s as a ratio of fio's (target >= 0.9 of 1m),
 #     publish p99 / p99.9 (targets 5 / 10 ms);
+#  2b. the same canonical workload at its sustainable rate (`--sustainable`:
+#     the highest rate its consumer keeps up with, found by a search first):
+#     at --rate 0 the producer can outrun the consumer, and then the run's
+#     end-to-end latency is the age of a growing backlog;
 #  3. one producer, one unbatched message at a time (1 partition,
 #     --max-pending 1 --batch-max-messages 0): publish p50 against fio's
 #     4 KiB write+fdatasync p50 (target: + 100 us);
@@ -21,7 +25,7 @@
 # own shape (unbatched, one in flight) and never inherit batching flags.
 #
 # Usage: bench/scripts/bench_vs_fio.sh [DIR_ON_DISK] [DURATION_S] [-- extra flags for the canonical run]
-# SKIP_CATCHUP=1 skips run 5. Needs fio and python3. Results (JSON, SVG) go
+# SKIP_CATCHUP=1 skips run 5, SKIP_SUSTAINABLE=1 run 2b. Needs fio and python3. Results (JSON, SVG) go
 # to DIR_ON_DISK/results-<time>/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -46,6 +50,9 @@ fio_write_limits "$WORK" 256m 4k 64k 1m
 
 UNBATCHED=(--batch-max-messages 0 --max-pending 1 --partitions 1)
 "$B" --data-dir "$DIR" --duration-s "$DURATION" --json "$OUT/canonical.json" --plot "$OUT/canonical.svg" -q --no-history "${EXTRA[@]}"
+if [ -z "${SKIP_SUSTAINABLE:-}" ]; then
+  "$B" --data-dir "$DIR" --duration-s "$DURATION" --sustainable --json "$OUT/canonical-sustainable.json" -q --no-history "${EXTRA[@]}"
+fi
 "$B" --data-dir "$DIR" --duration-s 10 "${UNBATCHED[@]}" --json "$OUT/one-at-a-time.json" -q --no-history
 "$B" --data-dir "$DIR" --duration-s 10 "${UNBATCHED[@]}" --producers 16 --json "$OUT/sixteen-producers.json" -q --no-history
 READ_1M=0
@@ -70,9 +77,18 @@ mb = c["produce"]["mb_per_s"]
 print(f"\ncanonical ({c['batching']}): {c['produce']['msgs_per_s']:.0f} msg/s, {mb:.1f} MB/s; "
       f"publish p50 {c['publish_latency_ms']['p50']:.2f} p99 {c['publish_latency_ms']['p99']:.2f} ms (target < 5), "
       f"p99.9 {c['publish_latency_ms']['p999']:.2f} ms (target < 10); e2e p99 {c['e2e_latency_ms']['p99']:.2f} ms; "
-      f"broker CPU {c['cpu']['broker_us_per_msg'] or 0:.2f} us/msg (target < 4)")
+      f"broker CPU {c['cpu']['broker_us_per_msg'] or 0:.2f} us/msg (target < 4); consumed {c['consume']['msgs_per_s']:.0f} msg/s")
 for bs in ["4k", "64k", "1m"]:
     print(f"  ratio to fio write+fdatasync bs={bs}: {mb / fio[bs][0]:.3f}" + ("  (target >= 0.9)" if bs == "1m" else ""))
+if os.path.exists(f"{out}/canonical-sustainable.json"):
+    u = json.load(open(f"{out}/canonical-sustainable.json"))
+    f = u["sustainable"]
+    print(f"canonical at its sustainable rate {f['rate']:.0f} msg/s (search {f['search_s']:.0f} s, "
+          f"{'settled' if f['converged'] else 'NOT settled'}, window {'held it' if f['held'] else 'did NOT hold it'}): "
+          f"produced {u['produce']['msgs_per_s']:.0f} consumed {u['consume']['msgs_per_s']:.0f} msg/s, "
+          f"{u['produce']['mb_per_s']:.1f} MB/s = {u['produce']['mb_per_s'] / fio['1m'][0]:.3f} x fio 1m; "
+          f"publish p50 {u['publish_latency_ms']['p50']:.2f} p99 {u['publish_latency_ms']['p99']:.2f} "
+          f"p99.9 {u['publish_latency_ms']['p999']:.2f} ms; e2e p99 {u['e2e_latency_ms']['p99']:.2f} ms")
 p50_us = o["publish_latency_ms"]["p50"] * 1000
 print(f"one at a time ({o['batching']}): publish p50 {p50_us:.0f} us, p99 {o['publish_latency_ms']['p99']*1000:.0f} us "
       f"vs fio 4k write+fdatasync p50 {fio['4k'][1]:.0f} us (target <= {fio['4k'][1] + 100:.0f} us); "

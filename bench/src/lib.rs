@@ -4,6 +4,7 @@
 //!   file, flags) and the refusal of features the broker lacks yet.
 //! - [`run`]: producers and consumers on the Rust client, open-loop rate
 //!   control, progress.
+//! - [`pace`]: the producers' shared rate, and the sustainable-rate search.
 //! - [`stats`]: HDR histograms and the latency accounting (from the intended
 //!   send time: no coordinated omission).
 //! - [`report`]: the JSON result (a contract), history, summary, `--compare`.
@@ -17,6 +18,7 @@
 pub mod broker;
 pub mod cpu;
 pub mod dist;
+pub mod pace;
 pub mod plot;
 pub mod report;
 pub mod run;

@@ -3,6 +3,7 @@
 
 use clap::Parser;
 use magnetar_bench::broker::{BrokerOptions, BrokerProcess};
+use magnetar_bench::report::rate_words;
 use magnetar_bench::run::{run, RunOptions};
 use magnetar_bench::workload::{Compression, KeyDist, SubType, Workload};
 use magnetar_bench::{plot, report};
@@ -44,6 +45,14 @@ struct Args {
     /// Target rate in msg/s over all producers; 0 = as fast as possible.
     #[arg(long)]
     rate: Option<u64>,
+    /// Find the highest rate the consumers keep up with (backlog-aware
+    /// search, one line per 1 s step), then warm up and measure at it;
+    /// `--rate` is where the search starts (default 10,000).
+    #[arg(long)]
+    sustainable: bool,
+    /// Longest the sustainable-rate search may take, seconds (default 60).
+    #[arg(long)]
+    search_max_s: Option<f64>,
     /// Messages awaiting a receipt per producer and partition; a batch counts
     /// as the messages it holds (default 1000; with one partition and
     /// `--batch-max-messages 0`, 1 = one message at a time).
@@ -157,8 +166,12 @@ fn workload(args: &Args) -> Result<Workload, Box<dyn std::error::Error>> {
         backlog_messages,
         seed,
         topic_prefix,
-        connections
+        connections,
+        search_max_s
     );
+    if args.sustainable {
+        w.sustainable = true;
+    }
     w.validate()?;
     Ok(w)
 }
@@ -243,7 +256,7 @@ fn main_inner(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             w.partitions,
             w.producers,
             w.size,
-            if w.rate == 0 { "max".into() } else { w.rate.to_string() }
+            rate_words(&w, rep.sustainable.as_ref())
         );
         let curves = [plot::curve("publish", &outcome.totals.publish), plot::curve("end-to-end", &outcome.totals.e2e)];
         std::fs::write(path, plot::svg(&title, &curves, &outcome.totals.ticks))

@@ -1,6 +1,7 @@
 //! Results: the JSON document of a run (a contract for scripts), the
 //! history file, the printed summary, and `--compare`.
 
+use crate::pace::SearchResult;
 use crate::run::{BacklogResult, RunOutcome};
 use crate::stats::{Percentiles, Tick};
 use crate::workload::Workload;
@@ -77,6 +78,9 @@ pub struct Report {
     pub publish_latency_ms: Percentiles,
     pub e2e_latency_ms: Percentiles,
     pub backlog: Option<BacklogResult>,
+    /// The sustainable-rate search (`--sustainable`): the rate found, its
+    /// steps, and whether the measured window held it; null otherwise.
+    pub sustainable: Option<SearchResult>,
     /// Every acknowledged message reached every subscription by the end.
     pub drained: bool,
     /// CPU seconds of the client and (self-started) broker over the run,
@@ -202,6 +206,7 @@ pub fn build(workload: &Workload, outcome: &RunOutcome, environment: Environment
         publish_latency_ms: Percentiles::of(&t.publish),
         e2e_latency_ms: Percentiles::of(&t.e2e),
         backlog: outcome.backlog.clone(),
+        sustainable: outcome.search.clone(),
         drained: outcome.drained,
         cpu: outcome.cpu,
         timeline: t.ticks.clone(),
@@ -234,15 +239,40 @@ fn lat_line(name: &str, p: &Percentiles) -> String {
     )
 }
 
+/// The rate of a run in words: `max`, `N msg/s`, or the sustainable rate found.
+pub fn rate_words(w: &Workload, found: Option<&SearchResult>) -> String {
+    match found {
+        Some(f) => format!("sustainable ({:.0} msg/s)", f.rate),
+        None if w.rate == 0 => "max".to_string(),
+        None => format!("{} msg/s", w.rate),
+    }
+}
+
 /// The human summary printed at the end.
 pub fn summary(r: &Report) -> String {
     let w = &r.workload;
-    let rate = if w.rate == 0 { "max".to_string() } else { format!("{} msg/s", w.rate) };
+    let rate = rate_words(w, r.sustainable.as_ref());
     let mut s = format!(
         "magnetar-bench {}: {} topic(s) x {} partition(s), {} producer(s)/topic, {} subscription(s) x {} consumer(s), size {} B, rate {}, max_pending {} msgs/partition\n",
         r.run_id, w.topics, w.partitions, w.producers, w.subscriptions, w.consumers, w.size, rate, w.max_pending
     );
     s += &format!("batching {}\n", r.batching);
+    if let Some(found) = &r.sustainable {
+        let kept = found.steps.iter().filter(|s| s.verdict == crate::pace::Verdict::Kept).count();
+        s += &format!(
+            "sustainable rate: {:.0} msg/s, found in {:.1} s ({} steps, {} kept){}; measured window {}\n",
+            found.rate,
+            found.search_s,
+            found.steps.len(),
+            kept,
+            if found.converged { "" } else { ", NOT settled (search_max_s ran out)" },
+            match found.held {
+                Some(true) => "held it",
+                Some(false) => "did NOT hold it (produced or received under 98 %)",
+                None => "not judged",
+            }
+        );
+    }
     if let Some(b) = &r.backlog {
         s += &format!(
             "backlog phase: {} msgs ({:.1} MB) produced in {:.2} s ({:.0} msg/s, {:.1} MB/s); caught up in {:.2} s: {:.0} msg/s, {:.1} MB/s\n",
@@ -306,6 +336,7 @@ pub const COMPARED: &[(&str, bool)] = &[
     ("e2e_latency_ms.max", false),
     ("cpu.broker_us_per_msg", false),
     ("cpu.client_us_per_msg", false),
+    ("sustainable.rate", true),
     ("backlog.consume_msgs_per_s", true),
     ("backlog.consume_mb_per_s", true),
     ("backlog.catchup_cpu.broker_us_per_msg", false),

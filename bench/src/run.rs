@@ -26,6 +26,7 @@
 //! millisecond `publish_time`.
 
 use crate::dist::{KeyGen, Rng, SizeGen};
+use crate::pace::{Next, Pace, Period, RateSearch, Schedule, SearchResult, SEARCH_PERIOD, SEARCH_START_RATE};
 use crate::stats::{Recorder, Tick, Totals};
 use crate::workload::{Workload, WorkloadError};
 use bytes::{BufMut, Bytes, BytesMut};
@@ -114,6 +115,8 @@ pub struct RunOutcome {
     pub shard_aware: bool,
     pub totals: Totals,
     pub backlog: Option<BacklogResult>,
+    /// The sustainable-rate search, when the workload asked for one.
+    pub search: Option<SearchResult>,
     /// True when every acknowledged message was received by every subscription.
     pub drained: bool,
     /// CPU of client and broker from the first send to the end of the drain.
@@ -204,11 +207,10 @@ impl Connections {
 
 struct ProducerPlan {
     index: u32,
-    /// Messages per second for this producer; 0 = as fast as possible.
-    rate: f64,
     /// Stop after this many messages (backlog phase).
     count: Option<u64>,
-    stop_at: Option<Instant>,
+    /// Rate and stop time, shared by all producers (changed by a search).
+    pace: Arc<Pace>,
 }
 
 /// Open one logical producer: a connection and a partitioned producer on
@@ -347,7 +349,7 @@ async fn produce_loop(ctx: ProducerCtx, plan: ProducerPlan, w: Workload, rec: Re
     };
     let keys = KeyGen::new(w.key_distribution, w.keys, w.zipf_exponent);
     let mut rng = Rng::new(w.seed.wrapping_mul(1_000_003).wrapping_add(u64::from(plan.index)));
-    let start = Instant::now();
+    let mut schedule = Schedule::new(Instant::now());
     let mut i: u64 = 0;
     // In-flight permits taken and not yet used by a message.
     let mut spare: u32 = 0;
@@ -355,9 +357,9 @@ async fn produce_loop(ctx: ProducerCtx, plan: ProducerPlan, w: Workload, rec: Re
         if plan.count.is_some_and(|c| i >= c) {
             break;
         }
-        let scheduled = if plan.rate > 0.0 {
-            let at = start + Duration::from_secs_f64(i as f64 / plan.rate);
-            if plan.stop_at.is_some_and(|s| at >= s) {
+        let stop_at = plan.pace.stop_at();
+        let scheduled = if let Some(at) = schedule.intended(&plan.pace, i) {
+            if stop_at.is_some_and(|s| at >= s) {
                 break;
             }
             if at > Instant::now() {
@@ -382,7 +384,7 @@ async fn produce_loop(ctx: ProducerCtx, plan: ProducerPlan, w: Workload, rec: Re
             Some(at) => at,
             None => {
                 let now = Instant::now();
-                if plan.stop_at.is_some_and(|s| now >= s) {
+                if stop_at.is_some_and(|s| now >= s) {
                     break;
                 }
                 now
@@ -553,6 +555,80 @@ async fn wait_quiet(mut done: impl FnMut() -> bool, mut progress: impl FnMut() -
     }
 }
 
+/// Whether a measured window kept up with `rate`: it produced at least 98 %
+/// of the rate and its consumers received at least 98 % of that.
+fn held(totals: &Totals, rate: f64) -> bool {
+    let secs = totals.window.as_secs_f64().max(1e-9);
+    let produced = totals.produced_msgs as f64 / secs;
+    let consumed = totals.consumed_msgs as f64 / secs;
+    produced >= 0.98 * rate && consumed >= 0.98 * produced
+}
+
+/// The sustainable-rate search (see [`crate::pace`]): one period at a time,
+/// until the controller settles, `search_max_s` runs out, or every producer
+/// has stopped. Prints a line per period with `progress`.
+async fn search_rate(
+    rec: &Recorder,
+    pace: &Pace,
+    start_rate: f64,
+    w: &Workload,
+    progress: bool,
+    producers: &[JoinHandle<()>],
+) -> SearchResult {
+    let subs = f64::from(w.subscriptions.max(1));
+    let began = Instant::now();
+    let mut search = RateSearch::new(start_rate);
+    let (mut produced_last, mut consumed_last, mut at_last) = (rec.produced_all(), rec.consumed_all(), began);
+    let mut settled = None;
+    while began.elapsed().as_secs_f64() < w.search_max_s && !producers.iter().all(|t| t.is_finished()) {
+        tokio::time::sleep(SEARCH_PERIOD).await;
+        let (produced, consumed, now) = (rec.produced_all(), rec.consumed_all(), Instant::now());
+        let period = Period {
+            secs: now.duration_since(at_last).as_secs_f64(),
+            produced: produced - produced_last,
+            consumed: (consumed - consumed_last) as f64 / subs,
+            backlog: rec.backlog() as f64 / subs,
+        };
+        (produced_last, consumed_last, at_last) = (produced, consumed, now);
+        let next = search.observe(now.duration_since(began).as_secs_f64(), period);
+        if progress {
+            if let Some(step) = search.steps.last() {
+                eprintln!(
+                    "[search {:>5.1}s] tried {:>9} msg/s: produced {:>9} consumed {:>9} msg/s, backlog {}: {:?}{}",
+                    step.t_s,
+                    fmt_count(step.rate),
+                    fmt_count(step.produce_msgs_per_s),
+                    fmt_count(step.consume_msgs_per_s),
+                    fmt_count(step.backlog),
+                    step.verdict,
+                    match next {
+                        Next::Try(r) => format!(" -> {} msg/s", fmt_count(r)),
+                        Next::Done(r) => format!(" -> settled at {} msg/s", fmt_count(r)),
+                    }
+                );
+            }
+        }
+        match next {
+            Next::Try(rate) => pace.set_rate(rate / (producers.len().max(1) as f64)),
+            Next::Done(rate) => {
+                settled = Some(rate);
+                break;
+            }
+        }
+    }
+    let rate = settled.unwrap_or_else(|| search.fallback());
+    if progress && settled.is_none() {
+        eprintln!("[search] did not settle within {} s; measuring at {} msg/s", w.search_max_s, fmt_count(rate));
+    }
+    SearchResult {
+        rate,
+        converged: settled.is_some(),
+        search_s: began.elapsed().as_secs_f64(),
+        steps: search.steps,
+        held: None,
+    }
+}
+
 /// A unique id for this run's topic names.
 pub fn new_run_id() -> String {
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
@@ -608,21 +684,37 @@ pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
     let ticker = spawn_ticker(&rec, opts.tick, opts.progress, stop_rx.clone());
     let cpu_mark = crate::cpu::CpuMark::start(opts.broker_pid);
     let start = Instant::now();
-    let (stop_at, count_each) = if backlog_mode {
+    let per_producer = |rate: f64| if producers_total > 0 { rate / producers_total as f64 } else { 0.0 };
+    let (stop_at, count_each, rate) = if backlog_mode {
         rec.start_window(start);
-        (None, Some(w.backlog_messages.div_ceil(producers_total.max(1))))
+        (None, Some(w.backlog_messages.div_ceil(producers_total.max(1))), w.rate as f64)
+    } else if w.sustainable {
+        // The window opens once the search has settled on a rate.
+        rec.begin_search();
+        (None, None, if w.rate > 0 { w.rate as f64 } else { SEARCH_START_RATE })
     } else {
         let window_start = start + Duration::from_secs_f64(w.warmup_s);
         let stop_at = window_start + Duration::from_secs_f64(w.duration_s);
         rec.start_window(window_start);
         rec.end_window(stop_at);
-        (Some(stop_at), None)
+        (Some(stop_at), None, w.rate as f64)
     };
-    let rate_each = if w.rate > 0 && producers_total > 0 { w.rate as f64 / producers_total as f64 } else { 0.0 };
+    let pace = Arc::new(Pace::new(start, per_producer(rate), stop_at));
     let mut producer_tasks = Vec::new();
     for (index, ctx) in producer_ctxs.into_iter().enumerate() {
-        let plan = ProducerPlan { index: index as u32, rate: rate_each, count: count_each, stop_at };
+        let plan = ProducerPlan { index: index as u32, count: count_each, pace: pace.clone() };
         producer_tasks.push(tokio::spawn(produce_loop(ctx, plan, w.clone(), rec.clone(), filler.clone())));
+    }
+    let mut search = None;
+    if w.sustainable {
+        let found = search_rate(&rec, &pace, rate, &w, opts.progress, &producer_tasks).await;
+        pace.set_rate(per_producer(found.rate));
+        let window_start = Instant::now() + Duration::from_secs_f64(w.warmup_s);
+        let stop_at = window_start + Duration::from_secs_f64(w.duration_s);
+        rec.start_window(window_start);
+        rec.end_window(stop_at);
+        pace.set_stop(stop_at);
+        search = Some(found);
     }
     if producers_total == 0 {
         if let Some(stop_at) = stop_at {
@@ -688,5 +780,8 @@ pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
     drop(clients);
     let totals = rec.totals();
     let flat_topics = (0..w.topics).flat_map(|t| w.partition_topics(&run_id, t)).collect();
-    Ok(RunOutcome { run_id, topics: flat_topics, server_version, shard_aware, totals, backlog, drained, cpu })
+    if let Some(search) = &mut search {
+        search.held = Some(held(&totals, search.rate));
+    }
+    Ok(RunOutcome { run_id, topics: flat_topics, server_version, shard_aware, totals, backlog, search, drained, cpu })
 }

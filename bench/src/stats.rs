@@ -65,7 +65,7 @@ pub struct Tick {
     pub t_s: f64,
     /// The interval began inside the measured window.
     pub measuring: bool,
-    /// `warm-up`, `measure` or `drain` (after the window: outstanding
+    /// `search` (a sustainable-rate search), `warm-up`, `measure` or `drain` (after the window: outstanding
     /// receipts and consumers catching up), by the interval's start.
     pub phase: String,
     pub produce_msgs_per_s: f64,
@@ -97,6 +97,8 @@ impl Counts {
 struct Inner {
     window_start: Option<Instant>,
     window_end: Option<Instant>,
+    /// A sustainable-rate search runs (until the window opens).
+    searching: bool,
     publish_total: Histogram<u64>,
     e2e_total: Histogram<u64>,
     publish_tick: Histogram<u64>,
@@ -152,6 +154,7 @@ impl Recorder {
             inner: Arc::new(Mutex::new(Inner {
                 window_start: None,
                 window_end: None,
+                searching: false,
                 publish_total: new_histogram(),
                 e2e_total: new_histogram(),
                 publish_tick: new_histogram(),
@@ -188,7 +191,15 @@ impl Recorder {
 
     /// Open the measured window (the end of warm-up).
     pub fn start_window(&self, at: Instant) {
-        self.lock().window_start = Some(at);
+        let mut inner = self.lock();
+        inner.window_start = Some(at);
+        inner.searching = false;
+    }
+
+    /// A sustainable-rate search begins: ticks say `search` until the
+    /// window is set.
+    pub fn begin_search(&self) {
+        self.lock().searching = true;
     }
 
     /// Close the measured window: later events no longer count for
@@ -293,6 +304,7 @@ impl Recorder {
             t_s: now.saturating_duration_since(self.epoch).as_secs_f64(),
             measuring: Self::in_window(&inner, inner.last_tick),
             phase: match (inner.window_start, inner.window_end) {
+                _ if inner.searching => "search",
                 (Some(s), _) if inner.last_tick < s => "warm-up",
                 (None, _) => "warm-up",
                 (_, Some(e)) if inner.last_tick >= e => "drain",

@@ -159,7 +159,15 @@ pub struct Workload {
     pub keys: u64,
     pub zipf_exponent: f64,
     /// Target rate in messages per second over all producers; 0 = as fast as possible.
+    /// With `sustainable`, where the search starts (0 = 10,000 msg/s).
     pub rate: u64,
+    /// Search for the highest rate the consumers keep up with (backlog-aware,
+    /// as the OpenMessaging Benchmark does), then warm up and measure at
+    /// that fixed rate (see `pace.rs`).
+    pub sustainable: bool,
+    /// Longest the search may take, seconds; then it measures at the last
+    /// rate that was kept.
+    pub search_max_s: f64,
     /// Messages awaiting their receipt, per producer and partition: a
     /// producer keeps at most `max_pending × partitions` messages in flight,
     /// a batch counting as the messages it holds (so turning batching on
@@ -209,6 +217,8 @@ impl Default for Workload {
             keys: 1000,
             zipf_exponent: 0.99,
             rate: 0,
+            sustainable: false,
+            search_max_s: 60.0,
             max_pending: 1000,
             batch_max_messages: 1000,
             batch_max_delay_ms: 1,
@@ -270,6 +280,14 @@ impl Workload {
         }
         if self.backlog_messages > 0 && (self.producers == 0 || self.consumers == 0) {
             return invalid("backlog_messages", "the backlog phase needs producers and consumers");
+        }
+        if self.sustainable
+            && (self.producers == 0 || self.consumers == 0 || self.subscriptions == 0 || self.backlog_messages > 0)
+        {
+            return invalid("sustainable", "the rate search needs producers and consumers and no backlog phase");
+        }
+        if self.sustainable && !(self.search_max_s.is_finite() && self.search_max_s > 0.0) {
+            return invalid("search_max_s", "must be > 0");
         }
         let size = self.size_dist()?;
         if size.max() > 5 * 1024 * 1024 {

@@ -35,6 +35,22 @@ fn run_bench(args: &[&str]) -> std::process::Output {
     }
 }
 
+/// `run_bench` against a broker it starts itself from `broker`, data under
+/// `dir`, two unpinned shards, plus `args`.
+fn run_self_started(broker: &Path, dir: &Path, args: &[&str]) -> std::process::Output {
+    let mut all = vec![
+        "--broker-bin",
+        broker.to_str().unwrap(),
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--shards",
+        "2",
+        "--no-pin",
+    ];
+    all.extend_from_slice(args);
+    run_bench(&all)
+}
+
 fn number(v: &serde_json::Value, path: &str) -> f64 {
     path.split('.')
         .try_fold(v, |v, k| v.get(k))
@@ -49,30 +65,27 @@ fn short_run_writes_contract_json_and_svg() {
     let json = dir.path().join("run.json");
     let svg = dir.path().join("run.svg");
     let history = dir.path().join("history.jsonl");
-    let out = run_bench(&[
-        "--broker-bin",
-        broker.to_str().unwrap(),
-        "--data-dir",
-        dir.path().to_str().unwrap(),
-        "--shards",
-        "2",
-        "--no-pin",
-        // Not a watermark test: refuse produce only on a completely full disk.
-        "--broker-arg",
-        "--disk-refuse-pct=100",
-        "--duration-s",
-        "2",
-        "--warmup-s",
-        "0.5",
-        "--max-pending",
-        "200",
-        "--json",
-        json.to_str().unwrap(),
-        "--plot",
-        svg.to_str().unwrap(),
-        "--history",
-        history.to_str().unwrap(),
-    ]);
+    let out = run_self_started(
+        broker,
+        dir.path(),
+        &[
+            // Not a watermark test: refuse produce only on a completely full disk.
+            "--broker-arg",
+            "--disk-refuse-pct=100",
+            "--duration-s",
+            "2",
+            "--warmup-s",
+            "0.5",
+            "--max-pending",
+            "200",
+            "--json",
+            json.to_str().unwrap(),
+            "--plot",
+            svg.to_str().unwrap(),
+            "--history",
+            history.to_str().unwrap(),
+        ],
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
@@ -135,35 +148,32 @@ fn batched_compressed_shared_run_drains() {
     let broker = magnetar_tests::magnetar_bin();
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let json = dir.path().join("run.json");
-    let out = run_bench(&[
-        "--broker-bin",
-        broker.to_str().unwrap(),
-        "--data-dir",
-        dir.path().to_str().unwrap(),
-        "--shards",
-        "2",
-        "--no-pin",
-        "--duration-s",
-        "1",
-        "--warmup-s",
-        "0.2",
-        "--max-pending",
-        "50",
-        "--batch-max-messages",
-        "50",
-        "--batch-max-delay-ms",
-        "2",
-        "--compression",
-        "lz4",
-        "--subscription-type",
-        "shared",
-        "--consumers",
-        "2",
-        "--json",
-        json.to_str().unwrap(),
-        "--no-history",
-        "-q",
-    ]);
+    let out = run_self_started(
+        broker,
+        dir.path(),
+        &[
+            "--duration-s",
+            "1",
+            "--warmup-s",
+            "0.2",
+            "--max-pending",
+            "50",
+            "--batch-max-messages",
+            "50",
+            "--batch-max-delay-ms",
+            "2",
+            "--compression",
+            "lz4",
+            "--subscription-type",
+            "shared",
+            "--consumers",
+            "2",
+            "--json",
+            json.to_str().unwrap(),
+            "--no-history",
+            "-q",
+        ],
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench failed\nstderr:\n{stderr}");
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
@@ -174,4 +184,54 @@ fn batched_compressed_shared_run_drains() {
     assert_eq!((w["batch_max_messages"].as_u64(), w["batch_max_delay_ms"].as_u64()), (Some(50), Some(2)));
     assert_eq!((w["compression"].as_str(), w["subscription_type"].as_str()), (Some("lz4"), Some("shared")));
     assert_eq!(v["topics"].as_array().unwrap().len(), 4);
+}
+
+/// `--sustainable` searches a rate (a line per step on stderr, the steps in
+/// the JSON), then measures at it: the measured window's producers follow
+/// the rate found (never faster), and the search stops by `--search-max-s`.
+#[test]
+fn sustainable_search_then_measures_at_the_rate_found() {
+    let broker = magnetar_tests::magnetar_bin();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let json = dir.path().join("run.json");
+    let out = run_self_started(
+        broker,
+        dir.path(),
+        &[
+            "--broker-arg",
+            "--disk-refuse-pct=100",
+            "--sustainable",
+            "--rate",
+            "2000",
+            "--search-max-s",
+            "5",
+            "--duration-s",
+            "2",
+            "--warmup-s",
+            "0.5",
+            "--json",
+            json.to_str().unwrap(),
+            "--no-history",
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stderr.contains("[search") && stderr.contains("tried"), "a line per search step:\n{stderr}");
+    assert!(stdout.contains("sustainable rate:"), "{stdout}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["workload"]["sustainable"], true);
+    let found = &v["sustainable"];
+    let rate = number(found, "rate");
+    let steps = found["steps"].as_array().unwrap();
+    assert!(!steps.is_empty() && steps.len() <= 6, "one step per second of a 5 s search: {steps:?}");
+    assert_eq!(number(&steps[0], "rate"), 2000.0, "the search starts at --rate");
+    assert!(number(found, "search_s") < 5.0 + 1.5, "{found}");
+    assert!(found["held"].is_boolean(), "{found}");
+    // Paced: the window produced no faster than the rate found (allowing for
+    // the window's edges).
+    let produced = number(&v, "produce.msgs_per_s");
+    assert!(produced > 0.0 && produced <= rate * 1.05, "produced {produced} msg/s at a rate of {rate}");
+    assert!(steps.iter().any(|s| s["verdict"] == "kept"), "{steps:?}");
+    assert!(v["timeline"].as_array().unwrap().iter().any(|t| t["phase"] == "search"));
 }
