@@ -59,16 +59,37 @@ impl AckGroup {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Adds an ack; returns the whole group when it is full.
-    pub(crate) fn add(&self, id: MessageId, batch_size: u32, cumulative: bool, now: Instant) -> Option<AckBatch> {
+    /// Adds an ack; returns the whole group when it is full. `now` is read
+    /// only when the group was empty.
+    ///
+    /// The ack of a whole batch entry (a batch index, size 0) replaces the
+    /// batch-index acks of its siblings just before it in the group: the
+    /// broker would record each, then the entry's ack makes them moot.
+    pub(crate) fn add(
+        &self,
+        id: MessageId,
+        batch_size: u32,
+        cumulative: bool,
+        now: impl FnOnce() -> Instant,
+    ) -> Option<AckBatch> {
         let mut st = self.lock();
-        st.since.get_or_insert(now);
+        st.since.get_or_insert_with(now);
         if cumulative {
             let c = st.batch.cumulative.get_or_insert((id, batch_size));
             if id > c.0 {
                 *c = (id, batch_size);
             }
         } else {
+            if batch_size == 0 && id.batch_index >= 0 {
+                let same_entry =
+                    |m: &MessageId| (m.ledger, m.entry, m.partition) == (id.ledger, id.entry, id.partition);
+                while st.batch.batch_sizes.last().is_some_and(|s| *s > 0)
+                    && st.batch.individual.last().is_some_and(same_entry)
+                {
+                    st.batch.individual.pop();
+                    st.batch.batch_sizes.pop();
+                }
+            }
             st.batch.individual.push(id);
             st.batch.batch_sizes.push(batch_size);
         }
@@ -110,12 +131,12 @@ mod tests {
     fn flushes_when_full_or_due() {
         let g = AckGroup::new(Duration::from_millis(100), 3);
         let t0 = Instant::now();
-        assert_eq!(g.add(id(1), 0, false, t0), None);
-        assert_eq!(g.add(id(5), 0, true, t0), None);
-        assert_eq!(g.add(id(4), 0, true, t0), None);
+        assert_eq!(g.add(id(1), 0, false, || t0), None);
+        assert_eq!(g.add(id(5), 0, true, || t0), None);
+        assert_eq!(g.add(id(4), 0, true, || t0), None);
         assert_eq!(g.take_due(t0 + Duration::from_millis(99)), None);
-        assert_eq!(g.add(id(2), 4, false, t0), None);
-        let full = g.add(id(3), 0, false, t0).unwrap();
+        assert_eq!(g.add(id(2), 4, false, || t0), None);
+        let full = g.add(id(3), 0, false, || t0).unwrap();
         assert_eq!(
             full,
             AckBatch {
@@ -125,9 +146,29 @@ mod tests {
             }
         );
         assert_eq!(g.take_due(t0 + Duration::from_secs(1)), None, "nothing left");
-        g.add(id(9), 0, false, t0 + Duration::from_millis(10));
+        g.add(id(9), 0, false, || t0 + Duration::from_millis(10));
         assert_eq!(g.take_due(t0 + Duration::from_millis(109)), None);
         assert_eq!(g.take_due(t0 + Duration::from_millis(110)).unwrap().individual, vec![id(9)]);
         assert!(g.take_all().is_empty());
+    }
+
+    #[test]
+    fn an_entry_ack_replaces_its_batch_index_acks_just_before_it() {
+        let g = AckGroup::new(Duration::from_millis(100), 100);
+        let t0 = Instant::now();
+        let at = |e: u64, i: i32| MessageId::new(1, e, 0, i);
+        g.add(at(1, 1), 3, false, || t0);
+        g.add(at(2, 0), 2, false, || t0);
+        g.add(at(3, 1), 3, false, || t0);
+        g.add(at(3, 0), 3, false, || t0);
+        g.add(at(3, 2), 0, false, || t0);
+        g.add(at(1, 0), 3, false, || t0);
+        let all = g.take_all();
+        assert_eq!(all.individual, vec![at(1, 1), at(2, 0), at(3, 2), at(1, 0)]);
+        assert_eq!(all.batch_sizes, vec![3, 2, 0, 3]);
+        // An unbatched entry's ack (batch index -1) takes nothing away.
+        g.add(MessageId::new(1, 4, 0, -1), 0, false, || t0);
+        g.add(MessageId::new(1, 4, 0, -1), 0, false, || t0);
+        assert_eq!(g.take_all().individual.len(), 2);
     }
 }

@@ -108,16 +108,16 @@ pub(crate) struct ProducerSlot {
 pub(crate) type Delivery = Result<Message>;
 
 pub(crate) struct ConsumerSlot {
-    pub topic: String,
+    /// Shared with every message delivered (no copy per message).
+    pub topic: Arc<str>,
     pub subscription: String,
     pub closed: Arc<AtomicBool>,
-    /// Capacity = receiver queue size, so a broker that respects flow permits
-    /// never makes the reader wait here.
+    /// The consumer's queue (a multi-topic consumer's members share one).
     /// Unbounded on purpose: the broker bounds what it sends by flow
     /// permits (plus at most one whole batch entry past them), and the
     /// connection's one reader must never wait on one consumer's queue —
     /// that would stall every other consumer and request on the connection.
-    pub deliver: mpsc::UnboundedSender<Delivery>,
+    pub deliver: crate::consumer::Inbox,
     /// Failover: whether the broker says this consumer is the active one.
     pub active: Arc<AtomicBool>,
 }
@@ -583,7 +583,7 @@ async fn reader_loop(
 fn unpack_entry(
     blob: &Bytes,
     id: MessageId,
-    topic: &str,
+    topic: &Arc<str>,
     redelivery_count: u32,
     ack_set: Vec<u64>,
     mut emit: impl FnMut(Message),
@@ -591,14 +591,14 @@ fn unpack_entry(
     let (metadata, payload) = decode_message(blob)?;
     if metadata.chunk.is_some() {
         // A chunk: decompressed once the whole message is reassembled.
-        emit(Message { id, topic: topic.to_string(), metadata, payload, redelivery_count, ack_set: Vec::new() });
+        emit(Message { id, topic: topic.clone(), metadata, payload, redelivery_count, ack_set: Vec::new() });
         return Ok(());
     }
     let payload = crate::compression::decompress(metadata.compression, &payload, metadata.uncompressed_size)?;
     let mut metadata = metadata;
     metadata.compression = magnetar_wire::CompressionType::None;
     if metadata.num_messages <= 1 {
-        emit(Message { id, topic: topic.to_string(), metadata, payload, redelivery_count, ack_set: Vec::new() });
+        emit(Message { id, topic: topic.clone(), metadata, payload, redelivery_count, ack_set: Vec::new() });
         return Ok(());
     }
     let records = magnetar_wire::decode_batch(&payload, metadata.num_messages)?;
@@ -616,7 +616,7 @@ fn unpack_entry(
         m.uncompressed_size = u32::try_from(r.payload.len()).unwrap_or(u32::MAX);
         emit(Message {
             id: MessageId { batch_index: i32::try_from(i).unwrap_or(i32::MAX), ..id },
-            topic: topic.to_string(),
+            topic: topic.clone(),
             metadata: m,
             payload: r.payload,
             redelivery_count,

@@ -9,7 +9,7 @@ use crate::producer::{Producer, ProducerBuilder};
 use crate::tracker::{NackBackoff, Tracker, NACK_TICK};
 use magnetar_wire::{AckType, Command, InitialPosition, MessageId, SubscriptionType};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -53,6 +53,9 @@ pub struct ConsumerBuilder {
     pub(crate) ack_group_time: Duration,
     pub(crate) ack_group_max: usize,
     pub(crate) durable: bool,
+    /// A multi-topic consumer's shared queue and this member's index in
+    /// it; `None`: the consumer gets a queue of its own.
+    pub(crate) inbox: Option<(mpsc::UnboundedSender<Queued>, u32)>,
 }
 
 /// Where messages go after too many deliveries.
@@ -200,13 +203,14 @@ impl ConsumerBuilder {
             ack_group_time: self.ack_group_time,
             ack_group_max: self.ack_group_max,
             durable: self.durable,
+            inbox: self.inbox.clone(),
         }
     }
 
     /// Subscribe to the topic by its own name: every partition of a
     /// partitioned topic (one consumer each), or the topic itself.
     pub async fn subscribe_partitioned(self) -> Result<crate::MultiTopicConsumer> {
-        let multi = crate::MultiTopicConsumer::new(self.subscription.clone(), self.receiver_queue_size as usize);
+        let multi = crate::MultiTopicConsumer::new(self.subscription.clone());
         let topic = self.topic.clone();
         self.add_by_name(&multi, &topic).await?;
         Ok(multi)
@@ -215,7 +219,7 @@ impl ConsumerBuilder {
     /// Subscribe to each topic of `topics` (each one by its own name, so a
     /// partitioned one brings all its partitions) through one consumer.
     pub async fn subscribe_topics(self, topics: &[String]) -> Result<crate::MultiTopicConsumer> {
-        let multi = crate::MultiTopicConsumer::new(self.subscription.clone(), self.receiver_queue_size as usize);
+        let multi = crate::MultiTopicConsumer::new(self.subscription.clone());
         for t in topics {
             self.add_by_name(&multi, t).await?;
         }
@@ -247,8 +251,7 @@ impl ConsumerBuilder {
         refresh: std::time::Duration,
     ) -> Result<Arc<crate::MultiTopicConsumer>> {
         let (namespace, regex) = crate::multi::parse_pattern(pattern)?;
-        let multi =
-            Arc::new(crate::MultiTopicConsumer::new(self.subscription.clone(), self.receiver_queue_size as usize));
+        let multi = Arc::new(crate::MultiTopicConsumer::new(self.subscription.clone()));
         crate::multi::add_matching(&self, &multi, &namespace, &regex).await?;
         let weak = Arc::downgrade(&multi);
         let task = tokio::spawn(async move {
@@ -304,11 +307,20 @@ impl ConsumerBuilder {
         let closed = Arc::new(AtomicBool::new(false));
         let active = Arc::new(AtomicBool::new(false));
         let queue = self.receiver_queue_size;
+        let topic: Arc<str> = topic.into();
         // The queue holds what the broker sent within our permits (twice that
         // with a retry topic: two broker-side consumers share it), plus at
-        // most one batch entry past them each.
-        let (deliver, rx) = mpsc::unbounded_channel();
-        let retry_deliver = deliver.clone();
+        // most one batch entry past them each; a multi-topic consumer's
+        // queue holds that for each of its members.
+        let (tx, source, own) = match self.inbox.clone() {
+            Some((tx, source)) => (tx, source, None),
+            None => {
+                let (tx, rx) = mpsc::unbounded_channel();
+                (tx, 0, Some(rx))
+            }
+        };
+        let deliver = Inbox { tx: tx.clone(), source, end_on_drop: true };
+        let retry_deliver = Inbox { tx, source, end_on_drop: false };
         // Registered before subscribing: the broker may push messages right
         // after its Success, before our Flow even (it should not, but then
         // they are not lost).
@@ -327,7 +339,7 @@ impl ConsumerBuilder {
             .request("subscribe", |request_id| Command::Subscribe {
                 request_id,
                 consumer_id,
-                topic: topic.clone(),
+                topic: topic.to_string(),
                 subscription: self.subscription.clone(),
                 sub_type: self.sub_type,
                 consumer_name: self.consumer_name.clone(),
@@ -350,7 +362,7 @@ impl ConsumerBuilder {
             }
         }
         let retry = if self.retry_enabled {
-            let retry_topic = format!("{topic}-{}-RETRY", self.subscription);
+            let retry_topic: Arc<str> = format!("{topic}-{}-RETRY", self.subscription).into();
             let retry_id = self.conn.next_handle_id();
             self.conn.register_consumer(
                 retry_id,
@@ -367,7 +379,7 @@ impl ConsumerBuilder {
                 .request("subscribe", |request_id| Command::Subscribe {
                     request_id,
                     consumer_id: retry_id,
-                    topic: retry_topic.clone(),
+                    topic: retry_topic.to_string(),
                     subscription: self.subscription.clone(),
                     sub_type: self.sub_type,
                     consumer_name: self.consumer_name.clone(),
@@ -416,7 +428,12 @@ impl ConsumerBuilder {
             consumer_id,
             topic,
             subscription: self.subscription,
-            rx: tokio::sync::Mutex::new(Receiving { rx, unflowed: 0, unflowed_retry: 0 }),
+            queue: match own {
+                Some(rx) => Queue::Own(tokio::sync::Mutex::new(rx)),
+                None => Queue::Shared,
+            },
+            unflowed: AtomicU32::new(0),
+            unflowed_retry: AtomicU32::new(0),
             flow_threshold: (queue / 2).max(1),
             receiver_queue_size: queue,
             closed,
@@ -438,12 +455,63 @@ impl ConsumerBuilder {
     }
 }
 
-struct Receiving {
-    rx: mpsc::UnboundedReceiver<Delivery>,
-    /// Messages handed to the application since the last `Flow`.
-    unflowed: u32,
-    /// The same for the retry topic's consumer.
-    unflowed_retry: u32,
+/// What a connection puts in a consumer's queue, with the index of the
+/// consumer it is for (0 for a consumer with a queue of its own; a
+/// multi-topic consumer's members share one queue).
+pub(crate) struct Queued {
+    pub(crate) source: u32,
+    pub(crate) item: Inbound,
+}
+
+#[allow(clippy::large_enum_variant, reason = "boxing would allocate per message; the other variants are rare")]
+pub(crate) enum Inbound {
+    Delivery(Delivery),
+    /// The consumer's connection slot is gone (closed by us or the broker,
+    /// or the connection ended): nothing more comes from it.
+    End,
+    /// A multi-topic consumer's member joined (or failed to): deliveries
+    /// held back because they came before it was known can go on.
+    Joined,
+}
+
+/// The sending side of a consumer's queue, held by its connection slot.
+/// The slot's own `Inbox` puts `Inbound::End` in the queue when it is
+/// dropped; its clones (the connection's, for the time of one frame, and a
+/// retry topic's slot) do not.
+pub(crate) struct Inbox {
+    tx: mpsc::UnboundedSender<Queued>,
+    source: u32,
+    end_on_drop: bool,
+}
+
+impl Inbox {
+    /// Queues `delivery`; false if the consumer is gone.
+    pub(crate) fn send(&self, delivery: Delivery) -> bool {
+        self.tx.send(Queued { source: self.source, item: Inbound::Delivery(delivery) }).is_ok()
+    }
+}
+
+impl Clone for Inbox {
+    fn clone(&self) -> Self {
+        Self { tx: self.tx.clone(), source: self.source, end_on_drop: false }
+    }
+}
+
+impl Drop for Inbox {
+    fn drop(&mut self) {
+        if self.end_on_drop {
+            let _ = self.tx.send(Queued { source: self.source, item: Inbound::End });
+        }
+    }
+}
+
+/// Where a consumer's messages wait for the application.
+enum Queue {
+    /// A queue of its own, read by `receive`.
+    Own(tokio::sync::Mutex<mpsc::UnboundedReceiver<Queued>>),
+    /// A member of a multi-topic consumer: its messages wait in the shared
+    /// queue, and the multi-topic consumer hands each to `accept`.
+    Shared,
 }
 
 /// The retry topic's broker-side consumer, and the ledgers its messages
@@ -451,7 +519,7 @@ struct Receiving {
 /// ledger says which consumer acks (and redelivery requests) belong to.
 struct RetryRoute {
     consumer_id: u64,
-    topic: String,
+    topic: Arc<str>,
     ledgers: std::sync::Mutex<std::collections::HashSet<u64>>,
 }
 
@@ -487,9 +555,13 @@ fn group(main: u64, retry: &Option<Arc<RetryRoute>>, ids: &[MessageId]) -> Vec<(
 pub struct Consumer {
     conn: Arc<Connection>,
     consumer_id: u64,
-    topic: String,
+    topic: Arc<str>,
     subscription: String,
-    rx: tokio::sync::Mutex<Receiving>,
+    queue: Queue,
+    /// Messages handed to the application since the last `Flow`.
+    unflowed: AtomicU32,
+    /// The same for the retry topic's consumer.
+    unflowed_retry: AtomicU32,
     flow_threshold: u32,
     receiver_queue_size: u32,
     closed: Arc<AtomicBool>,
@@ -503,8 +575,15 @@ pub struct Consumer {
     /// Batches handed out and not wholly acknowledged: (ledger, entry,
     /// partition) → acked flag per batch index. The broker acknowledges
     /// entries, so an entry is acked only once all its messages are.
-    batches: std::sync::Mutex<HashMap<(u64, u64, i32), Vec<bool>>>,
+    batches: std::sync::Mutex<HashMap<(u64, u64, i32), BatchAcks>>,
     chunks: std::sync::Mutex<ChunkState>,
+}
+
+/// A batch handed out: which of its messages are acknowledged, and how
+/// many are not.
+struct BatchAcks {
+    acked: Vec<bool>,
+    left: usize,
 }
 
 /// Chunked messages being reassembled, and the chunk ids of whole ones
@@ -687,6 +766,17 @@ impl Consumer {
         &self.topic
     }
 
+    /// Whether messages of `topic` (a message's own `Arc`, or an equal
+    /// name) come from this consumer or its retry topic.
+    pub(crate) fn delivers(&self, topic: &Arc<str>) -> bool {
+        Arc::ptr_eq(&self.topic, topic) || self.retry.as_ref().is_some_and(|r| Arc::ptr_eq(&r.topic, topic))
+    }
+
+    /// Like `delivers`, by name.
+    pub(crate) fn delivers_named(&self, topic: &str) -> bool {
+        *self.topic == *topic || self.retry.as_ref().is_some_and(|r| *r.topic == *topic)
+    }
+
     pub fn subscription(&self) -> &str {
         &self.subscription
     }
@@ -695,7 +785,7 @@ impl Consumer {
         self.closed.load(Ordering::Acquire)
     }
 
-    fn closed_error(&self) -> ClientError {
+    pub(crate) fn closed_error(&self) -> ClientError {
         // Closed on purpose (by us or the broker) wins over a connection
         // that broke afterwards.
         if self.is_closed() {
@@ -715,22 +805,48 @@ impl Consumer {
     /// `tokio::time::timeout` to bound the wait. Cancel-safe: a `receive`
     /// dropped before it completes loses no message.
     pub async fn receive(&self) -> Result<Message> {
-        let mut receiving = self.rx.lock().await;
+        let own = self.own_queue()?;
+        // Uncontended (the usual case): no semaphore wait future per message.
+        let mut rx = match own.try_lock() {
+            Ok(rx) => rx,
+            Err(_) => own.lock().await,
+        };
         loop {
-            match receiving.rx.recv().await {
+            match rx.recv().await {
                 // Nothing below awaits, so a message taken off the queue is
                 // always returned or handed to the dead-letter task (cancel safety).
-                Some(delivery) => {
-                    self.after_receive(&mut receiving, &delivery);
-                    let Some(delivery) = self.assemble(delivery) else { continue };
-                    if let Some(delivery) = self.screen(delivery) {
-                        self.track_batch(&delivery);
+                Some(Queued { item: Inbound::Delivery(delivery), .. }) => {
+                    if let Some(delivery) = self.accept(delivery) {
                         return delivery;
                     }
                 }
+                // The queue closes once the retry topic's slot is gone too.
+                Some(_) => {}
                 None => return Err(self.closed_error()),
             }
         }
+    }
+
+    fn own_queue(&self) -> Result<&tokio::sync::Mutex<mpsc::UnboundedReceiver<Queued>>> {
+        match &self.queue {
+            Queue::Own(rx) => Ok(rx),
+            Queue::Shared => Err(ClientError::InvalidOption {
+                option: "receive",
+                reason: "this consumer's messages arrive through its multi-topic consumer",
+            }),
+        }
+    }
+
+    /// A delivery taken off the queue, on its way to the application:
+    /// counts its permit, reassembles chunks, screens for the dead-letter
+    /// topic and tracks batches. `None`: nothing to hand out for it (yet).
+    /// Never awaits.
+    pub(crate) fn accept(&self, delivery: Delivery) -> Option<Delivery> {
+        self.after_receive(&delivery);
+        let delivery = self.assemble(delivery)?;
+        let delivery = self.screen(delivery)?;
+        self.track_batch(&delivery);
+        Some(delivery)
     }
 
     /// Up to `max` messages: waits for the first, then takes what is already
@@ -813,17 +929,15 @@ impl Consumer {
     /// The next message if one is already here, without waiting. `Ok(None)`
     /// also when another task is inside `receive`.
     pub fn try_receive(&self) -> Result<Option<Message>> {
-        let Ok(mut receiving) = self.rx.try_lock() else { return Ok(None) };
+        let Ok(mut rx) = self.own_queue()?.try_lock() else { return Ok(None) };
         loop {
-            match receiving.rx.try_recv() {
-                Ok(delivery) => {
-                    self.after_receive(&mut receiving, &delivery);
-                    let Some(delivery) = self.assemble(delivery) else { continue };
-                    if let Some(delivery) = self.screen(delivery) {
-                        self.track_batch(&delivery);
+            match rx.try_recv() {
+                Ok(Queued { item: Inbound::Delivery(delivery), .. }) => {
+                    if let Some(delivery) = self.accept(delivery) {
                         return delivery.map(Some);
                     }
                 }
+                Ok(_) => {}
                 Err(TryRecvError::Empty) => return Ok(None),
                 Err(TryRecvError::Disconnected) => return Err(self.closed_error()),
             }
@@ -849,12 +963,15 @@ impl Consumer {
         if self.is_closed() {
             return Err(self.closed_error());
         }
+        let own = self.own_queue()?;
         self.flush_acks().await?;
         {
-            let mut receiving = self.rx.lock().await;
-            while let Ok(delivery) = receiving.rx.try_recv() {
-                // Their permits are granted again, as if received.
-                self.after_receive(&mut receiving, &delivery);
+            let mut rx = own.lock().await;
+            while let Ok(queued) = rx.try_recv() {
+                if let Inbound::Delivery(delivery) = queued.item {
+                    // Their permits are granted again, as if received.
+                    self.after_receive(&delivery);
+                }
             }
         }
         let command = Command::RedeliverUnacknowledged { consumer_id: self.consumer_id, message_ids: Vec::new() };
@@ -884,11 +1001,12 @@ impl Consumer {
         if self.is_closed() {
             return Err(self.closed_error());
         }
+        let own = self.own_queue()?;
         self.flush_acks().await?;
         let consumer_id = self.consumer_id;
         // Hold the queue while seeking so no `receive` hands out a message
         // from before the seek once it is answered.
-        let mut receiving = self.rx.lock().await;
+        let mut rx = own.lock().await;
         let answer = self
             .conn
             .request("seek", |request_id| Command::Seek { request_id, consumer_id, message_id, publish_time_ms })
@@ -899,8 +1017,8 @@ impl Consumer {
         }
         // The broker set our permits to 0: drop what is queued and grant
         // the whole queue again.
-        while receiving.rx.try_recv().is_ok() {}
-        receiving.unflowed = 0;
+        while rx.try_recv().is_ok() {}
+        self.unflowed.store(0, Ordering::Relaxed);
         self.tracker.clear();
         self.conn.send_command(&Command::Flow { consumer_id, permits: self.receiver_queue_size }).await
     }
@@ -926,7 +1044,7 @@ impl Consumer {
     /// broker always has room to keep sending without a Flow per message.
     /// A failure to send the Flow is not the message's failure: it only
     /// happens when the connection is gone, and then permits are moot.
-    fn after_receive(&self, receiving: &mut Receiving, delivery: &Delivery) {
+    fn after_receive(&self, delivery: &Delivery) {
         let from_retry = match (&self.retry, delivery) {
             (Some(r), Ok(m)) if m.topic == r.topic => {
                 r.ledgers.lock().unwrap_or_else(|p| p.into_inner()).insert(m.id.ledger);
@@ -935,12 +1053,15 @@ impl Consumer {
             _ => false,
         };
         let (unflowed, consumer_id) = match &self.retry {
-            Some(r) if from_retry => (&mut receiving.unflowed_retry, r.consumer_id),
-            _ => (&mut receiving.unflowed, self.consumer_id),
+            Some(r) if from_retry => (&self.unflowed_retry, r.consumer_id),
+            _ => (&self.unflowed, self.consumer_id),
         };
-        *unflowed += 1;
-        if *unflowed >= self.flow_threshold {
-            let permits = std::mem::take(unflowed);
+        if unflowed.fetch_add(1, Ordering::Relaxed) + 1 >= self.flow_threshold {
+            // Another thread may have taken them just now.
+            let permits = unflowed.swap(0, Ordering::Relaxed);
+            if permits == 0 {
+                return;
+            }
             if let Err(e) = self.conn.send_command_nowait(&Command::Flow { consumer_id, permits }) {
                 tracing::debug!(error = %e, "flow not sent");
             }
@@ -956,14 +1077,18 @@ impl Consumer {
             AckType::Cumulative => self.tracker.acked_cumulative(id),
         }
         // What the broker acknowledges (see `broker_acks`).
-        for (id, size) in self.broker_acks(ack_type, std::slice::from_ref(id)) {
-            if self.acks.enabled() {
-                let cumulative = ack_type == AckType::Cumulative;
-                if let Some(full) = self.acks.add(id, size, cumulative, Instant::now()) {
-                    self.send_acks(full).await?;
-                }
-                continue;
+        if self.acks.enabled() {
+            let cumulative = ack_type == AckType::Cumulative;
+            let mut full = Vec::new();
+            self.broker_acks_each(ack_type, std::slice::from_ref(id), |id, size| {
+                full.extend(self.acks.add(id, size, cumulative, Instant::now));
+            });
+            for batch in full {
+                self.send_acks(batch).await?;
             }
+            return Ok(());
+        }
+        for (id, size) in self.broker_acks(ack_type, std::slice::from_ref(id)) {
             let consumer_id = route(self.consumer_id, &self.retry, &id);
             let batch_sizes = if size > 0 { vec![size] } else { Vec::new() };
             let command = Command::Ack { consumer_id, ack_type, message_ids: vec![id], request_id: 0, batch_sizes };
@@ -1008,7 +1133,7 @@ impl Consumer {
         result
     }
 
-    fn lock_batches(&self) -> std::sync::MutexGuard<'_, HashMap<(u64, u64, i32), Vec<bool>>> {
+    fn lock_batches(&self) -> std::sync::MutexGuard<'_, HashMap<(u64, u64, i32), BatchAcks>> {
         self.batches.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -1021,7 +1146,10 @@ impl Consumer {
         self.lock_batches().entry((m.id.ledger, m.id.entry, m.id.partition)).or_insert_with(|| {
             // A redelivered batch: messages acknowledged before are not
             // handed out again, and count as acknowledged here.
-            (0..n).map(|i| m.ack_set.get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0)).collect()
+            let acked: Vec<bool> =
+                (0..n).map(|i| m.ack_set.get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0)).collect();
+            let left = acked.iter().filter(|a| !**a).count();
+            BatchAcks { acked, left }
         });
     }
 
@@ -1031,13 +1159,29 @@ impl Consumer {
     /// 0); a cumulative ack inside a batch likewise; a reassembled chunked
     /// message acknowledges all its chunks.
     fn broker_acks(&self, ack_type: AckType, ids: &[MessageId]) -> Vec<(MessageId, u32)> {
-        let mut batches = self.lock_batches();
         let mut out = Vec::with_capacity(ids.len());
+        self.broker_acks_each(ack_type, ids, |id, size| out.push((id, size)));
+        out
+    }
+
+    /// `broker_acks`, each handed to `emit` (no list per ack).
+    fn broker_acks_each(&self, ack_type: AckType, ids: &[MessageId], mut emit: impl FnMut(MessageId, u32)) {
+        let mut batches = self.lock_batches();
         for id in ids {
-            let chunk_ids = self.chunks.lock().unwrap_or_else(|p| p.into_inner()).handed_out.remove(id);
+            let chunk_ids = {
+                let mut chunks = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+                // No hashing when no chunked message is out (the usual case).
+                if chunks.handed_out.is_empty() {
+                    None
+                } else {
+                    chunks.handed_out.remove(id)
+                }
+            };
             if let Some(chunk_ids) = chunk_ids {
                 if ack_type == AckType::Individual {
-                    out.extend(chunk_ids.into_iter().map(|c| (c, 0)));
+                    for c in chunk_ids {
+                        emit(c, 0);
+                    }
                     continue;
                 }
             }
@@ -1045,32 +1189,29 @@ impl Consumer {
             if ack_type == AckType::Cumulative {
                 batches.retain(|(l, e, p), _| !(*p == id.partition && (*l, *e) < (id.ledger, id.entry)));
             }
-            let Some(flags) = batches.get_mut(&key).filter(|_| id.batch_index >= 0) else {
-                out.push((*id, 0));
+            let Some(batch) = batches.get_mut(&key).filter(|_| id.batch_index >= 0) else {
+                emit(*id, 0);
                 continue;
             };
-            let size = u32::try_from(flags.len()).unwrap_or(u32::MAX);
+            let size = u32::try_from(batch.acked.len()).unwrap_or(u32::MAX);
             let index = usize::try_from(id.batch_index).unwrap_or(usize::MAX);
-            match ack_type {
-                AckType::Individual => {
-                    if let Some(f) = flags.get_mut(index) {
-                        *f = true;
-                    }
-                }
-                AckType::Cumulative => {
-                    for f in flags.iter_mut().take(index.saturating_add(1)) {
-                        *f = true;
-                    }
+            let upto = match ack_type {
+                AckType::Individual => index..index.saturating_add(1),
+                AckType::Cumulative => 0..index.saturating_add(1),
+            };
+            for f in batch.acked.iter_mut().take(upto.end).skip(upto.start) {
+                if !*f {
+                    *f = true;
+                    batch.left -= 1;
                 }
             }
-            if flags.iter().all(|f| *f) {
+            if batch.left == 0 {
                 batches.remove(&key);
-                out.push((*id, 0));
+                emit(*id, 0);
             } else {
-                out.push((*id, size));
+                emit(*id, size);
             }
         }
-        out
     }
 
     async fn send_acks(&self, batch: AckBatch) -> Result<()> {

@@ -122,6 +122,7 @@ impl Client {
             ack_group_time: ACK_GROUP_TIME_DEFAULT,
             ack_group_max: ACK_GROUP_MAX_DEFAULT,
             durable: true,
+            inbox: None,
         }
     }
 

@@ -2,6 +2,7 @@
 
 use bytes::Bytes;
 use magnetar_wire::{MessageId, MessageMetadata};
+use std::sync::Arc;
 
 /// A message to publish. Build it with [`OutgoingMessage::new`] and the
 /// `with_*` methods:
@@ -90,8 +91,9 @@ impl OutgoingMessage {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Message {
     pub id: MessageId,
-    /// Full topic name (`persistent://tenant/ns/topic`).
-    pub topic: String,
+    /// Full topic name (`persistent://tenant/ns/topic`); shared by every
+    /// message of the consumer (no copy per message).
+    pub topic: Arc<str>,
     pub metadata: MessageMetadata,
     pub payload: Bytes,
     /// How many times the broker delivered this message before (0 on first delivery).
@@ -105,6 +107,11 @@ pub struct Message {
 impl Message {
     pub fn id(&self) -> MessageId {
         self.id
+    }
+
+    /// Full topic name (a partition's own name for a partitioned topic).
+    pub fn topic(&self) -> &str {
+        &self.topic
     }
 
     pub fn payload(&self) -> &Bytes {

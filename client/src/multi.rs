@@ -3,22 +3,70 @@
 //! all of them arrive on one queue; each keeps its topic and its id (whose
 //! `partition` names the partition), and acks go to the consumer of the
 //! message's topic.
+//!
+//! The members' connection slots put their deliveries straight into the
+//! shared queue, each tagged with the member's index; `receive` hands each
+//! to its member (`Consumer::accept`: flow permits, chunks, dead letters,
+//! batch tracking) on the way out. So a message is queued once, and a
+//! member's permits come back as the application receives its messages.
 
-use crate::consumer::{Consumer, ConsumerBuilder};
+use crate::consumer::{Consumer, ConsumerBuilder, Inbound, Queued};
 use crate::error::{ClientError, Result};
 use crate::message::Message;
 use serde_json::json;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+/// Up to this many members, an ack finds its member by comparing topic
+/// pointers; beyond, by the topic's name in a map.
+const MEMBER_SCAN_MAX: usize = 16;
+
+#[derive(Clone)]
+enum Member {
+    /// Subscribing; its deliveries may already come.
+    Joining,
+    Live(Arc<Consumer>),
+    /// Its subscribe failed.
+    Failed,
+}
+
+#[derive(Default)]
+struct Members {
+    /// By index (the `source` of its queued deliveries).
+    list: Vec<Member>,
+    by_topic: HashMap<String, u32>,
+}
+
+/// The receiving side: the queue, and a copy of the members it has seen.
+struct Receiving {
+    rx: mpsc::UnboundedReceiver<Queued>,
+    members: Vec<Member>,
+    /// Members whose connection slot is gone (`Inbound::End` came).
+    ended: Vec<bool>,
+    ended_count: usize,
+    /// Deliveries that came before their member was known, in order.
+    held: VecDeque<Queued>,
+}
+
+impl Receiving {
+    fn mark_ended(&mut self, source: u32) {
+        if let Some(e) = self.ended.get_mut(source as usize) {
+            if !*e {
+                *e = true;
+                self.ended_count += 1;
+            }
+        }
+    }
+}
+
 /// A consumer over several topics. `Send + Sync`.
 pub struct MultiTopicConsumer {
     subscription: String,
-    consumers: Mutex<HashMap<String, Arc<Consumer>>>,
-    tx: mpsc::Sender<Result<Message>>,
-    rx: tokio::sync::Mutex<mpsc::Receiver<Result<Message>>>,
+    members: Mutex<Members>,
+    tx: mpsc::UnboundedSender<Queued>,
+    rx: tokio::sync::Mutex<Receiving>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -38,26 +86,38 @@ impl Drop for MultiTopicConsumer {
 
 impl MultiTopicConsumer {
     /// An empty consumer; add topics with [`add_topic`](Self::add_topic).
-    /// `queue` bounds the shared queue (each topic's consumer has its own
-    /// receiver queue besides).
-    pub(crate) fn new(subscription: String, queue: usize) -> Self {
-        let (tx, rx) = mpsc::channel(queue.max(1));
+    /// Each topic's consumer gets its own flow permits (its receiver queue
+    /// size); the shared queue holds what they were sent.
+    pub(crate) fn new(subscription: String) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
         Self {
             subscription,
-            consumers: Mutex::new(HashMap::new()),
+            members: Mutex::new(Members::default()),
             tx,
-            rx: tokio::sync::Mutex::new(rx),
+            rx: tokio::sync::Mutex::new(Receiving {
+                rx,
+                members: Vec::new(),
+                ended: Vec::new(),
+                ended_count: 0,
+                held: VecDeque::new(),
+            }),
             tasks: Mutex::new(Vec::new()),
         }
     }
 
-    fn lock_consumers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Consumer>>> {
-        self.consumers.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock_members(&self) -> std::sync::MutexGuard<'_, Members> {
+        self.members.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Topics consumed now, sorted.
     pub fn topics(&self) -> Vec<String> {
-        let mut t: Vec<String> = self.lock_consumers().keys().cloned().collect();
+        let members = self.lock_members();
+        let mut t: Vec<String> = members
+            .by_topic
+            .iter()
+            .filter(|(_, &i)| matches!(members.list.get(i as usize), Some(Member::Live(_))))
+            .map(|(t, _)| t.clone())
+            .collect();
         t.sort();
         t
     }
@@ -66,45 +126,38 @@ impl MultiTopicConsumer {
         &self.subscription
     }
 
-    /// Subscribes `builder`'s topic (a single topic or partition) and feeds
-    /// its messages into the shared queue. A topic already consumed is skipped.
-    pub async fn add_topic(&self, builder: ConsumerBuilder) -> Result<()> {
+    /// Subscribes `builder`'s topic (a single topic or partition); its
+    /// messages come through the shared queue. A topic already consumed
+    /// (or being subscribed) is skipped.
+    pub async fn add_topic(&self, mut builder: ConsumerBuilder) -> Result<()> {
         let topic = crate::names::normalize_topic(&builder.topic)?;
-        if self.lock_consumers().contains_key(&topic) {
-            return Ok(());
-        }
-        let consumer = Arc::new(builder.subscribe().await?);
-        self.lock_consumers().insert(topic, consumer.clone());
-        let tx = self.tx.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                let m = consumer.receive().await;
-                let end = m.is_err() && consumer.is_closed();
-                if tx.send(m).await.is_err() || end {
-                    return;
-                }
-                // Then hand over what is already queued without an await
-                // per message while the shared queue has room.
-                loop {
-                    let m = match consumer.try_receive() {
-                        Ok(Some(m)) => Ok(m),
-                        Ok(None) => break,
-                        Err(e) => Err(e),
-                    };
-                    let end = m.is_err() && consumer.is_closed();
-                    let sent = match tx.try_send(m) {
-                        Ok(()) => true,
-                        Err(mpsc::error::TrySendError::Full(m)) => tx.send(m).await.is_ok(),
-                        Err(mpsc::error::TrySendError::Closed(_)) => false,
-                    };
-                    if !sent || end {
-                        return;
-                    }
-                }
+        let index = {
+            let mut members = self.lock_members();
+            if members.by_topic.contains_key(&topic) {
+                return Ok(());
             }
-        });
-        self.tasks.lock().unwrap_or_else(|p| p.into_inner()).push(task);
-        Ok(())
+            let index = u32::try_from(members.list.len())
+                .map_err(|_| ClientError::InvalidOption { option: "topics", reason: "too many topics" })?;
+            members.list.push(Member::Joining);
+            members.by_topic.insert(topic.clone(), index);
+            index
+        };
+        builder.inbox = Some((self.tx.clone(), index));
+        let subscribed = builder.subscribe().await.map(Arc::new);
+        {
+            let mut members = self.lock_members();
+            let slot = &mut members.list[index as usize];
+            *slot = match &subscribed {
+                Ok(c) => Member::Live(c.clone()),
+                Err(_) => Member::Failed,
+            };
+            if subscribed.is_err() {
+                members.by_topic.remove(&topic);
+            }
+        }
+        // Wakes a `receive` that holds deliveries back for this member.
+        let _ = self.tx.send(Queued { source: index, item: Inbound::Joined });
+        subscribed.map(|_| ())
     }
 
     pub(crate) fn adopt_task(&self, task: JoinHandle<()>) {
@@ -113,27 +166,156 @@ impl MultiTopicConsumer {
 
     /// The next message of any topic. Cancel-safe.
     pub async fn receive(&self) -> Result<Message> {
-        let mut rx = self.rx.lock().await;
-        rx.recv().await.unwrap_or(Err(ClientError::ConsumerClosed { subscription: self.subscription.clone() }))
-    }
-
-    /// The next message if one is already here.
-    pub fn try_receive(&self) -> Result<Option<Message>> {
-        let Ok(mut rx) = self.rx.try_lock() else { return Ok(None) };
-        match rx.try_recv() {
-            Ok(m) => m.map(Some),
-            Err(mpsc::error::TryRecvError::Empty) => Ok(None),
-            Err(mpsc::error::TryRecvError::Disconnected) => {
-                Err(ClientError::ConsumerClosed { subscription: self.subscription.clone() })
+        // Uncontended (the usual case): no semaphore wait future per message.
+        let mut q = match self.rx.try_lock() {
+            Ok(q) => q,
+            Err(_) => self.rx.lock().await,
+        };
+        loop {
+            if let Some(r) = self.step_held(&mut q) {
+                return r;
+            }
+            if let Some(e) = self.all_ended(&mut q) {
+                return Err(e);
+            }
+            // The multi-topic consumer holds a sender: never `None`.
+            let Some(queued) = q.rx.recv().await else { return Err(self.closed()) };
+            // Nothing below awaits (cancel safety).
+            if let Some(r) = self.step(&mut q, queued) {
+                return r;
             }
         }
     }
 
+    /// The next message if one is already here.
+    pub fn try_receive(&self) -> Result<Option<Message>> {
+        let Ok(mut q) = self.rx.try_lock() else { return Ok(None) };
+        loop {
+            if let Some(r) = self.step_held(&mut q) {
+                return r.map(Some);
+            }
+            if let Some(e) = self.all_ended(&mut q) {
+                return Err(e);
+            }
+            match q.rx.try_recv() {
+                Ok(queued) => {
+                    if let Some(r) = self.step(&mut q, queued) {
+                        return r.map(Some);
+                    }
+                }
+                Err(mpsc::error::TryRecvError::Empty) => return Ok(None),
+                Err(mpsc::error::TryRecvError::Disconnected) => return Err(self.closed()),
+            }
+        }
+    }
+
+    fn closed(&self) -> ClientError {
+        ClientError::ConsumerClosed { subscription: self.subscription.clone() }
+    }
+
+    /// The member `source` as the receiving side knows it, refreshed from
+    /// the members' list when it does not know it yet.
+    fn member<'a>(&self, q: &'a mut Receiving, source: u32) -> &'a Member {
+        let i = source as usize;
+        if !matches!(q.members.get(i), Some(Member::Live(_) | Member::Failed)) {
+            self.refresh(q);
+        }
+        q.members.get(i).unwrap_or(&Member::Joining)
+    }
+
+    fn refresh(&self, q: &mut Receiving) {
+        q.members.clone_from(&self.lock_members().list);
+        if q.ended.len() < q.members.len() {
+            q.ended.resize(q.members.len(), false);
+        }
+    }
+
+    fn step(&self, q: &mut Receiving, queued: Queued) -> Option<Result<Message>> {
+        let Queued { source, item } = queued;
+        // Behind what is held back for the same member (its order).
+        let behind = !q.held.is_empty() && q.held.iter().any(|h| h.source == source);
+        let member = if behind { &Member::Joining } else { self.member(q, source) };
+        let ended = match (item, member) {
+            (Inbound::Joined, _) => return None,
+            (Inbound::Delivery(d), Member::Live(c)) => return c.accept(d),
+            (Inbound::End, Member::Live(c)) => c.closed_error(),
+            (item, Member::Joining) => {
+                q.held.push_back(Queued { source, item });
+                return None;
+            }
+            // A member whose subscribe failed: nothing of it goes out.
+            (_, Member::Failed) => return None,
+        };
+        q.mark_ended(source);
+        Some(Err(ended))
+    }
+
+    /// Hands out what was held back for members known now, in order.
+    fn step_held(&self, q: &mut Receiving) -> Option<Result<Message>> {
+        if q.held.is_empty() {
+            return None;
+        }
+        self.refresh(q);
+        let known =
+            |q: &Receiving, h: &Queued| !matches!(q.members.get(h.source as usize), Some(Member::Joining) | None);
+        while let Some(pos) = q.held.iter().position(|h| known(q, h)) {
+            let h = q.held.remove(pos)?;
+            // `step` would hold it again behind its own held siblings.
+            let Queued { source, item } = h;
+            let out = match (item, q.members.get(source as usize)) {
+                (Inbound::Delivery(d), Some(Member::Live(c))) => c.accept(d),
+                (Inbound::End, Some(Member::Live(c))) => {
+                    let e = c.closed_error();
+                    q.mark_ended(source);
+                    Some(Err(e))
+                }
+                _ => None,
+            };
+            if let Some(r) = out {
+                return Some(r);
+            }
+        }
+        None
+    }
+
+    /// Once every member's slot is gone (and nothing is queued or held),
+    /// `receive` would wait for ever: the error of one of them instead.
+    fn all_ended(&self, q: &mut Receiving) -> Option<ClientError> {
+        if q.ended_count == 0 || !q.rx.is_empty() || !q.held.is_empty() {
+            return None;
+        }
+        let members = self.lock_members();
+        let mut first = None;
+        for (i, m) in members.list.iter().enumerate() {
+            match m {
+                Member::Joining => return None,
+                Member::Failed => {}
+                Member::Live(c) => {
+                    if !q.ended.get(i).copied().unwrap_or(false) {
+                        return None;
+                    }
+                    first.get_or_insert_with(|| c.closed_error());
+                }
+            }
+        }
+        first
+    }
+
+    /// The member consumer `msg` came from: by the topic's pointer (every
+    /// message of a member shares its topic name), else by name.
     fn consumer_of(&self, msg: &Message) -> Result<Arc<Consumer>> {
-        self.lock_consumers()
-            .get(&msg.topic)
-            .cloned()
-            .ok_or_else(|| ClientError::ConsumerClosed { subscription: self.subscription.clone() })
+        let members = self.lock_members();
+        let live = || members.list.iter().filter_map(|m| if let Member::Live(c) = m { Some(c) } else { None });
+        if members.list.len() <= MEMBER_SCAN_MAX {
+            if let Some(c) = live().find(|c| c.delivers(&msg.topic)) {
+                return Ok(c.clone());
+            }
+        }
+        if let Some(Member::Live(c)) = members.by_topic.get(&*msg.topic).and_then(|&i| members.list.get(i as usize)) {
+            return Ok(c.clone());
+        }
+        // A retry topic's message, or a message built by hand.
+        live().find(|c| c.delivers_named(&msg.topic)).cloned().ok_or_else(|| self.closed())
     }
 
     /// Acknowledge `msg` on its topic's subscription.
@@ -155,7 +337,12 @@ impl MultiTopicConsumer {
 
     /// Close every topic's consumer; the first error is returned.
     pub async fn close(&self) -> Result<()> {
-        let consumers: Vec<Arc<Consumer>> = self.lock_consumers().values().cloned().collect();
+        let consumers: Vec<Arc<Consumer>> = self
+            .lock_members()
+            .list
+            .iter()
+            .filter_map(|m| if let Member::Live(c) = m { Some(c.clone()) } else { None })
+            .collect();
         let mut first = Ok(());
         for c in consumers {
             if let Err(e) = c.close().await {

@@ -412,7 +412,7 @@ async fn consume_flow_replenishment_and_acks() {
             }
             let msg = received.unwrap();
             assert_eq!(msg.id, MessageId::new(9, seq, -1, -1));
-            assert_eq!(msg.topic, "persistent://public/default/orders");
+            assert_eq!(msg.topic(), "persistent://public/default/orders");
             assert_eq!(msg.key(), Some("k"));
             assert_eq!(msg.property("n"), Some(seq.to_string().as_str()));
             assert_eq!(msg.publish_time_ms(), 1_700_000_000_000 + seq);
@@ -966,6 +966,131 @@ async fn shard_aware_off_uses_the_given_address_only() {
         let client = Client::connect_with(&url, ClientOptions { shard_aware: false, ..options() }).await.unwrap();
         client.producer("orders").create().await.unwrap();
         let _conn = broker.await.unwrap();
+    })
+    .await;
+}
+
+/// Goal: a multi-topic consumer (a partitioned topic by its own name) hands
+/// out each partition's messages in order through its one queue, gives a
+/// partition's permits back only as the application receives that
+/// partition's messages, routes each ack to the partition's consumer, and
+/// reports the end of the connection instead of waiting for ever.
+/// Method: a fake broker with a 2-partition topic sends each partition's
+/// permits' worth of messages, interleaved, and checks Flows and Acks.
+#[tokio::test]
+async fn multi_topic_consumer_orders_permits_acks_and_end() {
+    within(async {
+        const QUEUE: u32 = 4;
+        const PER_PARTITION: u64 = 8;
+        let (url, accept) = listen(1 << 20).await;
+        let broker = tokio::spawn(async move {
+            let mut conn = accept.await;
+            match conn.recv_cmd().await.command {
+                Command::AdminRequest { request_id, op, .. } => {
+                    assert_eq!(op, "topics.partitioned-metadata");
+                    conn.send(Command::AdminResponse { request_id, json: r#"{"partitions":2}"#.into() }, &[]).await;
+                }
+                other => panic!("expected AdminRequest, got {other:?}"),
+            }
+            // consumer id of partition p at [p].
+            let mut ids = [0u64; 2];
+            let mut permits = [0u32; 2];
+            let mut subscribed = 0;
+            while subscribed < 2 || permits.contains(&0) {
+                match conn.recv_cmd().await.command {
+                    Command::Subscribe { request_id, consumer_id, topic, .. } => {
+                        assert_eq!(topic, format!("persistent://public/default/orders-partition-{subscribed}"));
+                        ids[subscribed] = consumer_id;
+                        subscribed += 1;
+                        conn.send(Command::Success { request_id }, &[]).await;
+                    }
+                    Command::Flow { consumer_id, permits: n } => {
+                        assert_eq!(n, QUEUE, "the first grant is the whole queue");
+                        permits[ids.iter().position(|&i| i == consumer_id).unwrap()] += n;
+                    }
+                    other => panic!("expected Subscribe or Flow, got {other:?}"),
+                }
+            }
+            let partition_of = |c: u64| ids.iter().position(|&i| i == c).expect("unknown consumer id");
+            let mut sent = [0u64; 2];
+            let mut acked = [Vec::new(), Vec::new()];
+            while acked.iter().map(Vec::len).sum::<usize>() < 2 * PER_PARTITION as usize {
+                // Interleave the partitions, as far as their permits go.
+                while (0..2).any(|p| permits[p] > 0 && sent[p] < PER_PARTITION) {
+                    for p in 0..2 {
+                        if permits[p] > 0 && sent[p] < PER_PARTITION {
+                            let id = MessageId::new(10 + p as u64, sent[p], p as i32, -1);
+                            let command = Command::Message {
+                                consumer_id: ids[p],
+                                message_id: id,
+                                redelivery_count: 0,
+                                ack_set: vec![],
+                            };
+                            conn.send(command, &blob(sent[p], "k")).await;
+                            permits[p] -= 1;
+                            sent[p] += 1;
+                        }
+                    }
+                }
+                match conn.recv_cmd().await.command {
+                    Command::Flow { consumer_id, permits: n } => {
+                        let p = partition_of(consumer_id);
+                        // Outstanding = sent and not yet acknowledged (the
+                        // application acks each message as it receives it,
+                        // so at most one more than not yet received): a
+                        // Flow never lets it pass the queue.
+                        let outstanding = sent[p] - acked[p].len() as u64;
+                        assert!(
+                            u64::from(permits[p] + n) + outstanding <= u64::from(QUEUE) + 1,
+                            "partition {p}: {n} permits with {} unused and {outstanding} outstanding",
+                            permits[p]
+                        );
+                        permits[p] += n;
+                    }
+                    Command::Ack { consumer_id, message_ids, .. } => {
+                        let p = partition_of(consumer_id);
+                        for id in message_ids {
+                            assert_eq!(
+                                (id.ledger, id.partition),
+                                (10 + p as u64, p as i32),
+                                "ack sent to the wrong consumer"
+                            );
+                            acked[p].push(id.entry);
+                        }
+                    }
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            for a in &acked {
+                assert_eq!(*a, (0..PER_PARTITION).collect::<Vec<_>>());
+            }
+            drop(conn); // the broker goes away
+        });
+
+        let client = Client::connect_with(&url, options()).await.unwrap();
+        let consumer = client
+            .subscribe("orders", "s")
+            .receiver_queue_size(QUEUE)
+            .ack_group(Duration::ZERO, 1)
+            .subscribe_partitioned()
+            .await
+            .unwrap();
+        let mut next = [0u64; 2];
+        for _ in 0..2 * PER_PARTITION {
+            let msg = consumer.receive().await.unwrap();
+            let p = usize::try_from(msg.id.partition).unwrap();
+            assert_eq!(msg.topic(), format!("persistent://public/default/orders-partition-{p}"));
+            assert_eq!(msg.id.entry, next[p], "partition {p} out of order");
+            assert_eq!(msg.sequence_id(), next[p]);
+            next[p] += 1;
+            consumer.ack(&msg).await.unwrap();
+        }
+        broker.await.unwrap();
+        // Both partitions' slots are gone: receive reports it, every time.
+        for _ in 0..3 {
+            let end = consumer.receive().await;
+            assert!(matches!(end, Err(ClientError::Disconnected { .. })), "{end:?}");
+        }
     })
     .await;
 }
