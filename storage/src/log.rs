@@ -103,6 +103,15 @@ pub struct LogConfig {
 /// zeroing ahead cost throughput side by side (bench/README.md).
 pub const ZERO_AHEAD_BATCH_MAX: u64 = 16 << 10;
 
+/// A batch of one record at most this long, after [`LONE_STREAK_MIN`] such
+/// batches in a row, is written and synced as one blocking request
+/// (`DiskFile::write_and_sync`) instead of through the reactor.
+pub const LONE_BATCH_BYTES_MAX: u64 = 16 << 10;
+/// See [`LONE_BATCH_BYTES_MAX`]: a run of lone batches (one producer, one
+/// message in flight), not one lone batch among larger ones (several
+/// producers), whose next messages the shard should read while the disk works.
+pub const LONE_STREAK_MIN: u32 = 4;
+
 /// One zeroing write (then one fdatasync): a quarter of the distance ahead,
 /// between 1 and 4 MiB.
 fn zero_chunk_bytes(cfg: &LogConfig) -> u64 {
@@ -364,6 +373,11 @@ pub(crate) struct State<F> {
     pub zeroed: u64,
     /// Moving average of the flusher's batch length (bytes).
     pub avg_batch: u64,
+    /// Batches of one record in a row, up to the last one made durable.
+    pub lone_streak: u32,
+    /// Batches written and synced as one request (`LONE_BATCH_BYTES_MAX`)
+    /// since open (a counter).
+    pub lone_batches: u64,
     pub zero_waker: Option<Waker>,
     /// Bytes zeroed ahead since open (a counter).
     pub zeroed_bytes: u64,
@@ -417,6 +431,8 @@ impl<F> State<F> {
             recycled: 0,
             zeroed: 0,
             avg_batch: 0,
+            lone_streak: 0,
+            lone_batches: 0,
             zero_waker: None,
             zeroed_bytes: 0,
             seg_live: BTreeMap::new(),
@@ -758,16 +774,32 @@ impl<D: Disk> Shared<D> {
         } else {
             Some(self.zero_lock.acquire_permit(1).await.map_err(|_| StorageError::Closed)?)
         };
+        // A lone small batch in a run of them (one producer, one message in
+        // flight): the write and the fdatasync as one request that blocks
+        // this thread (`DiskFile::write_and_sync`), which has nothing else
+        // to do meanwhile. Never for batches of several records: blocking
+        // would stop the shard from reading the next batch's messages while
+        // the disk works.
+        let lone = count == 1 && batch_len <= LONE_BATCH_BYTES_MAX && self.st.borrow().lone_streak >= LONE_STREAK_MIN;
         crate::stage::mark("4b_write_submit");
-        seg.file.write_at(off, &buf).await.map_err(self.io("write batch", &seg.path))?;
-        crate::stage::mark("5_written");
-        {
-            let mut st = self.st.borrow_mut();
+        let after_write = |st: &mut State<D::File>| {
             st.zeroed = st.zeroed.max(end);
             st.avg_batch = if st.avg_batch == 0 { batch_len } else { (st.avg_batch * 7 + batch_len) / 8 };
+        };
+        if lone {
+            seg.file.write_and_sync(off, &buf).await.map_err(self.io("write and fdatasync batch", &seg.path))?;
+            let mut st = self.st.borrow_mut();
+            after_write(&mut st);
+            st.lone_batches += 1;
+            drop(st);
+            drop(zero_permit);
+        } else {
+            seg.file.write_at(off, &buf).await.map_err(self.io("write batch", &seg.path))?;
+            crate::stage::mark("5_written");
+            after_write(&mut self.st.borrow_mut());
+            drop(zero_permit);
+            seg.file.sync().await.map_err(self.io("fdatasync segment", &seg.path))?;
         }
-        drop(zero_permit);
-        seg.file.sync().await.map_err(self.io("fdatasync segment", &seg.path))?;
         crate::stage::mark("6_synced");
 
         // 4. Durable: advance, apply metadata to the durable view, wake waiters.
@@ -781,6 +813,7 @@ impl<D: Disk> Shared<D> {
         st.tail = position + batch_len;
         st.next_seq = seq + 1;
         st.durable_lsn = last_lsn;
+        st.lone_streak = if count == 1 { st.lone_streak.saturating_add(1) } else { 0 };
         if !moves.is_empty() {
             apply_moves(&mut st, moves);
         }
@@ -1561,6 +1594,12 @@ impl<D: Disk> EntryLog<D> {
     pub fn recycle_stats(&self) -> (usize, u64) {
         let st = self.sh.st.borrow();
         (st.recycle_pool.len(), st.recycled)
+    }
+
+    /// Lone batches written and synced as one request since open
+    /// ([`LONE_BATCH_BYTES_MAX`]).
+    pub fn lone_batches(&self) -> u64 {
+        self.sh.st.borrow().lone_batches
     }
 
     /// Bytes zeroed ahead of the tail since open (`zero_ahead_bytes`).
