@@ -8,6 +8,7 @@ use bytes::Bytes;
 use common::{run, small_config};
 use magnetar_storage::sim::{FaultError, FaultKind, SimDisk, SimRng};
 use magnetar_storage::{EntryLog, IndexExtras, LogConfig, StorageError, LONE_STREAK_MIN};
+use std::time::Duration;
 
 /// Goal: append, group commit, read from cache and disk, close, reopen clean
 /// without a scan, and the ids continue densely.
@@ -269,6 +270,8 @@ fn dma_backend_lone_batches_linked() {
         cfg.segment_bytes = 1 << 20;
         cfg.flush_bytes_max = 256 << 10;
         cfg.allow_tmpfs = true; // if TMPDIR is tmpfs, still run
+                                // Never paused by a slow disk here (see the next test).
+        cfg.lone_sync_max = Duration::from_secs(60);
         let (log, _) = EntryLog::open(cfg.clone()).await.unwrap();
         // 1 KiB bodies, as the bench's: one page per batch.
         let body = |i: u64| Bytes::from(vec![i as u8; 1000]);
@@ -308,6 +311,32 @@ fn dma_backend_lone_batches_linked() {
             assert_eq!(&log.read(1, i as u64).await.unwrap(), b, "entry {i}");
         }
         log.close().await.unwrap();
+    });
+}
+
+/// Goal: a lone request slower than `lone_sync_max` pauses the blocking
+/// path for `LONE_PAUSE_BATCHES` batches (a busy disk must not stall the
+/// shard per batch), and a zero `lone_sync_max` never blocks. Method: real
+/// directory, a bound of 1 ns (every request is slower) and of zero.
+#[test]
+fn slow_lone_requests_pause_the_blocking_path() {
+    let tmp = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
+    let dir = tmp.path().to_path_buf();
+    run(60, move || async move {
+        for (bound, linked, slow) in [(Duration::from_nanos(1), 1, 1), (Duration::ZERO, 0, 0)] {
+            let mut cfg = LogConfig::new(dir.join(format!("shard-{}", bound.as_nanos())));
+            cfg.segment_bytes = 1 << 20;
+            cfg.flush_bytes_max = 256 << 10;
+            cfg.allow_tmpfs = true;
+            cfg.lone_sync_max = bound;
+            let (log, _) = EntryLog::open(cfg).await.unwrap();
+            for i in 0..(LONE_STREAK_MIN as u64 + 30) {
+                let a = log.append(1, Bytes::from(vec![i as u8; 1000])).unwrap();
+                log.wait_durable(a.lsn).await.unwrap();
+            }
+            assert_eq!((log.lone_batches(), log.lone_slow()), (linked, slow), "bound {bound:?}");
+            log.close().await.unwrap();
+        }
     });
 }
 
