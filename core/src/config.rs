@@ -26,6 +26,10 @@ pub struct BrokerConfig {
     /// Storage: zero segments this far ahead of the tail in the background
     /// (`magnetar_storage::LogConfig::zero_ahead_bytes`; 0: never).
     pub zero_ahead_bytes: u64,
+    /// Storage: a lone small batch's blocking write + fdatasync slower than
+    /// this pauses that path (`magnetar_storage::LogConfig::lone_sync_max`;
+    /// zero: never block the shard).
+    pub lone_sync_max: std::time::Duration,
     /// Storage: freed segments kept per shard for reuse
     /// (`magnetar_storage::LogConfig::recycle_segments`; 0: unlink them).
     pub recycle_segments: usize,
@@ -75,6 +79,7 @@ impl BrokerConfig {
             segment_bytes: 256 * 1024 * 1024,
             prezero_segments: false,
             zero_ahead_bytes: 8 << 20,
+            lone_sync_max: std::time::Duration::from_millis(1),
             recycle_segments: 2,
             write_cache_bytes: 256 * 1024 * 1024,
             flush_bytes_max: 4 * 1024 * 1024,

@@ -126,6 +126,7 @@ where
                 lc.segment_bytes = config.segment_bytes;
                 lc.prezero_segments = config.prezero_segments;
                 lc.zero_ahead_bytes = config.zero_ahead_bytes;
+                lc.lone_sync_max = config.lone_sync_max;
                 lc.recycle_segments = config.recycle_segments;
                 lc.write_cache_bytes = config.write_cache_bytes;
                 lc.flush_bytes_max = config.flush_bytes_max;

@@ -23,6 +23,7 @@ mod mesh;
 pub mod metadata;
 mod nonpersistent;
 pub mod ownership;
+mod pending;
 mod producers;
 mod retention;
 mod shard;

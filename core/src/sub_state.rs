@@ -337,8 +337,18 @@ impl SubState {
 /// Deliveries per entry as the dispatcher counts them (by topic position),
 /// restricted to the ones worth persisting (delivered more than once), as
 /// `(ledger, entry)`.
-pub(crate) fn redelivered(ledgers: &TopicLedgers, deliveries: &HashMap<u64, u32>) -> Vec<(EntryKey, u32)> {
-    deliveries.iter().filter(|(_, n)| **n > 1).filter_map(|(p, n)| Some((ledgers.locate(*p)?, *n))).collect()
+pub(crate) fn redelivered(
+    ledgers: &TopicLedgers,
+    deliveries: &HashMap<u64, u32>,
+    pending: &crate::pending::PendingMap,
+) -> Vec<(EntryKey, u32)> {
+    deliveries
+        .iter()
+        .map(|(p, n)| (*p, *n))
+        .chain(pending.iter().map(|(p, h)| (p, h.deliveries)))
+        .filter(|(_, n)| *n > 1)
+        .filter_map(|(p, n)| Some((ledgers.locate(p)?, n)))
+        .collect()
 }
 
 /// Whether the cursor (in topic positions) acknowledges `(ledger, entry)`
@@ -383,7 +393,7 @@ pub(crate) fn batch_index_ack(
         return Ok(None);
     }
     let key = (id.ledger, id.entry);
-    let outstanding = sub.pending.borrow().get(&pos).map(|p| p.num_messages);
+    let outstanding = sub.pending.borrow().get(pos).map(|p| p.num_messages);
     if outstanding.is_some_and(|n| n != size) {
         return Err(CoreError::new(
             ErrorCode::NotAllowed,
@@ -504,7 +514,7 @@ pub(crate) fn encode(sub: &crate::topic::Subscription, ledgers: &TopicLedgers) -
         sub_type: sub.sub_type.get(),
         filter_tag: sub.filter_tag.borrow().clone(),
         batch_acks: sub.batch_acks.borrow().clone(),
-        deliveries: redelivered(ledgers, &sub.deliveries.borrow()),
+        deliveries: redelivered(ledgers, &sub.deliveries.borrow(), &sub.pending.borrow()),
     }
     .encode()
 }

@@ -13,7 +13,9 @@ use glommio::channels::local_channel::{self, LocalSender};
 use glommio::net::TcpStream;
 use magnetar_core::signal::Signal;
 use magnetar_core::{Broker, ConsumerEvent, ConsumerHandle, CoreError, ProducerHandle, SeekTarget, SubscribeRequest};
-use magnetar_wire::{encode_frame, AckType, Command, ErrorCode, Frame, FrameDecoder, MessageId, PROTOCOL_VERSION};
+use magnetar_wire::{
+    encode_frame, encode_message_frame, AckType, Command, ErrorCode, Frame, FrameDecoder, MessageId, PROTOCOL_VERSION,
+};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -60,6 +62,24 @@ impl Outbox {
         }
         if let Err(e) = encode_frame(command, payload, &mut self.buf.borrow_mut()) {
             tracing::error!("cannot encode {command:?}: {e}");
+            return;
+        }
+        self.signal.notify();
+    }
+
+    /// A delivery; see `magnetar_wire::encode_message_frame`.
+    fn message(&self, consumer_id: u64, message_id: &MessageId, redelivery_count: u32, ack_set: Vec<u64>, blob: &[u8]) {
+        if !ack_set.is_empty() {
+            self.push(&Command::Message { consumer_id, message_id: *message_id, redelivery_count, ack_set }, blob);
+            return;
+        }
+        if self.closed.get() {
+            return;
+        }
+        if let Err(e) =
+            encode_message_frame(consumer_id, message_id, redelivery_count, blob, &mut self.buf.borrow_mut())
+        {
+            tracing::error!("cannot encode a delivery to consumer {consumer_id}: {e}");
             return;
         }
         self.signal.notify();
@@ -540,7 +560,7 @@ impl Conn {
             while let Some(ev) = rx.recv().await {
                 match ev {
                     ConsumerEvent::Message { consumer_id, message_id, redelivery_count, blob, ack_set } => {
-                        out.push(&Command::Message { consumer_id, message_id, redelivery_count, ack_set }, &blob);
+                        out.message(consumer_id, &message_id, redelivery_count, ack_set, &blob);
                     }
                     ConsumerEvent::Closed { consumer_id, code, message } => {
                         if let Some(conn) = me.upgrade() {

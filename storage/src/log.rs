@@ -95,6 +95,14 @@ pub struct LogConfig {
     /// only write everything twice. A batch beyond the zeroed part is written
     /// all the same. Recycled segments need none. Default 8 MiB.
     pub zero_ahead_bytes: u64,
+    /// A run of lone small batches ([`LONE_BATCH_BYTES_MAX`]) is written and
+    /// synced as one request that blocks the shard thread: nothing else on
+    /// the shard runs meanwhile (other topics' reads and connections). When
+    /// one such request takes longer than this (a busy disk), the next
+    /// [`LONE_PAUSE_BATCHES`] batches go through the reactor instead, so a
+    /// slow disk never stalls the shard for long per batch. Zero: never
+    /// block. Default 1 ms.
+    pub lone_sync_max: Duration,
 }
 
 /// Zeroing ahead (`LogConfig::zero_ahead_bytes`) runs only while the
@@ -102,6 +110,17 @@ pub struct LogConfig {
 /// two per batch). With 16 producers one in flight each (~5 pages a batch)
 /// zeroing ahead cost throughput side by side (bench/README.md).
 pub const ZERO_AHEAD_BATCH_MAX: u64 = 16 << 10;
+
+/// A batch of one record at most this long, after [`LONE_STREAK_MIN`] such
+/// batches in a row, is written and synced as one blocking request
+/// (`DiskFile::write_and_sync`) instead of through the reactor.
+pub const LONE_BATCH_BYTES_MAX: u64 = 16 << 10;
+/// See [`LONE_BATCH_BYTES_MAX`]: a run of lone batches (one producer, one
+/// message in flight), not one lone batch among larger ones (several
+/// producers), whose next messages the shard should read while the disk works.
+pub const LONE_STREAK_MIN: u32 = 4;
+/// See [`LogConfig::lone_sync_max`].
+pub const LONE_PAUSE_BATCHES: u32 = 1024;
 
 /// One zeroing write (then one fdatasync): a quarter of the distance ahead,
 /// between 1 and 4 MiB.
@@ -130,6 +149,7 @@ impl LogConfig {
             prezero_segments: false,
             recycle_segments: 2,
             zero_ahead_bytes: 8 << 20,
+            lone_sync_max: Duration::from_millis(1),
         }
     }
 
@@ -364,6 +384,16 @@ pub(crate) struct State<F> {
     pub zeroed: u64,
     /// Moving average of the flusher's batch length (bytes).
     pub avg_batch: u64,
+    /// Batches of one record in a row, up to the last one made durable.
+    pub lone_streak: u32,
+    /// Batches left that take the reactor path after a lone request took
+    /// longer than `lone_sync_max`.
+    pub lone_pause: u32,
+    /// Lone requests that took longer than `lone_sync_max` since open (a counter).
+    pub lone_slow: u64,
+    /// Batches written and synced as one request (`LONE_BATCH_BYTES_MAX`)
+    /// since open (a counter).
+    pub lone_batches: u64,
     pub zero_waker: Option<Waker>,
     /// Bytes zeroed ahead since open (a counter).
     pub zeroed_bytes: u64,
@@ -417,6 +447,10 @@ impl<F> State<F> {
             recycled: 0,
             zeroed: 0,
             avg_batch: 0,
+            lone_streak: 0,
+            lone_pause: 0,
+            lone_slow: 0,
+            lone_batches: 0,
             zero_waker: None,
             zeroed_bytes: 0,
             seg_live: BTreeMap::new(),
@@ -758,16 +792,51 @@ impl<D: Disk> Shared<D> {
         } else {
             Some(self.zero_lock.acquire_permit(1).await.map_err(|_| StorageError::Closed)?)
         };
-        crate::stage::mark("4b_write_submit");
-        seg.file.write_at(off, &buf).await.map_err(self.io("write batch", &seg.path))?;
-        crate::stage::mark("5_written");
-        {
+        // A lone small batch in a run of them (one producer, one message in
+        // flight): the write and the fdatasync as one request that blocks
+        // this thread (`DiskFile::write_and_sync`), which has nothing else
+        // to do meanwhile. Never for batches of several records: blocking
+        // would stop the shard from reading the next batch's messages while
+        // the disk works.
+        let lone = {
             let mut st = self.st.borrow_mut();
+            let lone = count == 1
+                && batch_len <= LONE_BATCH_BYTES_MAX
+                && st.lone_streak >= LONE_STREAK_MIN
+                && !self.cfg.lone_sync_max.is_zero()
+                && st.lone_pause == 0;
+            st.lone_pause = st.lone_pause.saturating_sub(1);
+            lone
+        };
+        crate::stage::mark("4b_write_submit");
+        let after_write = |st: &mut State<D::File>| {
             st.zeroed = st.zeroed.max(end);
             st.avg_batch = if st.avg_batch == 0 { batch_len } else { (st.avg_batch * 7 + batch_len) / 8 };
+        };
+        if lone {
+            let began = std::time::Instant::now();
+            seg.file.write_and_sync(off, &buf).await.map_err(self.io("write and fdatasync batch", &seg.path))?;
+            let took = began.elapsed();
+            let mut st = self.st.borrow_mut();
+            after_write(&mut st);
+            st.lone_batches += 1;
+            if took > self.cfg.lone_sync_max {
+                st.lone_pause = LONE_PAUSE_BATCHES;
+                st.lone_slow += 1;
+                tracing::debug!(
+                    took_us = took.as_micros() as u64,
+                    "a lone batch's write and fdatasync were slow: the next batches go through the reactor"
+                );
+            }
+            drop(st);
+            drop(zero_permit);
+        } else {
+            seg.file.write_at(off, &buf).await.map_err(self.io("write batch", &seg.path))?;
+            crate::stage::mark("5_written");
+            after_write(&mut self.st.borrow_mut());
+            drop(zero_permit);
+            seg.file.sync().await.map_err(self.io("fdatasync segment", &seg.path))?;
         }
-        drop(zero_permit);
-        seg.file.sync().await.map_err(self.io("fdatasync segment", &seg.path))?;
         crate::stage::mark("6_synced");
 
         // 4. Durable: advance, apply metadata to the durable view, wake waiters.
@@ -781,6 +850,7 @@ impl<D: Disk> Shared<D> {
         st.tail = position + batch_len;
         st.next_seq = seq + 1;
         st.durable_lsn = last_lsn;
+        st.lone_streak = if count == 1 { st.lone_streak.saturating_add(1) } else { 0 };
         if !moves.is_empty() {
             apply_moves(&mut st, moves);
         }
@@ -1561,6 +1631,18 @@ impl<D: Disk> EntryLog<D> {
     pub fn recycle_stats(&self) -> (usize, u64) {
         let st = self.sh.st.borrow();
         (st.recycle_pool.len(), st.recycled)
+    }
+
+    /// Lone batches written and synced as one request since open
+    /// ([`LONE_BATCH_BYTES_MAX`]).
+    pub fn lone_batches(&self) -> u64 {
+        self.sh.st.borrow().lone_batches
+    }
+
+    /// Of those, the ones slower than `lone_sync_max` (each paused the path
+    /// for [`LONE_PAUSE_BATCHES`] batches).
+    pub fn lone_slow(&self) -> u64 {
+        self.sh.st.borrow().lone_slow
     }
 
     /// Bytes zeroed ahead of the tail since open (`zero_ahead_bytes`).

@@ -7,7 +7,8 @@ mod common;
 use bytes::Bytes;
 use common::{run, small_config};
 use magnetar_storage::sim::{FaultError, FaultKind, SimDisk, SimRng};
-use magnetar_storage::{EntryLog, IndexExtras, LogConfig, StorageError};
+use magnetar_storage::{EntryLog, IndexExtras, LogConfig, StorageError, LONE_STREAK_MIN};
+use std::time::Duration;
 
 /// Goal: append, group commit, read from cache and disk, close, reopen clean
 /// without a scan, and the ids continue densely.
@@ -252,6 +253,90 @@ fn dma_backend_real_directory() {
         assert_eq!(log.read(5, 9).await.unwrap(), Bytes::from_static(b"after 9"));
         assert_eq!(log.read(3, 99).await.unwrap(), bodies[399]);
         log.close().await.unwrap();
+    });
+}
+
+/// Goal: on the production backend, a run of lone batches (one entry
+/// appended and waited for at a time) takes the linked write + fdatasync
+/// path (`DiskFile::write_and_sync`), batches of several entries in between
+/// do not, and everything it acknowledged is found by recovery after the
+/// log is dropped without close, in order and intact.
+#[test]
+fn dma_backend_lone_batches_linked() {
+    let tmp = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
+    let dir = tmp.path().join("shard-0");
+    run(60, move || async move {
+        let mut cfg = LogConfig::new(&dir);
+        cfg.segment_bytes = 1 << 20;
+        cfg.flush_bytes_max = 256 << 10;
+        cfg.allow_tmpfs = true; // if TMPDIR is tmpfs, still run
+                                // Never paused by a slow disk here (see the next test).
+        cfg.lone_sync_max = Duration::from_secs(60);
+        let (log, _) = EntryLog::open(cfg.clone()).await.unwrap();
+        // 1 KiB bodies, as the bench's: one page per batch.
+        let body = |i: u64| Bytes::from(vec![i as u8; 1000]);
+        let mut bodies = Vec::new();
+        let lone = |log: EntryLog, b: Bytes| async move {
+            let a = log.append(1, b).unwrap();
+            log.wait_durable(a.lsn).await.unwrap();
+        };
+        for i in 0..40u64 {
+            let b = body(i);
+            bodies.push(b.clone());
+            lone(log.clone(), b).await;
+        }
+        let linked = log.lone_batches();
+        assert!(linked >= 40 - LONE_STREAK_MIN as u64, "only {linked} of 40 lone batches linked");
+        // Several entries per batch: the reactor path, and the run restarts.
+        let mut last = 0;
+        for i in 40..60u64 {
+            let b = body(i);
+            bodies.push(b.clone());
+            last = log.append(1, b).unwrap().lsn;
+        }
+        log.wait_durable(last).await.unwrap();
+        assert!(log.lone_batches() <= linked + 1, "a batch of several entries went the lone way");
+        for i in 60..80u64 {
+            let b = body(i);
+            bodies.push(b.clone());
+            lone(log.clone(), b).await;
+        }
+        assert!(log.lone_batches() > linked, "the lone run after larger batches was not linked");
+        drop(log);
+
+        let (log, rec) = EntryLog::open(cfg.clone()).await.unwrap();
+        assert!(!rec.clean);
+        assert_eq!(log.next_entry(1), 80, "{rec:?}");
+        for (i, b) in bodies.iter().enumerate() {
+            assert_eq!(&log.read(1, i as u64).await.unwrap(), b, "entry {i}");
+        }
+        log.close().await.unwrap();
+    });
+}
+
+/// Goal: a lone request slower than `lone_sync_max` pauses the blocking
+/// path for `LONE_PAUSE_BATCHES` batches (a busy disk must not stall the
+/// shard per batch), and a zero `lone_sync_max` never blocks. Method: real
+/// directory, a bound of 1 ns (every request is slower) and of zero.
+#[test]
+fn slow_lone_requests_pause_the_blocking_path() {
+    let tmp = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
+    let dir = tmp.path().to_path_buf();
+    run(60, move || async move {
+        for (bound, linked, slow) in [(Duration::from_nanos(1), 1, 1), (Duration::ZERO, 0, 0)] {
+            let mut cfg = LogConfig::new(dir.join(format!("shard-{}", bound.as_nanos())));
+            cfg.segment_bytes = 1 << 20;
+            cfg.flush_bytes_max = 256 << 10;
+            cfg.allow_tmpfs = true;
+            cfg.lone_sync_max = bound;
+            let (log, _) = EntryLog::open(cfg).await.unwrap();
+            for i in 0..(LONE_STREAK_MIN as u64 + 30) {
+                let a = log.append(1, Bytes::from(vec![i as u8; 1000])).unwrap();
+                log.wait_durable(a.lsn).await.unwrap();
+            }
+            assert_eq!((log.lone_batches(), log.lone_slow()), (linked, slow), "bound {bound:?}");
+            log.close().await.unwrap();
+        }
     });
 }
 

@@ -120,6 +120,108 @@ pub fn encode_frame_head(command: &Command, payload: &[u8], dst: &mut BytesMut) 
     })
 }
 
+/// Where the fields of a `Message` command sit in a command built once,
+/// so that each delivery copies the bytes and patches its values in.
+struct MessageTemplate {
+    cmd: Vec<u8>,
+    consumer_id: usize,
+    ledger: usize,
+    entry: usize,
+    partition: usize,
+    batch_index: usize,
+    redelivery_count: usize,
+}
+
+impl MessageTemplate {
+    fn build() -> Self {
+        // Distinct, nonzero values (so the builder writes every field, none
+        // left to its default) whose little-endian bytes occur once.
+        const CONSUMER_ID: u64 = 0x7c1d_52e3_a4b5_c6d7;
+        const LEDGER: u64 = 0x6b2e_63f4_b5c6_d7e8;
+        const ENTRY: u64 = 0x5a3f_7405_c6d7_e8f9;
+        const PARTITION: i32 = 0x4940_8516;
+        const BATCH_INDEX: i32 = 0x3851_9627;
+        const REDELIVERY_COUNT: u32 = 0x2762_a738;
+        let command = Command::Message {
+            consumer_id: CONSUMER_ID,
+            message_id: MessageId::new(LEDGER, ENTRY, PARTITION, BATCH_INDEX),
+            redelivery_count: REDELIVERY_COUNT,
+            ack_set: Vec::new(),
+        };
+        let cmd = with_builder(|fbb| {
+            let root = build_command(fbb, &command);
+            fbb.finish_minimal(root);
+            fbb.finished_data().to_vec()
+        });
+        let at = |pattern: &[u8]| {
+            let mut found = cmd.windows(pattern.len()).enumerate().filter(|(_, w)| *w == pattern).map(|(i, _)| i);
+            let first = found.next();
+            assert!(first.is_some() && found.next().is_none(), "Message template: a field is not where it is expected");
+            first.unwrap_or(0)
+        };
+        Self {
+            consumer_id: at(&CONSUMER_ID.to_le_bytes()),
+            ledger: at(&LEDGER.to_le_bytes()),
+            entry: at(&ENTRY.to_le_bytes()),
+            partition: at(&PARTITION.to_le_bytes()),
+            batch_index: at(&BATCH_INDEX.to_le_bytes()),
+            redelivery_count: at(&REDELIVERY_COUNT.to_le_bytes()),
+            cmd,
+        }
+    }
+}
+
+thread_local! {
+    static MESSAGE_TEMPLATE: MessageTemplate = MessageTemplate::build();
+}
+
+/// Appends one `Message` frame (no `ack_set`) to `dst`: what
+/// [`encode_frame`] writes for `Command::Message`, except that the command
+/// is a copy of one built once per thread with these values patched in, so
+/// every field is present even when it holds its default (a flatbuffer
+/// reader sees no difference). Building the command per delivered entry
+/// was ~5 % of broker CPU in a catch-up (issue #6); the checksum is still
+/// computed over the bytes sent.
+pub fn encode_message_frame(
+    consumer_id: u64,
+    message_id: &MessageId,
+    redelivery_count: u32,
+    payload: &[u8],
+    dst: &mut BytesMut,
+) -> Result<(), WireError> {
+    MESSAGE_TEMPLATE.with(|t| {
+        let frame_len_u64 =
+            u64::from(FRAME_LEN_MIN).saturating_add(len_u64(t.cmd.len())).saturating_add(len_u64(payload.len()));
+        let frame_len = u32::try_from(frame_len_u64)
+            .map_err(|_| WireError::FrameTooLarge { len: frame_len_u64, max: u64::from(u32::MAX) })?;
+        let cmd_len = u32::try_from(t.cmd.len())
+            .map_err(|_| WireError::FrameTooLarge { len: frame_len_u64, max: u64::from(u32::MAX) })?;
+        let start = dst.len();
+        dst.reserve(FRAME_HEADER_BYTES.saturating_add(t.cmd.len()).saturating_add(payload.len()));
+        dst.put_u32_le(frame_len);
+        dst.put_u32_le(0);
+        dst.put_u32_le(cmd_len);
+        let cmd_at = dst.len();
+        dst.extend_from_slice(&t.cmd);
+        let cmd = &mut dst[cmd_at..];
+        let mut put = |at: usize, bytes: &[u8]| cmd[at..at + bytes.len()].copy_from_slice(bytes);
+        put(t.consumer_id, &consumer_id.to_le_bytes());
+        put(t.ledger, &message_id.ledger.to_le_bytes());
+        put(t.entry, &message_id.entry.to_le_bytes());
+        put(t.partition, &message_id.partition.to_le_bytes());
+        put(t.batch_index, &message_id.batch_index.to_le_bytes());
+        put(t.redelivery_count, &redelivery_count.to_le_bytes());
+        // cmd_len and the command are contiguous: one pass over both.
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(&dst[start + 8..]);
+        hasher.update(payload);
+        let checksum = hasher.finalize();
+        dst[start + 4..start + 8].copy_from_slice(&checksum.to_le_bytes());
+        dst.extend_from_slice(payload);
+        Ok(())
+    })
+}
+
 /// Splits frames off a receive buffer.
 ///
 /// Owned by one connection, on that connection's core; holds no buffer and

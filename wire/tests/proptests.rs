@@ -265,6 +265,30 @@ proptest! {
         prop_assert!(buf.is_empty());
     }
 
+    /// Goal: the templated Message frame decodes to the command and payload
+    /// it was given, whatever the values (defaults included).
+    #[test]
+    fn templated_message_frames_round_trip(
+        consumer_id in prop_oneof![Just(0u64), any::<u64>()],
+        id in arb_id(),
+        redelivery_count in prop_oneof![Just(0u32), any::<u32>()],
+        meta in arb_metadata(),
+        body in proptest::collection::vec(any::<u8>(), 0..64),
+    ) {
+        let payload = encode_message(&meta, &body);
+        let mut buf = BytesMut::new();
+        encode_message_frame(consumer_id, &id, redelivery_count, &payload, &mut buf).unwrap();
+        // Twice in a row: the template is reused.
+        encode_message_frame(consumer_id, &id, redelivery_count, &payload, &mut buf).unwrap();
+        let want = Command::Message { consumer_id, message_id: id, redelivery_count, ack_set: Vec::new() };
+        for _ in 0..2 {
+            let frame = FrameDecoder::default().decode(&mut buf).unwrap().unwrap();
+            prop_assert_eq!(&frame.command, &want);
+            prop_assert_eq!(&frame.payload, &payload);
+        }
+        prop_assert!(buf.is_empty());
+    }
+
     #[test]
     fn metadata_round_trips(meta in arb_metadata(), body in proptest::collection::vec(any::<u8>(), 0..64)) {
         let blob = encode_message(&meta, &body);
@@ -322,6 +346,42 @@ proptest! {
         let fitted = fitted.freeze();
         let _ = decode_message(&fitted);
         let _ = peek_message(&fitted);
+        let _ = peek_for_delivery(&blob);
+        let _ = peek_for_delivery(&fitted);
+    }
+
+    /// Goal: on any valid blob the dispatcher's bounds-checked reader
+    /// (`peek_for_delivery`) reads what the verifying peek reads.
+    #[test]
+    fn delivery_peek_matches_verified_peek(meta in arb_metadata(), body in proptest::collection::vec(any::<u8>(), 0..64)) {
+        let blob = encode_message(&meta, &body);
+        let full = peek_message(&blob).unwrap();
+        let fast = peek_for_delivery(&blob).unwrap();
+        prop_assert_eq!(fast.partition_key, full.partition_key.map(str::as_bytes));
+        prop_assert_eq!(fast.ordering_key, full.ordering_key);
+        prop_assert_eq!(fast.tag, full.tag.map(str::as_bytes));
+        prop_assert_eq!(fast.num_messages, full.num_messages);
+        prop_assert_eq!(fast.deliver_at_ms, full.deliver_at_ms);
+    }
+
+    /// Goal: mutated and truncated valid blobs never panic the delivery
+    /// peek (it follows offsets without the verifier).
+    #[test]
+    fn mutated_blobs_never_panic_delivery_peek(
+        meta in arb_metadata(),
+        mutations in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+        truncate in proptest::option::of(any::<prop::sample::Index>()),
+    ) {
+        let mut blob = BytesMut::from(&encode_message(&meta, b"payload")[..]);
+        for (index, xor) in &mutations {
+            let i = index.index(blob.len());
+            blob[i] ^= xor;
+        }
+        if let Some(t) = truncate {
+            let len = t.index(blob.len() + 1);
+            blob.truncate(len);
+        }
+        let _ = peek_for_delivery(&blob);
     }
 
     /// Goal: mutated valid blobs never panic, and decode and peek agree.

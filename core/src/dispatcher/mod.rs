@@ -98,8 +98,8 @@ impl Policy {
 
 /// Key hash of a message for Key_Shared: the ordering key if set, else the
 /// partition key, else the empty key (all keyless messages share one hash).
-pub(crate) fn key_hash(ordering_key: Option<&[u8]>, partition_key: Option<&str>) -> u16 {
-    let bytes = ordering_key.or(partition_key.map(str::as_bytes)).unwrap_or(&[]);
+pub(crate) fn key_hash(ordering_key: Option<&[u8]>, partition_key: Option<&[u8]>) -> u16 {
+    let bytes = ordering_key.or(partition_key).unwrap_or(&[]);
     (crc32fast::hash(bytes) % key_shared::HASH_RANGE) as u16
 }
 
