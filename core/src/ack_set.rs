@@ -421,10 +421,7 @@ mod tests {
         // representation is canonical (equal sets compare equal). Method:
         // random operation sequences over a few blocks, replayable with
         // MAGNETAR_SEED.
-        let seed: u64 = std::env::var("MAGNETAR_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
-        });
-        println!("MAGNETAR_SEED={seed}");
+        let seed = crate::test_seed("matches_a_naive_set");
         let mut bytes = [0u8; 32];
         bytes[..8].copy_from_slice(&seed.to_le_bytes());
         let config = ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() };

@@ -44,3 +44,14 @@ pub use shard::{
     SubscribeRequest, LEDGER_ID_SHARD_STRIDE, SHARDS_MAX,
 };
 pub use topic_name::TopicName;
+
+/// The seed of a randomized unit test: `MAGNETAR_SEED` when set (to replay
+/// a failure), else the clock. Printed with the test's name.
+#[cfg(test)]
+pub(crate) fn test_seed(test: &str) -> u64 {
+    let seed = std::env::var("MAGNETAR_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+    });
+    println!("{test}: MAGNETAR_SEED={seed}");
+    seed
+}

@@ -123,17 +123,9 @@ mod tests {
     /// and the deque never more than twice the entries plus the slack.
     #[test]
     fn random_operations_match_a_btreemap() {
-        let seed: u64 = std::env::var("MAGNETAR_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
-        });
-        println!("MAGNETAR_SEED={seed}");
-        let mut x = seed | 1;
-        let mut next = move |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let seed = crate::test_seed("random_operations_match_a_btreemap");
+        let mut rng = magnetar_storage::sim::SimRng::new(seed);
+        let mut next = move |n: u64| rng.below(n);
         for _ in 0..20 {
             let mut m = PendingMap::default();
             let mut model: BTreeMap<u64, u32> = BTreeMap::new();

@@ -724,10 +724,7 @@ mod tests {
     /// `MAGNETAR_SEED=<n>` replays it.
     #[test]
     fn decode_of_damaged_records_errors_and_never_panics() {
-        let seed = std::env::var("MAGNETAR_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
-        });
-        eprintln!("decode_of_damaged_records_errors_and_never_panics: MAGNETAR_SEED={seed}");
+        let seed = crate::test_seed("decode_of_damaged_records_errors_and_never_panics");
         let mut rng = magnetar_storage::sim::SimRng::new(seed);
         let mut valid = Vec::new();
         for v in 0..16u64 {

@@ -182,6 +182,16 @@ fn flipped_bit_in_evicted_entry_is_reported_not_served() {
     });
 }
 
+/// The production backend's tests: 1 MiB segments, 256 KiB writes, and
+/// run even if TMPDIR is tmpfs.
+fn real_dir_config(dir: &std::path::Path) -> LogConfig {
+    let mut cfg = LogConfig::new(dir);
+    cfg.segment_bytes = 1 << 20;
+    cfg.flush_bytes_max = 256 << 10;
+    cfg.allow_tmpfs = true;
+    cfg
+}
+
 /// Goal: the production backend (glommio DMA, O_DIRECT) on a real directory:
 /// append, wait, read, close, reopen clean without a scan; then a reopen after
 /// dropping the log without close scans only from the last checkpoint.
@@ -190,11 +200,8 @@ fn dma_backend_real_directory() {
     let tmp = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
     let dir = tmp.path().join("shard-0");
     run(60, move || async move {
-        let mut cfg = LogConfig::new(&dir);
-        cfg.segment_bytes = 1 << 20;
-        cfg.flush_bytes_max = 256 << 10;
+        let mut cfg = real_dir_config(&dir);
         cfg.write_cache_bytes = 64 << 10;
-        cfg.allow_tmpfs = true; // if TMPDIR is tmpfs, still run
         let (log, rec) = EntryLog::open(cfg.clone()).await.unwrap();
         assert!(!rec.clean);
         let mut rng = SimRng::new(42);
@@ -266,11 +273,8 @@ fn dma_backend_lone_batches_linked() {
     let tmp = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
     let dir = tmp.path().join("shard-0");
     run(60, move || async move {
-        let mut cfg = LogConfig::new(&dir);
-        cfg.segment_bytes = 1 << 20;
-        cfg.flush_bytes_max = 256 << 10;
-        cfg.allow_tmpfs = true; // if TMPDIR is tmpfs, still run
-                                // Never paused by a slow disk here (see the next test).
+        let mut cfg = real_dir_config(&dir);
+        // Never paused by a slow disk here (see the next test).
         cfg.lone_sync_max = Duration::from_secs(60);
         let (log, _) = EntryLog::open(cfg.clone()).await.unwrap();
         // 1 KiB bodies, as the bench's: one page per batch.
@@ -324,10 +328,7 @@ fn slow_lone_requests_pause_the_blocking_path() {
     let dir = tmp.path().to_path_buf();
     run(60, move || async move {
         for (bound, linked, slow) in [(Duration::from_nanos(1), 1, 1), (Duration::ZERO, 0, 0)] {
-            let mut cfg = LogConfig::new(dir.join(format!("shard-{}", bound.as_nanos())));
-            cfg.segment_bytes = 1 << 20;
-            cfg.flush_bytes_max = 256 << 10;
-            cfg.allow_tmpfs = true;
+            let mut cfg = real_dir_config(&dir.join(format!("shard-{}", bound.as_nanos())));
             cfg.lone_sync_max = bound;
             let (log, _) = EntryLog::open(cfg).await.unwrap();
             for i in 0..(LONE_STREAK_MIN as u64 + 30) {
