@@ -9,7 +9,8 @@
 //! OpenMessaging Benchmark's backlog-aware rate control: once per period it
 //! looks at what was acknowledged and what was received; when the
 //! consumers fell behind (a receive backlog of more than 50 ms of the rate)
-//! or the producers fell more than 2 % short of the rate, it steps down to what was
+//! or the producers fell more than 2 % short of the rate or more than 20 ms
+//! behind their schedule, it steps down to what was
 //! actually achieved and halves its step; otherwise it steps up by the
 //! step. It is done when a rate passes after the step has shrunk to 1/32
 //! (the ceiling was hit five times): that rate is the sustainable one. A
@@ -35,6 +36,10 @@ const BACKLOG_SLACK_S: f64 = 0.05;
 const PRODUCE_SLACK: f64 = 0.02;
 /// ... plus this many messages, for low rates.
 const SLACK_MSGS: f64 = 100.0;
+/// A producer this far behind its schedule did not keep the rate (a
+/// shortfall under `PRODUCE_SLACK` per period still adds up: 1 % of a
+/// second is 10 ms more lag each second).
+const LAG_MAX: Duration = Duration::from_millis(20);
 /// A rate the search never goes below (msg/s).
 const RATE_FLOOR: f64 = 100.0;
 
@@ -47,7 +52,14 @@ pub struct Pace {
     version: AtomicU64,
     /// Nanoseconds after `origin` at which producers stop; `u64::MAX` = not set.
     stop_ns: AtomicU64,
+    /// The most any producer was behind its schedule since the last
+    /// [`take_lag`](Pace::take_lag), in nanoseconds (only lags over
+    /// [`LAG_NOTE_MIN`] are noted).
+    lag_ns: AtomicU64,
 }
+
+/// Lags under this are timer granularity, not a producer falling behind.
+const LAG_NOTE_MIN: Duration = Duration::from_millis(2);
 
 impl Pace {
     pub fn new(origin: Instant, rate_per_producer: f64, stop_at: Option<Instant>) -> Pace {
@@ -56,6 +68,7 @@ impl Pace {
             rate_bits: AtomicU64::new(rate_per_producer.max(0.0).to_bits()),
             version: AtomicU64::new(0),
             stop_ns: AtomicU64::new(u64::MAX),
+            lag_ns: AtomicU64::new(0),
         };
         if let Some(at) = stop_at {
             pace.set_stop(at);
@@ -79,6 +92,19 @@ impl Pace {
     pub fn set_stop(&self, at: Instant) {
         let ns = u64::try_from(at.saturating_duration_since(self.origin).as_nanos()).unwrap_or(u64::MAX - 1);
         self.stop_ns.store(ns, Ordering::Release);
+    }
+
+    /// A producer is `lag` behind its schedule.
+    pub fn note_lag(&self, lag: Duration) {
+        if lag > LAG_NOTE_MIN {
+            self.lag_ns.fetch_max(u64::try_from(lag.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        }
+    }
+
+    /// The largest lag noted since the last call (zero if none over
+    /// [`LAG_NOTE_MIN`]).
+    pub fn take_lag(&self) -> Duration {
+        Duration::from_nanos(self.lag_ns.swap(0, Ordering::Relaxed))
     }
 
     pub fn stop_at(&self) -> Option<Instant> {
@@ -131,6 +157,8 @@ pub struct Period {
     pub consumed: f64,
     /// Acknowledged and not yet received at the period's end, per subscription.
     pub backlog: f64,
+    /// The most a producer was behind its schedule in the period.
+    pub lag: Duration,
 }
 
 /// The verdict on one period.
@@ -156,6 +184,9 @@ pub struct SearchStep {
     /// Per subscription.
     pub consume_msgs_per_s: f64,
     pub backlog: f64,
+    /// The most a producer was behind its schedule, ms.
+    #[serde(default)]
+    pub lag_ms: f64,
     pub verdict: Verdict,
 }
 
@@ -169,8 +200,8 @@ pub struct SearchResult {
     pub converged: bool,
     pub search_s: f64,
     pub steps: Vec<SearchStep>,
-    /// The measured window kept up at `rate`: it produced at least 98 % of
-    /// the rate and received at least 98 % of what it produced. Filled in
+    /// The measured window kept up at `rate`: it produced at least 99 % of
+    /// the rate and received at least 99 % of what it produced. Filled in
     /// when the run's totals are known.
     #[serde(default)]
     pub held: Option<bool>,
@@ -217,7 +248,7 @@ impl RateSearch {
         let consume_rate = p.consumed / secs;
         let verdict = if p.backlog > self.rate * BACKLOG_SLACK_S + SLACK_MSGS {
             Verdict::ConsumersBehind
-        } else if expected - p.produced as f64 > expected * PRODUCE_SLACK + SLACK_MSGS {
+        } else if expected - p.produced as f64 > expected * PRODUCE_SLACK + SLACK_MSGS || p.lag > LAG_MAX {
             Verdict::ProducersShort
         } else {
             Verdict::Kept
@@ -228,6 +259,7 @@ impl RateSearch {
             produce_msgs_per_s: produce_rate,
             consume_msgs_per_s: consume_rate,
             backlog: p.backlog,
+            lag_ms: p.lag.as_secs_f64() * 1e3,
             verdict,
         });
         let next = match verdict {
@@ -277,7 +309,8 @@ mod tests {
             let produced = search.rate().min(produce_max);
             let consumed = (backlog + produced).min(consume_max);
             backlog += produced - consumed;
-            let p = Period { secs: 1.0, produced: produced as u64, consumed, backlog };
+            let lag = Duration::ZERO;
+            let p = Period { secs: 1.0, produced: produced as u64, consumed, backlog, lag };
             if let Next::Done(rate) = search.observe(k as f64 + 1.0, p) {
                 return (Some(rate), search);
             }
@@ -332,6 +365,12 @@ mod tests {
         pace.set_rate(0.0);
         assert_eq!(s.intended(&pace, 503), None);
         assert_eq!(pace.stop_at(), None);
+        pace.note_lag(Duration::from_millis(1));
+        assert_eq!(pace.take_lag(), Duration::ZERO, "timer granularity is not lag");
+        pace.note_lag(Duration::from_millis(30));
+        pace.note_lag(Duration::from_millis(5));
+        assert_eq!(pace.take_lag(), Duration::from_millis(30));
+        assert_eq!(pace.take_lag(), Duration::ZERO, "taken");
         pace.set_stop(start + Duration::from_secs(3));
         assert_eq!(pace.stop_at(), Some(start + Duration::from_secs(3)));
     }

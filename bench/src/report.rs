@@ -268,7 +268,7 @@ pub fn summary(r: &Report) -> String {
             if found.converged { "" } else { ", NOT settled (search_max_s ran out)" },
             match found.held {
                 Some(true) => "held it",
-                Some(false) => "did NOT hold it (produced or received under 98 %)",
+                Some(false) => "did NOT hold it (produced or received under 99 %)",
                 None => "not judged",
             }
         );

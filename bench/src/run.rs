@@ -362,10 +362,13 @@ async fn produce_loop(ctx: ProducerCtx, plan: ProducerPlan, w: Workload, rec: Re
             if stop_at.is_some_and(|s| at >= s) {
                 break;
             }
-            if at > Instant::now() {
+            let now = Instant::now();
+            if at > now {
                 // Timer lateness (tokio's is up to ~1 ms) is charged to the
                 // measurement, since latency counts from `at`.
                 tokio::time::sleep_until(at.into()).await;
+            } else {
+                plan.pace.note_lag(now - at);
             }
             Some(at)
         } else {
@@ -555,13 +558,14 @@ async fn wait_quiet(mut done: impl FnMut() -> bool, mut progress: impl FnMut() -
     }
 }
 
-/// Whether a measured window kept up with `rate`: it produced at least 98 %
-/// of the rate and its consumers received at least 98 % of that.
+/// Whether a measured window kept up with `rate`: it produced at least 99 %
+/// of the rate and its consumers received at least 99 % of that (a
+/// shortfall of 1 % adds 10 ms of lag per second).
 fn held(totals: &Totals, rate: f64) -> bool {
     let secs = totals.window.as_secs_f64().max(1e-9);
     let produced = totals.produced_msgs as f64 / secs;
     let consumed = totals.consumed_msgs as f64 / secs;
-    produced >= 0.98 * rate && consumed >= 0.98 * produced
+    produced >= 0.99 * rate && consumed >= 0.99 * produced
 }
 
 /// The sustainable-rate search (see [`crate::pace`]): one period at a time,
@@ -588,18 +592,20 @@ async fn search_rate(
             produced: produced - produced_last,
             consumed: (consumed - consumed_last) as f64 / subs,
             backlog: rec.backlog() as f64 / subs,
+            lag: pace.take_lag(),
         };
         (produced_last, consumed_last, at_last) = (produced, consumed, now);
         let next = search.observe(now.duration_since(began).as_secs_f64(), period);
         if progress {
             if let Some(step) = search.steps.last() {
                 eprintln!(
-                    "[search {:>5.1}s] tried {:>9} msg/s: produced {:>9} consumed {:>9} msg/s, backlog {}: {:?}{}",
+                    "[search {:>5.1}s] tried {:>9} msg/s: produced {:>9} consumed {:>9} msg/s, backlog {}, lag {:.1} ms: {:?}{}",
                     step.t_s,
                     fmt_count(step.rate),
                     fmt_count(step.produce_msgs_per_s),
                     fmt_count(step.consume_msgs_per_s),
                     fmt_count(step.backlog),
+                    step.lag_ms,
                     step.verdict,
                     match next {
                         Next::Try(r) => format!(" -> {} msg/s", fmt_count(r)),
