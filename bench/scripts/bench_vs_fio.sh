@@ -41,6 +41,13 @@ mkdir -p "$DIR"
 DIR=$(cd "$DIR" && pwd)
 OUT="$DIR/results-$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$OUT"
+# Each canonical run writes ~0.45 GB per second measured (plus warm-up and
+# search); the broker refuses produce once the disk is 90 % full.
+NEED_GB=$(( DURATION + 10 ))
+HEADROOM_GB=$(df -P -BG "$DIR" | awk 'NR==2 {gsub("G",""); print int(($3 + $4) * 0.9 - $3)}')
+if [ "$HEADROOM_GB" -lt "$NEED_GB" ]; then
+  echo "warning: $HEADROOM_GB GB left on $DIR before the broker's 90 % watermark, about $NEED_GB GB needed: expect StorageFull errors" >&2
+fi
 WORK=$(mktemp -d "$DIR/fio.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 
@@ -78,6 +85,11 @@ print(f"\ncanonical ({c['batching']}): {c['produce']['msgs_per_s']:.0f} msg/s, {
       f"publish p50 {c['publish_latency_ms']['p50']:.2f} p99 {c['publish_latency_ms']['p99']:.2f} ms (target < 5), "
       f"p99.9 {c['publish_latency_ms']['p999']:.2f} ms (target < 10); e2e p99 {c['e2e_latency_ms']['p99']:.2f} ms; "
       f"broker CPU {c['cpu']['broker_us_per_msg'] or 0:.2f} us/msg (target < 4); consumed {c['consume']['msgs_per_s']:.0f} msg/s")
+for name in ["canonical", "canonical-sustainable", "one-at-a-time", "sixteen-producers", "catchup-1g"]:
+    path = f"{out}/{name}.json"
+    if os.path.exists(path) and json.load(open(path))["publish_errors"]:
+        r = json.load(open(path))
+        print(f"  WARNING: {name} had {r['publish_errors']} publish errors (last: {r['last_error']}): its figures are not valid")
 for bs in ["4k", "64k", "1m"]:
     print(f"  ratio to fio write+fdatasync bs={bs}: {mb / fio[bs][0]:.3f}" + ("  (target >= 0.9)" if bs == "1m" else ""))
 if os.path.exists(f"{out}/canonical-sustainable.json"):
