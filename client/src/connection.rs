@@ -473,6 +473,18 @@ impl Connection {
             slot.closed.store(true, Ordering::Release);
         }
     }
+
+    /// Removes a consumer whose subscribe failed: as `remove_consumer`,
+    /// but its queue gets no `End`. (A multi-topic member retried after
+    /// `NotOwner` shares its queue index with the failed attempt; an `End`
+    /// from that attempt would end the member that then subscribed.)
+    pub(crate) fn forget_consumer(&self, consumer_id: u64) {
+        let slot = self.shared.lock().consumers.remove(&consumer_id);
+        if let Some(mut slot) = slot {
+            slot.closed.store(true, Ordering::Release);
+            slot.deliver.disarm();
+        }
+    }
 }
 
 async fn writer_loop(shared: Arc<Shared>, mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Bytes>) {

@@ -353,11 +353,11 @@ impl ConsumerBuilder {
         match answer {
             Ok(Command::Success { .. }) => {}
             Ok(other) => {
-                self.conn.remove_consumer(consumer_id);
+                self.conn.forget_consumer(consumer_id);
                 return Err(ClientError::UnexpectedResponse { request: "Subscribe", got: format!("{other:?}") });
             }
             Err(e) => {
-                self.conn.remove_consumer(consumer_id);
+                self.conn.forget_consumer(consumer_id);
                 return Err(e);
             }
         }
@@ -394,7 +394,7 @@ impl ConsumerBuilder {
             if !matches!(answer, Ok(Command::Success { .. })) {
                 self.conn.remove_consumer(retry_id);
                 self.conn.try_send_command(&Command::CloseConsumer { request_id: 0, consumer_id });
-                self.conn.remove_consumer(consumer_id);
+                self.conn.forget_consumer(consumer_id);
                 return Err(match answer {
                     Err(e) => e,
                     Ok(other) => ClientError::UnexpectedResponse { request: "Subscribe", got: format!("{other:?}") },
@@ -497,6 +497,13 @@ impl Inbox {
     /// Queues the messages of one batch entry as one item.
     pub(crate) fn send_batch(&self, messages: Vec<Message>) -> bool {
         self.tx.send(Queued { source: self.source, item: Inbound::Batch(messages.into_iter()) }).is_ok()
+    }
+}
+
+impl Inbox {
+    /// No `End` when dropped (the slot of a subscribe that failed).
+    pub(crate) fn disarm(&mut self) {
+        self.end_on_drop = false;
     }
 }
 

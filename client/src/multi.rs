@@ -65,6 +65,22 @@ impl Receiving {
     }
 }
 
+/// A member `add_topic` registered, until its subscribe answers.
+struct Joining<'a> {
+    multi: &'a MultiTopicConsumer,
+    index: u32,
+    topic: String,
+    armed: bool,
+}
+
+impl Drop for Joining<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.multi.settle(self.index, &self.topic, None);
+        }
+    }
+}
+
 /// A consumer over several topics. `Send + Sync`.
 pub struct MultiTopicConsumer {
     subscription: String,
@@ -149,21 +165,33 @@ impl MultiTopicConsumer {
             index
         };
         builder.inbox = Some((self.tx.clone(), index));
+        // Dropped before the subscribe answers (the caller's future was
+        // cancelled): the member fails, so the topic can be added again.
+        let mut joining = Joining { multi: self, index, topic, armed: true };
         let subscribed = builder.subscribe().await.map(Arc::new);
+        joining.armed = false;
+        self.settle(index, &joining.topic, subscribed.as_ref().ok().cloned());
+        subscribed.map(|_| ())
+    }
+
+    /// The member `index` (`Joining` until now) is `consumer`, or failed
+    /// (its topic name is free again); wakes a `receive` that holds its
+    /// deliveries back.
+    fn settle(&self, index: u32, topic: &str, consumer: Option<Arc<Consumer>>) {
         {
             let mut members = self.lock_members();
-            let slot = &mut members.list[index as usize];
-            *slot = match &subscribed {
-                Ok(c) => Member::Live(c.clone()),
-                Err(_) => Member::Failed,
-            };
-            if subscribed.is_err() {
-                members.by_topic.remove(&topic);
+            let failed = consumer.is_none();
+            if let Some(slot) = members.list.get_mut(index as usize) {
+                *slot = match consumer {
+                    Some(c) => Member::Live(c),
+                    None => Member::Failed,
+                };
+            }
+            if failed {
+                members.by_topic.remove(topic);
             }
         }
-        // Wakes a `receive` that holds deliveries back for this member.
         let _ = self.tx.send(Queued { source: index, item: Inbound::Joined });
-        subscribed.map(|_| ())
     }
 
     pub(crate) fn adopt_task(&self, task: JoinHandle<()>) {

@@ -1094,3 +1094,65 @@ async fn multi_topic_consumer_orders_permits_acks_and_end() {
     })
     .await;
 }
+
+/// Goal: a multi-topic consumer whose member is refused once with
+/// `NotOwner` and then subscribes (the client's retry) delivers that
+/// member's messages; the failed attempt must not end the member (its
+/// queue index is shared with the retry), which once made `receive` return
+/// `ConsumerClosed` while the member was alive.
+/// Method: a fake broker answers the first Subscribe with `NotOwner`, the
+/// second with Success, then sends one message.
+#[tokio::test]
+async fn multi_topic_member_retried_after_not_owner_is_not_ended() {
+    within(async {
+        let (url, accept) = listen(1 << 20).await;
+        let broker = tokio::spawn(async move {
+            let mut conn = accept.await;
+            match conn.recv_cmd().await.command {
+                Command::AdminRequest { request_id, op, .. } => {
+                    assert_eq!(op, "topics.partitioned-metadata");
+                    conn.send(Command::AdminResponse { request_id, json: r#"{"partitions":0}"#.into() }, &[]).await;
+                }
+                other => panic!("expected AdminRequest, got {other:?}"),
+            }
+            match conn.recv_cmd().await.command {
+                Command::Subscribe { request_id, .. } => {
+                    let refusal =
+                        Command::Error { request_id, code: ErrorCode::NotOwner, message: "owned by shard 1".into() };
+                    conn.send(refusal, &[]).await;
+                }
+                other => panic!("expected Subscribe, got {other:?}"),
+            }
+            let consumer_id = loop {
+                match conn.recv_cmd().await.command {
+                    Command::Subscribe { request_id, consumer_id, .. } => {
+                        conn.send(Command::Success { request_id }, &[]).await;
+                        break consumer_id;
+                    }
+                    Command::CloseConsumer { .. } => {}
+                    other => panic!("expected the retried Subscribe, got {other:?}"),
+                }
+            };
+            loop {
+                if let Command::Flow { consumer_id: c, .. } = conn.recv_cmd().await.command {
+                    assert_eq!(c, consumer_id);
+                    break;
+                }
+            }
+            let command = Command::Message {
+                consumer_id,
+                message_id: MessageId::new(7, 0, -1, -1),
+                redelivery_count: 0,
+                ack_set: vec![],
+            };
+            conn.send(command, &blob(0, "k")).await;
+            conn
+        });
+        let client = Client::connect_with(&url, options()).await.unwrap();
+        let consumer = client.subscribe("orders", "s").subscribe_partitioned().await.unwrap();
+        let msg = consumer.receive().await.expect("the retried member's message, not an end");
+        assert_eq!(msg.id, MessageId::new(7, 0, -1, -1));
+        let _conn = broker.await.unwrap();
+    })
+    .await;
+}
