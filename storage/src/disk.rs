@@ -335,8 +335,12 @@ mod linked {
                 *s = match IoUring::new(4) {
                     Ok(ring) => {
                         let buf = vec![0u8; BYTES_MAX + PAGE_BYTES as usize];
-                        let at = buf.as_ptr().align_offset(PAGE_BYTES as usize);
-                        State::Ready(Box::new(Ring { ring, buf, at }))
+                        // align_offset may, in principle, say it cannot align
+                        // (usize::MAX): then no ring, the reactor path.
+                        match buf.as_ptr().align_offset(PAGE_BYTES as usize) {
+                            at if at < PAGE_BYTES as usize => State::Ready(Box::new(Ring { ring, buf, at })),
+                            _ => State::Unavailable,
+                        }
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "no io_uring of our own: lone batches go through the reactor");

@@ -111,8 +111,8 @@ pub struct LogConfig {
 /// zeroing ahead cost throughput side by side (bench/README.md).
 pub const ZERO_AHEAD_BATCH_MAX: u64 = 16 << 10;
 
-/// A batch of one record at most this long, after [`LONE_STREAK_MIN`] such
-/// batches in a row, is written and synced as one blocking request
+/// A batch (header, record and padding) of one record and at most this
+/// long, after [`LONE_STREAK_MIN`] such batches in a row, is written and synced as one blocking request
 /// (`DiskFile::write_and_sync`) instead of through the reactor.
 pub const LONE_BATCH_BYTES_MAX: u64 = 16 << 10;
 /// See [`LONE_BATCH_BYTES_MAX`]: a run of lone batches (one producer, one
@@ -850,7 +850,8 @@ impl<D: Disk> Shared<D> {
         st.tail = position + batch_len;
         st.next_seq = seq + 1;
         st.durable_lsn = last_lsn;
-        st.lone_streak = if count == 1 { st.lone_streak.saturating_add(1) } else { 0 };
+        st.lone_streak =
+            if count == 1 && batch_len <= LONE_BATCH_BYTES_MAX { st.lone_streak.saturating_add(1) } else { 0 };
         if !moves.is_empty() {
             apply_moves(&mut st, moves);
         }
