@@ -970,6 +970,18 @@ async fn shard_aware_off_uses_the_given_address_only() {
     .await;
 }
 
+/// Answers the client's `topics.partitioned-metadata` request: `partitions`.
+async fn answer_partitions(conn: &mut FakeConn, partitions: u32) {
+    match conn.recv_cmd().await.command {
+        Command::AdminRequest { request_id, op, .. } => {
+            assert_eq!(op, "topics.partitioned-metadata");
+            let json = format!(r#"{{"partitions":{partitions}}}"#);
+            conn.send(Command::AdminResponse { request_id, json }, &[]).await;
+        }
+        other => panic!("expected AdminRequest, got {other:?}"),
+    }
+}
+
 /// Goal: a multi-topic consumer (a partitioned topic by its own name) hands
 /// out each partition's messages in order through its one queue, gives a
 /// partition's permits back only as the application receives that
@@ -985,13 +997,7 @@ async fn multi_topic_consumer_orders_permits_acks_and_end() {
         let (url, accept) = listen(1 << 20).await;
         let broker = tokio::spawn(async move {
             let mut conn = accept.await;
-            match conn.recv_cmd().await.command {
-                Command::AdminRequest { request_id, op, .. } => {
-                    assert_eq!(op, "topics.partitioned-metadata");
-                    conn.send(Command::AdminResponse { request_id, json: r#"{"partitions":2}"#.into() }, &[]).await;
-                }
-                other => panic!("expected AdminRequest, got {other:?}"),
-            }
+            answer_partitions(&mut conn, 2).await;
             // consumer id of partition p at [p].
             let mut ids = [0u64; 2];
             let mut permits = [0u32; 2];
@@ -1108,13 +1114,7 @@ async fn multi_topic_member_retried_after_not_owner_is_not_ended() {
         let (url, accept) = listen(1 << 20).await;
         let broker = tokio::spawn(async move {
             let mut conn = accept.await;
-            match conn.recv_cmd().await.command {
-                Command::AdminRequest { request_id, op, .. } => {
-                    assert_eq!(op, "topics.partitioned-metadata");
-                    conn.send(Command::AdminResponse { request_id, json: r#"{"partitions":0}"#.into() }, &[]).await;
-                }
-                other => panic!("expected AdminRequest, got {other:?}"),
-            }
+            answer_partitions(&mut conn, 0).await;
             match conn.recv_cmd().await.command {
                 Command::Subscribe { request_id, .. } => {
                     let refusal =
