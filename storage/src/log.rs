@@ -1256,6 +1256,15 @@ async fn while_open<D: Disk>(
     .await
 }
 
+/// Ledger `ledger` if entry `entry` of it may be read: appended to, and
+/// the ledger not deleted.
+fn readable_ledger<F>(st: &State<F>, ledger: u64, entry: u64) -> Result<&Ledger<F>> {
+    match st.ledgers.get(&ledger) {
+        Some(l) if entry < l.next_entry && l.deleted.is_none() => Ok(l),
+        _ => Err(StorageError::NoSuchEntry { ledger, entry }),
+    }
+}
+
 /// Where entry `entry` of ledger `l` (id `ledger`) is on disk: its index
 /// entry and the segment holding it.
 fn locate<F>(st: &State<F>, l: &Ledger<F>, ledger: u64, entry: u64) -> Result<(IndexEntry, Rc<Segment<F>>)> {
@@ -1468,12 +1477,8 @@ impl<D: Disk> EntryLog<D> {
         let (seg, ie, ahead) = {
             let mut st = self.sh.st.borrow_mut();
             let st = &mut *st;
-            let no = StorageError::NoSuchEntry { ledger, entry };
             // The ledger first: a deleted ledger's entries may linger in the cache.
-            let l = st.ledgers.get(&ledger).ok_or(no)?;
-            if entry >= l.next_entry || l.deleted.is_some() {
-                return Err(StorageError::NoSuchEntry { ledger, entry });
-            }
+            let l = readable_ledger(st, ledger, entry)?;
             if let Some(b) = st.cache.get(&(ledger, entry)) {
                 return Ok(b.clone());
             }
@@ -1562,11 +1567,7 @@ impl<D: Disk> EntryLog<D> {
         let (seg, first, run) = {
             let mut st = self.sh.st.borrow_mut();
             let st = &mut *st;
-            let no = StorageError::NoSuchEntry { ledger, entry };
-            let l = st.ledgers.get(&ledger).ok_or(no)?;
-            if entry >= l.next_entry || l.deleted.is_some() {
-                return Err(StorageError::NoSuchEntry { ledger, entry });
-            }
+            let l = readable_ledger(st, ledger, entry)?;
             let cached = |st: &State<D::File>, e: u64| {
                 st.cache.get(&(ledger, e)).or_else(|| st.rcache.get(&(ledger, e))).cloned()
             };
