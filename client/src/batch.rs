@@ -240,6 +240,13 @@ impl Batcher {
         if core.is_closed() {
             return Err(ClientError::ProducerClosed { producer_name: core.name().to_string() });
         }
+        // Adding a message touches no tokio resource, so a loop of sends
+        // would otherwise run until a batch has to wait for a free slot,
+        // holding up the other tasks of its thread (the connection's reader
+        // with the receipts, a consumer): spend one unit of the task's
+        // budget, as the async lock this replaced did, so that such a loop
+        // yields every 128 messages or so.
+        tokio::task::coop::consume_budget().await;
         let (receipt, closed_any) = {
             let key = if self.options.key_based { msg.key.clone() } else { None };
             let len = msg.payload.len();

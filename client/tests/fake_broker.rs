@@ -926,6 +926,57 @@ async fn batches_leave_in_fill_order_across_tasks_and_dropped_sends() {
     .await;
 }
 
+/// Goal: a loop of batched sends that never has to wait still lets the
+/// other tasks of its thread run (the connection's reader, a consumer):
+/// adding a message spends the task's cooperative budget.
+/// Method: on the test's current-thread runtime, a task that counts its
+/// wake-ups (it yields each time), then 5,000 `send_async` calls into one
+/// open batch (no limit reached, so nothing waits); the counter must have
+/// moved during the loop.
+#[tokio::test]
+async fn a_loop_of_batched_sends_yields_to_other_tasks() {
+    within(async {
+        let (url, accept) = listen(1 << 20).await;
+        let broker = tokio::spawn(async move {
+            let mut conn = accept.await;
+            conn.accept_producer("y").await;
+            while conn.recv().await.is_some() {}
+        });
+        let client = Client::connect_with(&url, options()).await.unwrap();
+        let batching = magnetar_client::BatchingOptions {
+            max_messages: 100_000,
+            max_bytes: 64 << 20,
+            max_delay: Duration::from_secs(60),
+            ..Default::default()
+        };
+        let producer = client.producer("t").batching(batching).create().await.unwrap();
+        let ticks = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let ticker = {
+            let ticks = ticks.clone();
+            tokio::spawn(async move {
+                loop {
+                    ticks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tokio::task::yield_now().await;
+                }
+            })
+        };
+        tokio::task::yield_now().await;
+        let before = ticks.load(std::sync::atomic::Ordering::Relaxed);
+        let mut receipts = Vec::new();
+        for i in 0..5_000 {
+            receipts.push(producer.send_async(OutgoingMessage::new(format!("m{i}"))).await.unwrap());
+        }
+        let during = ticks.load(std::sync::atomic::Ordering::Relaxed) - before;
+        assert!(during >= 10, "the other task ran {during} times during 5,000 sends");
+        ticker.abort();
+        drop(receipts);
+        drop(producer);
+        client.close();
+        broker.await.unwrap();
+    })
+    .await;
+}
+
 /// Accepts one connection on `listener` and answers its `Connect` as shard
 /// `shard` of a broker whose shards listen on `shard_ports`.
 async fn accept_as_shard(listener: &TcpListener, shard: u32, shard_ports: &[u16]) -> FakeConn {
