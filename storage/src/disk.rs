@@ -60,6 +60,15 @@ pub trait Disk: Clone + 'static {
 /// An open file. Single-threaded, like its [`Disk`].
 #[allow(async_fn_in_trait)]
 pub trait DiskFile: 'static {
+    /// A buffer [`write_buf`](Self::write_buf) can write without copying it
+    /// first (for the production backend, memory the kernel can DMA from).
+    type Buf: AsRef<[u8]> + AsMut<[u8]>;
+    /// A buffer of exactly `len` bytes for [`write_buf`](Self::write_buf).
+    /// Its contents are unspecified (not zeroed): the caller writes every byte.
+    fn alloc_buf(&self, len: usize) -> Self::Buf;
+    /// [`write_at`](Self::write_at) of a whole buffer from
+    /// [`alloc_buf`](Self::alloc_buf), without the copy `write_at` may make.
+    async fn write_buf(&self, pos: u64, buf: Self::Buf) -> io::Result<()>;
     /// Reads up to `len` bytes at `pos`; fewer only at the end of the file.
     async fn read_at(&self, pos: u64, len: usize) -> io::Result<Vec<u8>>;
     /// Writes all of `data` at `pos`; both page-aligned (see module docs).
@@ -223,6 +232,22 @@ fn fs_type(dir: &Path) -> io::Result<Option<String>> {
 }
 
 impl DiskFile for DmaDiskFile {
+    type Buf = glommio::io::DmaBuffer;
+
+    fn alloc_buf(&self, len: usize) -> glommio::io::DmaBuffer {
+        self.file.alloc_dma_buffer(len)
+    }
+
+    async fn write_buf(&self, pos: u64, buf: glommio::io::DmaBuffer) -> io::Result<()> {
+        let len = buf.len();
+        assert!(pos.is_multiple_of(PAGE_BYTES) && (len as u64).is_multiple_of(PAGE_BYTES));
+        let n = self.file.write_at(buf, pos).await.map_err(glommio_err)?;
+        if n != len {
+            return Err(io::Error::new(io::ErrorKind::WriteZero, format!("short write: {n} of {len} bytes at {pos}")));
+        }
+        Ok(())
+    }
+
     async fn read_at(&self, pos: u64, len: usize) -> io::Result<Vec<u8>> {
         // DmaFile::read_at aligns internally; reads past the end come back short.
         let r = self.file.read_at(pos, len).await.map_err(glommio_err)?;
@@ -230,20 +255,11 @@ impl DiskFile for DmaDiskFile {
     }
 
     async fn write_at(&self, pos: u64, data: &[u8]) -> io::Result<()> {
-        assert!(pos.is_multiple_of(PAGE_BYTES) && (data.len() as u64).is_multiple_of(PAGE_BYTES));
-        // One copy into a DMA-able buffer. The flusher could build batches in
-        // DMA buffers directly; a memcpy of <= flush_bytes_max is small next to
-        // an fdatasync, so this stays simple for now.
+        // One copy into a DMA-able buffer (the flusher builds its batches in
+        // one from `alloc_buf` instead).
         let mut buf = self.file.alloc_dma_buffer(data.len());
         buf.as_bytes_mut().copy_from_slice(data);
-        let n = self.file.write_at(buf, pos).await.map_err(glommio_err)?;
-        if n != data.len() {
-            return Err(io::Error::new(
-                io::ErrorKind::WriteZero,
-                format!("short write: {n} of {} bytes at {pos}", data.len()),
-            ));
-        }
-        Ok(())
+        self.write_buf(pos, buf).await
     }
 
     async fn sync(&self) -> io::Result<()> {

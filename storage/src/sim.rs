@@ -555,6 +555,19 @@ impl SimFile {
 }
 
 impl DiskFile for SimFile {
+    type Buf = Vec<u8>;
+
+    /// Filled with a non-zero pattern, as the production backend's buffers
+    /// may hold anything: a byte the caller forgets to write shows up in the
+    /// simulations as a checksum failure instead of a lucky zero.
+    fn alloc_buf(&self, len: usize) -> Vec<u8> {
+        vec![0xA5; len]
+    }
+
+    async fn write_buf(&self, pos: u64, buf: Vec<u8>) -> io::Result<()> {
+        self.write_at(pos, &buf).await
+    }
+
     async fn read_at(&self, pos: u64, len: usize) -> io::Result<Vec<u8>> {
         futures_lite::future::yield_now().await;
         self.st.borrow().check_alive("read")?;
