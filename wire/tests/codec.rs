@@ -14,11 +14,7 @@ use magnetar_wire::generated::magnetar::wire as fb;
 use magnetar_wire::*;
 
 fn payload_for(command: &Command) -> Bytes {
-    if command.carries_payload() {
-        encode_message(&full_metadata(), b"hello payload")
-    } else {
-        Bytes::new()
-    }
+    payload_fitting(command, encode_message(&full_metadata(), b"hello payload"))
 }
 
 /// Goal: every command survives encode → decode unchanged, with edge values.
