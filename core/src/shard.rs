@@ -322,7 +322,8 @@ pub struct ShardTraffic {
     /// close, redeliver, seek) routed to the topic's owner on another shard.
     pub cross_shard_requests: u64,
     /// Consumer events (a message to deliver, a close, an active-consumer
-    /// change) sent to a consumer whose connection is on another shard.
+    /// change) sent to a consumer whose connection is on another shard; a
+    /// run of deliveries counts one per entry.
     pub cross_shard_events: u64,
 }
 
@@ -498,7 +499,12 @@ impl Shard {
         if to.shard == self.id {
             self.deliver_local(to.sink, event);
         } else {
-            self.cross_shard_events.set(self.cross_shard_events.get() + 1);
+            // A run counts once per entry, as its deliveries did one by one.
+            let n = match &event {
+                ConsumerEvent::Run { blobs, .. } => blobs.len() as u64,
+                _ => 1,
+            };
+            self.cross_shard_events.set(self.cross_shard_events.get() + n);
             self.mesh.send(to.shard, MeshMsg::Event { sink: to.sink, event });
         }
     }
