@@ -844,6 +844,143 @@ async fn batched_receipts_time_out_or_fail_when_abandoned() {
     .await;
 }
 
+/// Goal: batches leave in the order they filled even when several tasks
+/// fill them and one of them gives up: a message is in its batch once
+/// `send_async` has taken it, a full batch waits for a free `max_pending`
+/// slot without holding up other tasks' adds, and a batch closed by a task
+/// whose `send_async` future was dropped still goes out, after the batch
+/// before it.
+/// Method: 2 messages per batch, 1 send in flight. Task A fills batches 1
+/// and 2 (batch 2 waits for batch 1's receipt); the test body fills batch 3
+/// and drops its second `send_async` after 100 ms (still waiting behind
+/// batch 2); the broker answers only then, and checks each entry's records.
+#[tokio::test]
+async fn batches_leave_in_fill_order_across_tasks_and_dropped_sends() {
+    within(async {
+        let (url, accept) = listen(1 << 20).await;
+        let (gave_up_tx, gave_up_rx) = tokio::sync::oneshot::channel::<()>();
+        let broker = tokio::spawn(async move {
+            let mut conn = accept.await;
+            let producer_id = conn.accept_producer("o").await;
+            let mut gave_up = Some(gave_up_rx);
+            for (entry, expected) in [["a0", "a1"], ["a2", "a3"], ["b0", "b1"]].iter().enumerate() {
+                let frame = conn.recv_cmd().await;
+                let Command::Send { sequence_id, num_messages, .. } = frame.command else {
+                    panic!("expected Send, got {:?}", frame.command)
+                };
+                assert_eq!((sequence_id, num_messages), (2 * entry as u64, 2), "entry {entry}");
+                let (_, payload) = decode_message(&frame.payload).unwrap();
+                let records = magnetar_wire::decode_batch(&payload, 2).unwrap();
+                let got: Vec<&[u8]> = records.iter().map(|r| r.payload.as_ref()).collect();
+                assert_eq!(got, expected.iter().map(|e| e.as_bytes()).collect::<Vec<_>>(), "entry {entry}");
+                if let Some(rx) = gave_up.take() {
+                    // Batch 1 stays unanswered until the test body gave up
+                    // on b1's send_async.
+                    rx.await.unwrap();
+                }
+                let message_id = MessageId::new(9, entry as u64, -1, -1);
+                conn.send(Command::SendReceipt { producer_id, sequence_id, message_id }, &[]).await;
+            }
+            let frame = conn.recv_cmd().await;
+            assert!(matches!(frame.command, Command::Send { sequence_id: 6, num_messages: 1, .. }), "{frame:?}");
+            conn.send(
+                Command::SendReceipt { producer_id, sequence_id: 6, message_id: MessageId::new(9, 3, -1, -1) },
+                &[],
+            )
+            .await;
+            while conn.recv().await.is_some() {}
+        });
+        let client = Client::connect_with(&url, options()).await.unwrap();
+        let batching = magnetar_client::BatchingOptions {
+            max_messages: 2,
+            max_delay: Duration::from_secs(60),
+            ..Default::default()
+        };
+        let producer =
+            std::sync::Arc::new(client.producer("t").max_pending(1).batching(batching).create().await.unwrap());
+        let a = {
+            let producer = producer.clone();
+            tokio::spawn(async move {
+                let mut receipts = Vec::new();
+                for m in ["a0", "a1", "a2", "a3"] {
+                    receipts.push(producer.send_async(OutgoingMessage::new(m)).await.unwrap());
+                }
+                receipts
+            })
+        };
+        // A is now waiting with batch 2 for batch 1's receipt.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!a.is_finished(), "batch 2 went out before batch 1 had its receipt");
+        let b0 = producer.send_async(OutgoingMessage::new("b0")).await.unwrap();
+        let b1 =
+            tokio::time::timeout(Duration::from_millis(100), producer.send_async(OutgoingMessage::new("b1"))).await;
+        assert!(b1.is_err(), "b1's send_async returned while batch 2 waited");
+        gave_up_tx.send(()).unwrap();
+        let receipts = a.await.unwrap();
+        for (i, r) in receipts.into_iter().enumerate() {
+            assert_eq!(r.await.unwrap(), MessageId::new(9, i as u64 / 2, -1, i as i32 % 2));
+        }
+        assert_eq!(b0.await.unwrap(), MessageId::new(9, 2, -1, 0));
+        let c0 = producer.send_async(OutgoingMessage::new("c0")).await.unwrap();
+        producer.flush().await.unwrap();
+        assert_eq!(c0.await.unwrap(), MessageId::new(9, 3, -1, -1));
+        client.close();
+        broker.await.unwrap();
+    })
+    .await;
+}
+
+/// Goal: a loop of batched sends that never has to wait still lets the
+/// other tasks of its thread run (the connection's reader, a consumer):
+/// adding a message spends the task's cooperative budget.
+/// Method: on the test's current-thread runtime, a task that counts its
+/// wake-ups (it yields each time), then 5,000 `send_async` calls into one
+/// open batch (no limit reached, so nothing waits); the counter must have
+/// moved during the loop.
+#[tokio::test]
+async fn a_loop_of_batched_sends_yields_to_other_tasks() {
+    within(async {
+        let (url, accept) = listen(1 << 20).await;
+        let broker = tokio::spawn(async move {
+            let mut conn = accept.await;
+            conn.accept_producer("y").await;
+            while conn.recv().await.is_some() {}
+        });
+        let client = Client::connect_with(&url, options()).await.unwrap();
+        let batching = magnetar_client::BatchingOptions {
+            max_messages: 100_000,
+            max_bytes: 64 << 20,
+            max_delay: Duration::from_secs(60),
+            ..Default::default()
+        };
+        let producer = client.producer("t").batching(batching).create().await.unwrap();
+        let ticks = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let ticker = {
+            let ticks = ticks.clone();
+            tokio::spawn(async move {
+                loop {
+                    ticks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tokio::task::yield_now().await;
+                }
+            })
+        };
+        tokio::task::yield_now().await;
+        let before = ticks.load(std::sync::atomic::Ordering::Relaxed);
+        let mut receipts = Vec::new();
+        for i in 0..5_000 {
+            receipts.push(producer.send_async(OutgoingMessage::new(format!("m{i}"))).await.unwrap());
+        }
+        let during = ticks.load(std::sync::atomic::Ordering::Relaxed) - before;
+        assert!(during >= 10, "the other task ran {during} times during 5,000 sends");
+        ticker.abort();
+        drop(receipts);
+        drop(producer);
+        client.close();
+        broker.await.unwrap();
+    })
+    .await;
+}
+
 /// Accepts one connection on `listener` and answers its `Connect` as shard
 /// `shard` of a broker whose shards listen on `shard_ports`.
 async fn accept_as_shard(listener: &TcpListener, shard: u32, shard_ports: &[u16]) -> FakeConn {

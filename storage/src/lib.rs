@@ -41,4 +41,7 @@ pub use disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
 pub use error::{CorruptReason, StorageError};
 pub use format::{key_hash, tag_hash, IndexEntry, IndexExtras};
 pub use keyindex::KeyHit;
-pub use log::{Appended, EntryLog, LogConfig, Recovery, LONE_BATCH_BYTES_MAX, LONE_STREAK_MIN};
+pub use log::{
+    Appended, EntryLog, LogConfig, Recovery, LONE_BATCH_BYTES_MAX, LONE_PAUSE_BATCHES, LONE_RESUME_FAST,
+    LONE_STREAK_MIN,
+};

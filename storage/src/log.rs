@@ -100,8 +100,10 @@ pub struct LogConfig {
     /// the shard runs meanwhile (other topics' reads and connections). When
     /// one such request takes longer than this (a busy disk), the next
     /// [`LONE_PAUSE_BATCHES`] batches go through the reactor instead, so a
-    /// slow disk never stalls the shard for long per batch. Zero: never
-    /// block. Default 1 ms.
+    /// slow disk never stalls the shard for long per batch; the pause ends
+    /// early once [`LONE_RESUME_FAST`] lone batches in a row were written
+    /// and synced through the reactor within this bound (the slow request
+    /// was a spike, not a busy disk). Zero: never block. Default 1 ms.
     pub lone_sync_max: Duration,
 }
 
@@ -121,6 +123,14 @@ pub const LONE_BATCH_BYTES_MAX: u64 = 16 << 10;
 pub const LONE_STREAK_MIN: u32 = 4;
 /// See [`LogConfig::lone_sync_max`].
 pub const LONE_PAUSE_BATCHES: u32 = 1024;
+/// See [`LogConfig::lone_sync_max`]: lone batches in a row, each written and
+/// synced through the reactor within `lone_sync_max`, that end a pause
+/// early. On a disk whose lone requests are slow only now and then (other
+/// tenants' spikes: ~1 in 500 here), a pause of [`LONE_PAUSE_BATCHES`] sent
+/// two thirds of a one-at-a-time run through the slower reactor path
+/// (bench/README.md, "One at a time, third round"); on a busy disk the
+/// reactor's requests are slow too and the pause runs its course.
+pub const LONE_RESUME_FAST: u32 = 32;
 
 /// One zeroing write (then one fdatasync): a quarter of the distance ahead,
 /// between 1 and 4 MiB.
@@ -389,6 +399,9 @@ pub(crate) struct State<F> {
     /// Batches left that take the reactor path after a lone request took
     /// longer than `lone_sync_max`.
     pub lone_pause: u32,
+    /// During a pause: lone batches in a row whose reactor write + fdatasync
+    /// took at most `lone_sync_max` ([`LONE_RESUME_FAST`] end the pause).
+    pub lone_fast: u32,
     /// Lone requests that took longer than `lone_sync_max` since open (a counter).
     pub lone_slow: u64,
     /// Batches written and synced as one request (`LONE_BATCH_BYTES_MAX`)
@@ -449,6 +462,7 @@ impl<F> State<F> {
             avg_batch: 0,
             lone_streak: 0,
             lone_pause: 0,
+            lone_fast: 0,
             lone_slow: 0,
             lone_batches: 0,
             zero_waker: None,
@@ -798,15 +812,17 @@ impl<D: Disk> Shared<D> {
         // to do meanwhile. Never for batches of several records: blocking
         // would stop the shard from reading the next batch's messages while
         // the disk works.
-        let lone = {
+        // `paused`: a lone batch sent through the reactor by a pause, timed
+        // to end the pause early when the disk is fast again.
+        let (lone, paused) = {
             let mut st = self.st.borrow_mut();
-            let lone = count == 1
+            let candidate = count == 1
                 && batch_len <= LONE_BATCH_BYTES_MAX
                 && st.lone_streak >= LONE_STREAK_MIN
-                && !self.cfg.lone_sync_max.is_zero()
-                && st.lone_pause == 0;
+                && !self.cfg.lone_sync_max.is_zero();
+            let paused = st.lone_pause > 0;
             st.lone_pause = st.lone_pause.saturating_sub(1);
-            lone
+            (candidate && !paused, candidate && paused)
         };
         crate::stage::mark("4b_write_submit");
         let after_write = |st: &mut State<D::File>| {
@@ -822,6 +838,7 @@ impl<D: Disk> Shared<D> {
             st.lone_batches += 1;
             if took > self.cfg.lone_sync_max {
                 st.lone_pause = LONE_PAUSE_BATCHES;
+                st.lone_fast = 0;
                 st.lone_slow += 1;
                 tracing::debug!(
                     took_us = took.as_micros() as u64,
@@ -831,11 +848,21 @@ impl<D: Disk> Shared<D> {
             drop(st);
             drop(zero_permit);
         } else {
+            let began = std::time::Instant::now();
             seg.file.write_at(off, &buf).await.map_err(self.io("write batch", &seg.path))?;
             crate::stage::mark("5_written");
             after_write(&mut self.st.borrow_mut());
             drop(zero_permit);
             seg.file.sync().await.map_err(self.io("fdatasync segment", &seg.path))?;
+            if paused {
+                let fast = began.elapsed() <= self.cfg.lone_sync_max;
+                let mut st = self.st.borrow_mut();
+                st.lone_fast = if fast { st.lone_fast + 1 } else { 0 };
+                if st.lone_fast >= LONE_RESUME_FAST {
+                    st.lone_pause = 0;
+                    st.lone_fast = 0;
+                }
+            }
         }
         crate::stage::mark("6_synced");
 

@@ -150,6 +150,8 @@ struct SimState {
     faults: Vec<(FaultKind, u64, FaultError)>,
     faults_fired: u64,
     kind_counts: HashMap<FaultKind, u64>,
+    /// Every fdatasync first sleeps this long (glommio timer): a slow disk.
+    sync_delay: Option<std::time::Duration>,
 }
 
 /// The simulated disk. Cheap to clone (shared state).
@@ -377,6 +379,12 @@ impl SimDisk {
         self.st.borrow_mut().faults.push((kind, nth, error));
     }
 
+    /// From now on every fdatasync takes at least `delay` (`None`: as fast
+    /// as memory again). Needs a glommio executor while set.
+    pub fn delay_syncs(&self, delay: Option<std::time::Duration>) {
+        self.st.borrow_mut().sync_delay = delay;
+    }
+
     /// How many injected faults fired so far.
     pub fn faults_fired(&self) -> u64 {
         self.st.borrow().faults_fired
@@ -573,6 +581,10 @@ impl DiskFile for SimFile {
 
     async fn sync(&self) -> io::Result<()> {
         futures_lite::future::yield_now().await;
+        let delay = self.st.borrow().sync_delay;
+        if let Some(d) = delay {
+            glommio::timer::sleep(d).await;
+        }
         let fired = self.st.borrow().faults_fired;
         let stepped = self.st.borrow_mut().step(Some(FaultKind::Sync), "fdatasync");
         if let Err(e) = stepped {

@@ -7,7 +7,7 @@ mod common;
 use bytes::Bytes;
 use common::{run, small_config};
 use magnetar_storage::sim::{FaultError, FaultKind, SimDisk, SimRng};
-use magnetar_storage::{EntryLog, IndexExtras, LogConfig, StorageError, LONE_STREAK_MIN};
+use magnetar_storage::{EntryLog, IndexExtras, LogConfig, StorageError, LONE_RESUME_FAST, LONE_STREAK_MIN};
 use std::time::Duration;
 
 /// Goal: append, group commit, read from cache and disk, close, reopen clean
@@ -339,6 +339,74 @@ fn slow_lone_requests_pause_the_blocking_path() {
             log.close().await.unwrap();
         }
     });
+}
+
+/// Goal: a pause of the blocking path (one slow lone request) ends early
+/// once `LONE_RESUME_FAST` lone batches in a row were written and synced
+/// through the reactor within `lone_sync_max` (a spike, not a busy disk), and
+/// a slow one among them starts the count again; everything acknowledged
+/// survives a crash. Method: SimDisk whose fdatasyncs sleep 600 ms while
+/// set, against a bound of 500 ms (in-memory requests take microseconds).
+#[test]
+fn lone_pause_ends_after_a_run_of_fast_requests() {
+    let disk = SimDisk::new();
+    let d = disk.clone();
+    run(60, move || async move {
+        let mut cfg = small_config("/s");
+        cfg.segment_bytes = 1 << 20;
+        cfg.zero_ahead_bytes = 0;
+        cfg.lone_sync_max = Duration::from_millis(500);
+        let (log, _) = EntryLog::open_with(d.clone(), cfg).await.unwrap();
+        let mut bodies = Vec::new();
+        let lone = |log: EntryLog<SimDisk>, bodies: &mut Vec<Bytes>| {
+            let b = Bytes::from(vec![bodies.len() as u8; 1000]);
+            bodies.push(b.clone());
+            async move {
+                let a = log.append(1, b).unwrap();
+                log.wait_durable(a.lsn).await.unwrap();
+            }
+        };
+        for _ in 0..LONE_STREAK_MIN + 3 {
+            lone(log.clone(), &mut bodies).await;
+        }
+        let linked = log.lone_batches();
+        assert_eq!(linked, 3);
+        // One slow lone request: paused.
+        d.delay_syncs(Some(Duration::from_millis(600)));
+        lone(log.clone(), &mut bodies).await;
+        assert_eq!((log.lone_batches(), log.lone_slow()), (linked + 1, 1));
+        // Slow through the reactor too (a busy disk): still paused.
+        lone(log.clone(), &mut bodies).await;
+        d.delay_syncs(None);
+        // One fast request short of the run: still paused.
+        for _ in 0..LONE_RESUME_FAST - 1 {
+            lone(log.clone(), &mut bodies).await;
+        }
+        assert_eq!(log.lone_batches(), linked + 1, "resumed before the run of fast requests");
+        d.delay_syncs(Some(Duration::from_millis(600)));
+        lone(log.clone(), &mut bodies).await;
+        d.delay_syncs(None);
+        for _ in 0..LONE_RESUME_FAST - 1 {
+            lone(log.clone(), &mut bodies).await;
+        }
+        assert_eq!(log.lone_batches(), linked + 1, "a slow request did not restart the run");
+        lone(log.clone(), &mut bodies).await;
+        assert_eq!(log.lone_batches(), linked + 1, "the run's last batch is still the reactor's");
+        for _ in 0..5 {
+            lone(log.clone(), &mut bodies).await;
+        }
+        assert_eq!(log.lone_batches(), linked + 6, "not resumed after the run of fast requests");
+        assert_eq!(log.lone_slow(), 1);
+        drop(log);
+
+        let (log, rec) = EntryLog::open_with(d.crash(7), small_config("/s")).await.unwrap();
+        assert!(!rec.clean);
+        assert_eq!(log.next_entry(1), bodies.len() as u64, "{rec:?}");
+        for (i, b) in bodies.iter().enumerate() {
+            assert_eq!(&log.read(1, i as u64).await.unwrap(), b, "entry {i}");
+        }
+    });
+    drop(disk);
 }
 
 /// Goal: a data directory on tmpfs (no O_DIRECT, no durability) is refused

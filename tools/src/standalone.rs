@@ -47,8 +47,9 @@ pub struct StandaloneArgs {
     /// thread (about 0.6x the broker CPU per message). When one takes longer
     /// than this many microseconds (a busy disk), the next 1,024 batches go
     /// through the reactor instead: on a busy disk only one batch in 1,025
-    /// holds up the shard's other topics (for as long as it takes). 0: never
-    /// block.
+    /// holds up the shard's other topics (for as long as it takes). The
+    /// pause ends early after 32 lone batches in a row took at most this
+    /// long through the reactor (a spike, not a busy disk). 0: never block.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     pub lone_sync_max_us: u64,
     /// Segments freed by retention or compaction kept per shard and reused
