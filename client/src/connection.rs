@@ -247,6 +247,8 @@ impl Connection {
         let connect = Command::Connect {
             client_version: concat!("magnetar-client/", env!("CARGO_PKG_VERSION")).to_string(),
             protocol_version: PROTOCOL_VERSION,
+            // Protocol version 2: the broker keeps its runs within it.
+            max_frame_bytes: options.max_frame_bytes,
         };
         wr.write_all(&encode(&connect, &[])?).await?;
         let handshake = async {
@@ -725,6 +727,38 @@ async fn dispatch(
                 Ok(Unpacked::Batch(messages)) => deliver.send_batch(messages),
                 Err(e) => deliver.send(Err(e)),
             };
+        }
+        Command::MessageRun { consumer_id, message_id, redelivery_count, lengths } => {
+            // One lookup for the run's entries.
+            let target = {
+                let st = shared.lock();
+                st.consumers.get(&consumer_id).map(|c| (c.deliver.clone(), c.topic.clone()))
+            };
+            let Some((deliver, topic)) = target else {
+                tracing::debug!(consumer_id, %message_id, "message run for an unknown consumer");
+                return Ok(());
+            };
+            // The decoder checked the lengths against the payload; a run
+            // that does not fit is a broker fault, and ends the connection.
+            let entries = magnetar_wire::run_entries(message_id, &lengths, &payload).map_err(|e| e.to_string())?;
+            // The run's messages go into the consumer's queue as one item;
+            // an entry that cannot be read goes in as an error in its place.
+            let mut messages = Vec::with_capacity(entries.len());
+            for (id, blob) in entries {
+                match unpack_entry(&blob, id, &topic, redelivery_count, Vec::new()) {
+                    Ok(Unpacked::One(m)) => messages.push(m),
+                    Ok(Unpacked::Batch(batch)) => messages.extend(batch),
+                    Err(e) => {
+                        if !messages.is_empty() {
+                            deliver.send_batch(std::mem::take(&mut messages));
+                        }
+                        deliver.send(Err(e));
+                    }
+                }
+            }
+            if !messages.is_empty() {
+                deliver.send_batch(messages);
+            }
         }
         Command::CloseProducer { producer_id, .. } => {
             // The broker closed our producer (e.g. topic unloaded).

@@ -90,7 +90,11 @@ async fn listen(max_frame_bytes: u32) -> (String, impl Future<Output = FakeConn>
         let (stream, _) = listener.accept().await.unwrap();
         let mut conn = FakeConn { stream, decoder: FrameDecoder::new(16 << 20), buf: BytesMut::new() };
         match conn.recv().await.unwrap().command {
-            Command::Connect { protocol_version, .. } => assert_eq!(protocol_version, magnetar_wire::PROTOCOL_VERSION),
+            Command::Connect { protocol_version, max_frame_bytes, .. } => {
+                assert_eq!(protocol_version, magnetar_wire::PROTOCOL_VERSION);
+                // Version 2: the client's own frame limit, for the broker's runs.
+                assert_eq!(max_frame_bytes, ClientOptions::default().max_frame_bytes);
+            }
             other => panic!("expected Connect, got {other:?}"),
         }
         conn.send(
@@ -1289,6 +1293,67 @@ async fn multi_topic_member_retried_after_not_owner_is_not_ended() {
         let consumer = client.subscribe("orders", "s").subscribe_partitioned().await.unwrap();
         let msg = consumer.receive().await.expect("the retried member's message, not an end");
         assert_eq!(msg.id, MessageId::new(7, 0, -1, -1));
+        let _conn = broker.await.unwrap();
+    })
+    .await;
+}
+
+/// Goal: the consumer reads a `MessageRun` (protocol version 2) as its
+/// entries in order, with consecutive ids and the run's redelivery count; an
+/// entry whose blob is not a message is reported in its place and the
+/// entries after it still come; a `Message` after the run comes after them.
+/// Method: a fake broker sends a run of four entries (the third a garbage
+/// blob), then one `Message`.
+#[tokio::test]
+async fn message_runs_are_read_entry_by_entry() {
+    within(async {
+        let (url, accept) = listen(1 << 20).await;
+        let broker = tokio::spawn(async move {
+            let mut conn = accept.await;
+            let consumer_id = match conn.recv_cmd().await.command {
+                Command::Subscribe { request_id, consumer_id, .. } => {
+                    conn.send(Command::Success { request_id }, &[]).await;
+                    consumer_id
+                }
+                other => panic!("expected Subscribe, got {other:?}"),
+            };
+            loop {
+                if let Command::Flow { .. } = conn.recv_cmd().await.command {
+                    break;
+                }
+            }
+            let blobs = [blob(0, "k"), blob(1, "k"), Bytes::from_static(b"not a message"), blob(3, "k")];
+            let lengths = blobs.iter().map(|b| u32::try_from(b.len()).unwrap()).collect();
+            let run = Command::MessageRun {
+                consumer_id,
+                message_id: MessageId::new(9, 0, -1, -1),
+                redelivery_count: 2,
+                lengths,
+            };
+            conn.send(run, &blobs.concat()).await;
+            let single = Command::Message {
+                consumer_id,
+                message_id: MessageId::new(9, 4, -1, -1),
+                redelivery_count: 0,
+                ack_set: vec![],
+            };
+            conn.send(single, &blob(4, "k")).await;
+            conn
+        });
+        let client = Client::connect_with(&url, options()).await.unwrap();
+        let consumer = client.subscribe("orders", "s").subscribe().await.unwrap();
+        for seq in [0u64, 1] {
+            let m = consumer.receive().await.expect("an entry of the run");
+            assert_eq!(m.id, MessageId::new(9, seq, -1, -1));
+            assert_eq!(m.redelivery_count, 2);
+            assert_eq!(m.payload.as_ref(), format!("payload-{seq}").as_bytes());
+        }
+        assert!(consumer.receive().await.is_err(), "the garbage entry is reported in its place");
+        let m = consumer.receive().await.expect("the entry after the bad one");
+        assert_eq!((m.id, m.redelivery_count), (MessageId::new(9, 3, -1, -1), 2));
+        let m = consumer.receive().await.expect("the Message after the run");
+        assert_eq!((m.id, m.redelivery_count), (MessageId::new(9, 4, -1, -1), 0));
+        assert_eq!(m.payload.as_ref(), b"payload-4");
         let _conn = broker.await.unwrap();
     })
     .await;

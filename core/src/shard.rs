@@ -70,11 +70,33 @@ pub enum ConsumerEvent {
         /// Batch-index acks of a redelivered batch (`Command::Message::ack_set`).
         ack_set: Vec<u64>,
     },
+    /// Consecutive entries of one ledger for one consumer, in one event:
+    /// entry i has `first` with entry number `first.entry + i`, the run's
+    /// `redelivery_count` and no batch-index acks. The connection writes
+    /// them as `MessageRun` frames to clients of protocol version 2 and as
+    /// one `Message` frame each to older ones. Never empty.
+    Run { consumer_id: u64, first: MessageId, redelivery_count: u32, blobs: Vec<Bytes> },
     /// The broker closed the consumer (e.g. unreadable data); the client should
     /// be told and may subscribe again.
     Closed { consumer_id: u64, code: ErrorCode, message: String },
     /// Failover: the consumer became (or stopped being) the active one.
     ActiveChange { consumer_id: u64, is_active: bool },
+}
+
+impl ConsumerEvent {
+    /// The entries a `Message` or `Run` event delivers, in order:
+    /// `(message_id, redelivery_count, blob)`; none for other events.
+    pub fn deliveries(self) -> Vec<(MessageId, u32, Bytes)> {
+        match self {
+            Self::Message { message_id, redelivery_count, blob, .. } => vec![(message_id, redelivery_count, blob)],
+            Self::Run { first, redelivery_count, blobs, .. } => blobs
+                .into_iter()
+                .enumerate()
+                .map(|(i, blob)| (MessageId { entry: first.entry + i as u64, ..first }, redelivery_count, blob))
+                .collect(),
+            Self::Closed { .. } | Self::ActiveChange { .. } => Vec::new(),
+        }
+    }
 }
 
 /// A producer attached to a topic, as seen by the connection that created it.
@@ -300,7 +322,8 @@ pub struct ShardTraffic {
     /// close, redeliver, seek) routed to the topic's owner on another shard.
     pub cross_shard_requests: u64,
     /// Consumer events (a message to deliver, a close, an active-consumer
-    /// change) sent to a consumer whose connection is on another shard.
+    /// change) sent to a consumer whose connection is on another shard; a
+    /// run of deliveries counts one per entry.
     pub cross_shard_events: u64,
 }
 
@@ -476,7 +499,12 @@ impl Shard {
         if to.shard == self.id {
             self.deliver_local(to.sink, event);
         } else {
-            self.cross_shard_events.set(self.cross_shard_events.get() + 1);
+            // A run counts once per entry, as its deliveries did one by one.
+            let n = match &event {
+                ConsumerEvent::Run { blobs, .. } => blobs.len() as u64,
+                _ => 1,
+            };
+            self.cross_shard_events.set(self.cross_shard_events.get() + n);
             self.mesh.send(to.shard, MeshMsg::Event { sink: to.sink, event });
         }
     }

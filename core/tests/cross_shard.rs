@@ -69,13 +69,28 @@ where
     r.expect("scenario timed out or failed (see panic above)");
 }
 
+thread_local! {
+    /// Entries of a `Run` event not yet taken by `next_message`.
+    static RUN_REST: std::cell::RefCell<std::collections::VecDeque<(magnetar_wire::MessageId, u32, Bytes)>> =
+        Default::default();
+}
+
+/// The next entry delivered to the sink (a `Run` event's entries one by one).
 async fn next_message(rx: &local_channel::LocalReceiver<ConsumerEvent>) -> (magnetar_wire::MessageId, u32, Bytes) {
+    if let Some(d) = RUN_REST.with(|r| r.borrow_mut().pop_front()) {
+        return d;
+    }
     let ev = glommio::timer::timeout(Duration::from_secs(10), async { Ok(rx.recv().await) })
         .await
         .expect("no message within 10 s")
         .expect("sink closed");
     match ev {
-        ConsumerEvent::Message { message_id, redelivery_count, blob, .. } => (message_id, redelivery_count, blob),
+        ev @ (ConsumerEvent::Message { .. } | ConsumerEvent::Run { .. }) => {
+            let mut d = ev.deliveries().into_iter();
+            let first = d.next().expect("a delivery event holds an entry");
+            RUN_REST.with(|r| r.borrow_mut().extend(d));
+            first
+        }
         other => panic!("unexpected event {other:?}"),
     }
 }

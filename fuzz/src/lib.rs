@@ -23,8 +23,16 @@ pub fn wire_frame(data: &[u8]) {
     let mut decoder = magnetar_wire::FrameDecoder::new(magnetar_wire::FRAME_BYTES_MAX_DEFAULT);
     let mut src = BytesMut::from(data);
     // Frames are consumed from `src`; stop at the first error or when no
-    // whole frame is left.
-    while let Ok(Some(_)) = decoder.decode(&mut src) {}
+    // whole frame is left. A run that decodes splits into exactly its
+    // lengths, covering the payload.
+    while let Ok(Some(frame)) = decoder.decode(&mut src) {
+        if let magnetar_wire::Command::MessageRun { message_id, lengths, .. } = &frame.command {
+            let entries = magnetar_wire::run_entries(*message_id, lengths, &frame.payload);
+            let entries = entries.unwrap_or_else(|e| panic!("a decoded run does not split: {e}"));
+            let total: usize = entries.map(|(_, blob)| blob.len()).sum();
+            assert_eq!(total, frame.payload.len(), "a decoded run's entries do not cover its payload");
+        }
+    }
 
     let _ = magnetar_wire::decode_command(data);
 

@@ -87,6 +87,14 @@ fn wire_frame_never_panics() {
         ),
         frame(&Command::Message { consumer_id: 1, message_id: id, redelivery_count: 2, ack_set: vec![5] }, &blob(3)),
         frame(&Command::Send { producer_id: 1, sequence_id: 4, num_messages: 1 }, &blob(1)),
+        {
+            let (a, b) = (blob(1), blob(3));
+            let lengths = vec![a.len() as u32, 0, b.len() as u32];
+            frame(
+                &Command::MessageRun { consumer_id: 1, message_id: id, redelivery_count: 0, lengths },
+                &[a, b].concat(),
+            )
+        },
     ];
     // The commands alone (what `decode_command` sees) too.
     let mut all = corpus.clone();

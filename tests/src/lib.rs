@@ -30,7 +30,7 @@ pub use data::{
     LogCheck, ProducedRun, TestDir, BUNDLES_PER_NAMESPACE,
 };
 pub use process::{magnetar_bin, ChildGuard, LogBuffer};
-pub use raw::{connect_frame, frame_bytes, Ending, RawConnection, RawFrame, RAW_TIMEOUT};
+pub use raw::{connect_frame, connect_frame_of, frame_bytes, Ending, RawConnection, RawFrame, RAW_TIMEOUT};
 pub use scope::{run_async_with_timeout, run_with_timeout, Scope};
 
 use magnetar_client::Client;

@@ -36,9 +36,17 @@ pub fn frame_bytes(command: &Command, payload: &[u8]) -> Vec<u8> {
     buf.to_vec()
 }
 
-/// The `Connect` frame of protocol version [`PROTOCOL_VERSION`].
+/// The `Connect` frame of protocol version 1: the broker then delivers one
+/// `Message` frame per entry, which is what the raw tests read.
 pub fn connect_frame() -> Vec<u8> {
-    frame_bytes(&Command::Connect { client_version: "magnetar-tests".into(), protocol_version: PROTOCOL_VERSION }, &[])
+    connect_frame_of(1, 0)
+}
+
+/// The `Connect` frame of `protocol_version` (up to [`PROTOCOL_VERSION`]),
+/// announcing `max_frame_bytes` (0: not announced).
+pub fn connect_frame_of(protocol_version: u32, max_frame_bytes: u32) -> Vec<u8> {
+    assert!(protocol_version <= PROTOCOL_VERSION);
+    frame_bytes(&Command::Connect { client_version: "magnetar-tests".into(), protocol_version, max_frame_bytes }, &[])
 }
 
 /// A raw TCP connection speaking frames. Not async: use it from a blocking
@@ -118,6 +126,20 @@ impl RawConnection {
                 Command::Ping => self.send(&Command::Pong, &[]),
                 c => return c,
             }
+        }
+    }
+
+    /// Sends `Connect` of `protocol_version` announcing `max_frame_bytes`
+    /// (and from now on refuses frames above it, as a client would: 0 keeps
+    /// the default limit), expects `Connected`; returns the shard.
+    pub fn handshake_as(&mut self, protocol_version: u32, max_frame_bytes: u32) -> u32 {
+        if max_frame_bytes != 0 {
+            self.decoder = FrameDecoder::new(max_frame_bytes);
+        }
+        self.send_bytes(&connect_frame_of(protocol_version, max_frame_bytes));
+        match self.next_command("handshake") {
+            Command::Connected { shard, .. } => shard,
+            other => panic!("handshake answered with {other:?}"),
         }
     }
 

@@ -63,6 +63,12 @@ pub enum WireError {
     #[error("batch payload of {len} bytes: {reason} (expected {expected} messages, found {found})")]
     BadBatch { len: u64, expected: u32, found: u32, reason: &'static str },
 
+    /// A `MessageRun` whose entries do not fit its payload or its ids: no
+    /// entry, lengths that do not add up to the payload's length, or an
+    /// entry number past `u64::MAX`.
+    #[error("bad message run of {entries} entries: {reason} (lengths add up to {sum}, payload {payload} bytes)")]
+    BadRun { entries: u64, sum: u64, payload: u64, reason: &'static str },
+
     /// A vector that must run parallel to another has another length.
     #[error("{field} holds {found} values, expected {expected} (one per message id) or none")]
     BadCount { field: &'static str, expected: u64, found: u64 },

@@ -18,7 +18,7 @@
 
 use std::cell::RefCell;
 
-use bytes::{Buf, BufMut, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use flatbuffers::{FlatBufferBuilder, WIPOffset};
 
 use crate::error::WireError;
@@ -88,6 +88,10 @@ pub fn encode_frame(command: &Command, payload: &[u8], dst: &mut BytesMut) -> Re
 pub fn encode_frame_head(command: &Command, payload: &[u8], dst: &mut BytesMut) -> Result<(), WireError> {
     if !command.carries_payload() && !payload.is_empty() {
         return Err(WireError::UnexpectedPayload { command: command.name(), len: len_u64(payload.len()) });
+    }
+    if let Command::MessageRun { message_id, lengths, .. } = command {
+        check_run_ids(message_id, lengths.len())?;
+        check_run_lengths(lengths, payload.len())?;
     }
     let variable_bytes = command_variable_bytes(command);
     if variable_bytes > ENCODE_VARIABLE_BYTES_MAX {
@@ -222,6 +226,136 @@ pub fn encode_message_frame(
     })
 }
 
+/// A run holds at least one entry, and its last entry number fits in a u64.
+fn check_run_ids(first: &MessageId, entries: usize) -> Result<(), WireError> {
+    if entries == 0 {
+        return Err(WireError::BadRun { entries: 0, sum: 0, payload: 0, reason: "a run holds no entry" });
+    }
+    if first.entry.checked_add(len_u64(entries) - 1).is_none() {
+        return Err(WireError::BadRun {
+            entries: len_u64(entries),
+            sum: 0,
+            payload: 0,
+            reason: "the run's last entry number overflows",
+        });
+    }
+    Ok(())
+}
+
+/// A run's lengths add up to its payload's length exactly.
+fn check_run_lengths(lengths: &[u32], payload: usize) -> Result<(), WireError> {
+    let sum = lengths.iter().map(|&l| u64::from(l)).sum::<u64>();
+    if sum != len_u64(payload) {
+        return Err(WireError::BadRun {
+            entries: len_u64(lengths.len()),
+            sum,
+            payload: len_u64(payload),
+            reason: "the lengths do not add up to the payload",
+        });
+    }
+    Ok(())
+}
+
+/// The entries of a `MessageRun` frame, in order: each one's id and its
+/// blob, a slice of `payload` (no copy). Checks what the decoder checks (at
+/// least one entry, no entry-number overflow, lengths adding up to the
+/// payload), so it may be given any values.
+pub fn run_entries<'a>(first: MessageId, lengths: &'a [u32], payload: &Bytes) -> Result<RunEntries<'a>, WireError> {
+    check_run_ids(&first, lengths.len())?;
+    check_run_lengths(lengths, payload.len())?;
+    Ok(RunEntries { id: first, lengths: lengths.iter(), payload: payload.clone(), at: 0 })
+}
+
+/// Iterator of [`run_entries`].
+#[derive(Debug, Clone)]
+pub struct RunEntries<'a> {
+    id: MessageId,
+    lengths: std::slice::Iter<'a, u32>,
+    payload: Bytes,
+    at: usize,
+}
+
+impl Iterator for RunEntries<'_> {
+    type Item = (MessageId, Bytes);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let len = usize::try_from(*self.lengths.next()?).ok()?;
+        // Checked by `run_entries`: the lengths add up to the payload and
+        // the entry numbers do not overflow.
+        let end = self.at.checked_add(len).filter(|&e| e <= self.payload.len())?;
+        let blob = self.payload.slice(self.at..end);
+        self.at = end;
+        let id = self.id;
+        self.id.entry = self.id.entry.wrapping_add(1);
+        Some((id, blob))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.lengths.size_hint()
+    }
+}
+
+impl ExactSizeIterator for RunEntries<'_> {}
+
+/// Appends one `MessageRun` frame to `dst`: the entries `blobs` (at least
+/// one) delivered to `consumer_id`, the first with id `first`, each next one
+/// with the next entry number. What [`encode_frame`] writes for
+/// `Command::MessageRun` with the blobs as payload, without building the
+/// lengths vector or the payload first: the blobs are copied once, into
+/// `dst`, and hashed there.
+pub fn encode_message_run_frame<B: AsRef<[u8]>>(
+    consumer_id: u64,
+    first: &MessageId,
+    redelivery_count: u32,
+    blobs: &[B],
+    dst: &mut BytesMut,
+) -> Result<(), WireError> {
+    check_run_ids(first, blobs.len())?;
+    let mut payload_len = 0u64;
+    for b in blobs {
+        let len = b.as_ref().len();
+        if u32::try_from(len).is_err() {
+            return Err(WireError::FrameTooLarge { len: len_u64(len), max: u64::from(u32::MAX) });
+        }
+        payload_len = payload_len.saturating_add(len_u64(len));
+    }
+    with_builder(|fbb| {
+        fbb.start_vector::<u32>(blobs.len());
+        for b in blobs.iter().rev() {
+            // Checked above.
+            fbb.push(u32::try_from(b.as_ref().len()).unwrap_or(u32::MAX));
+        }
+        let lengths = Some(fbb.end_vector(blobs.len()));
+        let message_id = id_to_fb(first);
+        let args = fb::MessageRunArgs { consumer_id, message_id: Some(&message_id), redelivery_count, lengths };
+        let table = fb::MessageRun::create(fbb, &args).as_union_value();
+        let root = fb::BaseCommand::create(
+            fbb,
+            &fb::BaseCommandArgs { command_type: fb::AnyCommand::MessageRun, command: Some(table) },
+        );
+        fbb.finish_minimal(root);
+        let cmd = fbb.finished_data();
+        let frame_len_u64 = u64::from(FRAME_LEN_MIN).saturating_add(len_u64(cmd.len())).saturating_add(payload_len);
+        let frame_len = u32::try_from(frame_len_u64)
+            .map_err(|_| WireError::FrameTooLarge { len: frame_len_u64, max: u64::from(u32::MAX) })?;
+        let cmd_len = u32::try_from(cmd.len())
+            .map_err(|_| WireError::FrameTooLarge { len: frame_len_u64, max: u64::from(u32::MAX) })?;
+        let start = dst.len();
+        dst.reserve(FRAME_HEADER_BYTES.saturating_add(usize::try_from(frame_len).unwrap_or(usize::MAX)));
+        dst.put_u32_le(frame_len);
+        dst.put_u32_le(0);
+        dst.put_u32_le(cmd_len);
+        dst.extend_from_slice(cmd);
+        for b in blobs {
+            dst.extend_from_slice(b.as_ref());
+        }
+        // Everything after the checksum field, in one pass.
+        let checksum = crc32fast::hash(&dst[start + 8..]);
+        dst[start + 4..start + 8].copy_from_slice(&checksum.to_le_bytes());
+        Ok(())
+    })
+}
+
 /// Splits frames off a receive buffer.
 ///
 /// Owned by one connection, on that connection's core; holds no buffer and
@@ -326,6 +460,9 @@ impl FrameDecoder {
         if !command.carries_payload() && !payload.is_empty() {
             return Err(WireError::UnexpectedPayload { command: command.name(), len: len_u64(payload.len()) });
         }
+        if let Command::MessageRun { lengths, .. } = &command {
+            check_run_lengths(lengths, payload.len())?;
+        }
         Ok(Some(Frame { command, payload }))
     }
 }
@@ -372,6 +509,7 @@ fn command_variable_bytes(command: &Command) -> u64 {
             len_u64(message_ids.len()).saturating_mul(len_u64(std::mem::size_of::<fb::MessageIdData>()))
         }
         Command::Message { ack_set, .. } => len_u64(ack_set.len()).saturating_mul(8),
+        Command::MessageRun { lengths, .. } => len_u64(lengths.len()).saturating_mul(4),
         Command::Send { .. }
         | Command::SendReceipt { .. }
         | Command::Success { .. }
@@ -471,9 +609,13 @@ pub(crate) fn string(value: Option<&str>, field: &'static str) -> Result<String,
 
 fn build_command<'b>(fbb: &mut FlatBufferBuilder<'b>, command: &Command) -> WIPOffset<fb::BaseCommand<'b>> {
     let (command_type, table) = match command {
-        Command::Connect { client_version, protocol_version } => {
+        Command::Connect { client_version, protocol_version, max_frame_bytes } => {
             let client_version = Some(fbb.create_string(client_version));
-            let args = fb::ConnectArgs { client_version, protocol_version: *protocol_version };
+            let args = fb::ConnectArgs {
+                client_version,
+                protocol_version: *protocol_version,
+                max_frame_bytes: *max_frame_bytes,
+            };
             (fb::AnyCommand::Connect, fb::Connect::create(fbb, &args).as_union_value())
         }
         Command::Connected { server_version, protocol_version, max_frame_bytes, shard, shard_ports } => {
@@ -589,6 +731,17 @@ fn build_command<'b>(fbb: &mut FlatBufferBuilder<'b>, command: &Command) -> WIPO
             };
             (fb::AnyCommand::Message, fb::Message::create(fbb, &args).as_union_value())
         }
+        Command::MessageRun { consumer_id, message_id, redelivery_count, lengths } => {
+            let message_id = id_to_fb(message_id);
+            let lengths = Some(fbb.create_vector(lengths));
+            let args = fb::MessageRunArgs {
+                consumer_id: *consumer_id,
+                message_id: Some(&message_id),
+                redelivery_count: *redelivery_count,
+                lengths,
+            };
+            (fb::AnyCommand::MessageRun, fb::MessageRun::create(fbb, &args).as_union_value())
+        }
         Command::Ack { consumer_id, ack_type, message_ids, request_id, batch_sizes } => {
             fbb.start_vector::<fb::MessageIdData>(message_ids.len());
             for id in message_ids.iter().rev() {
@@ -684,6 +837,7 @@ fn command_from_fb(base: &fb::BaseCommand<'_>) -> Result<Command, WireError> {
             Command::Connect {
                 client_version: string(c.client_version(), "Connect.client_version")?,
                 protocol_version: c.protocol_version(),
+                max_frame_bytes: c.max_frame_bytes(),
             }
         }
         fb::AnyCommand::Connected => {
@@ -772,6 +926,18 @@ fn command_from_fb(base: &fb::BaseCommand<'_>) -> Result<Command, WireError> {
                 message_id: id_from_fb(message_id),
                 redelivery_count: c.redelivery_count(),
                 ack_set: c.ack_set().map(|v| v.iter().collect()).unwrap_or_default(),
+            }
+        }
+        fb::AnyCommand::MessageRun => {
+            let c = base.command_as_message_run().ok_or(MISSING)?;
+            let message_id = id_from_fb(c.message_id().ok_or(WireError::MissingField("MessageRun.message_id"))?);
+            let lengths: Vec<u32> = c.lengths().ok_or(WireError::MissingField("MessageRun.lengths"))?.iter().collect();
+            check_run_ids(&message_id, lengths.len())?;
+            Command::MessageRun {
+                consumer_id: c.consumer_id(),
+                message_id,
+                redelivery_count: c.redelivery_count(),
+                lengths,
             }
         }
         fb::AnyCommand::Ack => {

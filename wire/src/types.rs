@@ -12,7 +12,13 @@ use std::str::FromStr;
 
 /// Protocol version spoken by this build. A peer announcing a higher version is
 /// answered with the lower of the two; a lower one is refused if unsupported.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// The first protocol version whose clients accept `MessageRun` frames (and
+/// announce their frame limit in `Connect`). A broker sends runs only to a
+/// connection whose `Connect` announced at least this version; older
+/// clients get one `Message` frame per entry.
+pub const PROTOCOL_VERSION_RUNS: u32 = 2;
 
 /// Position of one message: `(ledger, entry, partition, batch_index)`.
 ///
@@ -184,10 +190,12 @@ pub enum CompressionType {
 /// `request_id` chosen by the client; the answer echoes it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
-    /// First frame from a client.
+    /// First frame from a client. `max_frame_bytes` (version 2) is the
+    /// largest frame the client accepts, 0 when not announced.
     Connect {
         client_version: String,
         protocol_version: u32,
+        max_frame_bytes: u32,
     },
     /// The broker's answer to `Connect`. `max_frame_bytes` is the largest frame
     /// the broker accepts; `shard` is the shard the connection landed on;
@@ -273,6 +281,20 @@ pub enum Command {
         /// acknowledged: bit i (of word i / 64) set = message i is acked
         /// and must not be delivered. Empty: none is.
         ack_set: Vec<u64>,
+    },
+    /// Protocol version 2: consecutive entries for one consumer in one
+    /// frame. Entry i has `message_id` with `entry + i`, the run's
+    /// `redelivery_count`, no batch-index acks, and the next `lengths[i]`
+    /// bytes of the payload as its blob. The decoder checks that there is
+    /// at least one length, that they add up to the payload's length and
+    /// that the last entry number does not overflow
+    /// ([`crate::WireError::BadRun`]); [`crate::run_entries`] splits the
+    /// payload.
+    MessageRun {
+        consumer_id: u64,
+        message_id: MessageId,
+        redelivery_count: u32,
+        lengths: Vec<u32>,
     },
     /// Acknowledge. With `AckType::Cumulative` exactly one id is given.
     /// `request_id` 0 means the client does not want an answer.
@@ -413,12 +435,13 @@ impl Command {
             Self::TopicStats { .. } => "TopicStats",
             Self::AdminRequest { .. } => "AdminRequest",
             Self::AdminResponse { .. } => "AdminResponse",
+            Self::MessageRun { .. } => "MessageRun",
         }
     }
 
     /// Whether frames of this command carry a payload (the message blob).
     /// Every other command's payload must be empty.
     pub fn carries_payload(&self) -> bool {
-        matches!(self, Self::Send { .. } | Self::Message { .. })
+        matches!(self, Self::Send { .. } | Self::Message { .. } | Self::MessageRun { .. })
     }
 }

@@ -14,11 +14,7 @@ use magnetar_wire::generated::magnetar::wire as fb;
 use magnetar_wire::*;
 
 fn payload_for(command: &Command) -> Bytes {
-    if command.carries_payload() {
-        encode_message(&full_metadata(), b"hello payload")
-    } else {
-        Bytes::new()
-    }
+    payload_fitting(command, encode_message(&full_metadata(), b"hello payload"))
 }
 
 /// Goal: every command survives encode → decode unchanged, with edge values.
@@ -424,4 +420,95 @@ fn message_id_text_form_round_trips() {
     }
     assert!("1:2:3".parse::<MessageId>().is_err());
     assert!("1:2:3:4:5".parse::<MessageId>().is_err());
+}
+
+/// Goal: a `MessageRun` frame is laid out as docs/format.md says ("Message
+/// runs"): the header as for every frame, the command, then the entries'
+/// blobs back to back; `encode_message_run_frame` writes what `encode_frame`
+/// writes for the same command.
+#[test]
+fn run_frame_layout_matches_the_documented_one() {
+    let blobs = [Bytes::from_static(b"abc"), Bytes::new(), Bytes::from_static(b"12345")];
+    let first = MessageId::new(2, 3, -1, -1);
+    let mut buf = BytesMut::new();
+    encode_message_run_frame(1, &first, 0, &blobs, &mut buf).unwrap();
+    let frame_len = u32::from_le_bytes(buf[0..4].try_into().unwrap()) as usize;
+    let checksum = u32::from_le_bytes(buf[4..8].try_into().unwrap());
+    let cmd_len = u32::from_le_bytes(buf[8..12].try_into().unwrap()) as usize;
+    assert_eq!(frame_len, buf.len() - 4);
+    assert_eq!(frame_len, 8 + cmd_len + 8);
+    assert_eq!(cmd_len, 96, "the documented example's command length");
+    assert_eq!(checksum, crc32fast::hash(&buf[8..]));
+    assert_eq!(&buf[12 + cmd_len..], b"abc12345");
+    let command =
+        Command::MessageRun { consumer_id: 1, message_id: first, redelivery_count: 0, lengths: vec![3, 0, 5] };
+    assert_eq!(buf, encode(&command, b"abc12345"));
+    let frame = FrameDecoder::default().decode(&mut buf).unwrap().unwrap();
+    let entries: Vec<(MessageId, Bytes)> = run_entries(first, &[3, 0, 5], &frame.payload).unwrap().collect();
+    assert_eq!(
+        entries,
+        vec![
+            (MessageId::new(2, 3, -1, -1), blobs[0].clone()),
+            (MessageId::new(2, 4, -1, -1), blobs[1].clone()),
+            (MessageId::new(2, 5, -1, -1), blobs[2].clone()),
+        ]
+    );
+}
+
+/// Goal: malformed runs are typed errors, never panics, and not fatal: a
+/// run without entries, lengths that do not add up (more or fewer bytes
+/// than the payload), an entry number past u64::MAX, a missing lengths
+/// vector or id.
+#[test]
+fn malformed_runs_give_typed_errors() {
+    let bad_run = |c: Command, payload: &[u8]| {
+        let mut scratch = BytesMut::new();
+        assert!(matches!(encode_frame(&c, payload, &mut scratch), Err(WireError::BadRun { .. })), "{c:?}");
+    };
+    let id = MessageId::new(1, 1, -1, -1);
+    let run = |lengths: Vec<u32>, id: MessageId| Command::MessageRun {
+        consumer_id: 1,
+        message_id: id,
+        redelivery_count: 0,
+        lengths,
+    };
+    bad_run(run(vec![], id), b"");
+    bad_run(run(vec![2, 2], id), b"abc");
+    bad_run(run(vec![2], id), b"abc");
+    bad_run(run(vec![u32::MAX, u32::MAX], id), b"");
+    bad_run(run(vec![1, 1], MessageId::new(1, u64::MAX, -1, -1)), b"ab");
+    // One entry at u64::MAX is fine.
+    let mut ok = BytesMut::new();
+    encode_frame(&run(vec![2], MessageId::new(1, u64::MAX, -1, -1)), b"ab", &mut ok).unwrap();
+    assert!(run_entries(id, &[1, 1], &Bytes::from_static(b"abc")).is_err());
+    assert!(run_entries(id, &[], &Bytes::new()).is_err());
+
+    // Built by hand: no lengths, no id.
+    let build = |with_id: bool, with_lengths: bool| {
+        let mut fbb = FlatBufferBuilder::new();
+        let lengths = with_lengths.then(|| fbb.create_vector(&[1u32]));
+        let mid = fb::MessageIdData::new(1, 1, -1, -1);
+        let args =
+            fb::MessageRunArgs { consumer_id: 1, message_id: with_id.then_some(&mid), redelivery_count: 0, lengths };
+        let table = fb::MessageRun::create(&mut fbb, &args).as_union_value();
+        let root = fb::BaseCommand::create(
+            &mut fbb,
+            &fb::BaseCommandArgs { command_type: fb::AnyCommand::MessageRun, command: Some(table) },
+        );
+        fbb.finish_minimal(root);
+        fbb.finished_data().to_vec()
+    };
+    for (with_id, with_lengths, field) in [(false, true, "MessageRun.message_id"), (true, false, "MessageRun.lengths")]
+    {
+        let mut buf = raw_frame(&build(with_id, with_lengths), b"x");
+        encode_frame(&Command::Ping, &[], &mut buf).unwrap();
+        let mut decoder = FrameDecoder::default();
+        let e = decoder.decode(&mut buf).unwrap_err();
+        assert_eq!(e, WireError::MissingField(field));
+        assert!(!e.is_fatal());
+        assert_eq!(decoder.decode(&mut buf).unwrap().unwrap().command, Command::Ping, "the stream stays in step");
+    }
+    // Well formed: decodes.
+    let mut buf = raw_frame(&build(true, true), b"x");
+    assert!(FrameDecoder::default().decode(&mut buf).unwrap().is_some());
 }

@@ -73,8 +73,16 @@ fn arb_command() -> impl Strategy<Value = Command> {
     let position = prop_oneof![Just(InitialPosition::Latest), Just(InitialPosition::Earliest)];
     let ack_type = prop_oneof![Just(AckType::Individual), Just(AckType::Cumulative)];
     prop_oneof![
-        (arb_string(), any::<u32>())
-            .prop_map(|(client_version, protocol_version)| Command::Connect { client_version, protocol_version }),
+        (arb_string(), any::<u32>(), any::<u32>()).prop_map(|(client_version, protocol_version, max_frame_bytes)| {
+            Command::Connect { client_version, protocol_version, max_frame_bytes }
+        }),
+        (any::<u64>(), arb_id(), any::<u32>(), proptest::collection::vec(0u32..64, 1..8)).prop_map(
+            |(consumer_id, mut message_id, redelivery_count, lengths)| {
+                // The last entry number must fit (the decoder checks it).
+                message_id.entry = message_id.entry.min(u64::MAX - 8);
+                Command::MessageRun { consumer_id, message_id, redelivery_count, lengths }
+            }
+        ),
         (arb_string(), any::<u32>(), any::<u32>(), any::<u32>(), proptest::collection::vec(any::<u16>(), 0..8))
             .prop_map(|(server_version, protocol_version, max_frame_bytes, shard, shard_ports)| {
                 Command::Connected { server_version, protocol_version, max_frame_bytes, shard, shard_ports }
@@ -257,7 +265,7 @@ proptest! {
     /// Goal: encode → decode is the identity for any command and blob payload.
     #[test]
     fn command_round_trips(command in arb_command(), meta in arb_metadata(), body in proptest::collection::vec(any::<u8>(), 0..64)) {
-        let payload = if command.carries_payload() { encode_message(&meta, &body) } else { Bytes::new() };
+        let payload = payload_fitting(&command, encode_message(&meta, &body));
         let mut buf = encode(&command, &payload);
         let frame = FrameDecoder::default().decode(&mut buf).unwrap().unwrap();
         prop_assert_eq!(frame.command, command);
@@ -317,7 +325,7 @@ proptest! {
         mutations in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
         truncate in proptest::option::of(any::<prop::sample::Index>()),
     ) {
-        let payload = if command.carries_payload() { encode_message(&MessageMetadata::default(), b"x") } else { Bytes::new() };
+        let payload = payload_fitting(&command, encode_message(&MessageMetadata::default(), b"x"));
         let mut buf = encode(&command, &payload);
         for (index, xor) in &mutations {
             // Leave frame_len alone (covered by the arbitrary-bytes property)
@@ -331,6 +339,105 @@ proptest! {
             buf.truncate(len);
         }
         drain(&mut FrameDecoder::default(), &mut buf);
+    }
+
+    /// Goal: a run frame built from blobs decodes to the same entries, in
+    /// order, with consecutive ids, each blob a slice of the received frame
+    /// (no copy); and it is byte for byte what `encode_frame` writes for the
+    /// same `MessageRun` command.
+    #[test]
+    fn run_frames_round_trip(
+        consumer_id in any::<u64>(),
+        first in arb_id(),
+        redelivery_count in any::<u32>(),
+        blobs in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 1..40),
+    ) {
+        let mut first = first;
+        first.entry = first.entry.min(u64::MAX - 40);
+        let blobs: Vec<Bytes> = blobs.into_iter().map(Bytes::from).collect();
+        let mut buf = BytesMut::new();
+        encode_message_run_frame(consumer_id, &first, redelivery_count, &blobs, &mut buf).unwrap();
+        let lengths: Vec<u32> = blobs.iter().map(|b| u32::try_from(b.len()).unwrap()).collect();
+        let command = Command::MessageRun { consumer_id, message_id: first, redelivery_count, lengths: lengths.clone() };
+        let whole = encode(&command, &blobs.concat());
+        prop_assert_eq!(&buf[..], &whole[..]);
+
+        let frame = FrameDecoder::default().decode(&mut buf).unwrap().unwrap();
+        prop_assert!(buf.is_empty());
+        prop_assert_eq!(&frame.command, &command);
+        let Command::MessageRun { message_id, lengths, .. } = &frame.command else { unreachable!() };
+        let got: Vec<(MessageId, Bytes)> = run_entries(*message_id, lengths, &frame.payload).unwrap().collect();
+        prop_assert_eq!(got.len(), blobs.len());
+        let range = frame.payload.as_ptr() as usize..frame.payload.as_ptr() as usize + frame.payload.len() + 1;
+        for (i, ((id, blob), want)) in got.iter().zip(&blobs).enumerate() {
+            prop_assert_eq!(*id, MessageId { entry: first.entry + i as u64, ..first });
+            prop_assert_eq!(blob, want);
+            prop_assert!(range.contains(&(blob.as_ptr() as usize)), "entry {} is not a slice of the frame", i);
+        }
+    }
+
+    /// Goal: a `MessageRun` whose lengths do not add up to its payload (or
+    /// that holds none) is a typed, non-fatal error from the decoder and
+    /// from `run_entries`, never a panic; the stream stays in step.
+    #[test]
+    fn run_lengths_that_do_not_add_up_are_typed_errors(
+        lengths in proptest::collection::vec(prop_oneof![0u32..16, any::<u32>()], 0..6),
+        payload in proptest::collection::vec(any::<u8>(), 0..64),
+        entry in any::<u64>(),
+    ) {
+        let first = MessageId::new(1, entry, -1, -1);
+        let command = Command::MessageRun { consumer_id: 1, message_id: first, redelivery_count: 0, lengths: lengths.clone() };
+        let sum: u64 = lengths.iter().map(|&l| u64::from(l)).sum();
+        let fits = !lengths.is_empty()
+            && sum == payload.len() as u64
+            && entry.checked_add(lengths.len() as u64 - 1).is_some();
+        // The encoder refuses what the decoder would.
+        let mut scratch = BytesMut::new();
+        prop_assert_eq!(encode_frame(&command, &payload, &mut scratch).is_ok(), fits);
+        let payload = Bytes::from(payload);
+        match run_entries(first, &lengths, &payload) {
+            Ok(entries) => {
+                prop_assert!(fits);
+                prop_assert_eq!(entries.map(|(_, b)| b.len() as u64).sum::<u64>(), sum);
+            }
+            Err(e) => {
+                prop_assert!(!fits);
+                prop_assert!(matches!(e, WireError::BadRun { .. }), "{:?}", e);
+            }
+        }
+        // The same command and payload built by hand, then a Ping behind it.
+        let mut cmd = BytesMut::new();
+        let mut builder = flatbuffers::FlatBufferBuilder::new();
+        let lengths_v = builder.create_vector(&lengths);
+        let id = generated::magnetar::wire::MessageIdData::new(1, entry, -1, -1);
+        let run = generated::magnetar::wire::MessageRun::create(&mut builder, &generated::magnetar::wire::MessageRunArgs {
+            consumer_id: 1,
+            message_id: Some(&id),
+            redelivery_count: 0,
+            lengths: Some(lengths_v),
+        });
+        let root = generated::magnetar::wire::BaseCommand::create(&mut builder, &generated::magnetar::wire::BaseCommandArgs {
+            command_type: generated::magnetar::wire::AnyCommand::MessageRun,
+            command: Some(run.as_union_value()),
+        });
+        builder.finish_minimal(root);
+        cmd.extend_from_slice(builder.finished_data());
+        let mut buf = raw_frame(&cmd, &payload);
+        encode_frame(&Command::Ping, &[], &mut buf).unwrap();
+        let mut decoder = FrameDecoder::default();
+        match decoder.decode(&mut buf) {
+            Ok(Some(frame)) => {
+                prop_assert!(fits);
+                prop_assert_eq!(frame.payload, payload);
+            }
+            Err(e) => {
+                prop_assert!(!fits);
+                prop_assert!(!e.is_fatal());
+                prop_assert!(matches!(e, WireError::BadRun { .. }), "{:?}", e);
+            }
+            Ok(None) => prop_assert!(false, "a whole frame was there"),
+        }
+        prop_assert_eq!(decoder.decode(&mut buf).unwrap().map(|f| f.command), Some(Command::Ping));
     }
 
     /// Goal: arbitrary bytes never panic the blob decoders.

@@ -130,7 +130,95 @@ impl CoarseClock {
     }
 }
 
+/// Deliveries of a pass not yet handed to their consumer's sink:
+/// consecutive entries of one ledger for one consumer, with one redelivery
+/// count and no batch-index acks, go out as one `ConsumerEvent::Run` (one
+/// channel push and wake-up per run instead of per entry; the connection
+/// writes a run as one frame to clients that accept runs). Handed over
+/// when the next delivery does not extend the run, when it is full, before
+/// the pass may wait on a read, and at the end of the pass.
+struct RunOut {
+    consumer: Option<ConsumerRef>,
+    first: magnetar_wire::MessageId,
+    redelivery_count: u32,
+    blobs: Vec<Bytes>,
+    bytes: usize,
+}
+
+/// Entries one run event holds at most.
+const RUN_OUT_ENTRIES_MAX: usize = 256;
+/// Blob bytes one run event holds at most (a connection splits a run
+/// further to fit its client's frame limit).
+const RUN_OUT_BYTES_MAX: usize = 256 * 1024;
+
+impl RunOut {
+    fn new() -> Self {
+        Self {
+            consumer: None,
+            first: magnetar_wire::MessageId::new(0, 0, -1, -1),
+            redelivery_count: 0,
+            blobs: Vec::new(),
+            bytes: 0,
+        }
+    }
+
+    fn push(
+        &mut self,
+        shard: &Shard,
+        consumer: ConsumerRef,
+        id: magnetar_wire::MessageId,
+        redelivery_count: u32,
+        blob: Bytes,
+    ) {
+        let extends = self.consumer == Some(consumer)
+            && self.redelivery_count == redelivery_count
+            && self.first.ledger == id.ledger
+            && self.first.partition == id.partition
+            && self.first.batch_index == id.batch_index
+            && self.first.entry.checked_add(self.blobs.len() as u64) == Some(id.entry)
+            && self.blobs.len() < RUN_OUT_ENTRIES_MAX
+            && self.bytes.saturating_add(blob.len()) <= RUN_OUT_BYTES_MAX;
+        if !extends {
+            self.flush(shard);
+            self.consumer = Some(consumer);
+            self.first = id;
+            self.redelivery_count = redelivery_count;
+        }
+        self.bytes = self.bytes.saturating_add(blob.len());
+        self.blobs.push(blob);
+    }
+
+    fn flush(&mut self, shard: &Shard) {
+        let Some(consumer) = self.consumer.take() else { return };
+        self.bytes = 0;
+        let event = if self.blobs.len() == 1 {
+            let blob = self.blobs.pop().unwrap_or_default();
+            ConsumerEvent::Message {
+                consumer_id: consumer.consumer_id,
+                message_id: self.first,
+                redelivery_count: self.redelivery_count,
+                blob,
+                ack_set: Vec::new(),
+            }
+        } else {
+            ConsumerEvent::Run {
+                consumer_id: consumer.consumer_id,
+                first: self.first,
+                redelivery_count: self.redelivery_count,
+                blobs: std::mem::replace(&mut self.blobs, Vec::with_capacity(RUN_OUT_ENTRIES_MAX.min(64))),
+            }
+        };
+        shard.deliver(consumer, event);
+    }
+}
+
 async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
+    let mut out = RunOut::new();
+    pass_into(shard, topic, sub, &mut out).await;
+    out.flush(shard);
+}
+
+async fn pass_into(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>, out: &mut RunOut) {
     let mut clock = CoarseClock::new();
     // Consumers that had to pass an entry by in this pass: nothing later
     // goes to them in this pass, so their keys keep log order.
@@ -159,7 +247,17 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
             Pick::Hold => continue,
             Pick::Deliver(_) => {}
         }
-        let Some(blob) = read(shard, topic, sub, entry).await else { return };
+        // Replayed entries are mostly in the log's caches. If the read has
+        // to wait, what is gathered goes out first.
+        let mut reading = std::pin::pin!(read(shard, topic, sub, entry));
+        let read = match futures::poll!(reading.as_mut()) {
+            std::task::Poll::Ready(r) => r,
+            std::task::Poll::Pending => {
+                out.flush(shard);
+                reading.await
+            }
+        };
+        let Some(blob) = read else { return };
         // The read awaited: decide again on the current state.
         if !sub.replay.borrow().contains_key(&entry) || sub.cursor.borrow().is_acked(entry) {
             continue;
@@ -174,7 +272,7 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
             Pick::Deliver(i) => {
                 sub.replay.borrow_mut().remove(&entry);
                 let messages = peek(sub, &blob).messages;
-                deliver(shard, topic, sub, i, entry, hash, messages, blob, clock.now_ms());
+                deliver(shard, topic, sub, out, i, entry, hash, messages, blob, clock.now_ms());
             }
         }
     }
@@ -218,6 +316,10 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
         if sub.replay.borrow().len() >= shard.config.unacked_per_subscription_max as usize {
             return;
         }
+        if !sub.ahead.borrow().holds(pos) {
+            // The read may wait for the disk: what is gathered goes out first.
+            out.flush(shard);
+        }
         let Some(blob) = read_fresh(shard, topic, sub, pos).await else { return };
         if sub.read_pos.get() != pos || sub.cursor.borrow().is_acked(pos) {
             continue;
@@ -253,7 +355,7 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
             }
             Pick::Deliver(i) => {
                 sub.read_pos.set(pos + 1);
-                deliver(shard, topic, sub, i, pos, peeked.key_hash, peeked.messages, blob, clock.now_ms());
+                deliver(shard, topic, sub, out, i, pos, peeked.key_hash, peeked.messages, blob, clock.now_ms());
             }
         }
     }
@@ -296,6 +398,12 @@ struct NextRun {
 }
 
 impl ReadAhead {
+    /// Whether the run in memory holds topic position `pos` (so reading it
+    /// will not wait).
+    fn holds(&self, pos: u64) -> bool {
+        pos.checked_sub(self.first).is_some_and(|k| k < self.entries.len() as u64)
+    }
+
     /// The entry at topic position `pos`, stored as `(ledger, entry)`, if
     /// the run holds it; entries before it are dropped (skipped by the
     /// dispatcher). Anything else empties the run.
@@ -468,6 +576,7 @@ fn deliver(
     shard: &Rc<Shard>,
     topic: &Rc<Topic>,
     sub: &Rc<Subscription>,
+    out: &mut RunOut,
     i: usize,
     entry: u64,
     key_hash: u16,
@@ -519,10 +628,16 @@ fn deliver(
     }
     let previous = sub.pending.borrow_mut().insert(entry, Pending { consumer, key_hash, num_messages, deliveries });
     assert!(previous.is_none(), "entry {entry} delivered while another consumer holds it");
-    shard.deliver(
-        consumer,
-        ConsumerEvent::Message { consumer_id: consumer.consumer_id, message_id, redelivery_count, blob, ack_set },
-    );
+    if ack_set.is_empty() {
+        out.push(shard, consumer, message_id, redelivery_count, blob);
+    } else {
+        // Per consumer, events keep delivery order.
+        out.flush(shard);
+        shard.deliver(
+            consumer,
+            ConsumerEvent::Message { consumer_id: consumer.consumer_id, message_id, redelivery_count, blob, ack_set },
+        );
+    }
 }
 
 #[cfg(test)]

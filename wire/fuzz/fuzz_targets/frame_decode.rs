@@ -22,6 +22,13 @@ fuzz_target!(|data: &[u8]| {
             Ok(Some(frame)) => {
                 let _ = decode_message(&frame.payload);
                 let _ = peek_message(&frame.payload);
+                // A run that decoded splits into exactly its payload.
+                if let magnetar_wire::Command::MessageRun { message_id, lengths, .. } = &frame.command {
+                    let entries = magnetar_wire::run_entries(*message_id, lengths, &frame.payload)
+                        .unwrap_or_else(|e| panic!("a decoded run does not split: {e}"));
+                    let total: usize = entries.map(|(_, blob)| blob.len()).sum();
+                    assert_eq!(total, frame.payload.len());
+                }
             }
             Err(e) if e.is_fatal() => break,
             Err(_) => {}

@@ -614,10 +614,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for CompressionType {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_ANY_COMMAND: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_ANY_COMMAND: u8 = 23;
+pub const ENUM_MAX_ANY_COMMAND: u8 = 24;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ANY_COMMAND: [AnyCommand; 24] = [
+pub const ENUM_VALUES_ANY_COMMAND: [AnyCommand; 25] = [
   AnyCommand::NONE,
   AnyCommand::Connect,
   AnyCommand::Connected,
@@ -642,6 +642,7 @@ pub const ENUM_VALUES_ANY_COMMAND: [AnyCommand; 24] = [
   AnyCommand::TopicStats,
   AnyCommand::AdminRequest,
   AnyCommand::AdminResponse,
+  AnyCommand::MessageRun,
 ];
 
 /// Add new commands only at the end.
@@ -674,9 +675,10 @@ impl AnyCommand {
   pub const TopicStats: Self = Self(21);
   pub const AdminRequest: Self = Self(22);
   pub const AdminResponse: Self = Self(23);
+  pub const MessageRun: Self = Self(24);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 23;
+  pub const ENUM_MAX: u8 = 24;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::Connect,
@@ -702,6 +704,7 @@ impl AnyCommand {
     Self::TopicStats,
     Self::AdminRequest,
     Self::AdminResponse,
+    Self::MessageRun,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -730,6 +733,7 @@ impl AnyCommand {
       Self::TopicStats => Some("TopicStats"),
       Self::AdminRequest => Some("AdminRequest"),
       Self::AdminResponse => Some("AdminResponse"),
+      Self::MessageRun => Some("MessageRun"),
       _ => None,
     }
   }
@@ -1125,6 +1129,7 @@ impl<'a> ::flatbuffers::Follow<'a> for Connect<'a> {
 impl<'a> Connect<'a> {
   pub const VT_CLIENT_VERSION: ::flatbuffers::VOffsetT = 4;
   pub const VT_PROTOCOL_VERSION: ::flatbuffers::VOffsetT = 6;
+  pub const VT_MAX_FRAME_BYTES: ::flatbuffers::VOffsetT = 8;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -1136,6 +1141,7 @@ impl<'a> Connect<'a> {
     args: &'args ConnectArgs<'args>
   ) -> ::flatbuffers::WIPOffset<Connect<'bldr>> {
     let mut builder = ConnectBuilder::new(_fbb);
+    builder.add_max_frame_bytes(args.max_frame_bytes);
     builder.add_protocol_version(args.protocol_version);
     if let Some(x) = args.client_version { builder.add_client_version(x); }
     builder.finish()
@@ -1156,6 +1162,16 @@ impl<'a> Connect<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(Connect::VT_PROTOCOL_VERSION, Some(0)).unwrap()}
   }
+  /// Protocol version 2: the largest frame the client accepts; the broker
+  /// keeps every MessageRun within it. 0 (absent, as from a version-1
+  /// client): not announced.
+  #[inline]
+  pub fn max_frame_bytes(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Connect::VT_MAX_FRAME_BYTES, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for Connect<'_> {
@@ -1166,6 +1182,7 @@ impl ::flatbuffers::Verifiable for Connect<'_> {
     v.visit_table(pos)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("client_version", Self::VT_CLIENT_VERSION, false)?
      .visit_field::<u32>("protocol_version", Self::VT_PROTOCOL_VERSION, false)?
+     .visit_field::<u32>("max_frame_bytes", Self::VT_MAX_FRAME_BYTES, false)?
      .finish();
     Ok(())
   }
@@ -1173,6 +1190,7 @@ impl ::flatbuffers::Verifiable for Connect<'_> {
 pub struct ConnectArgs<'a> {
     pub client_version: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub protocol_version: u32,
+    pub max_frame_bytes: u32,
 }
 impl<'a> Default for ConnectArgs<'a> {
   #[inline]
@@ -1180,6 +1198,7 @@ impl<'a> Default for ConnectArgs<'a> {
     ConnectArgs {
       client_version: None,
       protocol_version: 0,
+      max_frame_bytes: 0,
     }
   }
 }
@@ -1196,6 +1215,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ConnectBuilder<'a, 'b, A> {
   #[inline]
   pub fn add_protocol_version(&mut self, protocol_version: u32) {
     self.fbb_.push_slot::<u32>(Connect::VT_PROTOCOL_VERSION, protocol_version, 0);
+  }
+  #[inline]
+  pub fn add_max_frame_bytes(&mut self, max_frame_bytes: u32) {
+    self.fbb_.push_slot::<u32>(Connect::VT_MAX_FRAME_BYTES, max_frame_bytes, 0);
   }
   #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ConnectBuilder<'a, 'b, A> {
@@ -1217,6 +1240,7 @@ impl ::core::fmt::Debug for Connect<'_> {
     let mut ds = f.debug_struct("Connect");
       ds.field("client_version", &self.client_version());
       ds.field("protocol_version", &self.protocol_version());
+      ds.field("max_frame_bytes", &self.max_frame_bytes());
       ds.finish()
   }
 }
@@ -2717,6 +2741,159 @@ impl ::core::fmt::Debug for Message<'_> {
       ds.field("message_id", &self.message_id());
       ds.field("redelivery_count", &self.redelivery_count());
       ds.field("ack_set", &self.ack_set());
+      ds.finish()
+  }
+}
+pub enum MessageRunOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Protocol version 2: a run of entries delivered to one consumer in one
+/// frame. Entry i of the run has the id of `message_id` with its entry
+/// number plus i (same ledger, partition and batch index), the run's
+/// `redelivery_count`, no batch-index acks, and the next `lengths[i]` bytes
+/// of the frame's payload as its blob; the lengths add up to the payload's
+/// length exactly. Sent only to clients that announced version 2 in Connect.
+pub struct MessageRun<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for MessageRun<'a> {
+  type Inner = MessageRun<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> MessageRun<'a> {
+  pub const VT_CONSUMER_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_MESSAGE_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_REDELIVERY_COUNT: ::flatbuffers::VOffsetT = 8;
+  pub const VT_LENGTHS: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    MessageRun { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args MessageRunArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<MessageRun<'bldr>> {
+    let mut builder = MessageRunBuilder::new(_fbb);
+    builder.add_consumer_id(args.consumer_id);
+    if let Some(x) = args.lengths { builder.add_lengths(x); }
+    builder.add_redelivery_count(args.redelivery_count);
+    if let Some(x) = args.message_id { builder.add_message_id(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn consumer_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(MessageRun::VT_CONSUMER_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn message_id(&self) -> Option<&'a MessageIdData> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<MessageIdData>(MessageRun::VT_MESSAGE_ID, None)}
+  }
+  #[inline]
+  pub fn redelivery_count(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(MessageRun::VT_REDELIVERY_COUNT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn lengths(&self) -> Option<::flatbuffers::Vector<'a, u32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u32>>>(MessageRun::VT_LENGTHS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for MessageRun<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("consumer_id", Self::VT_CONSUMER_ID, false)?
+     .visit_field::<MessageIdData>("message_id", Self::VT_MESSAGE_ID, false)?
+     .visit_field::<u32>("redelivery_count", Self::VT_REDELIVERY_COUNT, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("lengths", Self::VT_LENGTHS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct MessageRunArgs<'a> {
+    pub consumer_id: u64,
+    pub message_id: Option<&'a MessageIdData>,
+    pub redelivery_count: u32,
+    pub lengths: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
+}
+impl<'a> Default for MessageRunArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    MessageRunArgs {
+      consumer_id: 0,
+      message_id: None,
+      redelivery_count: 0,
+      lengths: None,
+    }
+  }
+}
+
+pub struct MessageRunBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> MessageRunBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_consumer_id(&mut self, consumer_id: u64) {
+    self.fbb_.push_slot::<u64>(MessageRun::VT_CONSUMER_ID, consumer_id, 0);
+  }
+  #[inline]
+  pub fn add_message_id(&mut self, message_id: &MessageIdData) {
+    self.fbb_.push_slot_always::<&MessageIdData>(MessageRun::VT_MESSAGE_ID, message_id);
+  }
+  #[inline]
+  pub fn add_redelivery_count(&mut self, redelivery_count: u32) {
+    self.fbb_.push_slot::<u32>(MessageRun::VT_REDELIVERY_COUNT, redelivery_count, 0);
+  }
+  #[inline]
+  pub fn add_lengths(&mut self, lengths: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(MessageRun::VT_LENGTHS, lengths);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> MessageRunBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    MessageRunBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<MessageRun<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for MessageRun<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("MessageRun");
+      ds.field("consumer_id", &self.consumer_id());
+      ds.field("message_id", &self.message_id());
+      ds.field("redelivery_count", &self.redelivery_count());
+      ds.field("lengths", &self.lengths());
       ds.finish()
   }
 }
@@ -4557,6 +4734,21 @@ impl<'a> BaseCommand<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn command_as_message_run(&self) -> Option<MessageRun<'a>> {
+    if self.command_type() == AnyCommand::MessageRun {
+      self.command().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { MessageRun::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for BaseCommand<'_> {
@@ -4590,6 +4782,7 @@ impl ::flatbuffers::Verifiable for BaseCommand<'_> {
           AnyCommand::TopicStats => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<TopicStats>>("AnyCommand::TopicStats", pos),
           AnyCommand::AdminRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<AdminRequest>>("AnyCommand::AdminRequest", pos),
           AnyCommand::AdminResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<AdminResponse>>("AnyCommand::AdminResponse", pos),
+          AnyCommand::MessageRun => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<MessageRun>>("AnyCommand::MessageRun", pos),
           _ => Ok(()),
         }
      })?
@@ -4800,6 +4993,13 @@ impl ::core::fmt::Debug for BaseCommand<'_> {
         },
         AnyCommand::AdminResponse => {
           if let Some(x) = self.command_as_admin_response() {
+            ds.field("command", &x)
+          } else {
+            ds.field("command", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        AnyCommand::MessageRun => {
+          if let Some(x) = self.command_as_message_run() {
             ds.field("command", &x)
           } else {
             ds.field("command", &"InvalidFlatbuffer: Union discriminant does not match value.")

@@ -11,8 +11,14 @@ pub fn all_commands() -> Vec<Command> {
     let id_min = MessageId::new(0, 0, -1, -1);
     let id_neg = MessageId::new(1, 2, i32::MIN, i32::MIN);
     vec![
-        Command::Connect { client_version: "magnetar-client 0.1".into(), protocol_version: 1 },
-        Command::Connect { client_version: String::new(), protocol_version: u32::MAX },
+        Command::Connect { client_version: "magnetar-client 0.1".into(), protocol_version: 1, max_frame_bytes: 0 },
+        Command::Connect { client_version: String::new(), protocol_version: u32::MAX, max_frame_bytes: u32::MAX },
+        Command::MessageRun {
+            consumer_id: 3,
+            message_id: MessageId::new(1, 2, -1, -1),
+            redelivery_count: 0,
+            lengths: vec![0, 5, 1],
+        },
         Command::Connected {
             server_version: "magnétar ✨".into(),
             protocol_version: 1,
@@ -159,7 +165,25 @@ pub fn command_names() -> Vec<&'static str> {
         "TopicStats",
         "AdminRequest",
         "AdminResponse",
+        "MessageRun",
     ]
+}
+
+/// A payload that fits `command`: for a `MessageRun`, `lengths` bytes per
+/// entry (entry i filled with byte i); for `Send`/`Message`, `blob`;
+/// nothing otherwise.
+pub fn payload_fitting(command: &Command, blob: bytes::Bytes) -> bytes::Bytes {
+    match command {
+        Command::MessageRun { lengths, .. } => {
+            let mut p = Vec::new();
+            for (i, &len) in lengths.iter().enumerate() {
+                p.extend(std::iter::repeat_n(i as u8, len as usize));
+            }
+            bytes::Bytes::from(p)
+        }
+        c if c.carries_payload() => blob,
+        _ => bytes::Bytes::new(),
+    }
 }
 
 pub fn full_metadata() -> MessageMetadata {
