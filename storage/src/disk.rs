@@ -368,7 +368,16 @@ mod linked {
             let r = &mut **r;
             match submit_and_reap(r, fd, pos, data) {
                 Ok(done) => Some(done),
-                Err(Broken(e)) => {
+                Err(Failed::NotSubmitted(e)) => {
+                    // The kernel took neither request (e.g. EAGAIN or ENOMEM
+                    // from io_uring_enter): nothing is in flight, so the ring
+                    // can go, and this batch and every later one take the
+                    // reactor path instead of failing the log.
+                    tracing::warn!(error = %e, "own io_uring refused a request: lone batches go through the reactor");
+                    *s = State::Unavailable;
+                    None
+                }
+                Err(Failed::Broken(e)) => {
                     // Requests may still be in flight: keep the ring and its
                     // buffer alive for good, and never use them again.
                     if let State::Ready(r) = std::mem::replace(&mut *s, State::Unavailable) {
@@ -380,10 +389,15 @@ mod linked {
         })
     }
 
-    /// An error after which the ring's requests may still be in flight.
-    struct Broken(io::Error);
+    /// Waiting on the ring failed.
+    enum Failed {
+        /// Before the kernel took any request: nothing is in flight.
+        NotSubmitted(io::Error),
+        /// The ring's requests may still be in flight.
+        Broken(io::Error),
+    }
 
-    fn submit_and_reap(r: &mut Ring, fd: RawFd, pos: u64, data: &[u8]) -> Result<io::Result<()>, Broken> {
+    fn submit_and_reap(r: &mut Ring, fd: RawFd, pos: u64, data: &[u8]) -> Result<io::Result<()>, Failed> {
         let buf = &mut r.buf[r.at..r.at + data.len()];
         buf.copy_from_slice(data);
         // data.len() <= BYTES_MAX, far below u32::MAX.
@@ -398,7 +412,7 @@ mod linked {
         // buffer is not touched again before both completions are reaped
         // below, and the caller's file (fd) stays open for this synchronous
         // call. If waiting fails and requests may still run, the caller
-        // leaks the ring and its buffer (`Broken`), so the memory stays valid.
+        // leaks the ring and its buffer (`Failed::Broken`), so the memory stays valid.
         #[allow(unsafe_code)]
         let pushed = unsafe {
             let mut sq = r.ring.submission();
@@ -412,7 +426,12 @@ mod linked {
             match r.ring.submit_and_wait(want) {
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(Broken(e)),
+                // io_uring_enter fails without submitting only when it took
+                // no entry: both still queued means neither reached the kernel.
+                Err(e) if wrote.is_none() && synced.is_none() && r.ring.submission().len() == 2 => {
+                    return Err(Failed::NotSubmitted(e))
+                }
+                Err(e) => return Err(Failed::Broken(e)),
             }
             for cqe in r.ring.completion() {
                 match cqe.user_data() {
