@@ -236,7 +236,7 @@ impl Batcher {
         Container { msgs: Vec::with_capacity(capacity), bytes: 0, first_at, receipt, sent }
     }
 
-    pub(crate) async fn add(&self, core: &ProducerCore, msg: OutgoingMessage) -> Result<SendFuture> {
+    pub(crate) async fn add(self: &Arc<Self>, core: &Arc<ProducerCore>, msg: OutgoingMessage) -> Result<SendFuture> {
         if core.is_closed() {
             return Err(ClientError::ProducerClosed { producer_name: core.name().to_string() });
         }
@@ -278,9 +278,19 @@ impl Batcher {
             (receipt, !b.closed.is_empty())
         };
         if closed_any {
-            self.send_closed(core).await;
+            self.send_closed_detached(core).await;
         }
         Ok(receipt)
+    }
+
+    /// [`send_closed`](Self::send_closed) in a task of its own, which the
+    /// caller waits for (so `max_pending` still holds the caller back) but
+    /// cannot cancel: whoever sends takes batches other tasks closed off the
+    /// queue, and a caller dropped halfway (`timeout(send_async)`) would
+    /// otherwise drop one of those with it and fail its messages.
+    async fn send_closed_detached(self: &Arc<Self>, core: &Arc<ProducerCore>) {
+        let (batcher, core) = (self.clone(), core.clone());
+        let _ = tokio::spawn(async move { batcher.send_closed(&core).await }).await;
     }
 
     /// Sends the closed batches, oldest first (including those another
@@ -297,14 +307,14 @@ impl Batcher {
     }
 
     /// Sends every open batch now.
-    pub(crate) async fn flush_all(&self, core: &ProducerCore) -> Result<()> {
+    pub(crate) async fn flush_all(self: &Arc<Self>, core: &Arc<ProducerCore>) -> Result<()> {
         {
             let mut guard = self.lock();
             let b = &mut *guard;
             let open = std::mem::take(&mut b.open);
             b.closed.extend(open.into_values());
         }
-        self.send_closed(core).await;
+        self.send_closed_detached(core).await;
         Ok(())
     }
 

@@ -534,7 +534,10 @@ impl Producer {
     /// current batch), with a future for its receipt. Waits while
     /// `max_pending` entries await their receipts. Receipts complete in the
     /// order of `send_async` calls (per key with key-based batching).
-    /// Dropping the returned future does not cancel the send.
+    /// Dropping the returned future does not cancel the send. With batching,
+    /// dropping `send_async`'s own future while it waits (say, under a
+    /// timeout) does not cancel a batch already closed either, the caller's
+    /// or another task's: those are sent by a task of their own.
     pub async fn send_async(&self, msg: OutgoingMessage) -> Result<SendFuture> {
         match &self.batcher {
             // A message with its own sequence id, a delivery time or a tag

@@ -930,6 +930,87 @@ async fn batches_leave_in_fill_order_across_tasks_and_dropped_sends() {
     .await;
 }
 
+/// Goal: a `send_async` dropped while it sends closed batches (here by a
+/// timeout) fails none of the batches other tasks closed: whoever holds the
+/// sending turn sends theirs too, and a dropped caller must not take one of
+/// them down with it (review finding, fifth session).
+/// Method: 2 messages per batch, 1 send in flight. Batch X goes out and
+/// stays unanswered; task A closes batch P and waits for the slot under a
+/// 300 ms timeout; task B closes batch Q and waits for its turn. The broker
+/// answers X (P goes out, and A's turn goes on to Q), answers P only after
+/// A's timeout fired, then Q: B's messages must get Q's id.
+#[tokio::test]
+async fn a_dropped_send_fails_no_batch_another_task_closed() {
+    within(async {
+        let (url, accept) = listen(1 << 20).await;
+        let (answer_x_tx, answer_x_rx) = tokio::sync::oneshot::channel::<()>();
+        let (answer_p_tx, answer_p_rx) = tokio::sync::oneshot::channel::<()>();
+        let broker = tokio::spawn(async move {
+            let mut conn = accept.await;
+            let producer_id = conn.accept_producer("d").await;
+            let mut waits = [Some(answer_x_rx), Some(answer_p_rx), None].into_iter();
+            for (entry, expected) in [["x0", "x1"], ["a0", "a1"], ["b0", "b1"]].iter().enumerate() {
+                let frame = conn.recv_cmd().await;
+                let Command::Send { sequence_id, .. } = frame.command else {
+                    panic!("expected Send, got {:?}", frame.command)
+                };
+                let (_, payload) = decode_message(&frame.payload).unwrap();
+                let records = magnetar_wire::decode_batch(&payload, 2).unwrap();
+                let got: Vec<&[u8]> = records.iter().map(|r| r.payload.as_ref()).collect();
+                assert_eq!(got, expected.iter().map(|e| e.as_bytes()).collect::<Vec<_>>(), "entry {entry}");
+                if let Some(rx) = waits.next().flatten() {
+                    rx.await.unwrap();
+                }
+                let message_id = MessageId::new(9, entry as u64, -1, -1);
+                conn.send(Command::SendReceipt { producer_id, sequence_id, message_id }, &[]).await;
+            }
+            while conn.recv().await.is_some() {}
+        });
+        let client = Client::connect_with(&url, options()).await.unwrap();
+        let batching = magnetar_client::BatchingOptions {
+            max_messages: 2,
+            max_delay: Duration::from_secs(60),
+            ..Default::default()
+        };
+        let producer =
+            std::sync::Arc::new(client.producer("t").max_pending(1).batching(batching).create().await.unwrap());
+        let x0 = producer.send_async(OutgoingMessage::new("x0")).await.unwrap();
+        let x1 = producer.send_async(OutgoingMessage::new("x1")).await.unwrap();
+        let a = {
+            let producer = producer.clone();
+            tokio::spawn(async move {
+                tokio::time::timeout(Duration::from_millis(300), async {
+                    let a0 = producer.send_async(OutgoingMessage::new("a0")).await.unwrap();
+                    let a1 = producer.send_async(OutgoingMessage::new("a1")).await.unwrap();
+                    (a0.await, a1.await)
+                })
+                .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let b = {
+            let producer = producer.clone();
+            tokio::spawn(async move {
+                let b0 = producer.send_async(OutgoingMessage::new("b0")).await.unwrap();
+                let b1 = producer.send_async(OutgoingMessage::new("b1")).await.unwrap();
+                (b0, b1)
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        answer_x_tx.send(()).unwrap();
+        assert!(a.await.unwrap().is_err(), "A's second send waited for P's receipt past its timeout");
+        answer_p_tx.send(()).unwrap();
+        assert_eq!(x0.await.unwrap(), MessageId::new(9, 0, -1, 0));
+        assert_eq!(x1.await.unwrap(), MessageId::new(9, 0, -1, 1));
+        let (b0, b1) = b.await.unwrap();
+        assert_eq!(b0.await.unwrap(), MessageId::new(9, 2, -1, 0));
+        assert_eq!(b1.await.unwrap(), MessageId::new(9, 2, -1, 1));
+        client.close();
+        broker.await.unwrap();
+    })
+    .await;
+}
+
 /// Goal: a loop of batched sends that never has to wait still lets the
 /// other tasks of its thread run (the connection's reader, a consumer):
 /// adding a message spends the task's cooperative budget.
