@@ -138,7 +138,9 @@ fn produce_consume_ack_across_shards_and_restart() {
                     assert_eq!(redeliveries, 0);
                     ids.push(id);
                 }
-                // Within permits: nothing more arrives until we grant more.
+                // Within permits: nothing more arrives until we grant more
+                // (neither left over from a run nor later).
+                assert!(RUN_REST.with(|r| r.borrow().is_empty()), "a run held entries beyond the granted permits");
                 let more = glommio::timer::timeout(Duration::from_millis(200), async { Ok(rx.recv().await) }).await;
                 assert!(more.is_err(), "a message arrived beyond the granted permits");
                 // Ack the first 5 durably.

@@ -316,11 +316,18 @@ async fn pass_into(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>,
         if sub.replay.borrow().len() >= shard.config.unacked_per_subscription_max as usize {
             return;
         }
-        if !sub.ahead.borrow().holds(pos) {
-            // The read may wait for the disk: what is gathered goes out first.
-            out.flush(shard);
-        }
-        let Some(blob) = read_fresh(shard, topic, sub, pos).await else { return };
+        // If the read has to wait (the disk, a background read), what is
+        // gathered goes out first: a consumer removed or made inactive
+        // meanwhile must not get it afterwards.
+        let mut reading = std::pin::pin!(read_fresh(shard, topic, sub, pos));
+        let read = match futures::poll!(reading.as_mut()) {
+            std::task::Poll::Ready(r) => r,
+            std::task::Poll::Pending => {
+                out.flush(shard);
+                reading.await
+            }
+        };
+        let Some(blob) = read else { return };
         if sub.read_pos.get() != pos || sub.cursor.borrow().is_acked(pos) {
             continue;
         }
@@ -398,12 +405,6 @@ struct NextRun {
 }
 
 impl ReadAhead {
-    /// Whether the run in memory holds topic position `pos` (so reading it
-    /// will not wait).
-    fn holds(&self, pos: u64) -> bool {
-        pos.checked_sub(self.first).is_some_and(|k| k < self.entries.len() as u64)
-    }
-
     /// The entry at topic position `pos`, stored as `(ledger, entry)`, if
     /// the run holds it; entries before it are dropped (skipped by the
     /// dispatcher). Anything else empties the run.
