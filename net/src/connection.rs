@@ -136,8 +136,14 @@ impl Outbox {
                 if let Err(e) =
                     encode_message_run_frame(consumer_id, &id, redelivery_count, now, &mut self.buf.borrow_mut())
                 {
+                    // Not expected (the plan keeps a run within the limit);
+                    // if it happens the entries still go, one frame each.
                     tracing::error!("cannot encode a run of {n} deliveries to consumer {consumer_id}: {e}");
-                    return;
+                    let mut one = id;
+                    for blob in now {
+                        self.message(consumer_id, &one, redelivery_count, Vec::new(), blob);
+                        one.entry = one.entry.wrapping_add(1);
+                    }
                 }
                 self.signal.notify();
             }
@@ -306,7 +312,11 @@ impl Conn {
                 let frame = match decoder.decode(&mut buf) {
                     Ok(Some(f)) => f,
                     Ok(None) => {
-                        reserve_for_frame(&decoder, &mut buf);
+                        // Only for a peer that completed the handshake: 4
+                        // bytes of a length from anyone else reserve nothing.
+                        if connected {
+                            reserve_for_frame(&decoder, &mut buf);
+                        }
                         break;
                     }
                     Err(e) => return End::Protocol(format!("bad frame: {e}")),
@@ -758,12 +768,12 @@ mod tests {
 
     /// Goal: the run frames the connection plans stay within the frame
     /// limit: the command besides its lengths is within the fixed bound
-    /// (whatever the ids), and a split never passes `max` unless a lone
+    /// (whatever the ids, consumer id and redelivery count), and a split never passes `max` unless a lone
     /// entry is bigger by itself (which then goes as a `Message` frame).
     #[test]
     fn planned_run_frames_fit_the_limit() {
         let ids = [MessageId::new(0, 0, -1, -1), MessageId::new(u64::MAX, u64::MAX - 1000, i32::MIN, i32::MAX)];
-        for id in ids {
+        for (id, redelivery_count) in ids.into_iter().flat_map(|id| [(id, 0u32), (id, u32::MAX)]) {
             for (n, size) in [(2usize, 0usize), (2, 1024), (60, 1000), (300, 7), (63, 1024), (1, 70_000)] {
                 let blobs: Vec<Bytes> = (0..n).map(|i| Bytes::from(vec![i as u8; size])).collect();
                 for max in [RUN_FRAME_BYTES_MAX, 4096, 2000, 100] {
@@ -773,7 +783,7 @@ mod tests {
                         assert!(k >= 1 && k <= rest.len());
                         let (now, later) = rest.split_at(k);
                         let mut buf = BytesMut::new();
-                        encode_message_run_frame(7, &id, 0, now, &mut buf).unwrap();
+                        encode_message_run_frame(u64::MAX, &id, redelivery_count, now, &mut buf).unwrap();
                         let cmd_len = u32::from_le_bytes(buf[8..12].try_into().unwrap()) as usize;
                         assert!(cmd_len <= RUN_COMMAND_BYTES_FIXED_MAX + 4 * k, "{cmd_len} for {k} entries");
                         let frame_len = buf.len() - 4;
