@@ -710,11 +710,7 @@ async fn dispatch(
             }
         }
         Command::Message { consumer_id, message_id, redelivery_count, ack_set } => {
-            let target = {
-                let st = shared.lock();
-                st.consumers.get(&consumer_id).map(|c| (c.deliver.clone(), c.topic.clone()))
-            };
-            let Some((deliver, topic)) = target else {
+            let Some((deliver, topic)) = consumer_target(shared, consumer_id) else {
                 tracing::debug!(consumer_id, %message_id, "message for an unknown consumer");
                 return Ok(());
             };
@@ -730,11 +726,7 @@ async fn dispatch(
         }
         Command::MessageRun { consumer_id, message_id, redelivery_count, lengths } => {
             // One lookup for the run's entries.
-            let target = {
-                let st = shared.lock();
-                st.consumers.get(&consumer_id).map(|c| (c.deliver.clone(), c.topic.clone()))
-            };
-            let Some((deliver, topic)) = target else {
+            let Some((deliver, topic)) = consumer_target(shared, consumer_id) else {
                 tracing::debug!(consumer_id, %message_id, "message run for an unknown consumer");
                 return Ok(());
             };
@@ -793,6 +785,13 @@ async fn dispatch(
         other => return Err(format!("unexpected command from broker: {other:?}")),
     }
     Ok(())
+}
+
+/// Where deliveries to `consumer_id` go: its queue and its topic (`None`
+/// for a consumer this connection does not know, e.g. closed meanwhile).
+fn consumer_target(shared: &Shared, consumer_id: u64) -> Option<(crate::consumer::Inbox, Arc<str>)> {
+    let st = shared.lock();
+    st.consumers.get(&consumer_id).map(|c| (c.deliver.clone(), c.topic.clone()))
 }
 
 fn complete_request(shared: &Shared, request_id: u64, answer: Result<Command>) {
