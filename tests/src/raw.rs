@@ -3,7 +3,7 @@
 //! one by one.
 
 use bytes::BytesMut;
-use magnetar_wire::{encode_frame, Command, FrameDecoder, PROTOCOL_VERSION};
+use magnetar_wire::{encode_frame, Command, FrameDecoder, SubscriptionType, PROTOCOL_VERSION};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -127,6 +127,36 @@ impl RawConnection {
                 c => return c,
             }
         }
+    }
+
+    /// Sends `Subscribe` as request `request_id` (durable, from the earliest
+    /// entry; no consumer name, tag filter or key ranges) and returns the
+    /// broker's answer.
+    pub fn subscribe(
+        &mut self,
+        request_id: u64,
+        consumer_id: u64,
+        topic: &str,
+        subscription: &str,
+        sub_type: SubscriptionType,
+    ) -> Command {
+        self.send(
+            &Command::Subscribe {
+                request_id,
+                consumer_id,
+                topic: topic.into(),
+                subscription: subscription.into(),
+                sub_type,
+                consumer_name: String::new(),
+                initial_position: magnetar_wire::InitialPosition::Earliest,
+                durable: true,
+                priority_level: 0,
+                filter_tag: String::new(),
+                key_shared_ranges: Vec::new(),
+            },
+            &[],
+        );
+        self.next_command("subscribe")
     }
 
     /// Sends `Connect` of `protocol_version` announcing `max_frame_bytes`

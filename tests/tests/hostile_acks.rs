@@ -36,23 +36,7 @@ fn blob(seq: u64, num_messages: u32) -> bytes::Bytes {
 }
 
 fn subscribe(c: &mut RawConnection, topic: &str, sub: &str, sub_type: SubscriptionType, consumer_id: u64) {
-    c.send(
-        &Command::Subscribe {
-            request_id: 100 + consumer_id,
-            consumer_id,
-            topic: topic.into(),
-            subscription: sub.into(),
-            sub_type,
-            consumer_name: String::new(),
-            initial_position: magnetar_wire::InitialPosition::Earliest,
-            durable: true,
-            priority_level: 0,
-            filter_tag: String::new(),
-            key_shared_ranges: Vec::new(),
-        },
-        &[],
-    );
-    match c.next_command("subscribe") {
+    match c.subscribe(100 + consumer_id, consumer_id, topic, sub, sub_type) {
         Command::Success { .. } => {}
         other => panic!("subscribe {sub} answered with {other:?}"),
     }

@@ -36,26 +36,21 @@ struct Received {
     longest_run: usize,
 }
 
+/// Subscribes consumer 5, Exclusive. Until the broker has noticed that an
+/// earlier connection holding the subscription dropped, it answers
+/// `ConsumerBusy`: tried again for up to 10 s.
 fn subscribe(c: &mut RawConnection, topic: &str, sub: &str, what: &str) {
-    c.send(
-        &Command::Subscribe {
-            request_id: 1,
-            consumer_id: 5,
-            topic: topic.to_string(),
-            subscription: sub.into(),
-            sub_type: SubscriptionType::Exclusive,
-            consumer_name: String::new(),
-            initial_position: magnetar_wire::InitialPosition::Earliest,
-            durable: true,
-            priority_level: 0,
-            filter_tag: String::new(),
-            key_shared_ranges: Vec::new(),
-        },
-        &[],
-    );
-    match c.next_command(what) {
-        Command::Success { request_id: 1 } => {}
-        other => panic!("{what}: subscribe answered with {other:?}"),
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match c.subscribe(1, 5, topic, sub, SubscriptionType::Exclusive) {
+            Command::Success { request_id: 1 } => return,
+            Command::Error { code: magnetar_wire::ErrorCode::ConsumerBusy, .. }
+                if std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            other => panic!("{what}: subscribe answered with {other:?}"),
+        }
     }
 }
 
