@@ -167,23 +167,7 @@ fn dispatch_stays_within_the_flow_permits() {
                 let mut c = RawConnection::connect(addr);
                 let shard = c.handshake();
                 eprintln!("{what}: raw connection on shard {shard}");
-                c.send(
-                    &Command::Subscribe {
-                        request_id: 1,
-                        consumer_id: 9,
-                        topic: topic.clone(),
-                        subscription: "permits".into(),
-                        sub_type: SubscriptionType::Exclusive,
-                        consumer_name: String::new(),
-                        initial_position: magnetar_wire::InitialPosition::Earliest,
-                        durable: true,
-                        priority_level: 0,
-                        filter_tag: String::new(),
-                        key_shared_ranges: Vec::new(),
-                    },
-                    &[],
-                );
-                match c.next_command(&what) {
+                match c.subscribe(1, 9, topic, "permits", SubscriptionType::Exclusive) {
                     Command::Success { request_id: 1 } => {}
                     other => panic!("{what}: subscribe answered with {other:?}"),
                 }

@@ -218,6 +218,20 @@ async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
     out.flush(shard);
 }
 
+/// Awaits `read`; when it cannot finish at once (the disk, a background
+/// read), what `out` gathered goes out first: a consumer removed or made
+/// inactive during the wait must not get it afterwards.
+async fn flush_if_waiting<T>(shard: &Shard, out: &mut RunOut, read: impl std::future::Future<Output = T>) -> T {
+    let mut read = std::pin::pin!(read);
+    match futures::poll!(read.as_mut()) {
+        std::task::Poll::Ready(r) => r,
+        std::task::Poll::Pending => {
+            out.flush(shard);
+            read.await
+        }
+    }
+}
+
 async fn pass_into(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>, out: &mut RunOut) {
     let mut clock = CoarseClock::new();
     // Consumers that had to pass an entry by in this pass: nothing later
@@ -247,17 +261,8 @@ async fn pass_into(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>,
             Pick::Hold => continue,
             Pick::Deliver(_) => {}
         }
-        // Replayed entries are mostly in the log's caches. If the read has
-        // to wait, what is gathered goes out first.
-        let mut reading = std::pin::pin!(read(shard, topic, sub, entry));
-        let read = match futures::poll!(reading.as_mut()) {
-            std::task::Poll::Ready(r) => r,
-            std::task::Poll::Pending => {
-                out.flush(shard);
-                reading.await
-            }
-        };
-        let Some(blob) = read else { return };
+        // Replayed entries are mostly in the log's caches.
+        let Some(blob) = flush_if_waiting(shard, out, read(shard, topic, sub, entry)).await else { return };
         // The read awaited: decide again on the current state.
         if !sub.replay.borrow().contains_key(&entry) || sub.cursor.borrow().is_acked(entry) {
             continue;
@@ -316,18 +321,7 @@ async fn pass_into(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>,
         if sub.replay.borrow().len() >= shard.config.unacked_per_subscription_max as usize {
             return;
         }
-        // If the read has to wait (the disk, a background read), what is
-        // gathered goes out first: a consumer removed or made inactive
-        // meanwhile must not get it afterwards.
-        let mut reading = std::pin::pin!(read_fresh(shard, topic, sub, pos));
-        let read = match futures::poll!(reading.as_mut()) {
-            std::task::Poll::Ready(r) => r,
-            std::task::Poll::Pending => {
-                out.flush(shard);
-                reading.await
-            }
-        };
-        let Some(blob) = read else { return };
+        let Some(blob) = flush_if_waiting(shard, out, read_fresh(shard, topic, sub, pos)).await else { return };
         if sub.read_pos.get() != pos || sub.cursor.borrow().is_acked(pos) {
             continue;
         }
