@@ -69,6 +69,10 @@ pub struct Report {
     pub max_pending_counts: &'static str,
     /// Partition topics this run used (`<topic>-partition-<i>`).
     pub topics: Vec<String>,
+    /// The broker shard owning each of `topics`, as the producers'
+    /// shard-aware connections found it; empty when the client was not
+    /// shard-aware or no producer ran.
+    pub topic_shards: Vec<u32>,
     pub environment: Environment,
     pub measured_s: f64,
     pub produce: Throughput,
@@ -192,6 +196,7 @@ pub fn build(workload: &Workload, outcome: &RunOutcome, environment: Environment
         max_pending_counts:
             "messages awaiting a receipt, per producer and partition (a batch counts as the messages it holds)",
         topics: outcome.topics.clone(),
+        topic_shards: outcome.topic_shards.clone(),
         environment,
         measured_s: secs,
         produce: Throughput {

@@ -110,6 +110,9 @@ pub struct BacklogResult {
 pub struct RunOutcome {
     pub run_id: String,
     pub topics: Vec<String>,
+    /// The broker shard owning each of `topics` (as the producers'
+    /// connections found it); empty when not shard-aware or no producer ran.
+    pub topic_shards: Vec<u32>,
     pub server_version: String,
     /// Whether producers and consumers went straight to their owner shard.
     pub shard_aware: bool,
@@ -742,6 +745,14 @@ pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
         }
     }
     let producers_total = producer_ctxs.len() as u64;
+    // Which shard owns each partition: the first producer of each topic
+    // went straight to it (a one-partition run lands on a shard by chance,
+    // and the figures depend on which: bench/README.md).
+    let topic_shards: Vec<u32> = if shard_aware && w.producers > 0 {
+        all_producers.iter().step_by(w.producers as usize).flat_map(|p| p.partition_shards()).collect()
+    } else {
+        Vec::new()
+    };
 
     let ticker = spawn_ticker(&rec, opts.tick, opts.progress, stop_rx.clone());
     let cpu_mark = crate::cpu::CpuMark::start(opts.broker_pid);
@@ -845,5 +856,16 @@ pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
     if let Some(search) = &mut search {
         search.held = Some(held(&totals, search.rate));
     }
-    Ok(RunOutcome { run_id, topics: flat_topics, server_version, shard_aware, totals, backlog, search, drained, cpu })
+    Ok(RunOutcome {
+        run_id,
+        topics: flat_topics,
+        topic_shards,
+        server_version,
+        shard_aware,
+        totals,
+        backlog,
+        search,
+        drained,
+        cpu,
+    })
 }

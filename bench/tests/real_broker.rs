@@ -123,6 +123,19 @@ fn short_run_writes_contract_json_and_svg() {
     assert!(v["max_pending_counts"].as_str().unwrap().starts_with("messages"));
     assert!(stdout.contains("batching on"), "{stdout}");
     assert_eq!(v["topics"].as_array().unwrap().len(), 4);
+    // Each partition's owning shard, as the broker assigns it by default:
+    // the bundle (of 16) holding crc32 of the full name, modulo 2 shards.
+    let owners: Vec<u64> = v["topics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let h = crc32fast::hash(format!("persistent://public/default/{}", t.as_str().unwrap()).as_bytes());
+            ((u64::from(h) * 16) >> 32) % 2
+        })
+        .collect();
+    let shards: Vec<u64> = v["topic_shards"].as_array().unwrap().iter().map(|s| s.as_u64().unwrap()).collect();
+    assert_eq!(shards, owners, "topic_shards names each partition's owner");
     assert!(v["drained"].as_bool().unwrap(), "consumer got every acknowledged message");
     assert_eq!(v["environment"]["broker"], "self-started");
     assert!(!v["histograms"]["publish"].as_array().unwrap().is_empty());

@@ -219,6 +219,11 @@ impl PartitionedProducer {
         self.read_parts().iter().map(|p| p.producer.clone()).collect()
     }
 
+    /// [`Producer::shard`] of each partition covered now, in partition order.
+    pub fn partition_shards(&self) -> Vec<u32> {
+        self.read_parts().iter().map(|p| p.producer.shard()).collect()
+    }
+
     /// Partitions covered now (1 for a non-partitioned topic).
     pub fn partitions(&self) -> usize {
         self.read_parts().len()

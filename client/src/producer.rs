@@ -510,6 +510,14 @@ impl Producer {
         &self.core.topic
     }
 
+    /// The broker shard this producer's connection landed on: the topic's
+    /// owner when the client connects shard-aware (the default against a
+    /// broker with per-shard ports), unless routing fell back to the
+    /// shared port.
+    pub fn shard(&self) -> u32 {
+        self.core.conn.server.shard
+    }
+
     /// The highest sequence id the broker had persisted for this producer
     /// name when the producer was created (needs broker dedup); -1 when none.
     pub fn last_sequence_id(&self) -> i64 {
