@@ -101,12 +101,17 @@ if os.path.exists(f"{out}/canonical-sustainable.json"):
           f"{u['produce']['mb_per_s']:.1f} MB/s = {u['produce']['mb_per_s'] / fio['1m'][0]:.3f} x fio 1m; "
           f"publish p50 {u['publish_latency_ms']['p50']:.2f} p99 {u['publish_latency_ms']['p99']:.2f} "
           f"p99.9 {u['publish_latency_ms']['p999']:.2f} ms; e2e p99 {u['e2e_latency_ms']['p99']:.2f} ms")
+def on_shard(r):
+    # A one-partition topic lands on a shard by chance, and these figures
+    # depend on which (bench/README.md, "Which shard owns the topic ...").
+    shards = r.get("topic_shards") or []
+    return f" [topic on shard {shards[0]}]" if shards else ""
 p50_us = o["publish_latency_ms"]["p50"] * 1000
 print(f"one at a time ({o['batching']}): publish p50 {p50_us:.0f} us, p99 {o['publish_latency_ms']['p99']*1000:.0f} us "
       f"vs fio 4k write+fdatasync p50 {fio['4k'][1]:.0f} us (target <= {fio['4k'][1] + 100:.0f} us); "
-      f"broker CPU {o['cpu']['broker_us_per_msg'] or 0:.1f} us/msg")
+      f"broker CPU {o['cpu']['broker_us_per_msg'] or 0:.1f} us/msg{on_shard(o)}")
 print(f"16 producers, one in flight each: {s['produce']['msgs_per_s']:.0f} msg/s (target >= 30,000); "
-      f"publish p50 {s['publish_latency_ms']['p50']:.2f} ms; broker CPU {s['cpu']['broker_us_per_msg'] or 0:.1f} us/msg")
+      f"publish p50 {s['publish_latency_ms']['p50']:.2f} ms; broker CPU {s['cpu']['broker_us_per_msg'] or 0:.1f} us/msg{on_shard(s)}")
 if os.path.exists(f"{out}/catchup-1g.json"):
     k = json.load(open(f"{out}/catchup-1g.json"))
     b = k["backlog"]
