@@ -890,14 +890,7 @@ async fn batches_leave_in_fill_order_across_tasks_and_dropped_sends() {
             .await;
             while conn.recv().await.is_some() {}
         });
-        let client = Client::connect_with(&url, options()).await.unwrap();
-        let batching = magnetar_client::BatchingOptions {
-            max_messages: 2,
-            max_delay: Duration::from_secs(60),
-            ..Default::default()
-        };
-        let producer =
-            std::sync::Arc::new(client.producer("t").max_pending(1).batching(batching).create().await.unwrap());
+        let (client, producer) = pairs_producer(&url).await;
         let a = {
             let producer = producer.clone();
             tokio::spawn(async move {
@@ -928,6 +921,16 @@ async fn batches_leave_in_fill_order_across_tasks_and_dropped_sends() {
         broker.await.unwrap();
     })
     .await;
+}
+
+/// A client and a producer on topic "t" that batches two messages at a time
+/// (never by delay) with one send in flight: the batching-order tests.
+async fn pairs_producer(url: &str) -> (Client, std::sync::Arc<magnetar_client::Producer>) {
+    let client = Client::connect_with(url, options()).await.unwrap();
+    let batching =
+        magnetar_client::BatchingOptions { max_messages: 2, max_delay: Duration::from_secs(60), ..Default::default() };
+    let producer = client.producer("t").max_pending(1).batching(batching).create().await.unwrap();
+    (client, std::sync::Arc::new(producer))
 }
 
 /// Goal: a `send_async` dropped while it sends closed batches (here by a
@@ -966,14 +969,7 @@ async fn a_dropped_send_fails_no_batch_another_task_closed() {
             }
             while conn.recv().await.is_some() {}
         });
-        let client = Client::connect_with(&url, options()).await.unwrap();
-        let batching = magnetar_client::BatchingOptions {
-            max_messages: 2,
-            max_delay: Duration::from_secs(60),
-            ..Default::default()
-        };
-        let producer =
-            std::sync::Arc::new(client.producer("t").max_pending(1).batching(batching).create().await.unwrap());
+        let (client, producer) = pairs_producer(&url).await;
         let x0 = producer.send_async(OutgoingMessage::new("x0")).await.unwrap();
         let x1 = producer.send_async(OutgoingMessage::new("x1")).await.unwrap();
         let a = {
