@@ -15,7 +15,14 @@
 #  3. one producer, one unbatched message at a time (1 partition,
 #     --max-pending 1 --batch-max-messages 0): publish p50 against fio's
 #     4 KiB write+fdatasync p50 (target: + 100 us);
-#  4. 16 producers, one unbatched message in flight each (target 30,000 msg/s);
+#  4. 16 producers, one unbatched message in flight each (target 30,000 msg/s),
+#     twice: one connection per producer (the bench's default: 16 client
+#     applications) and all 16 sharing one connection (pulsar-perf's default:
+#     one client, connectionsPerBroker 1);
+#     runs 3 and 4 are one-partition shapes, and their figures depend on
+#     which broker shard owns the topic (bench/README.md, "Which shard owns
+#     the topic ..."), so each runs once per shard (`--topic-shard`; shards 0
+#     and 1, or PLACE_SHARDS="0 1 ...");
 #  5. a 1 GiB backlog of unbatched 1 KiB messages (1,048,576 entries), written
 #     with the broker's write cache at 64 MiB so the catch-up reads the disk,
 #     then read by one consumer: MB/s as a ratio of fio's O_DIRECT 1 MiB
@@ -60,8 +67,15 @@ UNBATCHED=(--batch-max-messages 0 --max-pending 1 --partitions 1)
 if [ -z "${SKIP_SUSTAINABLE:-}" ]; then
   "$B" --data-dir "$DIR" --duration-s "$DURATION" --sustainable --json "$OUT/canonical-sustainable.json" -q --no-history "${EXTRA[@]}"
 fi
-"$B" --data-dir "$DIR" --duration-s 10 "${UNBATCHED[@]}" --json "$OUT/one-at-a-time.json" -q --no-history
-"$B" --data-dir "$DIR" --duration-s 10 "${UNBATCHED[@]}" --producers 16 --json "$OUT/sixteen-producers.json" -q --no-history
+PLACE_SHARDS=${PLACE_SHARDS:-$( [ "$(nproc)" -ge 2 ] && echo "0 1" || echo 0 )}
+for S in $PLACE_SHARDS; do
+  ON=(--topic-shard "$S")
+  "$B" --data-dir "$DIR" --duration-s 10 "${UNBATCHED[@]}" "${ON[@]}" --json "$OUT/one-at-a-time-shard$S.json" -q --no-history
+  "$B" --data-dir "$DIR" --duration-s 10 "${UNBATCHED[@]}" "${ON[@]}" --producers 16 \
+    --json "$OUT/sixteen-producers-shard$S.json" -q --no-history
+  "$B" --data-dir "$DIR" --duration-s 10 "${UNBATCHED[@]}" "${ON[@]}" --producers 16 --connections 1 \
+    --json "$OUT/sixteen-producers-shared-shard$S.json" -q --no-history
+done
 READ_1M=0
 if [ -z "${SKIP_CATCHUP:-}" ]; then
   WRITE_1M=${FIO[1m]}
@@ -72,20 +86,21 @@ if [ -z "${SKIP_CATCHUP:-}" ]; then
     --json "$OUT/catchup-1g.json" -q --no-history
 fi
 
-python3 - "$OUT" "${FIO[4k]}" "${FIO[64k]}" "${FIO[1m]}" "$READ_1M" <<'PY'
+python3 - "$OUT" "${FIO[4k]}" "${FIO[64k]}" "${FIO[1m]}" "$READ_1M" $PLACE_SHARDS <<'PY'
 import json, os, sys
 out = sys.argv[1]
+place_shards = sys.argv[6:]
 fio = {bs: tuple(map(float, v.split())) for bs, v in zip(["4k", "64k", "1m"], sys.argv[2:5])}
 read_1m = float(sys.argv[5])
 c = json.load(open(f"{out}/canonical.json"))
-o = json.load(open(f"{out}/one-at-a-time.json"))
-s = json.load(open(f"{out}/sixteen-producers.json"))
 mb = c["produce"]["mb_per_s"]
 print(f"\ncanonical ({c['batching']}): {c['produce']['msgs_per_s']:.0f} msg/s, {mb:.1f} MB/s; "
       f"publish p50 {c['publish_latency_ms']['p50']:.2f} p99 {c['publish_latency_ms']['p99']:.2f} ms (target < 5), "
       f"p99.9 {c['publish_latency_ms']['p999']:.2f} ms (target < 10); e2e p99 {c['e2e_latency_ms']['p99']:.2f} ms; "
       f"broker CPU {c['cpu']['broker_us_per_msg'] or 0:.2f} us/msg (target < 4); consumed {c['consume']['msgs_per_s']:.0f} msg/s")
-for name in ["canonical", "canonical-sustainable", "one-at-a-time", "sixteen-producers", "catchup-1g"]:
+unbatched = [f"{shape}-shard{sh}" for sh in place_shards
+             for shape in ["one-at-a-time", "sixteen-producers", "sixteen-producers-shared"]]
+for name in ["canonical", "canonical-sustainable", *unbatched, "catchup-1g"]:
     path = f"{out}/{name}.json"
     if os.path.exists(path) and json.load(open(path))["publish_errors"]:
         r = json.load(open(path))
@@ -101,17 +116,24 @@ if os.path.exists(f"{out}/canonical-sustainable.json"):
           f"{u['produce']['mb_per_s']:.1f} MB/s = {u['produce']['mb_per_s'] / fio['1m'][0]:.3f} x fio 1m; "
           f"publish p50 {u['publish_latency_ms']['p50']:.2f} p99 {u['publish_latency_ms']['p99']:.2f} "
           f"p99.9 {u['publish_latency_ms']['p999']:.2f} ms; e2e p99 {u['e2e_latency_ms']['p99']:.2f} ms")
-def on_shard(r):
-    # A one-partition topic lands on a shard by chance, and these figures
-    # depend on which (bench/README.md, "Which shard owns the topic ...").
+def on_shard(r, asked):
+    # The shard the producers' connections found (topic_shards), which
+    # --topic-shard chose; say so if they ever disagree.
     shards = r.get("topic_shards") or []
-    return f" [topic on shard {shards[0]}]" if shards else ""
-p50_us = o["publish_latency_ms"]["p50"] * 1000
-print(f"one at a time ({o['batching']}): publish p50 {p50_us:.0f} us, p99 {o['publish_latency_ms']['p99']*1000:.0f} us "
-      f"vs fio 4k write+fdatasync p50 {fio['4k'][1]:.0f} us (target <= {fio['4k'][1] + 100:.0f} us); "
-      f"broker CPU {o['cpu']['broker_us_per_msg'] or 0:.1f} us/msg{on_shard(o)}")
-print(f"16 producers, one in flight each: {s['produce']['msgs_per_s']:.0f} msg/s (target >= 30,000); "
-      f"publish p50 {s['publish_latency_ms']['p50']:.2f} ms; broker CPU {s['cpu']['broker_us_per_msg'] or 0:.1f} us/msg{on_shard(s)}")
+    found = str(shards[0]) if shards else "?"
+    return f" [topic on shard {found}]" + ("" if found == asked else f" (asked for shard {asked})")
+for sh in place_shards:
+    o = json.load(open(f"{out}/one-at-a-time-shard{sh}.json"))
+    p50_us = o["publish_latency_ms"]["p50"] * 1000
+    print(f"one at a time ({o['batching']}): publish p50 {p50_us:.0f} us, p99 {o['publish_latency_ms']['p99']*1000:.0f} us "
+          f"vs fio 4k write+fdatasync p50 {fio['4k'][1]:.0f} us (target <= {fio['4k'][1] + 100:.0f} us); "
+          f"broker CPU {o['cpu']['broker_us_per_msg'] or 0:.1f} us/msg{on_shard(o, sh)}")
+for sh in place_shards:
+    for shape, how in [("sixteen-producers", "a connection each"), ("sixteen-producers-shared", "one shared connection")]:
+        s = json.load(open(f"{out}/{shape}-shard{sh}.json"))
+        print(f"16 producers, one in flight each, {how}: {s['produce']['msgs_per_s']:.0f} msg/s (target >= 30,000); "
+              f"publish p50 {s['publish_latency_ms']['p50']:.2f} ms; CPU per msg broker {s['cpu']['broker_us_per_msg'] or 0:.1f} "
+              f"client {s['cpu']['client_us_per_msg'] or 0:.1f} us{on_shard(s, sh)}")
 if os.path.exists(f"{out}/catchup-1g.json"):
     k = json.load(open(f"{out}/catchup-1g.json"))
     b = k["backlog"]

@@ -91,6 +91,11 @@ struct Args {
     /// consumers); 0 = one per producer and per consumer (default).
     #[arg(long)]
     connections: Option<u32>,
+    /// Choose the run's topic names so that the first topic's first
+    /// partition lives on this broker shard (asked of the broker); for
+    /// one-partition runs, whose figures depend on the owning shard.
+    #[arg(long)]
+    topic_shard: Option<u32>,
 
     /// Write the result as JSON here.
     #[arg(long)]
@@ -171,6 +176,9 @@ fn workload(args: &Args) -> Result<Workload, Box<dyn std::error::Error>> {
     );
     if args.sustainable {
         w.sustainable = true;
+    }
+    if args.topic_shard.is_some() {
+        w.topic_shard = args.topic_shard;
     }
     w.validate()?;
     Ok(w)

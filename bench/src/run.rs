@@ -700,22 +700,55 @@ pub fn new_run_id() -> String {
     format!("{:x}{:04x}", (nanos as u64) & 0xFFFF_FFFF_FFFF, std::process::id() & 0xFFFF)
 }
 
+/// Candidate run ids [`placed_run_id`] tries: with S shards about one in S
+/// lands on a given shard, so running out means the shard does not exist.
+const PLACEMENT_TRIES: u32 = 256;
+
+/// A run id whose first topic's first partition is owned by broker shard
+/// `shard`, found by asking the broker (`topics.owner`, which creates
+/// nothing) about candidate names.
+async fn placed_run_id(probe: &Client, w: &Workload, shard: u32) -> Result<String, RunError> {
+    let base = new_run_id();
+    let mut seen_max = 0;
+    for k in 0..PLACEMENT_TRIES {
+        let run_id = format!("{base}{k:02x}");
+        let name = w.partition_topics(&run_id, 0).swap_remove(0);
+        let answer = probe
+            .admin()
+            .call("topics.owner", serde_json::json!({ "topic": name }))
+            .await
+            .map_err(client_err(format!("topics.owner {name}")))?;
+        let owner = answer["shard"]
+            .as_u64()
+            .ok_or_else(|| RunError::Other(format!("topics.owner {name}: no shard in the answer {answer}")))?;
+        if owner == u64::from(shard) {
+            return Ok(run_id);
+        }
+        seen_max = seen_max.max(owner);
+    }
+    Err(RunError::Other(format!(
+        "--topic-shard {shard}: none of {PLACEMENT_TRIES} topic names landed on that shard (shards seen: 0 to {seen_max})"
+    )))
+}
+
 /// Run the workload; call inside a tokio runtime.
 pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
     let w = opts.workload.clone();
     w.validate()?;
     let size = w.size_dist()?;
-    let run_id = new_run_id();
+    // A probe connection: is the broker there, and what is it?
+    let probe = Client::connect_with(&opts.url, opts.client_options.clone()).await.map_err(client_err(&opts.url))?;
+    let server_version = probe.server_info().server_version.clone();
+    let shard_aware = opts.client_options.shard_aware && probe.server_info().shard_ports.len() > 1;
+    let run_id = match w.topic_shard {
+        Some(shard) => placed_run_id(&probe, &w, shard).await?,
+        None => new_run_id(),
+    };
     let topics: Vec<String> = (0..w.topics).map(|t| w.topic_name(&run_id, t)).collect();
     let rec = Recorder::new(w.subscriptions);
     let filler = filler(size.max().max(STAMP_BYTES), w.seed);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut clients = Vec::new();
-
-    // A probe connection: is the broker there, and what is it?
-    let probe = Client::connect_with(&opts.url, opts.client_options.clone()).await.map_err(client_err(&opts.url))?;
-    let server_version = probe.server_info().server_version.clone();
-    let shard_aware = opts.client_options.shard_aware && probe.server_info().shard_ports.len() > 1;
     for topic in &topics {
         probe
             .admin()

@@ -196,6 +196,12 @@ pub struct Workload {
     /// per consumer. Many topics need this: 10,000 topics would otherwise
     /// open 20,000 connections.
     pub connections: u32,
+    /// Place the run on this broker shard: the run's topic names are chosen
+    /// (by asking the broker, `topics.owner`) so that the first partition
+    /// of the first topic lives on this shard. Meant for one-topic,
+    /// one-partition shapes, whose figures depend on the owning shard
+    /// (bench/README.md). None = wherever the random run id lands.
+    pub topic_shard: Option<u32>,
 }
 
 impl Default for Workload {
@@ -229,6 +235,7 @@ impl Default for Workload {
             backlog_messages: 0,
             seed: 1,
             connections: 0,
+            topic_shard: None,
         }
     }
 }

@@ -248,3 +248,51 @@ fn sustainable_search_then_measures_at_the_rate_found() {
     assert!(steps.iter().any(|s| s["verdict"] == "kept"), "{steps:?}");
     assert!(v["timeline"].as_array().unwrap().iter().any(|t| t["phase"] == "search"));
 }
+
+/// `--topic-shard` places a one-partition run on the shard asked for (the
+/// unbatched figures depend on it), records it in the result, and refuses a
+/// shard the broker does not have with a message that says so.
+#[test]
+fn topic_shard_places_the_run() {
+    let broker = magnetar_tests::magnetar_bin();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let json = dir.path().join("run.json");
+    for shard in ["1", "0"] {
+        let out = run_self_started(
+            broker,
+            dir.path(),
+            &[
+                "--duration-s",
+                "0.5",
+                "--warmup-s",
+                "0",
+                "--partitions",
+                "1",
+                "--batch-max-messages",
+                "0",
+                "--topic-shard",
+                shard,
+                "--json",
+                json.to_str().unwrap(),
+                "--no-history",
+                "-q",
+            ],
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "bench failed\nstderr:\n{stderr}");
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let want: u64 = shard.parse().unwrap();
+        assert_eq!(v["workload"]["topic_shard"], want);
+        assert_eq!(v["topic_shards"], serde_json::json!([want]), "the producer's connection found its owner there");
+        // And by the broker's ownership rule, computed here independently.
+        let topic = v["topics"][0].as_str().unwrap();
+        let h = crc32fast::hash(format!("persistent://public/default/{topic}").as_bytes());
+        assert_eq!(((u64::from(h) * 16) >> 32) % 2, want, "{topic}");
+        assert!(v["drained"].as_bool().unwrap());
+    }
+    let out =
+        run_self_started(broker, dir.path(), &["--duration-s", "0.5", "--topic-shard", "2", "--no-history", "-q"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a third shard of two does not exist");
+    assert!(stderr.contains("--topic-shard 2") && stderr.contains("shards seen: 0 to 1"), "{stderr}");
+}
