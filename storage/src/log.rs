@@ -859,12 +859,13 @@ impl<D: Disk> Shared<D> {
             drop(st);
             drop(zero_permit);
         } else {
+            // The write and the fdatasync as one linked request the shard
+            // awaits (one wake-up per batch, not two), running other tasks
+            // meanwhile.
             let began = std::time::Instant::now();
-            seg.file.write_buf(off, buf).await.map_err(self.io("write batch", &seg.path))?;
-            crate::stage::mark("5_written");
+            seg.file.write_buf_and_sync(off, buf).await.map_err(self.io("write and fdatasync batch", &seg.path))?;
             after_write(&mut self.st.borrow_mut());
             drop(zero_permit);
-            seg.file.sync().await.map_err(self.io("fdatasync segment", &seg.path))?;
             if paused {
                 let fast = began.elapsed() <= self.cfg.lone_sync_max;
                 let mut st = self.st.borrow_mut();
