@@ -279,7 +279,8 @@ impl DiskFile for DmaDiskFile {
 
     /// Submits the write and the fdatasync linked (`IOSQE_IO_LINK`: the
     /// fdatasync starts only once the whole write succeeded) on this thread's
-    /// own small io_uring and waits for both, blocking the executor, instead
+    /// own small io_uring and waits for both, blocking the executor (yielding
+    /// the CPU in a loop for up to 1 ms, then sleeping), instead
     /// of two round trips through glommio's reactor. Each of those costs a
     /// reactor wake-up, its timer re-arming and a park (`membarrier`), on
     /// the executor's one CPU, which the kernel's completion workers share:
@@ -361,6 +362,10 @@ mod linked {
     pub const BYTES_MAX: usize = 64 << 10;
     const WRITE: u64 = 1;
     const SYNC: u64 = 2;
+    /// How long a call yields the CPU in a loop, waiting for its pair,
+    /// before it sleeps on the ring instead: `LogConfig::lone_sync_max`'s
+    /// default (a request slower than that pauses this path anyway).
+    const YIELD_MAX: std::time::Duration = std::time::Duration::from_millis(1);
 
     struct Ring {
         ring: IoUring,
@@ -432,6 +437,17 @@ mod linked {
         })
     }
 
+    /// Takes the completions that are there.
+    fn reap(ring: &mut IoUring, wrote: &mut Option<i32>, synced: &mut Option<i32>) {
+        for cqe in ring.completion() {
+            match cqe.user_data() {
+                WRITE => *wrote = Some(cqe.result()),
+                SYNC => *synced = Some(cqe.result()),
+                other => unreachable!("unknown user_data {other}"),
+            }
+        }
+    }
+
     /// Waiting on the ring failed.
     enum Failed {
         /// Before the kernel took any request: nothing is in flight.
@@ -464,25 +480,39 @@ mod linked {
         // The ring is private and drained by every call: it has room for two.
         assert!(pushed, "a drained ring of 4 entries takes two");
         let (mut wrote, mut synced) = (None, None);
+        // Yield instead of sleeping at first: the shard has nothing else to
+        // run meanwhile, each `sched_yield` runs the ring's completion work
+        // on the way back (no wake-up of a sleeping thread, nor of an idle
+        // CPU, for the write's completion and then the fdatasync's), and
+        // lets the kernel's workers on this CPU (io-wq's fdatasync) run
+        // first. A pure spin instead held those workers off: p99 grew by
+        // the spin's length (bench/README.md, sixth session).
+        loop {
+            match r.ring.submit() {
+                Ok(_) => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // io_uring_enter fails without submitting only when it took
+                // no entry: both still queued means neither reached the kernel.
+                Err(e) if r.ring.submission().len() == 2 => return Err(Failed::NotSubmitted(e)),
+                Err(e) => return Err(Failed::Broken(e)),
+            }
+        }
+        let began = std::time::Instant::now();
+        loop {
+            reap(&mut r.ring, &mut wrote, &mut synced);
+            if (wrote.is_some() && synced.is_some()) || began.elapsed() > YIELD_MAX {
+                break;
+            }
+            std::thread::yield_now();
+        }
         while wrote.is_none() || synced.is_none() {
             let want = usize::from(wrote.is_none()) + usize::from(synced.is_none());
             match r.ring.submit_and_wait(want) {
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                // io_uring_enter fails without submitting only when it took
-                // no entry: both still queued means neither reached the kernel.
-                Err(e) if wrote.is_none() && synced.is_none() && r.ring.submission().len() == 2 => {
-                    return Err(Failed::NotSubmitted(e))
-                }
                 Err(e) => return Err(Failed::Broken(e)),
             }
-            for cqe in r.ring.completion() {
-                match cqe.user_data() {
-                    WRITE => wrote = Some(cqe.result()),
-                    SYNC => synced = Some(cqe.result()),
-                    other => unreachable!("unknown user_data {other}"),
-                }
-            }
+            reap(&mut r.ring, &mut wrote, &mut synced);
         }
         let (wrote, synced) = (wrote.unwrap_or(0), synced.unwrap_or(0));
         if wrote < 0 {
