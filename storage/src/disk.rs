@@ -94,6 +94,9 @@ pub trait DiskFile: 'static {
         self.write_buf(pos, buf).await?;
         self.sync().await
     }
+    /// The log writes this file no more for now (the flusher moved to the
+    /// next segment): a backend may free what it keeps for writing it.
+    fn writes_done(&self) {}
     /// Reserves space so the file is at least `len` bytes long (zeros).
     async fn allocate(&self, len: u64) -> io::Result<()>;
     async fn truncate(&self, len: u64) -> io::Result<()>;
@@ -110,8 +113,16 @@ pub struct DmaDiskFile {
     file: Rc<DmaFile>,
     path: PathBuf,
     /// This file's own io_uring for [`DiskFile::write_buf_and_sync`], made
-    /// on first use (only the segment the flusher appends to gets one).
-    chain: std::cell::OnceCell<Option<chained::Ring>>,
+    /// on first use (only the segment the flusher appends to gets one) and
+    /// dropped by [`DiskFile::writes_done`].
+    chain: std::cell::RefCell<Chain>,
+}
+
+enum Chain {
+    Untried,
+    Ready(Rc<chained::Ring>),
+    /// Could not be made: the reactor path, for good.
+    Unavailable,
 }
 
 impl std::fmt::Debug for DmaDiskFile {
@@ -141,7 +152,11 @@ impl Disk for DmaDisk {
             }
         }
         let file = opts.dma_open(path).await.map_err(glommio_err)?;
-        Ok(DmaDiskFile { file: Rc::new(file), path: path.to_path_buf(), chain: std::cell::OnceCell::new() })
+        Ok(DmaDiskFile {
+            file: Rc::new(file),
+            path: path.to_path_buf(),
+            chain: std::cell::RefCell::new(Chain::Untried),
+        })
     }
 
     async fn remove(&self, path: &Path) -> io::Result<()> {
@@ -307,13 +322,25 @@ impl DiskFile for DmaDiskFile {
     async fn write_buf_and_sync(&self, pos: u64, buf: glommio::io::DmaBuffer) -> io::Result<()> {
         use std::os::unix::io::AsRawFd;
         assert!(pos.is_multiple_of(PAGE_BYTES) && (buf.len() as u64).is_multiple_of(PAGE_BYTES));
-        let ring = self.chain.get_or_init(|| match chained::Ring::new() {
-            Ok(r) => Some(r),
-            Err(e) => {
-                tracing::warn!(error = %e, path = %self.path.display(), "no io_uring of the file's own: batches go through the reactor");
-                None
+        let ring = {
+            let mut chain = self.chain.borrow_mut();
+            match &*chain {
+                Chain::Ready(r) => Some(r.clone()),
+                Chain::Unavailable => None,
+                Chain::Untried => match chained::Ring::new() {
+                    Ok(r) => {
+                        let r = Rc::new(r);
+                        *chain = Chain::Ready(r.clone());
+                        Some(r)
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, path = %self.path.display(), "no io_uring of the file's own: batches go through the reactor");
+                        *chain = Chain::Unavailable;
+                        None
+                    }
+                },
             }
-        });
+        };
         let buf = match ring {
             Some(r) => match r.write_and_sync(self.file.as_raw_fd(), pos, buf).await {
                 chained::Outcome::Done(result) => return result,
@@ -328,6 +355,14 @@ impl DiskFile for DmaDiskFile {
         };
         self.write_buf(pos, buf).await?;
         self.sync().await
+    }
+
+    fn writes_done(&self) {
+        let mut chain = self.chain.borrow_mut();
+        if matches!(*chain, Chain::Ready(_)) {
+            // A call still running keeps its clone until it returns.
+            *chain = Chain::Untried;
+        }
     }
 
     async fn allocate(&self, len: u64) -> io::Result<()> {

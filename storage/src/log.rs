@@ -688,6 +688,10 @@ impl<D: Disk> Shared<D> {
         };
         assert!(batch_len <= self.cfg.segment_bytes);
         if let Some(start) = roll_at {
+            // The segment the tail leaves is written no more.
+            if let Some(prev) = self.st.borrow().segment_at(start.saturating_sub(1)) {
+                prev.file.writes_done();
+            }
             // Open removes every segment at or after the tail, so none exists here.
             assert!(!self.st.borrow().segments.contains_key(&start));
             let seg = match spare.take() {

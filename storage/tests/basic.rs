@@ -894,9 +894,9 @@ fn zero_ahead_follows_small_batches_only() {
 /// Goal: the production backend's `write_buf_and_sync` (a write and an
 /// fdatasync linked on the file's own io_uring, awaited through an
 /// eventfd) writes what it was given; two calls at once on one file both
-/// complete; and a call whose future is dropped after it submitted waits
+/// complete; a call whose future is dropped after it submitted waits
 /// for its requests (the kernel may still read the buffer) and leaves the
-/// ring usable. Method: a real file, pages of distinct bytes, read back.
+/// ring usable; and after `writes_done` a write makes a new ring. Method: a real file, pages of distinct bytes, read back.
 #[test]
 fn dma_write_buf_and_sync_linked_and_dropped() {
     use magnetar_storage::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
@@ -927,6 +927,8 @@ fn dma_write_buf_and_sync_linked_and_dropped() {
             let mut f = std::pin::pin!(file.write_buf_and_sync(6 * PAGE_BYTES, filled(4, 4)));
             let _ = futures_lite::future::poll_once(f.as_mut()).await;
         }
+        // The ring goes once the log moves on, and comes back if needed.
+        file.writes_done();
         file.write_buf_and_sync(10 * PAGE_BYTES, filled(5, 1)).await.unwrap();
         let data = file.read_at(0, 11 * page).await.unwrap();
         let want: Vec<u8> = [(1u8, 3usize), (2, 1), (3, 2), (4, 4), (5, 1)]
