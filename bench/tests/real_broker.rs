@@ -51,6 +51,26 @@ fn run_self_started(broker: &Path, dir: &Path, args: &[&str]) -> std::process::O
     run_bench(&all)
 }
 
+/// `run_self_started` with `args` plus `--json`, `--no-history` and `-q`:
+/// the run must succeed; its JSON result.
+fn run_for_json(broker: &Path, dir: &Path, args: &[&str]) -> serde_json::Value {
+    let json = dir.join("run.json");
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--json", json.to_str().unwrap(), "--no-history", "-q"]);
+    let out = run_self_started(broker, dir, &all);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed\nstderr:\n{stderr}");
+    serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
+}
+
+/// The shard owning `topic` by the broker's default rule, computed here
+/// independently: the bundle (of 16) holding crc32 of the full name,
+/// modulo 2 shards.
+fn owner_shard(topic: &str) -> u64 {
+    let h = crc32fast::hash(format!("persistent://public/default/{topic}").as_bytes());
+    ((u64::from(h) * 16) >> 32) % 2
+}
+
 fn number(v: &serde_json::Value, path: &str) -> f64 {
     path.split('.')
         .try_fold(v, |v, k| v.get(k))
@@ -123,17 +143,8 @@ fn short_run_writes_contract_json_and_svg() {
     assert!(v["max_pending_counts"].as_str().unwrap().starts_with("messages"));
     assert!(stdout.contains("batching on"), "{stdout}");
     assert_eq!(v["topics"].as_array().unwrap().len(), 4);
-    // Each partition's owning shard, as the broker assigns it by default:
-    // the bundle (of 16) holding crc32 of the full name, modulo 2 shards.
-    let owners: Vec<u64> = v["topics"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| {
-            let h = crc32fast::hash(format!("persistent://public/default/{}", t.as_str().unwrap()).as_bytes());
-            ((u64::from(h) * 16) >> 32) % 2
-        })
-        .collect();
+    // Each partition's owning shard, as the broker assigns it by default.
+    let owners: Vec<u64> = v["topics"].as_array().unwrap().iter().map(|t| owner_shard(t.as_str().unwrap())).collect();
     let shards: Vec<u64> = v["topic_shards"].as_array().unwrap().iter().map(|s| s.as_u64().unwrap()).collect();
     assert_eq!(shards, owners, "topic_shards names each partition's owner");
     assert!(v["drained"].as_bool().unwrap(), "consumer got every acknowledged message");
@@ -160,8 +171,7 @@ fn short_run_writes_contract_json_and_svg() {
 fn batched_compressed_shared_run_drains() {
     let broker = magnetar_tests::magnetar_bin();
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let json = dir.path().join("run.json");
-    let out = run_self_started(
+    let v = run_for_json(
         broker,
         dir.path(),
         &[
@@ -181,15 +191,8 @@ fn batched_compressed_shared_run_drains() {
             "shared",
             "--consumers",
             "2",
-            "--json",
-            json.to_str().unwrap(),
-            "--no-history",
-            "-q",
         ],
     );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "bench failed\nstderr:\n{stderr}");
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert!(number(&v, "produce.msgs_per_s") > 0.0);
     assert_eq!(v["publish_errors"], 0, "{}", v["last_error"]);
     assert!(v["drained"].as_bool().unwrap(), "both Shared consumers together got every acknowledged message");
@@ -256,9 +259,8 @@ fn sustainable_search_then_measures_at_the_rate_found() {
 fn topic_shard_places_the_run() {
     let broker = magnetar_tests::magnetar_bin();
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let json = dir.path().join("run.json");
     for shard in ["1", "0"] {
-        let out = run_self_started(
+        let v = run_for_json(
             broker,
             dir.path(),
             &[
@@ -272,22 +274,13 @@ fn topic_shard_places_the_run() {
                 "0",
                 "--topic-shard",
                 shard,
-                "--json",
-                json.to_str().unwrap(),
-                "--no-history",
-                "-q",
             ],
         );
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "bench failed\nstderr:\n{stderr}");
-        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
         let want: u64 = shard.parse().unwrap();
         assert_eq!(v["workload"]["topic_shard"], want);
         assert_eq!(v["topic_shards"], serde_json::json!([want]), "the producer's connection found its owner there");
-        // And by the broker's ownership rule, computed here independently.
         let topic = v["topics"][0].as_str().unwrap();
-        let h = crc32fast::hash(format!("persistent://public/default/{topic}").as_bytes());
-        assert_eq!(((u64::from(h) * 16) >> 32) % 2, want, "{topic}");
+        assert_eq!(owner_shard(topic), want, "{topic}");
         assert!(v["drained"].as_bool().unwrap());
     }
     let out =
