@@ -63,12 +63,10 @@ fn run_for_json(broker: &Path, dir: &Path, args: &[&str]) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
 }
 
-/// The shard owning `topic` by the broker's default rule, computed here
-/// independently: the bundle (of 16) holding crc32 of the full name,
-/// modulo 2 shards.
+/// The shard owning `topic` on the two-shard broker these tests start, by
+/// the broker's own ownership rule.
 fn owner_shard(topic: &str) -> u64 {
-    let h = crc32fast::hash(format!("persistent://public/default/{topic}").as_bytes());
-    ((u64::from(h) * 16) >> 32) % 2
+    u64::from(magnetar_tests::owner_shard(topic, 2))
 }
 
 fn number(v: &serde_json::Value, path: &str) -> f64 {
@@ -280,7 +278,7 @@ fn topic_shard_places_the_run() {
         assert_eq!(v["workload"]["topic_shard"], want);
         assert_eq!(v["topic_shards"], serde_json::json!([want]), "the producer's connection found its owner there");
         let topic = v["topics"][0].as_str().unwrap();
-        assert_eq!(owner_shard(topic), want, "{topic}");
+        assert_eq!(owner_shard(topic), want, "by the broker's rule, {topic}");
         assert!(v["drained"].as_bool().unwrap());
     }
     let out =

@@ -315,9 +315,11 @@ impl DiskFile for DmaDiskFile {
 
     /// The write and the fdatasync linked (`IOSQE_IO_LINK`) on this file's
     /// own small io_uring, whose completions raise an eventfd the reactor
-    /// reads: one wake-up of the executor per batch instead of two (the
-    /// write's completion, then the fdatasync's), and the executor runs
-    /// other tasks meanwhile. Falls back to the reactor path when the ring
+    /// reads: the reactor wakes the flusher once per batch instead of twice
+    /// (after the write, to submit the fdatasync, then after that; the
+    /// write's completion still runs as kernel work on this thread, which
+    /// is what issues the linked fdatasync), and the executor runs other
+    /// tasks meanwhile. Falls back to the reactor path when the ring
     /// cannot be made or refuses the request before taking it.
     async fn write_buf_and_sync(&self, pos: u64, buf: glommio::io::DmaBuffer) -> io::Result<()> {
         use std::os::unix::io::AsRawFd;
@@ -524,7 +526,11 @@ mod linked {
         // the spin's length (bench/README.md, sixth session).
         loop {
             match r.ring.submit() {
-                Ok(_) => break,
+                Ok(2) => break,
+                // The kernel took the write but not the fdatasync (a request
+                // allocation failed): submitting that later, unlinked, could
+                // sync before the write lands. Give up on the ring.
+                Ok(n) => return Err(Failed::Broken(io::Error::other(format!("io_uring took {n} of 2 requests")))),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 // io_uring_enter fails without submitting only when it took
                 // no entry: both still queued means neither reached the kernel.
@@ -590,8 +596,12 @@ mod chained {
         event: BufferedFile,
         one_at_a_time: Semaphore,
         /// The write's completion is posted only when it failed
-        /// (`IOSQE_CQE_SKIP_SUCCESS`, Linux 5.17+): one eventfd signal per
-        /// pair, so the next pair's wait does not wake for a stale one.
+        /// (`IOSQE_CQE_SKIP_SUCCESS`, Linux 5.17+): usually one eventfd
+        /// signal per pair. A signal can still be left over (a pair found
+        /// complete before its first read): the next pair's first read then
+        /// returns at once and it reads again; no wake-up is lost, since the
+        /// kernel signals after publishing the completion and a read takes
+        /// the whole count.
         skip_write_cqe: bool,
         /// Never used again: entries may be stuck in it (a refused or
         /// failed submission, a failed wait).
@@ -608,6 +618,10 @@ mod chained {
 
     impl Ring {
         pub fn new() -> io::Result<Ring> {
+            // Never IORING_SETUP_DEFER_TASKRUN here: the write's completion
+            // work (which issues the linked fdatasync) would then run only
+            // when this ring is entered to wait, and the eventfd path never
+            // does that: the pair would hang.
             let ring = IoUring::new(4)?;
             // SAFETY: eventfd takes no pointers; the result is checked.
             #[allow(unsafe_code)]
@@ -678,22 +692,26 @@ mod chained {
                 assert!(pushed, "an empty ring of 4 entries takes two");
                 loop {
                     match ring.submit() {
-                        Ok(_) => break,
+                        Ok(2) => break,
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                         // io_uring_enter fails without submitting only when
                         // it took no entry: both still queued means neither
                         // reached the kernel. They stay queued in a ring
                         // never entered again.
-                        Err(e) if ring.submission().len() == 2 => {
+                        refused if ring.submission().len() == 2 => {
                             self.dead.set(true);
+                            let e = refused.err().unwrap_or_else(|| io::Error::other("io_uring took neither request"));
                             return Outcome::NotSubmitted(pair.buf.take().expect("the buffer is here"), Some(e));
                         }
-                        Err(e) => {
-                            // One was taken: wait for it, blocking.
-                            drop(ring);
-                            pair.submitted = true;
-                            pair.finish_blocking();
+                        // The write was taken and the fdatasync not (or the
+                        // kernel says so): submitting that later, unlinked,
+                        // could sync before the write lands. Fail the batch
+                        // (the log fail-stops), never enter this ring again
+                        // and leave the buffer to the kernel.
+                        taken => {
                             self.dead.set(true);
+                            pair.abandon();
+                            let e = taken.err().unwrap_or_else(|| io::Error::other("io_uring took 1 of 2 requests"));
                             return Outcome::Done(Err(e));
                         }
                     }
@@ -711,7 +729,13 @@ mod chained {
                 }
             }
             pair.submitted = false;
-            Outcome::Done(pair.result(len, pos))
+            let result = pair.result(len, pos);
+            if result.is_err() {
+                // After a failure, a completion the kernel still posts must
+                // not meet the next pair: use the reactor path from now on.
+                self.dead.set(true);
+            }
+            Outcome::Done(result)
         }
     }
 
@@ -738,13 +762,26 @@ mod chained {
                     other => unreachable!("unknown user_data {other}"),
                 }
             }
-            match (self.wrote, self.synced) {
-                (Some(_), Some(_)) => true,
-                // A write whose completion was skipped succeeded in full; a
-                // failed one posts its completion (and cancels the sync).
-                (None, Some(s)) => self.skip_write_cqe && s != -libc::ECANCELED,
-                _ => false,
+            if self.skip_write_cqe {
+                // The write posts a completion only when it failed or was
+                // short, and then the linked fdatasync posts none (the
+                // kernel skips the completions of the rest of a failed
+                // link); no write completion means it wrote everything,
+                // and the fdatasync's completion, whatever its result,
+                // ends the pair.
+                self.wrote.is_some() || self.synced.is_some()
+            } else {
+                // Both always post (a failed write cancels the fdatasync:
+                // -ECANCELED).
+                self.wrote.is_some() && self.synced.is_some()
             }
+        }
+
+        /// Gives up on a pair the kernel may still be working on: its
+        /// buffer is leaked (the kernel may read it) and nothing waits.
+        fn abandon(&mut self) {
+            std::mem::forget(self.buf.take());
+            self.submitted = false;
         }
 
         /// Waits for the pair, blocking the thread. If waiting fails, the

@@ -938,3 +938,40 @@ fn dma_write_buf_and_sync_linked_and_dropped() {
         assert!(data == want, "the file does not hold what was written");
     });
 }
+
+/// Goal: a batch write the kernel refuses on the production backend's
+/// linked path comes back as an error at once (the log then fail-stops)
+/// instead of waiting for a completion the kernel never posts (with the
+/// write's completion skipped on success, a failed write posts one and
+/// its linked fdatasync none). Method: a position whose end overflows the
+/// file offset type (EINVAL), under the harness's timeout; then a good
+/// write on the same file still works (by the reactor path).
+#[test]
+fn dma_write_buf_and_sync_failure_returns_an_error() {
+    use magnetar_storage::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
+    let tmp = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
+    let path = tmp.path().join("f");
+    run(20, move || async move {
+        DmaDisk.prepare(path.parent().unwrap()).await.unwrap();
+        let file = DmaDisk.open(&path, OpenMode::Create).await.unwrap();
+        file.allocate(4 * PAGE_BYTES).await.unwrap();
+        let page = |byte: u8| {
+            let mut b = file.alloc_buf(PAGE_BYTES as usize);
+            b.as_mut().fill(byte);
+            b
+        };
+        file.write_buf_and_sync(0, page(1)).await.unwrap();
+        let e = file.write_buf_and_sync((1u64 << 63) - PAGE_BYTES, page(2)).await.unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc_einval()), "{e}");
+        file.write_buf_and_sync(PAGE_BYTES, page(3)).await.unwrap();
+        let data = file.read_at(0, 2 * PAGE_BYTES as usize).await.unwrap();
+        assert!(
+            data[..PAGE_BYTES as usize].iter().all(|&b| b == 1) && data[PAGE_BYTES as usize..].iter().all(|&b| b == 3)
+        );
+    });
+}
+
+/// EINVAL on Linux.
+fn libc_einval() -> i32 {
+    22
+}
