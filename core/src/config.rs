@@ -30,6 +30,10 @@ pub struct BrokerConfig {
     /// this pauses that path (`magnetar_storage::LogConfig::lone_sync_max`;
     /// zero: never block the shard).
     pub lone_sync_max: std::time::Duration,
+    /// Storage: how long the shard thread yields the CPU in a loop while
+    /// it waits for a lone batch's request, before it sleeps
+    /// (`magnetar_storage::LogConfig::lone_yield_max`; zero: sleep at once).
+    pub lone_yield_max: std::time::Duration,
     /// Storage: freed segments kept per shard for reuse
     /// (`magnetar_storage::LogConfig::recycle_segments`; 0: unlink them).
     pub recycle_segments: usize,
@@ -80,6 +84,7 @@ impl BrokerConfig {
             prezero_segments: false,
             zero_ahead_bytes: 8 << 20,
             lone_sync_max: std::time::Duration::from_millis(1),
+            lone_yield_max: std::time::Duration::from_millis(1),
             recycle_segments: 2,
             write_cache_bytes: 256 * 1024 * 1024,
             flush_bytes_max: 4 * 1024 * 1024,

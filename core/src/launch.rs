@@ -127,6 +127,7 @@ where
                 lc.prezero_segments = config.prezero_segments;
                 lc.zero_ahead_bytes = config.zero_ahead_bytes;
                 lc.lone_sync_max = config.lone_sync_max;
+                lc.lone_yield_max = config.lone_yield_max;
                 lc.recycle_segments = config.recycle_segments;
                 lc.write_cache_bytes = config.write_cache_bytes;
                 lc.flush_bytes_max = config.flush_bytes_max;

@@ -81,8 +81,10 @@ pub trait DiskFile: 'static {
     /// everything written before are durable when this returns Ok (errors as
     /// for `sync`). For a caller with nothing else to do meanwhile (the
     /// flusher, for a lone small batch): a backend may do both as one
-    /// request and block the thread until it completes.
-    async fn write_and_sync(&self, pos: u64, data: &[u8]) -> io::Result<()> {
+    /// request and block the thread until it completes, yielding the CPU
+    /// in a loop for up to `yield_max` first.
+    async fn write_and_sync(&self, pos: u64, data: &[u8], yield_max: std::time::Duration) -> io::Result<()> {
+        let _ = yield_max;
         self.write_at(pos, data).await?;
         self.sync().await
     }
@@ -295,7 +297,7 @@ impl DiskFile for DmaDiskFile {
     /// Submits the write and the fdatasync linked (`IOSQE_IO_LINK`: the
     /// fdatasync starts only once the whole write succeeded) on this thread's
     /// own small io_uring and waits for both, blocking the executor (yielding
-    /// the CPU in a loop for up to 1 ms, then sleeping), instead
+    /// the CPU in a loop for up to `yield_max`, then sleeping), instead
     /// of two round trips through glommio's reactor. Each of those costs a
     /// reactor wake-up, its timer re-arming and a park (`membarrier`), on
     /// the executor's one CPU, which the kernel's completion workers share:
@@ -303,10 +305,10 @@ impl DiskFile for DmaDiskFile {
     /// (bench/README.md, "Where a lone message's time goes"). Blocking is
     /// only for the flusher's lone small batches; anything larger, or a
     /// thread where the ring cannot be made, takes the reactor path.
-    async fn write_and_sync(&self, pos: u64, data: &[u8]) -> io::Result<()> {
+    async fn write_and_sync(&self, pos: u64, data: &[u8], yield_max: std::time::Duration) -> io::Result<()> {
         assert!(pos.is_multiple_of(PAGE_BYTES) && (data.len() as u64).is_multiple_of(PAGE_BYTES));
         use std::os::unix::io::AsRawFd;
-        if let Some(r) = linked::write_and_sync(self.file.as_raw_fd(), pos, data) {
+        if let Some(r) = linked::write_and_sync(self.file.as_raw_fd(), pos, data, yield_max) {
             return r;
         }
         self.write_at(pos, data).await?;
@@ -389,6 +391,7 @@ mod linked {
     use std::cell::RefCell;
     use std::io;
     use std::os::unix::io::RawFd;
+    use std::time::Duration;
 
     use io_uring::{opcode, squeue, types, IoUring};
 
@@ -399,10 +402,6 @@ mod linked {
     pub const BYTES_MAX: usize = 64 << 10;
     const WRITE: u64 = 1;
     const SYNC: u64 = 2;
-    /// How long a call yields the CPU in a loop, waiting for its pair,
-    /// before it sleeps on the ring instead: `LogConfig::lone_sync_max`'s
-    /// default (a request slower than that pauses this path anyway).
-    const YIELD_MAX: std::time::Duration = std::time::Duration::from_millis(1);
 
     struct Ring {
         ring: IoUring,
@@ -426,7 +425,7 @@ mod linked {
     /// Writes `data` at `pos` of `fd` and fdatasyncs, linked, waiting for
     /// both; `None` when this thread has no ring or `data` is too long (the
     /// caller then takes the reactor path).
-    pub fn write_and_sync(fd: RawFd, pos: u64, data: &[u8]) -> Option<io::Result<()>> {
+    pub fn write_and_sync(fd: RawFd, pos: u64, data: &[u8], yield_max: Duration) -> Option<io::Result<()>> {
         if data.len() > BYTES_MAX {
             return None;
         }
@@ -451,7 +450,7 @@ mod linked {
             }
             let State::Ready(r) = &mut *s else { return None };
             let r = &mut **r;
-            match submit_and_reap(r, fd, pos, data) {
+            match submit_and_reap(r, fd, pos, data, yield_max) {
                 Ok(done) => Some(done),
                 Err(Failed::NotSubmitted(e)) => {
                     // The kernel took neither request (e.g. EAGAIN or ENOMEM
@@ -493,7 +492,13 @@ mod linked {
         Broken(io::Error),
     }
 
-    fn submit_and_reap(r: &mut Ring, fd: RawFd, pos: u64, data: &[u8]) -> Result<io::Result<()>, Failed> {
+    fn submit_and_reap(
+        r: &mut Ring,
+        fd: RawFd,
+        pos: u64,
+        data: &[u8],
+        yield_max: Duration,
+    ) -> Result<io::Result<()>, Failed> {
         let buf = &mut r.buf[r.at..r.at + data.len()];
         buf.copy_from_slice(data);
         // data.len() <= BYTES_MAX, far below u32::MAX.
@@ -541,7 +546,7 @@ mod linked {
         let began = std::time::Instant::now();
         loop {
             reap(&mut r.ring, &mut wrote, &mut synced);
-            if (wrote.is_some() && synced.is_some()) || began.elapsed() > YIELD_MAX {
+            if (wrote.is_some() && synced.is_some()) || began.elapsed() >= yield_max {
                 break;
             }
             std::thread::yield_now();
