@@ -554,6 +554,10 @@ async fn reader_loop(
     pong: Bytes,
 ) {
     let mut shutdown = shared.shutdown.subscribe();
+    // One wait for shutdown for the whole loop: a new one per read
+    // registered with the watch (and unregistered) each time.
+    let stopped = shutdown.changed();
+    tokio::pin!(stopped);
     shared.touch();
     let reason = 'conn: loop {
         loop {
@@ -580,7 +584,7 @@ async fn reader_loop(
                 Ok(_) => {}
                 Err(e) => break 'conn format!("read from broker failed: {e}"),
             },
-            _ = shutdown.changed() => return,
+            _ = &mut stopped => return,
         }
     };
     shared.fail(reason);
