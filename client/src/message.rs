@@ -123,15 +123,28 @@ pub(crate) enum Entry {
     Batched(Arc<MessageMetadata>, Record),
     /// A whole entry as it came (not a batch, not a chunk): its blob,
     /// checked whole by `view_message` on arrival, and the owned metadata,
-    /// decoded from it on first use only. The common case of a consumer
-    /// that reads payloads: no allocation per message (issue #6).
+    /// decoded from it on first use only (`entry_metadata`, or a field of
+    /// metadata too large to read again per accessor). The common case of
+    /// a consumer that reads payloads: no allocation per message (issue #6).
     Blob(Bytes, OnceLock<Arc<MessageMetadata>>),
 }
 
+/// Up to this many metadata bytes, a blob entry's accessors read the blob
+/// again (checked: a few tens of ns) rather than decode it (allocating);
+/// beyond, or once decoded, they read the decoded metadata.
+const REREAD_BYTES_MAX: u32 = 256;
+
 impl Entry {
-    /// The blob's view. The blob was checked on arrival and is immutable, so
-    /// this succeeds again; were it ever to fail, the fields read as absent.
-    fn view(blob: &Bytes) -> Option<MessageView<'_>> {
+    /// The blob's view, when reading the blob again is the cheap way to a
+    /// field: a blob entry with small metadata not decoded yet. The blob
+    /// was checked on arrival and is immutable, so this succeeds again;
+    /// were it ever to fail, the decoded metadata (then empty) answers.
+    fn quick_view(&self) -> Option<MessageView<'_>> {
+        let Entry::Blob(blob, cell) = self else { return None };
+        let metadata_len = u32::from_le_bytes(blob.get(..4)?.try_into().ok()?);
+        if cell.get().is_some() || metadata_len > REREAD_BYTES_MAX {
+            return None;
+        }
         magnetar_wire::view_message(blob).ok()
     }
 
@@ -139,7 +152,7 @@ impl Entry {
         match self {
             Entry::Decoded(m) | Entry::Batched(m, _) => m,
             Entry::Blob(blob, cell) => cell.get_or_init(|| {
-                let mut m = Self::view(blob).map(|v| v.to_metadata(blob)).unwrap_or_default();
+                let mut m = magnetar_wire::view_message(blob).map(|v| v.to_metadata(blob)).unwrap_or_default();
                 // The payload was decompressed on arrival.
                 m.compression = magnetar_wire::CompressionType::None;
                 Arc::new(m)
@@ -164,9 +177,9 @@ impl Entry {
 
     /// Messages in the entry.
     pub(crate) fn num_messages(&self) -> u32 {
-        match self {
-            Entry::Decoded(m) | Entry::Batched(m, _) => m.num_messages,
-            Entry::Blob(blob, _) => Self::view(blob).map_or(0, |v| v.num_messages),
+        match self.quick_view() {
+            Some(v) => v.num_messages,
+            None => self.metadata().num_messages,
         }
     }
 }
@@ -253,67 +266,73 @@ impl Message {
     }
 
     pub fn key(&self) -> Option<&str> {
-        match &self.entry {
-            Entry::Batched(_, r) => r.fields.as_ref().and_then(|r| r.partition_key.as_deref()),
-            Entry::Decoded(m) => m.partition_key.as_deref(),
-            Entry::Blob(blob, _) => Entry::view(blob).and_then(|v| v.partition_key),
+        if let Entry::Batched(_, r) = &self.entry {
+            return r.fields.as_ref().and_then(|r| r.partition_key.as_deref());
+        }
+        match self.entry.quick_view() {
+            Some(v) => v.partition_key,
+            None => self.entry.metadata().partition_key.as_deref(),
         }
     }
 
     pub fn ordering_key(&self) -> Option<&Bytes> {
-        match &self.entry {
-            Entry::Batched(_, r) => r.fields.as_ref().and_then(|r| r.ordering_key.as_ref()),
-            Entry::Blob(blob, _) if Entry::view(blob).is_none_or(|v| v.ordering_key.is_none()) => None,
-            entry => entry.metadata().ordering_key.as_ref(),
+        if let Entry::Batched(_, r) = &self.entry {
+            return r.fields.as_ref().and_then(|r| r.ordering_key.as_ref());
         }
+        if self.entry.quick_view().is_some_and(|v| v.ordering_key.is_none()) {
+            return None;
+        }
+        self.entry.metadata().ordering_key.as_ref()
     }
 
     pub fn properties(&self) -> &[(String, String)] {
-        match &self.entry {
-            Entry::Batched(_, r) => r.fields.as_ref().map_or(&[], |r| r.properties.as_slice()),
-            Entry::Blob(blob, _) if Entry::view(blob).is_none_or(|v| v.properties.is_empty()) => &[],
-            entry => &entry.metadata().properties,
+        if let Entry::Batched(_, r) = &self.entry {
+            return r.fields.as_ref().map_or(&[], |r| r.properties.as_slice());
         }
+        if self.entry.quick_view().is_some_and(|v| v.properties.is_empty()) {
+            return &[];
+        }
+        &self.entry.metadata().properties
     }
 
     /// The first property with this name.
     pub fn property(&self, name: &str) -> Option<&str> {
-        if let Entry::Blob(blob, _) = &self.entry {
-            return Entry::view(blob)?.properties.iter().find(|(k, _)| *k == name).map(|(_, v)| v);
+        if let Some(v) = self.entry.quick_view() {
+            return v.properties.iter().find(|(k, _)| *k == name).map(|(_, v)| v);
         }
         self.properties().iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
     }
 
     /// When the producer sent it, milliseconds since the Unix epoch.
     pub fn publish_time_ms(&self) -> u64 {
-        match &self.entry {
-            Entry::Blob(blob, _) => Entry::view(blob).map_or(0, |v| v.publish_time_ms),
-            entry => entry.metadata().publish_time_ms,
+        match self.entry.quick_view() {
+            Some(v) => v.publish_time_ms,
+            None => self.entry.metadata().publish_time_ms,
         }
     }
 
     /// The application's event time, if the producer set one.
     pub fn event_time_ms(&self) -> Option<u64> {
-        let at = match &self.entry {
-            Entry::Batched(_, r) => r.event_time_ms,
-            Entry::Blob(blob, _) => Entry::view(blob).map_or(0, |v| v.event_time_ms),
-            Entry::Decoded(m) => m.event_time_ms,
+        let at = match (&self.entry, self.entry.quick_view()) {
+            (Entry::Batched(_, r), _) => r.event_time_ms,
+            (_, Some(v)) => v.event_time_ms,
+            (entry, None) => entry.metadata().event_time_ms,
         };
         (at != 0).then_some(at)
     }
 
     pub fn producer_name(&self) -> &str {
-        match &self.entry {
-            Entry::Blob(blob, _) => Entry::view(blob).map_or("", |v| v.producer_name),
-            entry => &entry.metadata().producer_name,
+        match self.entry.quick_view() {
+            Some(v) => v.producer_name,
+            None => &self.entry.metadata().producer_name,
         }
     }
 
     pub fn sequence_id(&self) -> u64 {
-        match &self.entry {
-            Entry::Batched(_, r) => r.sequence_id,
-            Entry::Blob(blob, _) => Entry::view(blob).map_or(0, |v| v.sequence_id),
-            Entry::Decoded(m) => m.sequence_id,
+        match (&self.entry, self.entry.quick_view()) {
+            (Entry::Batched(_, r), _) => r.sequence_id,
+            (_, Some(v)) => v.sequence_id,
+            (entry, None) => entry.metadata().sequence_id,
         }
     }
 
@@ -322,17 +341,17 @@ impl Message {
     }
 
     pub fn tag(&self) -> Option<&str> {
-        match &self.entry {
-            Entry::Blob(blob, _) => Entry::view(blob).and_then(|v| v.tag),
-            entry => entry.metadata().tag.as_deref(),
+        match self.entry.quick_view() {
+            Some(v) => v.tag,
+            None => self.entry.metadata().tag.as_deref(),
         }
     }
 
     /// When the producer asked it to be delivered, if it is a delayed message.
     pub fn deliver_at_ms(&self) -> Option<u64> {
-        let at = match &self.entry {
-            Entry::Blob(blob, _) => Entry::view(blob).map_or(0, |v| v.deliver_at_ms),
-            entry => entry.metadata().deliver_at_ms,
+        let at = match self.entry.quick_view() {
+            Some(v) => v.deliver_at_ms,
+            None => self.entry.metadata().deliver_at_ms,
         };
         (at != 0).then_some(at)
     }
