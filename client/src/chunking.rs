@@ -12,7 +12,7 @@
 use crate::error::Result;
 use crate::message::Message;
 use bytes::{Bytes, BytesMut};
-use magnetar_wire::{MessageId, MessageMetadata};
+use magnetar_wire::MessageId;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -84,7 +84,7 @@ impl Reassembly {
     /// of order restarts nothing: the group is dropped and its ids returned
     /// in `Err`-free form through `expire`-like acknowledgement by the caller.
     pub(crate) fn feed(&mut self, msg: Message, stray: &mut Vec<MessageId>) -> Result<Fed> {
-        let Some(info) = msg.entry.chunk.clone() else {
+        let Some(info) = msg.entry.metadata().chunk.clone() else {
             let id = msg.id;
             return Ok(Fed::Complete(Box::new(msg), vec![id]));
         };
@@ -126,7 +126,7 @@ impl Reassembly {
         for p in &group.parts {
             joined.extend_from_slice(p);
         }
-        let mut metadata = MessageMetadata::clone(&msg.entry);
+        let mut metadata = msg.entry.metadata().clone();
         let payload =
             crate::compression::decompress(metadata.compression, &joined.freeze(), metadata.uncompressed_size)?;
         metadata.compression = magnetar_wire::CompressionType::None;
@@ -139,7 +139,7 @@ impl Reassembly {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use magnetar_wire::ChunkInfo;
+    use magnetar_wire::{ChunkInfo, MessageMetadata};
 
     fn chunk(uuid: &str, id: u32, of: u32, entry: u64, payload: &'static [u8]) -> Message {
         Message::new(
@@ -165,7 +165,7 @@ mod tests {
                 assert_eq!(&m.payload[..], b"abcd");
                 assert_eq!(m.id, MessageId::new(1, 2, -1, -1));
                 assert_eq!(ids.len(), 2);
-                assert!(m.entry.chunk.is_none());
+                assert!(m.entry.metadata().chunk.is_none());
             }
             Fed::Pending => panic!("incomplete"),
         }

@@ -446,6 +446,7 @@ impl ConsumerBuilder {
             acks,
             batches: std::sync::Mutex::new(HashMap::new()),
             chunks: std::sync::Mutex::new(ChunkState::default()),
+            chunks_out: AtomicBool::new(false),
         };
         consumer.conn.send_command(&Command::Flow { consumer_id, permits: queue }).await?;
         if let Some(r) = &consumer.retry {
@@ -630,6 +631,9 @@ pub struct Consumer {
     /// entries, so an entry is acked only once all its messages are.
     batches: std::sync::Mutex<HashMap<(u64, u64, i32), BatchAcks>>,
     chunks: std::sync::Mutex<ChunkState>,
+    /// Whether `chunks.handed_out` has any (set under its lock): an ack
+    /// looks there only then, without taking the lock per ack otherwise.
+    chunks_out: AtomicBool,
 }
 
 /// A batch handed out: which of its messages are acknowledged, and how
@@ -706,8 +710,9 @@ fn group_sized(
 /// topic: a message of a batch is acknowledged alone (its siblings may not
 /// have reached their limit).
 fn dead_letter_batch_size(msg: &Message) -> Vec<u32> {
-    if msg.id.batch_index >= 0 && msg.entry.num_messages > 1 {
-        vec![msg.entry.num_messages]
+    let size = msg.entry.num_messages();
+    if msg.id.batch_index >= 0 && size > 1 {
+        vec![size]
     } else {
         Vec::new()
     }
@@ -902,10 +907,27 @@ impl Consumer {
     /// counts its permit, reassembles chunks, screens for the dead-letter
     /// topic and tracks batches. `None`: nothing to hand out for it (yet).
     /// Never awaits.
+    ///
+    /// A message that is not a chunk nor due for the dead-letter topic (the
+    /// usual case) is only looked at, not passed through `assemble` and
+    /// `screen` by value: each pass copied it (a `Message` is 160 bytes).
+    #[inline]
     pub(crate) fn accept(&self, delivery: Delivery) -> Option<Delivery> {
         self.after_receive(&delivery);
-        let delivery = self.assemble(delivery)?;
-        let delivery = self.screen(delivery)?;
+        let delivery = match &delivery {
+            Ok(m) if m.entry.is_chunk() => self.assemble(delivery)?,
+            _ => delivery,
+        };
+        let delivery = match &delivery {
+            Ok(m) if self.dead_letter.as_ref().is_some_and(|dl| m.redelivery_count > dl.max_redeliveries) => {
+                self.screen(delivery)?
+            }
+            Ok(m) => {
+                self.tracker.received(m.id);
+                delivery
+            }
+            Err(_) => delivery,
+        };
         self.track_batch(&delivery);
         Some(delivery)
     }
@@ -1160,7 +1182,7 @@ impl Consumer {
     /// are acknowledged so the broker does not keep them.
     fn assemble(&self, delivery: Delivery) -> Option<Delivery> {
         let msg = match delivery {
-            Ok(m) if m.entry.chunk.is_some() => m,
+            Ok(m) if m.entry.is_chunk() => m,
             other => return Some(other),
         };
         let mut stray = Vec::new();
@@ -1170,6 +1192,7 @@ impl Consumer {
             match st.reassembly.feed(msg, &mut stray) {
                 Ok(crate::chunking::Fed::Complete(m, ids)) => {
                     st.handed_out.insert(m.id, ids);
+                    self.chunks_out.store(true, Ordering::Release);
                     Some(Ok(*m))
                 }
                 Ok(crate::chunking::Fed::Pending) => None,
@@ -1197,10 +1220,14 @@ impl Consumer {
 
     fn track_batch(&self, delivery: &Delivery) {
         let Ok(m) = delivery else { return };
-        if m.id.batch_index < 0 || m.entry.num_messages <= 1 {
+        if m.id.batch_index < 0 {
             return;
         }
-        let n = usize::try_from(m.entry.num_messages).unwrap_or(0);
+        let size = m.entry.num_messages();
+        if size <= 1 {
+            return;
+        }
+        let n = usize::try_from(size).unwrap_or(0);
         self.lock_batches().entry((m.id.ledger, m.id.entry, m.id.partition)).or_insert_with(|| {
             // A redelivered batch: messages acknowledged before are not
             // handed out again, and count as acknowledged here.
@@ -1224,16 +1251,20 @@ impl Consumer {
 
     /// `broker_acks`, each handed to `emit` (no list per ack).
     fn broker_acks_each(&self, ack_type: AckType, ids: &[MessageId], mut emit: impl FnMut(MessageId, u32)) {
-        let mut batches = self.lock_batches();
+        // Locked on first need: an individual ack of a message not of a
+        // batch (the usual case) needs no batch bookkeeping.
+        let mut locked = None;
         for id in ids {
-            let chunk_ids = {
+            // The message of `id` was handed out before its ack (by this
+            // thread, or one the application synchronized with), so the
+            // flag set with it is seen here.
+            let chunk_ids = if self.chunks_out.load(Ordering::Acquire) {
                 let mut chunks = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
-                // No hashing when no chunked message is out (the usual case).
-                if chunks.handed_out.is_empty() {
-                    None
-                } else {
-                    chunks.handed_out.remove(id)
-                }
+                let ids = chunks.handed_out.remove(id);
+                self.chunks_out.store(!chunks.handed_out.is_empty(), Ordering::Release);
+                ids
+            } else {
+                None
             };
             if let Some(chunk_ids) = chunk_ids {
                 if ack_type == AckType::Individual {
@@ -1243,6 +1274,11 @@ impl Consumer {
                     continue;
                 }
             }
+            if ack_type == AckType::Individual && id.batch_index < 0 {
+                emit(*id, 0);
+                continue;
+            }
+            let batches = locked.get_or_insert_with(|| self.lock_batches());
             let key = (id.ledger, id.entry, id.partition);
             if ack_type == AckType::Cumulative {
                 batches.retain(|(l, e, p), _| !(*p == id.partition && (*l, *e) < (id.ledger, id.entry)));

@@ -189,4 +189,10 @@ const _: fn() = || {
     assert_send_sync::<Consumer>();
     assert_send_sync::<SendFuture>();
     assert_send_sync::<ClientError>();
+    // And their futures can be spawned.
+    fn _receive_is_send(m: &MultiTopicConsumer, c: &Consumer) {
+        fn send<T: Send>(_: T) {}
+        send(m.receive());
+        send(c.receive());
+    }
 };

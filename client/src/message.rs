@@ -1,8 +1,8 @@
 //! Messages as the application sees them: what it sends and what it receives.
 
 use bytes::Bytes;
-use magnetar_wire::{MessageId, MessageMetadata};
-use std::sync::Arc;
+use magnetar_wire::{MessageId, MessageMetadata, MessageView};
+use std::sync::{Arc, OnceLock};
 
 /// A message to publish. Build it with [`OutgoingMessage::new`] and the
 /// `with_*` methods:
@@ -107,17 +107,111 @@ pub struct Message {
     /// acknowledged: bit i (of word i / 64) set = message i of the batch was
     /// acknowledged and is not handed out again. Empty otherwise.
     pub ack_set: Vec<u64>,
-    /// The entry's metadata (shared by a batch's messages).
-    pub(crate) entry: Arc<MessageMetadata>,
-    /// A batch message's key, ordering key and properties (`None` when it
-    /// has none, or when the message is not of a batch: then they are the
-    /// entry's). Boxed: most messages have none, and a `Message` is moved
-    /// through the consumer's queue by value.
-    pub(crate) record: Option<Box<RecordFields>>,
+    /// The entry's metadata (shared by a batch's messages), and a batch
+    /// message's own fields.
+    pub(crate) entry: Entry,
+}
+
+/// Where a received message's metadata is.
+#[derive(Clone)]
+pub(crate) enum Entry {
+    /// Decoded: a chunk, a reassembled chunked message, a message built by
+    /// hand.
+    Decoded(Arc<MessageMetadata>),
+    /// A message of a batch: the entry's metadata, shared with its
+    /// siblings, and its record's fields.
+    Batched(Arc<MessageMetadata>, Record),
+    /// A whole entry as it came (not a batch, not a chunk): its blob,
+    /// checked whole by `view_message` on arrival, and the owned metadata,
+    /// decoded from it on first use only (`entry_metadata`, or a field of
+    /// metadata too large to read again per accessor). The common case of
+    /// a consumer that reads payloads: no allocation per message (issue #6).
+    Blob(Bytes, OnceLock<Arc<MessageMetadata>>),
+}
+
+/// Up to this many metadata bytes, a blob entry's accessors read the blob
+/// again (checked: a few tens of ns) rather than decode it (allocating);
+/// beyond, or once decoded, they read the decoded metadata.
+const REREAD_BYTES_MAX: u32 = 256;
+
+impl Entry {
+    /// The blob's view, when reading the blob again is the cheap way to a
+    /// field: a blob entry with small metadata not decoded yet. The blob
+    /// was checked on arrival and is immutable, so this succeeds again;
+    /// were it ever to fail, the decoded metadata (then empty) answers.
+    fn quick_view(&self) -> Option<MessageView<'_>> {
+        let Entry::Blob(blob, cell) = self else { return None };
+        let metadata_len = u32::from_le_bytes(blob.get(..4)?.try_into().ok()?);
+        if cell.get().is_some() || metadata_len > REREAD_BYTES_MAX {
+            return None;
+        }
+        magnetar_wire::view_message(blob).ok()
+    }
+
+    pub(crate) fn metadata(&self) -> &MessageMetadata {
+        match self {
+            Entry::Decoded(m) | Entry::Batched(m, _) => m,
+            Entry::Blob(blob, cell) => cell.get_or_init(|| {
+                let mut m = magnetar_wire::view_message(blob).map(|v| v.to_metadata(blob)).unwrap_or_default();
+                // The payload was decompressed on arrival.
+                m.compression = magnetar_wire::CompressionType::None;
+                Arc::new(m)
+            }),
+        }
+    }
+
+    fn record(&self) -> Option<&Record> {
+        match self {
+            Entry::Batched(_, r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Of a chunked message (a blob entry never is).
+    pub(crate) fn is_chunk(&self) -> bool {
+        match self {
+            Entry::Decoded(m) | Entry::Batched(m, _) => m.chunk.is_some(),
+            Entry::Blob(..) => false,
+        }
+    }
+
+    /// Messages in the entry.
+    pub(crate) fn num_messages(&self) -> u32 {
+        match self.quick_view() {
+            Some(v) => v.num_messages,
+            None => self.metadata().num_messages,
+        }
+    }
+}
+
+impl std::fmt::Debug for Entry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("Entry");
+        d.field("metadata", self.metadata());
+        if let Some(r) = self.record() {
+            d.field("record", r);
+        }
+        d.finish()
+    }
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        matches!(self, Entry::Batched(..)) == matches!(other, Entry::Batched(..))
+            && self.record() == other.record()
+            && self.metadata() == other.metadata()
+    }
+}
+
+/// A batch message's own fields.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(crate) struct Record {
+    /// Its key, ordering key and properties (`None` when it has none).
+    /// Boxed: most messages have none, and a `Message` is moved through the
+    /// consumer's queue by value.
+    pub(crate) fields: Option<Box<RecordFields>>,
     pub(crate) sequence_id: u64,
     pub(crate) event_time_ms: u64,
-    /// Of a batch (`record` holds its own fields, not the entry's).
-    pub(crate) batched: bool,
 }
 
 /// A batch message's own variable-length fields.
@@ -142,18 +236,13 @@ impl Message {
         payload: Bytes,
         redelivery_count: u32,
     ) -> Self {
-        Self {
-            id,
-            topic,
-            payload,
-            redelivery_count,
-            ack_set: Vec::new(),
-            sequence_id: entry.sequence_id,
-            event_time_ms: entry.event_time_ms,
-            entry,
-            record: None,
-            batched: false,
-        }
+        Self { id, topic, payload, redelivery_count, ack_set: Vec::new(), entry: Entry::Decoded(entry) }
+    }
+
+    /// A whole entry (not a batch, not a chunk): `blob`, checked by
+    /// `view_message`; `payload` is its payload, decompressed.
+    pub(crate) fn of_blob(id: MessageId, topic: Arc<str>, blob: Bytes, payload: Bytes, redelivery_count: u32) -> Self {
+        Self { id, topic, payload, redelivery_count, ack_set: Vec::new(), entry: Entry::Blob(blob, OnceLock::new()) }
     }
 
     pub fn id(&self) -> MessageId {
@@ -173,54 +262,78 @@ impl Message {
     /// batch, its key, ordering key, properties, event time and sequence id
     /// there are not its own (use [`Message::key`] and the other accessors).
     pub fn entry_metadata(&self) -> &MessageMetadata {
-        &self.entry
+        self.entry.metadata()
     }
 
     pub fn key(&self) -> Option<&str> {
-        if self.batched {
-            self.record.as_ref().and_then(|r| r.partition_key.as_deref())
-        } else {
-            self.entry.partition_key.as_deref()
+        if let Entry::Batched(_, r) = &self.entry {
+            return r.fields.as_ref().and_then(|r| r.partition_key.as_deref());
+        }
+        match self.entry.quick_view() {
+            Some(v) => v.partition_key,
+            None => self.entry.metadata().partition_key.as_deref(),
         }
     }
 
     pub fn ordering_key(&self) -> Option<&Bytes> {
-        if self.batched {
-            self.record.as_ref().and_then(|r| r.ordering_key.as_ref())
-        } else {
-            self.entry.ordering_key.as_ref()
+        if let Entry::Batched(_, r) = &self.entry {
+            return r.fields.as_ref().and_then(|r| r.ordering_key.as_ref());
         }
+        if self.entry.quick_view().is_some_and(|v| v.ordering_key.is_none()) {
+            return None;
+        }
+        self.entry.metadata().ordering_key.as_ref()
     }
 
     pub fn properties(&self) -> &[(String, String)] {
-        if self.batched {
-            self.record.as_ref().map_or(&[], |r| r.properties.as_slice())
-        } else {
-            &self.entry.properties
+        if let Entry::Batched(_, r) = &self.entry {
+            return r.fields.as_ref().map_or(&[], |r| r.properties.as_slice());
         }
+        if self.entry.quick_view().is_some_and(|v| v.properties.is_empty()) {
+            return &[];
+        }
+        &self.entry.metadata().properties
     }
 
     /// The first property with this name.
     pub fn property(&self, name: &str) -> Option<&str> {
+        if let Some(v) = self.entry.quick_view() {
+            return v.properties.iter().find(|(k, _)| *k == name).map(|(_, v)| v);
+        }
         self.properties().iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
     }
 
     /// When the producer sent it, milliseconds since the Unix epoch.
     pub fn publish_time_ms(&self) -> u64 {
-        self.entry.publish_time_ms
+        match self.entry.quick_view() {
+            Some(v) => v.publish_time_ms,
+            None => self.entry.metadata().publish_time_ms,
+        }
     }
 
     /// The application's event time, if the producer set one.
     pub fn event_time_ms(&self) -> Option<u64> {
-        (self.event_time_ms != 0).then_some(self.event_time_ms)
+        let at = match (&self.entry, self.entry.quick_view()) {
+            (Entry::Batched(_, r), _) => r.event_time_ms,
+            (_, Some(v)) => v.event_time_ms,
+            (entry, None) => entry.metadata().event_time_ms,
+        };
+        (at != 0).then_some(at)
     }
 
     pub fn producer_name(&self) -> &str {
-        &self.entry.producer_name
+        match self.entry.quick_view() {
+            Some(v) => v.producer_name,
+            None => &self.entry.metadata().producer_name,
+        }
     }
 
     pub fn sequence_id(&self) -> u64 {
-        self.sequence_id
+        match (&self.entry, self.entry.quick_view()) {
+            (Entry::Batched(_, r), _) => r.sequence_id,
+            (_, Some(v)) => v.sequence_id,
+            (entry, None) => entry.metadata().sequence_id,
+        }
     }
 
     pub fn redelivery_count(&self) -> u32 {
@@ -228,17 +341,24 @@ impl Message {
     }
 
     pub fn tag(&self) -> Option<&str> {
-        self.entry.tag.as_deref()
+        match self.entry.quick_view() {
+            Some(v) => v.tag,
+            None => self.entry.metadata().tag.as_deref(),
+        }
     }
 
     /// When the producer asked it to be delivered, if it is a delayed message.
     pub fn deliver_at_ms(&self) -> Option<u64> {
-        (self.entry.deliver_at_ms != 0).then_some(self.entry.deliver_at_ms)
+        let at = match self.entry.quick_view() {
+            Some(v) => v.deliver_at_ms,
+            None => self.entry.metadata().deliver_at_ms,
+        };
+        (at != 0).then_some(at)
     }
 
     /// Messages in the entry this message came in (1 unless batched).
     pub fn batch_size(&self) -> u32 {
-        self.entry.num_messages
+        self.entry.num_messages()
     }
 }
 
@@ -250,5 +370,6 @@ mod tests {
     fn a_received_message_stays_small() {
         // It is moved by value through the consumer's queue per message.
         assert!(std::mem::size_of::<Message>() <= 160, "{}", std::mem::size_of::<Message>());
+        println!("Message: {} bytes", std::mem::size_of::<Message>());
     }
 }

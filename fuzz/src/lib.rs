@@ -49,7 +49,14 @@ pub fn wire_frame(data: &[u8]) {
 /// (`magnetar_wire::batch`): what a producer sends and a consumer unpacks.
 pub fn wire_message(data: &[u8]) {
     let _ = magnetar_wire::peek_message(data);
-    if let Ok((meta, payload)) = magnetar_wire::decode_message(&Bytes::copy_from_slice(data)) {
+    let blob = Bytes::copy_from_slice(data);
+    let decoded = magnetar_wire::decode_message(&blob);
+    // The consumer's allocation-free reader accepts exactly what the
+    // verifying decoder accepts, and reads the same (a panic here is a
+    // divergence, not bad input).
+    let viewed = magnetar_wire::view_message(&blob).map(|v| (v.to_metadata(&blob), blob.slice(v.payload_offset..)));
+    assert_eq!(viewed, decoded, "view_message and decode_message disagree");
+    if let Ok((meta, payload)) = decoded {
         let _ = magnetar_wire::decode_batch(&payload, meta.num_messages);
     }
     // The bytes as a batch payload, for a count taken from their first byte.

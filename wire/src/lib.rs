@@ -49,7 +49,7 @@ pub use frame::{
 };
 pub use message::{
     decode_message, encode_message, encode_message_into, peek_for_delivery, peek_message, peek_publish_time_and_key,
-    DeliveryPeek, MessagePeek, MESSAGE_HEADER_BYTES,
+    view_message, ChunkView, DeliveryPeek, MessagePeek, MessageView, PropertiesView, MESSAGE_HEADER_BYTES,
 };
 pub use types::*;
 

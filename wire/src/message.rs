@@ -350,3 +350,373 @@ fn metadata_from_fb(meta: &fb::MessageMetadata<'_>, blob: &Bytes) -> Result<Mess
         tag: meta.tag().map(str::to_owned),
     })
 }
+
+/// A message blob's metadata, checked whole and borrowed from the blob:
+/// what [`decode_message`] decodes, without allocating. See [`view_message`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MessageView<'a> {
+    pub producer_name: &'a str,
+    pub sequence_id: u64,
+    pub publish_time_ms: u64,
+    pub event_time_ms: u64,
+    pub partition_key: Option<&'a str>,
+    pub ordering_key: Option<&'a [u8]>,
+    pub properties: PropertiesView<'a>,
+    pub num_messages: u32,
+    pub deliver_at_ms: u64,
+    pub compression: CompressionType,
+    pub uncompressed_size: u32,
+    pub chunk: Option<ChunkView<'a>>,
+    pub tag: Option<&'a str>,
+    /// Where the payload starts in the blob.
+    pub payload_offset: usize,
+    /// Where the ordering key lies in the blob (for a zero-copy slice).
+    ordering_key_at: Option<(usize, usize)>,
+}
+
+/// [`MessageView`]'s chunk fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkView<'a> {
+    pub uuid: &'a str,
+    pub chunk_id: u32,
+    pub num_chunks: u32,
+    pub total_chunk_msg_size: u32,
+}
+
+/// [`MessageView`]'s properties: checked, read on iteration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PropertiesView<'a> {
+    meta: &'a [u8],
+    /// Position of the first element (a `u32` offset) in `meta`.
+    start: usize,
+    len: usize,
+}
+
+impl<'a> PropertiesView<'a> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The `(key, value)` pairs, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
+        let meta = self.meta;
+        let start = self.start;
+        // Checked by `view_message`; with the same bytes every read below
+        // succeeds again (and a failing one would only end the iteration).
+        (0..self.len).map_while(move |i| {
+            let mut w = Walker::unbounded(meta);
+            let elem = start.checked_add(i.checked_mul(4)?)?;
+            let table = w.table_at(elem)?;
+            let key = w.string_field(&table, fb::KeyValue::VT_KEY)?;
+            let value = w.string_field(&table, fb::KeyValue::VT_VALUE)?;
+            Some((key?, value?))
+        })
+    }
+}
+
+impl MessageView<'_> {
+    /// The owned metadata, as [`decode_message`] returns it. `blob` is the
+    /// blob this view was made of (the ordering key is sliced from it).
+    pub fn to_metadata(&self, blob: &Bytes) -> MessageMetadata {
+        MessageMetadata {
+            producer_name: self.producer_name.to_owned(),
+            sequence_id: self.sequence_id,
+            publish_time_ms: self.publish_time_ms,
+            event_time_ms: self.event_time_ms,
+            partition_key: self.partition_key.map(str::to_owned),
+            ordering_key: self.ordering_key_at.and_then(|(from, to)| (to <= blob.len()).then(|| blob.slice(from..to))),
+            properties: self.properties.iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect(),
+            num_messages: self.num_messages,
+            deliver_at_ms: self.deliver_at_ms,
+            compression: self.compression,
+            uncompressed_size: self.uncompressed_size,
+            chunk: self.chunk.map(|c| ChunkInfo {
+                uuid: c.uuid.to_owned(),
+                chunk_id: c.chunk_id,
+                num_chunks: c.num_chunks,
+                total_chunk_msg_size: c.total_chunk_msg_size,
+            }),
+            tag: self.tag.map(str::to_owned),
+        }
+    }
+}
+
+/// Check a blob and borrow its metadata: accepts exactly the blobs
+/// [`decode_message`] accepts (same error when not; a test compares the two
+/// on mutated blobs) and reads the same values, but allocates nothing.
+///
+/// For the consumer's per-message path: the flatbuffers verifier and the
+/// owned strings of [`decode_message`] were a large part of a client's CPU
+/// per received message (issue #6). The check is the verifier's, written
+/// out for this one table (alignment, bounds, UTF-8 and terminators of
+/// strings, the verifier's size and table limits), in safe code; on any
+/// failure the verifier itself is run for the error.
+pub fn view_message(blob: &[u8]) -> Result<MessageView<'_>, WireError> {
+    let (meta, payload_offset) = split_blob(blob)?;
+    match walk_metadata(meta, payload_offset) {
+        Some(view) => Ok(view),
+        None => Err(metadata_error(meta)),
+    }
+}
+
+/// The error [`decode_message`] gives for metadata `meta` that the walker
+/// refused.
+#[cold]
+fn metadata_error(meta: &[u8]) -> WireError {
+    let fail = WireError::Truncated { what: "message metadata", offset: 0, need: 0, have: len_u64(meta.len()) };
+    let m = match verify_metadata(meta) {
+        Ok(m) => m,
+        Err(e) => return e,
+    };
+    // The semantic checks of `metadata_from_fb`, in its order.
+    if let Some(props) = m.properties() {
+        for kv in props.iter() {
+            if kv.key().is_none() {
+                return WireError::MissingField("KeyValue.key");
+            }
+            if kv.value().is_none() {
+                return WireError::MissingField("KeyValue.value");
+            }
+        }
+    }
+    if m.chunk().is_some_and(|c| c.uuid().is_none()) {
+        return WireError::MissingField("ChunkInfo.uuid");
+    }
+    if m.producer_name().is_none() {
+        return WireError::MissingField("MessageMetadata.producer_name");
+    }
+    if let Err(e) = compression_from_fb(m.compression()) {
+        return e;
+    }
+    // Not reached unless the walker refuses what the verifier accepts.
+    fail
+}
+
+/// A table position, its vtable and the vtable's length.
+struct TablePos {
+    pos: usize,
+    vtable: usize,
+    vtable_len: usize,
+}
+
+/// The flatbuffers verifier's checks, by hand: every read is aligned (to
+/// the type's size, from the buffer's start), in bounds, and counted
+/// against the apparent-size and table limits of `verifier_options`.
+struct Walker<'a> {
+    buf: &'a [u8],
+    apparent: usize,
+    apparent_max: usize,
+    tables: usize,
+}
+
+impl<'a> Walker<'a> {
+    fn new(buf: &'a [u8]) -> Self {
+        let opts = verifier_options(buf.len());
+        Walker { buf, apparent: 0, apparent_max: opts.max_apparent_size, tables: 0 }
+    }
+
+    /// For re-reading what was checked already.
+    fn unbounded(buf: &'a [u8]) -> Self {
+        Walker { buf, apparent: 0, apparent_max: usize::MAX, tables: 0 }
+    }
+
+    fn range(&mut self, pos: usize, size: usize) -> Option<()> {
+        if pos.saturating_add(size) > self.buf.len() {
+            return None;
+        }
+        self.apparent = self.apparent.saturating_add(size);
+        (self.apparent <= self.apparent_max).then_some(())
+    }
+
+    fn bytes<const N: usize>(&mut self, pos: usize) -> Option<[u8; N]> {
+        if !pos.is_multiple_of(N) {
+            return None;
+        }
+        self.range(pos, N)?;
+        self.buf.get(pos..pos.checked_add(N)?)?.try_into().ok()
+    }
+
+    fn u16(&mut self, pos: usize) -> Option<u16> {
+        self.bytes::<2>(pos).map(u16::from_le_bytes)
+    }
+
+    fn u32(&mut self, pos: usize) -> Option<u32> {
+        self.bytes::<4>(pos).map(u32::from_le_bytes)
+    }
+
+    fn u64(&mut self, pos: usize) -> Option<u64> {
+        self.bytes::<8>(pos).map(u64::from_le_bytes)
+    }
+
+    /// Follows the `u32` offset at `pos`.
+    fn uoffset(&mut self, pos: usize) -> Option<usize> {
+        let off = usize::try_from(self.u32(pos)?).ok()?;
+        Some(off.saturating_add(pos))
+    }
+
+    fn table(&mut self, pos: usize) -> Option<TablePos> {
+        let soffset = i32::from_le_bytes(self.bytes::<4>(pos)?);
+        let magnitude = usize::try_from(soffset.unsigned_abs()).ok()?;
+        let vtable = if soffset > 0 { pos.checked_sub(magnitude) } else { pos.checked_add(magnitude) }?;
+        if vtable >= self.buf.len() {
+            return None;
+        }
+        let vtable_len = usize::from(self.u16(vtable)?);
+        if !vtable.saturating_add(vtable_len).is_multiple_of(2) {
+            return None;
+        }
+        self.range(vtable, vtable_len)?;
+        self.tables += 1;
+        (self.tables <= crate::FLATBUFFER_TABLES_MAX).then_some(TablePos { pos, vtable, vtable_len })
+    }
+
+    /// The table at the offset at `pos`.
+    fn table_at(&mut self, pos: usize) -> Option<TablePos> {
+        let at = self.uoffset(pos)?;
+        self.table(at)
+    }
+
+    /// The string field `voffset` of `t`; `Some(None)` when absent.
+    fn string_field(&mut self, t: &TablePos, voffset: u16) -> Option<Option<&'a str>> {
+        let field = self.field(t, voffset)?;
+        self.string(field)
+    }
+
+    /// Where field `voffset` of `t` lives; `Some(None)` when absent.
+    fn field(&mut self, t: &TablePos, voffset: u16) -> Option<Option<usize>> {
+        let voffset = usize::from(voffset);
+        if voffset >= t.vtable_len {
+            return Some(None);
+        }
+        match self.u16(t.vtable.saturating_add(voffset))? {
+            0 => Some(None),
+            off => Some(Some(t.pos.saturating_add(usize::from(off)))),
+        }
+    }
+
+    /// A vector of `elem_size`-byte elements at the offset at `pos`: the
+    /// position of its first element and its length.
+    fn vector(&mut self, pos: usize, elem_size: usize) -> Option<(usize, usize)> {
+        let at = self.uoffset(pos)?;
+        let len = usize::try_from(self.u32(at)?).ok()?;
+        let start = at.saturating_add(4);
+        if !start.is_multiple_of(elem_size) {
+            return None;
+        }
+        self.range(start, len.saturating_mul(elem_size))?;
+        Some((start, len))
+    }
+
+    fn byte_vector(&mut self, field: Option<usize>) -> Option<Option<(usize, usize)>> {
+        let Some(pos) = field else { return Some(None) };
+        let (start, len) = self.vector(pos, 1)?;
+        Some(Some((start, start.checked_add(len)?)))
+    }
+
+    fn string(&mut self, field: Option<usize>) -> Option<Option<&'a str>> {
+        let Some((start, end)) = self.byte_vector(field)? else { return Some(None) };
+        // The terminator, as the verifier wants it.
+        if self.buf.get(end) != Some(&0) {
+            return None;
+        }
+        std::str::from_utf8(self.buf.get(start..end)?).ok().map(Some)
+    }
+
+    fn scalar_u32(&mut self, field: Option<usize>) -> Option<u32> {
+        field.map_or(Some(0), |pos| self.u32(pos))
+    }
+
+    fn scalar_u64(&mut self, field: Option<usize>) -> Option<u64> {
+        field.map_or(Some(0), |pos| self.u64(pos))
+    }
+}
+
+/// [`view_message`]'s walk of the metadata `meta`; `None` on anything
+/// [`decode_message`] would refuse.
+fn walk_metadata(meta: &[u8], payload_offset: usize) -> Option<MessageView<'_>> {
+    use fb::MessageMetadata as M;
+    let mut w = Walker::new(meta);
+    let t = w.table_at(0)?;
+    let producer_name = w.field(&t, M::VT_PRODUCER_NAME)?;
+    let producer_name = w.string(producer_name)?;
+    let f = w.field(&t, M::VT_SEQUENCE_ID)?;
+    let sequence_id = w.scalar_u64(f)?;
+    let f = w.field(&t, M::VT_PUBLISH_TIME_MS)?;
+    let publish_time_ms = w.scalar_u64(f)?;
+    let f = w.field(&t, M::VT_EVENT_TIME_MS)?;
+    let event_time_ms = w.scalar_u64(f)?;
+    let f = w.field(&t, M::VT_PARTITION_KEY)?;
+    let partition_key = w.string(f)?;
+    let f = w.field(&t, M::VT_ORDERING_KEY)?;
+    let ordering_key_range = w.byte_vector(f)?;
+    let properties = match w.field(&t, M::VT_PROPERTIES)? {
+        None => PropertiesView { meta, start: 0, len: 0 },
+        Some(pos) => {
+            let (start, len) = w.vector(pos, 4)?;
+            for i in 0..len {
+                let kv = w.table_at(start.checked_add(i.checked_mul(4)?)?)?;
+                w.string_field(&kv, fb::KeyValue::VT_KEY)??;
+                w.string_field(&kv, fb::KeyValue::VT_VALUE)??;
+            }
+            PropertiesView { meta, start, len }
+        }
+    };
+    let f = w.field(&t, M::VT_NUM_MESSAGES)?;
+    let num_messages = w.scalar_u32(f)?;
+    let f = w.field(&t, M::VT_DELIVER_AT_MS)?;
+    let deliver_at_ms = w.scalar_u64(f)?;
+    let compression = match w.field(&t, M::VT_COMPRESSION)? {
+        None => CompressionType::None,
+        Some(pos) => {
+            w.range(pos, 1)?;
+            compression_from_fb(fb::CompressionType(*meta.get(pos)?)).ok()?
+        }
+    };
+    let f = w.field(&t, M::VT_UNCOMPRESSED_SIZE)?;
+    let uncompressed_size = w.scalar_u32(f)?;
+    let chunk = match w.field(&t, M::VT_CHUNK)? {
+        None => None,
+        Some(pos) => {
+            let c = w.table_at(pos)?;
+            let uuid = w.string_field(&c, fb::ChunkInfo::VT_UUID)??;
+            let f = w.field(&c, fb::ChunkInfo::VT_CHUNK_ID)?;
+            let chunk_id = w.scalar_u32(f)?;
+            let f = w.field(&c, fb::ChunkInfo::VT_NUM_CHUNKS)?;
+            let num_chunks = w.scalar_u32(f)?;
+            let f = w.field(&c, fb::ChunkInfo::VT_TOTAL_CHUNK_MSG_SIZE)?;
+            let total_chunk_msg_size = w.scalar_u32(f)?;
+            Some(ChunkView { uuid, chunk_id, num_chunks, total_chunk_msg_size })
+        }
+    };
+    let f = w.field(&t, M::VT_TAG)?;
+    let tag = w.string(f)?;
+    let ordering_key = match ordering_key_range {
+        Some((from, to)) => Some(meta.get(from..to)?),
+        None => None,
+    };
+    // Offsets in the blob: the metadata starts after its length field.
+    let ordering_key_at = ordering_key_range
+        .map(|(from, to)| Some((from.checked_add(MESSAGE_HEADER_BYTES)?, to.checked_add(MESSAGE_HEADER_BYTES)?)))
+        .map_or(Some(None), |r| r.map(Some))?;
+    Some(MessageView {
+        producer_name: producer_name?,
+        sequence_id,
+        publish_time_ms,
+        event_time_ms,
+        partition_key,
+        ordering_key,
+        properties,
+        num_messages,
+        deliver_at_ms,
+        compression,
+        uncompressed_size,
+        chunk,
+        tag,
+        payload_offset,
+        ordering_key_at,
+    })
+}
