@@ -131,6 +131,59 @@ pub const LONE_BATCH_BYTES_MAX: u64 = 16 << 10;
 pub const LONE_STREAK_MIN: u32 = 4;
 /// See [`LogConfig::lone_sync_max`].
 pub const LONE_PAUSE_BATCHES: u32 = 1024;
+
+/// A stretch of log [`EntryLog::read_run`] reads or read from disk: runs
+/// that start inside it wait for it instead of reading the same bytes.
+#[derive(Default)]
+struct SpanRead {
+    /// `Some(Some(bytes))` once read in full; `Some(None)` if the read
+    /// failed or came back short (waiters read for themselves).
+    done: RefCell<Option<Option<Bytes>>>,
+    waiters: RefCell<Vec<std::task::Waker>>,
+}
+
+impl SpanRead {
+    fn finish(&self, bytes: Option<Bytes>) {
+        *self.done.borrow_mut() = Some(bytes);
+        for w in self.waiters.borrow_mut().drain(..) {
+            w.wake();
+        }
+    }
+
+    async fn wait(&self) -> Option<Bytes> {
+        std::future::poll_fn(|cx| match &*self.done.borrow() {
+            Some(b) => std::task::Poll::Ready(b.clone()),
+            None => {
+                self.waiters.borrow_mut().push(cx.waker().clone());
+                std::task::Poll::Pending
+            }
+        })
+        .await
+    }
+}
+
+/// Finishes a [`SpanRead`] as failed if its reader is dropped first.
+struct SpanGuard(Option<Rc<SpanRead>>);
+
+impl Drop for SpanGuard {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.take() {
+            s.finish(None);
+        }
+    }
+}
+
+/// Stretches of log read by [`EntryLog::read_run`] kept for the next runs
+/// (of at most its `max_bytes` each: 1 MiB from the dispatcher). The
+/// partitions of one shard share its log, so a run of one partition's
+/// entries reads the other partitions' records between them too: without
+/// these, two partitions catching up read every byte twice (1 GiB
+/// catch-up: the disk read ~2.4x what was delivered).
+pub const SPANS_KEPT: usize = 8;
+/// [`EntryLog::read_run`] starts a disk read at a multiple of this (log
+/// position, within the segment), up to this much before the run's first
+/// record: see [`SPANS_KEPT`].
+pub const SPAN_ALIGN: u64 = 128 << 10;
 /// See [`LogConfig::lone_sync_max`]: lone batches in a row, each written and
 /// synced through the reactor within `lone_sync_max`, that end a pause
 /// early. On a disk whose lone requests are slow only now and then (other
@@ -379,6 +432,10 @@ pub(crate) struct State<F> {
     cache_bytes: usize,
     /// Read cache: entries read from disk (and read ahead), FIFO-evicted.
     rcache: HashMap<(u64, u64), Bytes>,
+    /// The last [`SPANS_KEPT`] stretches of log that [`EntryLog::read_run`]
+    /// read from disk, as (log position of their first byte, bytes): all
+    /// durable, so never changed (log positions are never reused).
+    spans: std::collections::VecDeque<(u64, u64, Rc<SpanRead>)>,
     rcache_fifo: VecDeque<((u64, u64), usize)>,
     rcache_bytes: usize,
     /// Last entry read from disk per ledger, to detect sequential reads.
@@ -457,6 +514,7 @@ impl<F> State<F> {
             cache_fifo: VecDeque::new(),
             cache_bytes: 0,
             rcache: HashMap::new(),
+            spans: std::collections::VecDeque::new(),
             rcache_fifo: VecDeque::new(),
             rcache_bytes: 0,
             last_disk_read: HashMap::new(),
@@ -1610,13 +1668,15 @@ impl<D: Disk> EntryLog<D> {
     /// entries that follow in the same segment (other ledgers' records in
     /// between are read and skipped, as by the read-ahead), each verified
     /// (the run ends before one that fails: reading it again reports the
-    /// damage). The bodies read from disk are slices of one buffer and do
+    /// damage). A run whose first record lies in a stretch of log an earlier
+    /// run read, or is reading ([`SPANS_KEPT`]), takes its bytes from there
+    /// and ends where that stretch ends. The bodies read from disk are slices of one buffer and do
     /// not go through the read cache: a sequential reader that keeps its
     /// own run pays neither a copy nor a hash insert and eviction per
     /// entry (issue #6: about a third of the broker's catch-up CPU went there).
     pub async fn read_run(&self, ledger: u64, entry: u64, max_entries: usize, max_bytes: usize) -> Result<Vec<Bytes>> {
         let max_entries = max_entries.max(1);
-        let (seg, first, run) = {
+        let (seg, first, run, kept) = {
             let mut st = self.sh.st.borrow_mut();
             let st = &mut *st;
             let l = readable_ledger(st, ledger, entry)?;
@@ -1639,9 +1699,20 @@ impl<D: Disk> EntryLog<D> {
                 return Ok(out);
             }
             let (ie, seg) = locate(st, l, ledger, entry)?;
+            let first_end = ie.position + (RECORD_HEADER_BYTES as u64) + ie.body_len as u64;
+            // A stretch read for another run (usually another partition's)
+            // that holds the first record: the run stays within it.
+            let kept = st
+                .spans
+                .iter()
+                .find(|(at, len, _)| *at <= ie.position && first_end <= at + len)
+                .map(|(at, len, read)| (*at, *len, read.clone()));
             let mut run = vec![ie];
-            let limit = ie.position.saturating_add(max_bytes as u64);
-            let mut prev_end = ie.position + (RECORD_HEADER_BYTES as u64) + ie.body_len as u64;
+            let mut limit = ie.position.saturating_add(max_bytes as u64);
+            if let Some((at, len, _)) = &kept {
+                limit = limit.min(at + len);
+            }
+            let mut prev_end = first_end;
             for e in l.index.iter().skip(entry as usize + 1).take(max_entries - 1) {
                 let end = e.position + (RECORD_HEADER_BYTES as u64) + e.body_len as u64;
                 // Compaction can move an entry out of log order: stop there.
@@ -1651,14 +1722,51 @@ impl<D: Disk> EntryLog<D> {
                 prev_end = end;
                 run.push(*e);
             }
-            st.disk_reads += 1;
-            (seg, ie, run)
+            if kept.is_none() {
+                st.disk_reads += 1;
+            }
+            (seg, ie, run, kept)
         };
         let off = first.position - seg.start;
         let span =
             run.last().map_or(0, |e| e.position + (RECORD_HEADER_BYTES as u64) + e.body_len as u64) - first.position;
-        let raw = seg.file.read_at(off, span as usize).await.map_err(self.sh.io("read entry", &seg.path))?;
-        let raw = Bytes::from(raw);
+        let shared = match &kept {
+            Some((at, _, read)) => read.wait().await.map(|b| b.slice((first.position - at) as usize..)),
+            None => None,
+        };
+        let raw = match shared {
+            Some(raw) => raw,
+            None => {
+                // From a SPAN_ALIGN boundary (within the segment): another
+                // partition's reader a few records behind this one then
+                // finds its first record inside this read. Announced before
+                // the read, so runs that start inside it while it is in
+                // flight wait for it.
+                let from = (first.position / SPAN_ALIGN * SPAN_ALIGN).max(seg.start);
+                let len = first.position + span - from;
+                let read = Rc::new(SpanRead::default());
+                {
+                    let mut st = self.sh.st.borrow_mut();
+                    if st.spans.len() == SPANS_KEPT {
+                        st.spans.pop_front();
+                    }
+                    st.spans.push_back((from, len, read.clone()));
+                }
+                let mut guard = SpanGuard(Some(read));
+                let raw = seg
+                    .file
+                    .read_at(from - seg.start, len as usize)
+                    .await
+                    .map_err(self.sh.io("read entry", &seg.path))?;
+                let raw = Bytes::from(raw);
+                // Only what the disk gave back in full is shared.
+                if let Some(read) = guard.0.take() {
+                    read.finish((raw.len() as u64 == len).then(|| raw.clone()));
+                }
+                // Short: the checks below report what is missing.
+                raw.slice(((first.position - from) as usize).min(raw.len())..)
+            }
+        };
         let mut out = Vec::with_capacity(run.len());
         for (i, e) in run.iter().enumerate() {
             let s = (e.position - first.position) as usize;
