@@ -976,6 +976,33 @@ fn libc_einval() -> i32 {
     22
 }
 
+/// Body of entry `i` of `ledger` in the interleaved-ledger tests.
+fn interleaved_body(ledger: u64, i: u64) -> Bytes {
+    Bytes::from(vec![(ledger * 100 + i % 100) as u8; 1000])
+}
+
+/// A simulated disk whose log (1 MiB segments) holds `n` entries of each of
+/// ledgers 1 and 2, appended alternately (two partitions of one shard), a
+/// durable wait every `every` pairs; closed. Returns the disk and config.
+async fn interleaved_log(n: u64, every: u64) -> (SimDisk, LogConfig) {
+    let disk = SimDisk::new();
+    let mut cfg = small_config("/s");
+    cfg.segment_bytes = 1 << 20;
+    let (log, _) = EntryLog::open_with(disk.clone(), cfg.clone()).await.unwrap();
+    let mut last = 0;
+    for i in 0..n {
+        for ledger in [1u64, 2] {
+            last = log.append(ledger, interleaved_body(ledger, i)).unwrap().lsn;
+        }
+        if i % every == 0 {
+            log.wait_durable(last).await.unwrap();
+        }
+    }
+    log.wait_durable(last).await.unwrap();
+    log.close().await.unwrap();
+    (disk, cfg)
+}
+
 /// Goal: two ledgers whose records interleave in the log (two partitions
 /// of one shard), read run by run in step as two catching-up consumers do,
 /// get every entry right while the disk is read about once, not once per
@@ -987,22 +1014,8 @@ fn libc_einval() -> i32 {
 #[test]
 fn read_run_shares_disk_reads_between_interleaved_ledgers() {
     run(30, || async {
-        let disk = SimDisk::new();
-        let mut cfg = small_config("/s");
-        cfg.segment_bytes = 1 << 20;
-        let (log, _) = EntryLog::open_with(disk.clone(), cfg.clone()).await.unwrap();
-        let body = |ledger: u64, i: u64| Bytes::from(vec![(ledger * 100 + i % 100) as u8; 1000]);
-        let mut last = 0;
-        for i in 0..400u64 {
-            for ledger in [1u64, 2] {
-                last = log.append(ledger, body(ledger, i)).unwrap().lsn;
-            }
-            if i % 7 == 0 {
-                log.wait_durable(last).await.unwrap();
-            }
-        }
-        log.wait_durable(last).await.unwrap();
-        log.close().await.unwrap();
+        let (disk, cfg) = interleaved_log(400, 7).await;
+        let body = interleaved_body;
 
         // One ledger alone, run by run.
         let (log, _) = EntryLog::open_with(disk.clone(), cfg.clone()).await.unwrap();
@@ -1063,22 +1076,8 @@ fn read_run_shares_disk_reads_between_interleaved_ledgers() {
 #[test]
 fn read_run_in_step_across_segments() {
     run(60, || async {
-        let disk = SimDisk::new();
-        let mut cfg = small_config("/s");
-        cfg.segment_bytes = 1 << 20;
-        let (log, _) = EntryLog::open_with(disk.clone(), cfg.clone()).await.unwrap();
-        let body = |ledger: u64, i: u64| Bytes::from(vec![(ledger * 100 + i % 100) as u8; 1000]);
-        let mut last = 0;
-        for i in 0..1500u64 {
-            for ledger in [1u64, 2] {
-                last = log.append(ledger, body(ledger, i)).unwrap().lsn;
-            }
-            if i % 4 == 0 {
-                log.wait_durable(last).await.unwrap();
-            }
-        }
-        log.wait_durable(last).await.unwrap();
-        log.close().await.unwrap();
+        let (disk, cfg) = interleaved_log(1500, 4).await;
+        let body = interleaved_body;
         let (log, _) = EntryLog::open_with(disk.clone(), cfg.clone()).await.unwrap();
         let mut i = 0;
         let mut n = 0;
