@@ -962,18 +962,13 @@ fn dma_write_buf_and_sync_failure_returns_an_error() {
         };
         file.write_buf_and_sync(0, page(1)).await.unwrap();
         let e = file.write_buf_and_sync((1u64 << 63) - PAGE_BYTES, page(2)).await.unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(libc_einval()), "{e}");
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
         file.write_buf_and_sync(PAGE_BYTES, page(3)).await.unwrap();
         let data = file.read_at(0, 2 * PAGE_BYTES as usize).await.unwrap();
         assert!(
             data[..PAGE_BYTES as usize].iter().all(|&b| b == 1) && data[PAGE_BYTES as usize..].iter().all(|&b| b == 3)
         );
     });
-}
-
-/// EINVAL on Linux.
-fn libc_einval() -> i32 {
-    22
 }
 
 /// Body of entry `i` of `ledger` in the interleaved-ledger tests.
@@ -1003,6 +998,51 @@ async fn interleaved_log(n: u64, every: u64) -> (SimDisk, LogConfig) {
     (disk, cfg)
 }
 
+/// Reads entries `0..n` of ledger 1 run by run (`max_entries`, `max_bytes`
+/// per run), checking each; returns the number of runs. Every run must
+/// make progress: a reader that stops advancing fails instead of looping.
+async fn read_alone(log: &EntryLog<SimDisk>, n: u64, max_entries: usize, max_bytes: usize) -> u64 {
+    let (mut i, mut runs) = (0u64, 0u64);
+    while i < n {
+        let run = log.read_run(1, i, max_entries, max_bytes).await.unwrap();
+        assert!(!run.is_empty(), "an empty run at {i}");
+        for b in run {
+            assert_eq!(b, interleaved_body(1, i), "ledger 1 entry {i}");
+            i += 1;
+        }
+        runs += 1;
+    }
+    runs
+}
+
+/// Reads entries `0..n` of ledgers 1 and 2 in step, as two catching-up
+/// consumers do: one run of each awaited together per step, each entry
+/// checked; returns the number of steps. Every step must advance a reader.
+async fn read_in_step(log: &EntryLog<SimDisk>, n: u64, max_entries: usize, max_bytes: usize) -> u64 {
+    let mut next = [0u64, 0];
+    let mut steps = 0;
+    while next.iter().any(|&e| e < n) {
+        let run_of = |ledger: u64, from: u64| async move {
+            if from < n {
+                log.read_run(ledger, from, max_entries, max_bytes).await.unwrap()
+            } else {
+                Vec::new()
+            }
+        };
+        let (r1, r2) = futures_lite::future::zip(run_of(1, next[0]), run_of(2, next[1])).await;
+        assert!(!r1.is_empty() || !r2.is_empty(), "no progress at {next:?}");
+        for (k, run) in [r1, r2].into_iter().enumerate() {
+            let ledger = k as u64 + 1;
+            for b in run {
+                assert_eq!(b, interleaved_body(ledger, next[k]), "ledger {ledger} entry {}", next[k]);
+                next[k] += 1;
+            }
+        }
+        steps += 1;
+    }
+    steps
+}
+
 /// Goal: two ledgers whose records interleave in the log (two partitions
 /// of one shard), read run by run in step as two catching-up consumers do,
 /// get every entry right while the disk is read about once, not once per
@@ -1015,53 +1055,17 @@ async fn interleaved_log(n: u64, every: u64) -> (SimDisk, LogConfig) {
 fn read_run_shares_disk_reads_between_interleaved_ledgers() {
     run(30, || async {
         let (disk, cfg) = interleaved_log(400, 7).await;
-        let body = interleaved_body;
 
-        // One ledger alone, run by run.
         let (log, _) = EntryLog::open_with(disk.clone(), cfg.clone()).await.unwrap();
         let (_, before) = log.read_stats();
-        let mut i = 0;
-        while i < 400 {
-            for b in log.read_run(1, i, 64, 64 << 10).await.unwrap() {
-                assert_eq!(b, body(1, i), "ledger 1 entry {i}");
-                i += 1;
-            }
-        }
-        let (_, after) = log.read_stats();
-        let alone = after - before;
+        read_alone(&log, 400, 64, 64 << 10).await;
+        let alone = log.read_stats().1 - before;
         log.close().await.unwrap();
 
-        // Both, in step.
         let (log, _) = EntryLog::open_with(disk.clone(), cfg.clone()).await.unwrap();
         let (_, before) = log.read_stats();
-        let (mut next1, mut next2) = (0u64, 0u64);
-        while next1 < 400 || next2 < 400 {
-            let one = async {
-                if next1 < 400 {
-                    log.read_run(1, next1, 64, 64 << 10).await.unwrap()
-                } else {
-                    Vec::new()
-                }
-            };
-            let two = async {
-                if next2 < 400 {
-                    log.read_run(2, next2, 64, 64 << 10).await.unwrap()
-                } else {
-                    Vec::new()
-                }
-            };
-            let (r1, r2) = futures_lite::future::zip(one, two).await;
-            for b in r1 {
-                assert_eq!(b, body(1, next1), "ledger 1 entry {next1}");
-                next1 += 1;
-            }
-            for b in r2 {
-                assert_eq!(b, body(2, next2), "ledger 2 entry {next2}");
-                next2 += 1;
-            }
-        }
-        let (_, after) = log.read_stats();
-        let both = after - before;
+        read_in_step(&log, 400, 64, 64 << 10).await;
+        let both = log.read_stats().1 - before;
         println!("disk reads: one ledger alone {alone}, both in step {both}");
         assert!(both * 2 < alone * 3, "both ledgers took {both} disk reads, one alone {alone}");
         log.close().await.unwrap();
@@ -1077,60 +1081,12 @@ fn read_run_shares_disk_reads_between_interleaved_ledgers() {
 fn read_run_in_step_across_segments() {
     run(60, || async {
         let (disk, cfg) = interleaved_log(1500, 4).await;
-        let body = interleaved_body;
         let (log, _) = EntryLog::open_with(disk.clone(), cfg.clone()).await.unwrap();
-        let mut i = 0;
-        let mut n = 0;
-        while i < 1500 {
-            let r = log.read_run(1, i, 256, 1 << 20).await.unwrap();
-            n += 1;
-            if n < 20 || n % 1000 == 0 {
-                eprintln!("run from {i}: {} entries", r.len());
-            }
-            for b in r {
-                assert_eq!(b, body(1, i), "ledger 1 entry {i}");
-                i += 1;
-            }
-            if n > 5000 {
-                panic!("stuck at {i}");
-            }
-        }
+        let runs = read_alone(&log, 1500, 256, 1 << 20).await;
         log.close().await.unwrap();
         let (log, _) = EntryLog::open_with(disk.clone(), cfg.clone()).await.unwrap();
-        let (mut next1, mut next2) = (0u64, 0u64);
-        let mut n = 0;
-        while next1 < 1500 || next2 < 1500 {
-            let one = async {
-                if next1 < 1500 {
-                    log.read_run(1, next1, 256, 1 << 20).await.unwrap()
-                } else {
-                    Vec::new()
-                }
-            };
-            let two = async {
-                if next2 < 1500 {
-                    log.read_run(2, next2, 256, 1 << 20).await.unwrap()
-                } else {
-                    Vec::new()
-                }
-            };
-            let (r1, r2) = futures_lite::future::zip(one, two).await;
-            n += 1;
-            if n < 30 || n % 1000 == 0 {
-                eprintln!("step {n}: 1 from {next1}: {}, 2 from {next2}: {}", r1.len(), r2.len());
-            }
-            for b in r1 {
-                assert_eq!(b, body(1, next1));
-                next1 += 1;
-            }
-            for b in r2 {
-                assert_eq!(b, body(2, next2));
-                next2 += 1;
-            }
-            if n > 3000 {
-                panic!("stuck at {next1} {next2}");
-            }
-        }
-        println!("in step: {n} steps");
+        let steps = read_in_step(&log, 1500, 256, 1 << 20).await;
+        println!("alone: {runs} runs; in step: {steps} steps");
+        log.close().await.unwrap();
     });
 }
