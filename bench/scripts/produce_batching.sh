@@ -15,15 +15,11 @@ cargo build --release --bin magnetar >&2
 M=$PWD/target/release/magnetar
 mkdir -p "$DIR"
 WORK=$(mktemp -d "$DIR/run.XXXXXX")
-BROKER_PID=
-cleanup() { [ -n "$BROKER_PID" ] && kill "$BROKER_PID" 2>/dev/null; rm -rf "$WORK"; }
-trap cleanup EXIT
+source bench/scripts/broker_lib.sh
+trap 'stop_broker KILL; rm -rf "$WORK"' EXIT
 
-"$M" standalone --data-dir "$WORK/data" --listen 127.0.0.1:0 >"$WORK/broker.out" 2>"$WORK/broker.err" &
-BROKER_PID=$!
-for _ in $(seq 1 100); do grep -q listening "$WORK/broker.out" 2>/dev/null && break; sleep 0.1; done
-ADDR=$(sed -n 's/.*listening on //p' "$WORK/broker.out")
-[ -n "$ADDR" ] || { cat "$WORK/broker.err" >&2; exit 1; }
+start_broker "$WORK/broker" --data-dir "$WORK/data"
+ADDR=$BROKER_ADDR
 
 run() { # label, extra args...
   local label=$1; shift

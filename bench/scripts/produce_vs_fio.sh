@@ -17,19 +17,15 @@ cargo build --release --bin magnetar >&2
 M=$PWD/target/release/magnetar
 mkdir -p "$DIR"
 WORK=$(mktemp -d "$DIR/run.XXXXXX")
-BROKER_PID=
-cleanup() { [ -n "$BROKER_PID" ] && kill "$BROKER_PID" 2>/dev/null; rm -rf "$WORK"; }
-trap cleanup EXIT
+source bench/scripts/broker_lib.sh
+trap 'stop_broker KILL; rm -rf "$WORK"' EXIT
 
 source bench/scripts/fio_lib.sh
 declare -A FIO
 fio_write_limits "$WORK" 256m 4k 64k 1m
 
-"$M" standalone --data-dir "$WORK/data" --listen 127.0.0.1:0 >"$WORK/broker.out" 2>"$WORK/broker.err" &
-BROKER_PID=$!
-for _ in $(seq 1 100); do grep -q listening "$WORK/broker.out" 2>/dev/null && break; sleep 0.1; done
-ADDR=$(sed -n 's/.*listening on //p' "$WORK/broker.out")
-[ -n "$ADDR" ] || { cat "$WORK/broker.err" >&2; exit 1; }
+start_broker "$WORK/broker" --data-dir "$WORK/data"
+ADDR=$BROKER_ADDR
 SUMMARY=$("$M" produce persistent://public/default/bench --url "$ADDR" --count "$COUNT" --size 1024 \
   --max-pending "$PENDING" 2>&1 >/dev/null | tail -1)
 echo "magnetar produce 1 KiB x $COUNT, max-pending $PENDING: $SUMMARY"

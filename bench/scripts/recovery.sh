@@ -29,20 +29,15 @@ SHARDS=${SHARDS:-2}
 M=$PWD/target/release/magnetar
 D=$BASE/data
 rm -rf "$BASE"; mkdir -p "$BASE"
-trap 'kill -9 "${PID:-}" 2>/dev/null || true; rm -rf "$BASE"' EXIT
+source bench/scripts/broker_lib.sh
+trap 'stop_broker KILL; rm -rf "$BASE"' EXIT
 
 start() { # label
-  # The previous broker's "listening on" must not be read for this one's.
-  rm -f "$BASE/out"
-  "$M" standalone --data-dir "$D" --listen 127.0.0.1:0 --shards "$SHARDS" --no-pin --disk-refuse-pct 100 \
-    > "$BASE/out" 2> "$BASE/err.$1" &
-  PID=$!
-  for _ in $(seq 6000); do grep -q "listening on" "$BASE/out" 2>/dev/null && break; sleep 0.1; done
-  ADDR=$(sed -n 's/.*listening on //p' "$BASE/out")
-  [ -n "$ADDR" ] || { echo "broker did not start:"; cat "$BASE/err.$1"; exit 1; }
+  BROKER_WAIT_S=600 start_broker "$BASE/$1" --data-dir "$D" --shards "$SHARDS" --no-pin --disk-refuse-pct 100 || exit 1
+  PID=$BROKER_PID ADDR=$BROKER_ADDR
 }
 report() { # label
-  local log; log=$(sed 's/\x1b\[[0-9;]*m//g' "$BASE/err.$1")
+  local log; log=$(sed 's/\x1b\[[0-9;]*m//g' "$BASE/$1.err")
   local ready; ready=$(grep "broker ready" <<<"$log" | sed -n 's/.*start_ms=\([0-9]*\).*/\1/p')
   printf '%-14s data %6s MiB  start %6s ms |' "$1" "$(( $(du -sm "$D" | cut -f1) ))" "$ready"
   grep "recovered entry log" <<<"$log" | while read -r l; do
@@ -59,8 +54,8 @@ fill() {
   done
   wait $(jobs -p | grep -v "^$PID\$") 2>/dev/null || true
 }
-kill9() { kill -9 "$PID"; wait "$PID" 2>/dev/null || true; }
-term() { kill -TERM "$PID"; wait "$PID" 2>/dev/null || true; }
+kill9() { stop_broker KILL; }
+term() { stop_broker TERM; }
 
 start fresh
 "$M" admin --url "$ADDR" namespaces set-retention public/default --minutes -1 --size-mb -1

@@ -11,17 +11,15 @@ cd "$(dirname "$0")/../.."
 ROUNDS=${1:-3}
 BASE=${2:-$PWD/target/rollover-bench}
 M=$PWD/target/release/magnetar
+source bench/scripts/broker_lib.sh
+trap 'stop_broker KILL' EXIT
 run() { # label extra-args...
   local label=$1; shift
   local d=$BASE/$label; rm -rf "$d"; mkdir -p "$d"
-  "$M" standalone --data-dir "$d/data" --listen 127.0.0.1:0 --shards 1 --no-pin --disk-refuse-pct 100 "$@" \
-    > "$d/out" 2> "$d/err" &
-  local pid=$!
-  for _ in $(seq 200); do grep -q "listening on" "$d/out" 2>/dev/null && break; sleep 0.1; done
-  local addr; addr=$(sed -n 's/.*listening on //p' "$d/out")
-  local line; line=$("$M" produce bench-t --count 200000 --size 1024 --max-pending 1000 --url "$addr" 2>&1 | grep "msg/s" | tail -1)
-  echo "$label: $(grep -c 'ledger rolled over' "$d/err" || true) rollovers; ${line%%, last id*}"
-  kill "$pid"; wait "$pid" 2>/dev/null || true
+  start_broker "$d/broker" --data-dir "$d/data" --shards 1 --no-pin --disk-refuse-pct 100 "$@"
+  local line; line=$("$M" produce bench-t --count 200000 --size 1024 --max-pending 1000 --url "$BROKER_ADDR" 2>&1 | grep "msg/s" | tail -1)
+  echo "$label: $(grep -c 'ledger rolled over' "$d/broker.err" || true) rollovers; ${line%%, last id*}"
+  stop_broker
   rm -rf "$d"
 }
 for _ in $(seq "$ROUNDS"); do

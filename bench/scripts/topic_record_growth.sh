@@ -16,26 +16,24 @@ COUNT=${1:-20000}
 SIZE=${2:-100}
 BASE=$PWD/target/record-growth
 M=$PWD/target/release/magnetar
-trap 'rm -rf "$BASE"' EXIT
+source bench/scripts/broker_lib.sh
+trap 'stop_broker KILL; rm -rf "$BASE"' EXIT
 run() { # label extra-args...
   local label=$1; shift
   local d=$BASE/$label; rm -rf "$d"; mkdir -p "$d"
-  "$M" standalone --data-dir "$d/data" --listen 127.0.0.1:0 --shards 1 --no-pin --disk-refuse-pct 100 "$@" \
-    > "$d/out" 2> "$d/err" &
-  local pid=$!
-  for _ in $(seq 200); do grep -q "listening on" "$d/out" 2>/dev/null && break; sleep 0.1; done
-  local addr; addr=$(sed -n 's/.*listening on //p' "$d/out")
+  start_broker "$d/broker" --data-dir "$d/data" --shards 1 --no-pin --disk-refuse-pct 100 "$@"
+  local pid=$BROKER_PID addr=$BROKER_ADDR
   "$M" admin --url "$addr" namespaces set-retention public/default --minutes -1 --size-mb -1
   local before; before=$(sed -n 's/^write_bytes: //p' "/proc/$pid/io")
   "$M" produce growth --count "$COUNT" --size "$SIZE" --max-pending 1000 --url "$addr" > /dev/null 2>&1
   local after; after=$(sed -n 's/^write_bytes: //p' "/proc/$pid/io")
-  local rolls; rolls=$(grep -c 'ledger rolled over' "$d/err" || true)
+  local rolls; rolls=$(grep -c 'ledger rolled over' "$d/broker.err" || true)
   # Rollover k (k = 1..rolls) writes a record of k+1 ledgers.
   local predicted=$(( rolls * 5 + 48 * ((rolls + 1) * (rolls + 2) / 2 - 1) ))
   printf '%-12s %6d rollovers  written %8.1f MiB  topic records %8.1f MiB  payload %6.1f MiB\n' \
     "$label" "$rolls" "$(echo "($after - $before) / 1048576" | bc -l)" "$(echo "$predicted / 1048576" | bc -l)" \
     "$(echo "$COUNT * $SIZE / 1048576" | bc -l)"
-  kill "$pid"; wait "$pid" 2>/dev/null || true
+  stop_broker
   rm -rf "$d"
 }
 echo "machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg) (shared)"
