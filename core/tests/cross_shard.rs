@@ -10,8 +10,6 @@ use bytes::Bytes;
 use glommio::channels::local_channel;
 use magnetar_core::{ownership, Broker, BrokerConfig, ConsumerEvent, TopicName};
 use magnetar_wire::{encode_message, AckType, MessageMetadata};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 fn topic_on_shard(shard: u32, salt: &str) -> String {
@@ -48,25 +46,7 @@ where
     F: Fn(Broker) -> Fut + Send + Clone + Sync + 'static,
     Fut: std::future::Future<Output = ()> + 'static,
 {
-    let shutdown = Arc::new(AtomicBool::new(false));
-    let (done_tx, done_rx) = mpsc::channel();
-    let stop = shutdown.clone();
-    let running = magnetar_core::launch(config(dir), shutdown.clone(), move |broker: Broker| {
-        let scenario = scenario.clone();
-        let done_tx = done_tx.clone();
-        async move {
-            if broker.shard_id() == 0 {
-                scenario(broker).await;
-                let _ = done_tx.send(());
-            }
-            std::future::pending::<()>().await
-        }
-    })
-    .unwrap();
-    let r = done_rx.recv_timeout(Duration::from_secs(60));
-    stop.store(true, Ordering::SeqCst);
-    running.join().unwrap();
-    r.expect("scenario timed out or failed (see panic above)");
+    common::run_on_shard0(config(dir), scenario);
 }
 
 thread_local! {

@@ -12,8 +12,8 @@ use glommio::channels::local_channel;
 use magnetar_core::disk_watch::DiskWatermarks;
 use magnetar_core::{Broker, BrokerConfig, ConsumerEvent};
 use magnetar_wire::{encode_message, ErrorCode, MessageMetadata};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 fn blob(seq: u64) -> Bytes {
@@ -42,11 +42,8 @@ fn produce_refused_at_the_watermark_while_consumers_read() {
         usage: Some(Arc::new(move |_| Ok((u.load(Ordering::SeqCst), 100)))),
         ..DiskWatermarks::default()
     };
-    let shutdown = Arc::new(AtomicBool::new(false));
-    let (done_tx, done_rx) = mpsc::channel();
-    let running = magnetar_core::launch(c, shutdown.clone(), move |broker: Broker| {
+    common::run_on_shard0(c, move |broker: Broker| {
         let used_pct = used_pct.clone();
-        let done_tx = done_tx.clone();
         async move {
             let topic = "persistent://public/default/wm";
             let p = broker.create_producer(topic, "p").await.unwrap();
@@ -81,15 +78,8 @@ fn produce_refused_at_the_watermark_while_consumers_read() {
             glommio::timer::sleep(Duration::from_millis(100)).await;
             let id = broker.send(&p, 3, 1, blob(3)).await.unwrap();
             assert_eq!(id.entry, 3);
-            let _ = done_tx.send(());
-            std::future::pending::<()>().await
         }
-    })
-    .unwrap();
-    let r = done_rx.recv_timeout(Duration::from_secs(60));
-    shutdown.store(true, Ordering::SeqCst);
-    running.join().unwrap();
-    r.expect("scenario timed out or failed (see panic above)");
+    });
 
     // The core passed publish time and key hash to the index.
     let img = magnetar_storage::inspect::ShardImage::load(
@@ -142,60 +132,44 @@ fn retention_frees_space_and_produce_resumes_by_itself() {
         usage: Some(Arc::new(move |_| Ok((dir_bytes(&data), 48 << 20)))),
         ..DiskWatermarks::default()
     };
-    let shutdown = Arc::new(AtomicBool::new(false));
-    let (done_tx, done_rx) = mpsc::channel();
-    let running = magnetar_core::launch(c, shutdown.clone(), move |broker: Broker| {
-        let done_tx = done_tx.clone();
-        async move {
-            let topic = "persistent://public/default/fill";
-            let (tx, _rx) = local_channel::new_unbounded();
-            let sink = broker.register_sink(tx);
-            let consumer = broker.subscribe(common::exclusive_from_earliest(topic), sink).await.unwrap();
-            let p = broker.create_producer(topic, "p").await.unwrap();
-            let body = Bytes::from(vec![7u8; 64 << 10]);
-            let fill = |seq: u64| {
-                let meta = MessageMetadata {
-                    producer_name: "p".into(),
-                    sequence_id: seq,
-                    num_messages: 1,
-                    ..Default::default()
-                };
-                encode_message(&meta, &body)
-            };
-            let mut last = None;
-            let mut refused = false;
-            for seq in 0..2000u64 {
-                match broker.send(&p, seq, 1, fill(seq)).await {
-                    Ok(id) => last = Some(id),
-                    Err(e) if e.code == ErrorCode::StorageFull => {
-                        refused = true;
-                        break;
-                    }
-                    Err(e) => panic!("{e}"),
-                }
-            }
-            assert!(refused, "the disk never filled");
-            let last = last.unwrap();
-            assert!(last.ledger > 1024 * 10, "many ledgers rolled: {last}");
-            broker.ack(&consumer, magnetar_wire::AckType::Cumulative, vec![last], true).await.unwrap();
-            let mut resumed = false;
-            for _ in 0..200 {
-                glommio::timer::sleep(Duration::from_millis(50)).await;
-                if broker.send(&p, 9999, 1, fill(9999)).await.is_ok() {
-                    resumed = true;
+    common::run_on_shard0(c, move |broker: Broker| async move {
+        let topic = "persistent://public/default/fill";
+        let (tx, _rx) = local_channel::new_unbounded();
+        let sink = broker.register_sink(tx);
+        let consumer = broker.subscribe(common::exclusive_from_earliest(topic), sink).await.unwrap();
+        let p = broker.create_producer(topic, "p").await.unwrap();
+        let body = Bytes::from(vec![7u8; 64 << 10]);
+        let fill = |seq: u64| {
+            let meta =
+                MessageMetadata { producer_name: "p".into(), sequence_id: seq, num_messages: 1, ..Default::default() };
+            encode_message(&meta, &body)
+        };
+        let mut last = None;
+        let mut refused = false;
+        for seq in 0..2000u64 {
+            match broker.send(&p, seq, 1, fill(seq)).await {
+                Ok(id) => last = Some(id),
+                Err(e) if e.code == ErrorCode::StorageFull => {
+                    refused = true;
                     break;
                 }
+                Err(e) => panic!("{e}"),
             }
-            assert!(resumed, "produce did not resume within 10 s");
-            let _ = done_tx.send(());
-            std::future::pending::<()>().await
         }
-    })
-    .unwrap();
-    let r = done_rx.recv_timeout(Duration::from_secs(60));
-    shutdown.store(true, Ordering::SeqCst);
-    running.join().unwrap();
-    r.expect("scenario timed out or failed (see panic above)");
+        assert!(refused, "the disk never filled");
+        let last = last.unwrap();
+        assert!(last.ledger > 1024 * 10, "many ledgers rolled: {last}");
+        broker.ack(&consumer, magnetar_wire::AckType::Cumulative, vec![last], true).await.unwrap();
+        let mut resumed = false;
+        for _ in 0..200 {
+            glommio::timer::sleep(Duration::from_millis(50)).await;
+            if broker.send(&p, 9999, 1, fill(9999)).await.is_ok() {
+                resumed = true;
+                break;
+            }
+        }
+        assert!(resumed, "produce did not resume within 10 s");
+    });
 }
 
 #[test]

@@ -1,7 +1,10 @@
 //! Helpers shared by the core integration tests.
 
-use magnetar_core::SubscribeRequest;
+use magnetar_core::{Broker, BrokerConfig, SubscribeRequest};
 use magnetar_wire::{InitialPosition, SubscriptionType};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
 
 /// A durable Exclusive subscription `s` from the earliest entry, consumer 1.
 pub fn exclusive_from_earliest(topic: &str) -> SubscribeRequest {
@@ -17,4 +20,32 @@ pub fn exclusive_from_earliest(topic: &str) -> SubscribeRequest {
         filter_tag: String::new(),
         key_shared_ranges: Vec::new(),
     }
+}
+
+/// Runs `scenario` on shard 0 of a fresh broker made from `config`, then
+/// shuts the broker down; fails if the scenario panics or takes over 60 s.
+#[allow(dead_code)] // not every test file runs scenarios
+pub fn run_on_shard0<F, Fut>(config: BrokerConfig, scenario: F)
+where
+    F: Fn(Broker) -> Fut + Send + Clone + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let (done_tx, done_rx) = mpsc::channel();
+    let running = magnetar_core::launch(config, shutdown.clone(), move |broker: Broker| {
+        let scenario = scenario.clone();
+        let done_tx = done_tx.clone();
+        async move {
+            if broker.shard_id() == 0 {
+                scenario(broker).await;
+                let _ = done_tx.send(());
+            }
+            std::future::pending::<()>().await
+        }
+    })
+    .expect("broker starts");
+    let r = done_rx.recv_timeout(Duration::from_secs(60));
+    shutdown.store(true, Ordering::SeqCst);
+    running.join().expect("broker shuts down");
+    r.expect("scenario timed out or failed (see panic above)");
 }
