@@ -432,7 +432,21 @@ mod linked {
         STATE.with(|s| {
             let mut s = s.borrow_mut();
             if matches!(*s, State::Untried) {
-                *s = match IoUring::new(4) {
+                // COOP_TASKRUN: the write's completion work (which issues
+                // the linked fdatasync) waits for this thread's next return
+                // from the kernel instead of being pushed to it by an
+                // interrupt. The thread returns from `sched_yield` over and
+                // over, or sleeps in this ring (the kernel still wakes a
+                // sleeper), so nothing is held back, and a shard on another
+                // CPU than the disk's interrupt is spared an IPI per
+                // message. Measured: small, near this machine's noise (one
+                // at a time on shard 0, three runs: p50 0.95-1.02x, msg/s
+                // 1.01-1.18x; bench/README.md, seventh session). Never for
+                // the file rings (`chained`): a shard busy in user code
+                // would hold their fdatasync back until its next syscall.
+                // Kernels before 5.19 lack the flag: a plain ring then.
+                let ring = IoUring::builder().setup_coop_taskrun().build(4).or_else(|_| IoUring::new(4));
+                *s = match ring {
                     Ok(ring) => {
                         let buf = vec![0u8; BYTES_MAX + PAGE_BYTES as usize];
                         // align_offset may, in principle, say it cannot align
