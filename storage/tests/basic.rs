@@ -349,9 +349,8 @@ fn slow_lone_requests_pause_the_blocking_path() {
 /// set, against a bound of 500 ms (in-memory requests take microseconds).
 #[test]
 fn lone_pause_ends_after_a_run_of_fast_requests() {
-    let disk = SimDisk::new();
-    let d = disk.clone();
     run(60, move || async move {
+        let d = SimDisk::new();
         let mut cfg = small_config("/s");
         cfg.segment_bytes = 1 << 20;
         cfg.zero_ahead_bytes = 0;
@@ -406,7 +405,6 @@ fn lone_pause_ends_after_a_run_of_fast_requests() {
             assert_eq!(&log.read(1, i as u64).await.unwrap(), b, "entry {i}");
         }
     });
-    drop(disk);
 }
 
 /// Goal: a data directory on tmpfs (no O_DIRECT, no durability) is refused
