@@ -1073,18 +1073,27 @@ fn read_run_shares_disk_reads_between_interleaved_ledgers() {
 /// Goal: runs of a few hundred entries (stretches read from 128 KiB
 /// boundaries, shared between two interleaved ledgers) across segment
 /// boundaries return every entry right and always make progress, read
-/// alone or in step. Method: the simulated disk, 1 MiB segments, 1,500
-/// entries of each ledger appended alternately, runs of up to 256.
+/// alone or in step. Method: the simulated disk, 1 MiB segments, entries of
+/// each ledger appended alternately (1,500 with a durable wait every 4
+/// pairs: small batches; 3,000 every 50: the shape that once hung, see
+/// below), runs of up to 256 entries or 1 MiB. A reader stuck in place
+/// fails the progress checks of `read_alone` / `read_in_step`; a task that
+/// spins without returning to the executor fails `run`'s watch.
+/// (Grid run on this code, none hung or failed: 2,000 / 3,000 / 5,000
+/// entries x a wait every 1 / 7 / 50 / 200 x runs of 16 / 64 / 256 x
+/// 64 KiB / 1 MiB, with 64 KiB, 256 KiB, 1 MiB and 4 MiB segments.)
 #[test]
 fn read_run_in_step_across_segments() {
     run(60, || async {
-        let (disk, cfg) = interleaved_log(1500, 4).await;
-        let (log, _) = EntryLog::open_with(disk.clone(), cfg.clone()).await.unwrap();
-        let runs = read_alone(&log, 1500, 256, 1 << 20).await;
-        log.close().await.unwrap();
-        let (log, _) = EntryLog::open_with(disk.clone(), cfg.clone()).await.unwrap();
-        let steps = read_in_step(&log, 1500, 256, 1 << 20).await;
-        println!("alone: {runs} runs; in step: {steps} steps");
-        log.close().await.unwrap();
+        for (n, every) in [(1500, 4), (3000, 50)] {
+            let (disk, cfg) = interleaved_log(n, every).await;
+            let (log, _) = EntryLog::open_with(disk.clone(), cfg.clone()).await.unwrap();
+            let runs = read_alone(&log, n, 256, 1 << 20).await;
+            log.close().await.unwrap();
+            let (log, _) = EntryLog::open_with(disk.clone(), cfg.clone()).await.unwrap();
+            let steps = read_in_step(&log, n, 256, 1 << 20).await;
+            println!("{n} entries, a wait every {every}: alone {runs} runs; in step {steps} steps");
+            log.close().await.unwrap();
+        }
     });
 }
