@@ -188,9 +188,10 @@ impl Drop for SpanGuard {
 /// these, two partitions catching up read every byte twice (1 GiB
 /// catch-up: the disk read ~2.4x what was delivered).
 pub const SPANS_KEPT: usize = 8;
-/// [`EntryLog::read_run`] starts a disk read at a multiple of this (log
-/// position, within the segment), up to this much before the run's first
-/// record: see [`SPANS_KEPT`].
+/// [`EntryLog::read_run`] widens a disk read back from the run's first
+/// record by less than this: to where the nearest kept stretch before it
+/// ends, else to a multiple of this (log position, within the segment).
+/// See [`SPANS_KEPT`].
 pub const SPAN_ALIGN: u64 = 128 << 10;
 /// See [`LogConfig::lone_sync_max`]: lone batches in a row, each written and
 /// synced through the reactor within `lone_sync_max`, that end a pause
@@ -1754,25 +1755,38 @@ impl<D: Disk> EntryLog<D> {
         let raw = match shared {
             Some(raw) => raw,
             None => {
-                // From a SPAN_ALIGN boundary (within the segment): another
-                // partition's reader a few records behind this one then
-                // finds its first record inside this read. Announced before
-                // the read, so runs that start inside it while it is in
-                // flight wait for it.
-                // (A short run, of few permits, may read several times what
-                // it needs this way; a sequential reader alone re-reads up
-                // to SPAN_ALIGN per run: not measured, left for later.)
-                let from = (first.position / SPAN_ALIGN * SPAN_ALIGN).max(seg.start);
-                let len = first.position + span - from;
-                self.sh.st.borrow_mut().disk_reads += 1;
-                let read = Rc::new(SpanRead::default());
-                {
+                // Widened back (within the segment) so that another
+                // partition's reader a few records behind this one finds
+                // its first record inside this read: to where the kept
+                // stretch nearest before the first record ends, if less
+                // than SPAN_ALIGN before it (readers that took their last
+                // run from that stretch continue from its end: a reader
+                // alone re-reads nothing, and of two in step the one
+                // polled second finds the other's read however their
+                // first records lie), else to a SPAN_ALIGN boundary.
+                // Announced before the read, so runs that start inside it
+                // while it is in flight wait for it.
+                let (from, len, read) = {
                     let mut st = self.sh.st.borrow_mut();
+                    let joined = st
+                        .spans
+                        .iter()
+                        .map(|(at, len, read)| (at + len, read))
+                        .filter(|(end, read)| {
+                            *end <= first.position && first.position - end < SPAN_ALIGN && !read.failed()
+                        })
+                        .map(|(end, _)| end)
+                        .max();
+                    let from = joined.unwrap_or(first.position / SPAN_ALIGN * SPAN_ALIGN).max(seg.start);
+                    let len = first.position + span - from;
+                    st.disk_reads += 1;
+                    let read = Rc::new(SpanRead::default());
                     if st.spans.len() == SPANS_KEPT {
                         st.spans.pop_front();
                     }
                     st.spans.push_back((from, len, read.clone()));
-                }
+                    (from, len, read)
+                };
                 let mut guard = SpanGuard(Some(read));
                 let raw = match seg.file.read_at(from - seg.start, len as usize).await {
                     Ok(raw) => raw,
