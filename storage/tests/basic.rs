@@ -1153,3 +1153,44 @@ fn read_run_reads_each_log_byte_once() {
         }
     });
 }
+
+/// Goal: the stretches of log kept for read_run (up to ~9 MiB a shard) are
+/// released once reading goes idle, by the periodic checkpoint (no timer of
+/// their own), not while runs use them, and reading goes on right after.
+/// Method: the simulated disk, `read_span_idle` 1 s, a checkpoint every
+/// 100 ms; two interleaved ledgers read in step part of the way; the kept
+/// stretches watched every 50 ms until they go.
+#[test]
+fn read_run_releases_kept_stretches_when_idle() {
+    run(30, || async {
+        let (disk, mut cfg) = interleaved_log(400, 7).await;
+        cfg.checkpoint_interval = Duration::from_millis(100);
+        cfg.read_span_idle = Duration::from_secs(1);
+        let (log, _) = EntryLog::open_with(disk.clone(), cfg.clone()).await.unwrap();
+        let mut next = [0u64, 0];
+        for _ in 0..3 {
+            for (k, ledger) in [1u64, 2].into_iter().enumerate() {
+                next[k] += log.read_run(ledger, next[k], 64, 64 << 10).await.unwrap().len() as u64;
+            }
+        }
+        let read_at = std::time::Instant::now();
+        let (kept, held) = log.read_spans();
+        assert!(kept > 0 && held > 0, "nothing kept after reading: {kept} stretches, {held} bytes");
+        log.checkpoint().await.unwrap();
+        assert_eq!(log.read_spans(), (kept, held), "released by a checkpoint right after reading");
+        while log.read_spans().0 > 0 {
+            assert!(read_at.elapsed() < Duration::from_secs(5), "still kept: {:?}", log.read_spans());
+            glommio::timer::sleep(Duration::from_millis(50)).await;
+        }
+        let idle = read_at.elapsed();
+        println!("{kept} stretches ({held} bytes) released {idle:?} after the last run");
+        assert!(idle >= Duration::from_secs(1), "released after {idle:?}, before read_span_idle");
+        for (k, ledger) in [1u64, 2].into_iter().enumerate() {
+            for (i, b) in log.read_run(ledger, next[k], 64, 64 << 10).await.unwrap().into_iter().enumerate() {
+                assert_eq!(b, interleaved_body(ledger, next[k] + i as u64));
+            }
+        }
+        assert!(log.read_spans().0 > 0);
+        log.close().await.unwrap();
+    });
+}
