@@ -225,13 +225,36 @@ impl Disk for DmaDisk {
         }
         let probe = dir.join(".dma-probe");
         // Blocking, once per device and thread, at open time.
-        std::fs::write(&probe, vec![0xa5u8; PAGE_BYTES as usize])?;
-        let opened = OpenOptions::new().read(true).dma_open(&probe).await;
+        let file = match std::fs::write(&probe, vec![0xa5u8; PAGE_BYTES as usize]) {
+            Ok(()) => probe.clone(),
+            // A full disk (a process restarted after ENOSPC): a file of
+            // this shard already holding a page does as well.
+            Err(e) => {
+                let _ = std::fs::remove_file(&probe);
+                match page_file(dir) {
+                    Some(f) => f,
+                    None => return Err(e),
+                }
+            }
+        };
+        let opened = OpenOptions::new().read(true).dma_open(&file).await;
         let _ = std::fs::remove_file(&probe);
         opened.map_err(glommio_err)?.close().await.map_err(glommio_err)?;
         PROBED.with(|p| p.borrow_mut().insert(dev));
         Ok(())
     }
+}
+
+/// A regular file of at least one page in `dir` or its `log/` (a shard's
+/// checkpoint or segments), for [`DmaDisk::prepare`]'s probe.
+fn page_file(dir: &Path) -> Option<PathBuf> {
+    [dir.to_path_buf(), dir.join("log")].into_iter().find_map(|d| {
+        std::fs::read_dir(d)
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.len() >= PAGE_BYTES))
+    })
 }
 
 /// The filesystem type of the mount holding `dir`, from /proc/self/mountinfo

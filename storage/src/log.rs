@@ -113,6 +113,11 @@ pub struct LogConfig {
     /// CPU per message ~1.4x; it counts against a CPU quota). Zero: sleep
     /// at once. Default 1 ms.
     pub lone_yield_max: Duration,
+    /// The stretches of log kept for [`EntryLog::read_run`]
+    /// ([`SPANS_KEPT`], up to ~9 MiB) are released once no run has used
+    /// them for this long, by the next checkpoint (periodic or not).
+    /// Default 10 s.
+    pub read_span_idle: Duration,
 }
 
 /// Zeroing ahead (`LogConfig::zero_ahead_bytes`) runs only while the
@@ -186,11 +191,13 @@ impl Drop for SpanGuard {
 /// partitions of one shard share its log, so a run of one partition's
 /// entries reads the other partitions' records between them too: without
 /// these, two partitions catching up read every byte twice (1 GiB
-/// catch-up: the disk read ~2.4x what was delivered).
+/// catch-up: the disk read ~2.4x what was delivered). Released once
+/// reading goes idle ([`LogConfig::read_span_idle`]).
 pub const SPANS_KEPT: usize = 8;
-/// [`EntryLog::read_run`] starts a disk read at a multiple of this (log
-/// position, within the segment), up to this much before the run's first
-/// record: see [`SPANS_KEPT`].
+/// [`EntryLog::read_run`] widens a disk read back from the run's first
+/// record by less than this: to where the nearest kept stretch before it
+/// ends, else to a multiple of this (log position, within the segment).
+/// See [`SPANS_KEPT`].
 pub const SPAN_ALIGN: u64 = 128 << 10;
 /// See [`LogConfig::lone_sync_max`]: lone batches in a row, each written and
 /// synced through the reactor within `lone_sync_max`, that end a pause
@@ -230,6 +237,7 @@ impl LogConfig {
             zero_ahead_bytes: 8 << 20,
             lone_sync_max: Duration::from_millis(1),
             lone_yield_max: Duration::from_millis(1),
+            read_span_idle: Duration::from_secs(10),
         }
     }
 
@@ -444,6 +452,9 @@ pub(crate) struct State<F> {
     /// read from disk, as (log position of their first byte, bytes): all
     /// durable, so never changed (log positions are never reused).
     spans: std::collections::VecDeque<(u64, u64, Rc<SpanRead>)>,
+    /// When a run last used or added one of `spans`
+    /// (`LogConfig::read_span_idle`).
+    spans_used: std::time::Instant,
     rcache_fifo: VecDeque<((u64, u64), usize)>,
     rcache_bytes: usize,
     /// Last entry read from disk per ledger, to detect sequential reads.
@@ -523,6 +534,7 @@ impl<F> State<F> {
             cache_bytes: 0,
             rcache: HashMap::new(),
             spans: std::collections::VecDeque::new(),
+            spans_used: std::time::Instant::now(),
             rcache_fifo: VecDeque::new(),
             rcache_bytes: 0,
             last_disk_read: HashMap::new(),
@@ -1001,6 +1013,14 @@ impl<D: Disk> Shared<D> {
     /// then the checkpoint file (temp, fsync, rename, directory fsync). With
     /// `clean`, also the clean-shutdown marker naming this checkpoint.
     pub(crate) async fn checkpoint(&self, clean: bool) -> Result<()> {
+        // Reading gone idle: the kept stretches go (no timer of their own;
+        // a checkpoint comes every `checkpoint_interval`).
+        {
+            let mut st = self.st.borrow_mut();
+            if !st.spans.is_empty() && st.spans_used.elapsed() >= self.cfg.read_span_idle {
+                st.spans.clear();
+            }
+        }
         let _permit = self.ckpt_lock.acquire_permit(1).await.map_err(|_| StorageError::Closed)?;
         struct Work<F> {
             ledger: u64,
@@ -1738,6 +1758,9 @@ impl<D: Disk> EntryLog<D> {
         let off = first.position - seg.start;
         let span =
             run.last().map_or(0, |e| e.position + (RECORD_HEADER_BYTES as u64) + e.body_len as u64) - first.position;
+        if kept.is_some() {
+            self.sh.st.borrow_mut().spans_used = std::time::Instant::now();
+        }
         let shared = match &kept {
             Some((at, _, read)) => read.wait().await.map(|b| {
                 let b = b.slice((first.position - at) as usize..);
@@ -1754,25 +1777,39 @@ impl<D: Disk> EntryLog<D> {
         let raw = match shared {
             Some(raw) => raw,
             None => {
-                // From a SPAN_ALIGN boundary (within the segment): another
-                // partition's reader a few records behind this one then
-                // finds its first record inside this read. Announced before
-                // the read, so runs that start inside it while it is in
-                // flight wait for it.
-                // (A short run, of few permits, may read several times what
-                // it needs this way; a sequential reader alone re-reads up
-                // to SPAN_ALIGN per run: not measured, left for later.)
-                let from = (first.position / SPAN_ALIGN * SPAN_ALIGN).max(seg.start);
-                let len = first.position + span - from;
-                self.sh.st.borrow_mut().disk_reads += 1;
-                let read = Rc::new(SpanRead::default());
-                {
+                // Widened back (within the segment) so that another
+                // partition's reader a few records behind this one finds
+                // its first record inside this read: to where the kept
+                // stretch nearest before the first record ends, if less
+                // than SPAN_ALIGN before it (readers that took their last
+                // run from that stretch continue from its end: a reader
+                // alone re-reads nothing, and of two in step the one
+                // polled second finds the other's read however their
+                // first records lie), else to a SPAN_ALIGN boundary.
+                // Announced before the read, so runs that start inside it
+                // while it is in flight wait for it.
+                let (from, len, read) = {
                     let mut st = self.sh.st.borrow_mut();
+                    let joined = st
+                        .spans
+                        .iter()
+                        .map(|(at, len, read)| (at + len, read))
+                        .filter(|(end, read)| {
+                            *end <= first.position && first.position - end < SPAN_ALIGN && !read.failed()
+                        })
+                        .map(|(end, _)| end)
+                        .max();
+                    let from = joined.unwrap_or(first.position / SPAN_ALIGN * SPAN_ALIGN).max(seg.start);
+                    let len = first.position + span - from;
+                    st.disk_reads += 1;
+                    let read = Rc::new(SpanRead::default());
                     if st.spans.len() == SPANS_KEPT {
                         st.spans.pop_front();
                     }
                     st.spans.push_back((from, len, read.clone()));
-                }
+                    st.spans_used = std::time::Instant::now();
+                    (from, len, read)
+                };
                 let mut guard = SpanGuard(Some(read));
                 let raw = match seg.file.read_at(from - seg.start, len as usize).await {
                     Ok(raw) => raw,
@@ -1861,6 +1898,18 @@ impl<D: Disk> EntryLog<D> {
     pub fn read_stats(&self) -> (u64, u64) {
         let st = self.sh.st.borrow();
         (st.rcache_hits, st.disk_reads)
+    }
+
+    /// Stretches of log kept for [`Self::read_run`] ([`SPANS_KEPT`]): how
+    /// many, and the bytes held by those read in full.
+    pub fn read_spans(&self) -> (usize, u64) {
+        let st = self.sh.st.borrow();
+        let held = st
+            .spans
+            .iter()
+            .filter_map(|(_, _, r)| r.done.borrow().as_ref().and_then(|b| b.as_ref().map(|b| b.len() as u64)))
+            .sum();
+        (st.spans.len(), held)
     }
 
     /// Next entry id that `append` would assign (0 for an unknown ledger).

@@ -152,6 +152,8 @@ struct SimState {
     kind_counts: HashMap<FaultKind, u64>,
     /// Every fdatasync first sleeps this long (glommio timer): a slow disk.
     sync_delay: Option<std::time::Duration>,
+    /// Bytes returned by file reads so far.
+    bytes_read: u64,
 }
 
 /// The simulated disk. Cheap to clone (shared state).
@@ -390,6 +392,11 @@ impl SimDisk {
         self.st.borrow().faults_fired
     }
 
+    /// Bytes file reads returned so far (read amplification in tests).
+    pub fn bytes_read(&self) -> u64 {
+        self.st.borrow().bytes_read
+    }
+
     /// How many operations of `kind` ran so far.
     pub fn count(&self, kind: FaultKind) -> u64 {
         self.st.borrow().kind_counts.get(&kind).copied().unwrap_or(0)
@@ -571,11 +578,13 @@ impl DiskFile for SimFile {
     async fn read_at(&self, pos: u64, len: usize) -> io::Result<Vec<u8>> {
         futures_lite::future::yield_now().await;
         self.st.borrow().check_alive("read")?;
-        Ok(self.with(|ino| {
+        let data = self.with(|ino| {
             let start = (pos as usize).min(ino.written.len());
             let end = (pos as usize + len).min(ino.written.len());
             ino.written[start..end].to_vec()
-        }))
+        });
+        self.st.borrow_mut().bytes_read += data.len() as u64;
+        Ok(data)
     }
 
     async fn write_at(&self, pos: u64, data: &[u8]) -> io::Result<()> {

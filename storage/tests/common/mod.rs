@@ -11,27 +11,49 @@ use magnetar_storage::sim::SimRng;
 use magnetar_storage::{Disk, EntryLog, LogConfig};
 
 /// Runs `f` on a fresh glommio executor and fails the test if it takes longer
-/// than `secs` (every test that awaits storage could otherwise hang).
+/// than `secs` (every test that awaits storage could otherwise hang). The
+/// executor runs on a thread of its own, watched from this one: a task that
+/// keeps its thread busy (never returning to the executor, so no timer of
+/// its own fires) fails the test too, `secs` + 10 s in (the busy thread is
+/// left behind).
 pub fn run<F, Fut>(secs: u64, f: F)
 where
-    F: FnOnce() -> Fut + 'static,
+    F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = ()> + 'static,
 {
-    let ex = glommio::LocalExecutorBuilder::default().make().expect("glommio executor");
-    ex.run(async move {
-        let finished = futures_lite::future::or(
-            async {
-                f().await;
-                true
-            },
-            async {
-                glommio::timer::sleep(Duration::from_secs(secs)).await;
-                false
-            },
-        )
-        .await;
-        assert!(finished, "test timed out after {secs} s");
-    });
+    let (done, finished) = std::sync::mpsc::channel();
+    let worker = std::thread::Builder::new()
+        .name("glommio-test".into())
+        .spawn(move || {
+            let ex = glommio::LocalExecutorBuilder::default().make().expect("glommio executor");
+            ex.run(async move {
+                let finished = futures_lite::future::or(
+                    async {
+                        f().await;
+                        true
+                    },
+                    async {
+                        glommio::timer::sleep(Duration::from_secs(secs)).await;
+                        false
+                    },
+                )
+                .await;
+                assert!(finished, "test timed out after {secs} s");
+            });
+            // Sent only on success; a panic drops `done`, which ends the wait below.
+            let _ = done.send(());
+        })
+        .expect("test thread");
+    match finished.recv_timeout(Duration::from_secs(secs + 10)) {
+        Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            if let Err(panic) = worker.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("test hung: its executor thread has been busy for {} s (past its own {secs} s timer)", secs + 10)
+        }
+    }
 }
 
 /// The seed for a randomized test: `MAGNETAR_SEED` replays one.
