@@ -2,12 +2,15 @@
 //! its own delay) and the ack timeout (a timing wheel, as Pulsar's
 //! `UnAckedMessageTracker`).
 //!
-//! The wheel has `ACK_TIMEOUT_BUCKETS` buckets of ids; a received message
-//! goes into the newest bucket, an ack removes it, and every
-//! `ack_timeout / ACK_TIMEOUT_BUCKETS` the oldest bucket falls off and its
-//! ids are asked back from the broker. So an unacked message is redelivered
-//! between `ack_timeout` and `ack_timeout × (1 + 1/ACK_TIMEOUT_BUCKETS)`
-//! after it was received.
+//! The wheel has `ACK_TIMEOUT_BUCKETS + 1` buckets of ids; a received
+//! message goes into the newest bucket, an ack removes it, and every
+//! `ack_timeout / ACK_TIMEOUT_BUCKETS` (a turn) the oldest bucket falls off
+//! and its ids are asked back from the broker. A message falls off at the
+//! `ACK_TIMEOUT_BUCKETS + 1`-th turn after it was received, the first of
+//! which comes within a turn: so an unacked message is redelivered between
+//! `ack_timeout` and `ack_timeout × (1 + 1/ACK_TIMEOUT_BUCKETS)` after it
+//! was received, never sooner. (With `ACK_TIMEOUT_BUCKETS` buckets it was
+//! between `ack_timeout × (1 - 1/ACK_TIMEOUT_BUCKETS)` and `ack_timeout`.)
 //!
 //! A task per consumer (`consumer::run_timers`) serves both and the ack
 //! group. It sleeps until the earliest deadline it was told of ([`arm`]):
@@ -22,7 +25,7 @@ use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Buckets of the ack-timeout wheel.
+/// Turns of the ack-timeout wheel in one ack timeout.
 pub const ACK_TIMEOUT_BUCKETS: u32 = 10;
 /// Granularity of the negative-ack timers: due times are rounded up to it,
 /// so nacks falling due together wake the task once.
@@ -103,7 +106,7 @@ impl Tracker {
         let mut st =
             State { nacks: BTreeMap::new(), wheel: VecDeque::new(), in_wheel: 0, last_turn: epoch, armed: None };
         if ack_timeout.is_some() {
-            st.wheel = (0..ACK_TIMEOUT_BUCKETS).map(|_| HashSet::new()).collect();
+            st.wheel = (0..=ACK_TIMEOUT_BUCKETS).map(|_| HashSet::new()).collect();
         }
         Self { ack_timeout, epoch, state: Mutex::new(st) }
     }
@@ -299,10 +302,11 @@ mod tests {
             turns += 1;
             assert_eq!(t.arm(), Some(t0 + turn * turns), "turns while it holds ids");
             got = t.tick(t0 + turn * turns);
-            assert!(turns <= ACK_TIMEOUT_BUCKETS, "never expired");
+            assert!(turns <= ACK_TIMEOUT_BUCKETS + 1, "never expired");
         }
         assert_eq!(got, vec![id(1)]);
-        assert_eq!(turns, ACK_TIMEOUT_BUCKETS, "expired after one full turn of the wheel");
+        // Received right at a turn: the window's far end.
+        assert_eq!(turns, ACK_TIMEOUT_BUCKETS + 1, "expired at timeout + one turn");
         assert_eq!(t.arm(), None, "empty again: it stops");
         // Acked ids leave the wheel; then it stops too.
         let t1 = t0 + Duration::from_secs(10);
@@ -310,5 +314,32 @@ mod tests {
         t.acked_cumulative(&id(3));
         assert_eq!(t.arm(), None);
         assert!(t.tick(t1 + timeout * 2).is_empty());
+    }
+
+    /// Goal: an unacked message comes back between the ack timeout and one
+    /// turn (a tenth of it) more, never sooner, wherever between two turns
+    /// it was received. Method: a wheel turning on time from t0, an id
+    /// received at several points of the first turn; when each comes back.
+    #[test]
+    fn the_ack_timeout_window_is_timeout_to_one_turn_more() {
+        let timeout = Duration::from_millis(1000);
+        let turn = timeout / ACK_TIMEOUT_BUCKETS;
+        let ms = Duration::from_millis;
+        for off in [ms(0), ms(1), ms(50), ms(99)] {
+            let t0 = Instant::now();
+            let t = Tracker::new_at(Some(timeout), t0);
+            assert!(t.received(id(0), || t0), "the wheel starts turning at t0");
+            let _ = t.received(id(1), || t0 + off);
+            let mut k = 0;
+            let back = loop {
+                k += 1;
+                assert!(k <= 3 * ACK_TIMEOUT_BUCKETS, "never came back");
+                if t.tick(t0 + turn * k).contains(&id(1)) {
+                    break turn * k;
+                }
+            };
+            let after = back - off;
+            assert!(after >= timeout && after <= timeout + turn, "received at +{off:?}: back after {after:?}");
+        }
     }
 }
