@@ -4,6 +4,10 @@
 //! group time of 0 sends every ack at once. `close()`, `seek`,
 //! `ack_confirmed` and `redeliver_unacknowledged` send the group first, so
 //! acks keep their order with what follows.
+//!
+//! The consumer's timer task sends a group that is due; it sleeps until the
+//! group's deadline ([`AckGroup::arm`]), and the first ack into an empty
+//! group wakes it when that deadline is earlier (`Added::wake`).
 
 use magnetar_wire::MessageId;
 use std::sync::Mutex;
@@ -36,6 +40,19 @@ struct State {
     batch: AckBatch,
     /// When the oldest ack in the group was added.
     since: Option<Instant>,
+    /// The deadline the timer task was last told (`arm`); `None`: it does
+    /// not wake for the group.
+    armed: Option<Instant>,
+}
+
+/// What [`AckGroup::add`] did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Added {
+    /// The whole group, to send now: it is full.
+    pub(crate) full: Option<AckBatch>,
+    /// The group started and falls due before the timer task would wake:
+    /// wake it.
+    pub(crate) wake: bool,
 }
 
 pub(crate) struct AckGroup {
@@ -59,21 +76,24 @@ impl AckGroup {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Adds an ack; returns the whole group when it is full. `now` is read
-    /// only when the group was empty.
+    /// Adds an ack; hands back the whole group when it is full. `now` is
+    /// read only when the group was empty.
     ///
     /// The ack of a whole batch entry (a batch index, size 0) replaces the
     /// batch-index acks of its siblings just before it in the group: the
     /// broker would record each, then the entry's ack makes them moot.
-    pub(crate) fn add(
-        &self,
-        id: MessageId,
-        batch_size: u32,
-        cumulative: bool,
-        now: impl FnOnce() -> Instant,
-    ) -> Option<AckBatch> {
+    pub(crate) fn add(&self, id: MessageId, batch_size: u32, cumulative: bool, now: impl FnOnce() -> Instant) -> Added {
         let mut st = self.lock();
-        st.since.get_or_insert_with(now);
+        let mut wake = false;
+        if st.since.is_none() {
+            let since = now();
+            st.since = Some(since);
+            let due = since + self.time;
+            if st.armed.is_none_or(|a| due < a) {
+                st.armed = Some(due);
+                wake = true;
+            }
+        }
         if cumulative {
             let c = st.batch.cumulative.get_or_insert((id, batch_size));
             if id > c.0 {
@@ -95,9 +115,10 @@ impl AckGroup {
         }
         if st.batch.individual.len() >= self.max {
             st.since = None;
-            return Some(std::mem::take(&mut st.batch));
+            // Sent by the caller: no need to wake the task for it.
+            return Added { full: Some(std::mem::take(&mut st.batch)), wake: false };
         }
-        None
+        Added { full: None, wake }
     }
 
     /// The group, if its oldest ack has waited `time`.
@@ -117,6 +138,15 @@ impl AckGroup {
         st.since = None;
         std::mem::take(&mut st.batch)
     }
+
+    /// When the group falls due (`None`: it is empty), recorded as the
+    /// timer task's deadline for it.
+    pub(crate) fn arm(&self) -> Option<Instant> {
+        let mut st = self.lock();
+        let due = st.since.map(|t| t + self.time);
+        st.armed = due;
+        due
+    }
 }
 
 #[cfg(test)]
@@ -131,12 +161,13 @@ mod tests {
     fn flushes_when_full_or_due() {
         let g = AckGroup::new(Duration::from_millis(100), 3);
         let t0 = Instant::now();
-        assert_eq!(g.add(id(1), 0, false, || t0), None);
-        assert_eq!(g.add(id(5), 0, true, || t0), None);
-        assert_eq!(g.add(id(4), 0, true, || t0), None);
+        let grouped = |wake| Added { full: None, wake };
+        assert_eq!(g.add(id(1), 0, false, || t0), grouped(true), "the first ack wakes the task");
+        assert_eq!(g.add(id(5), 0, true, || t0), grouped(false));
+        assert_eq!(g.add(id(4), 0, true, || t0), grouped(false));
         assert_eq!(g.take_due(t0 + Duration::from_millis(99)), None);
-        assert_eq!(g.add(id(2), 4, false, || t0), None);
-        let full = g.add(id(3), 0, false, || t0).unwrap();
+        assert_eq!(g.add(id(2), 4, false, || t0), grouped(false));
+        let full = g.add(id(3), 0, false, || t0).full.unwrap();
         assert_eq!(
             full,
             AckBatch {
@@ -146,10 +177,17 @@ mod tests {
             }
         );
         assert_eq!(g.take_due(t0 + Duration::from_secs(1)), None, "nothing left");
-        g.add(id(9), 0, false, || t0 + Duration::from_millis(10));
+        // The task still wakes at t0 + 100 ms (it was told so): a group
+        // starting later needs no wake-up, and the task is told its time.
+        assert_eq!(g.add(id(9), 0, false, || t0 + Duration::from_millis(10)), grouped(false));
+        assert_eq!(g.take_due(t0 + Duration::from_millis(100)), None);
+        assert_eq!(g.arm(), Some(t0 + Duration::from_millis(110)));
         assert_eq!(g.take_due(t0 + Duration::from_millis(109)), None);
         assert_eq!(g.take_due(t0 + Duration::from_millis(110)).unwrap().individual, vec![id(9)]);
         assert!(g.take_all().is_empty());
+        // Nothing grouped: the task sleeps, and the next ack wakes it.
+        assert_eq!(g.arm(), None);
+        assert_eq!(g.add(id(10), 0, false, || t0 + Duration::from_millis(500)), grouped(true));
     }
 
     #[test]

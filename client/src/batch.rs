@@ -177,6 +177,9 @@ pub(crate) struct Batcher {
     /// Held while sending closed batches: whoever holds it sends them in
     /// the order they were closed, so batches leave in the order they filled.
     sending: tokio::sync::Mutex<()>,
+    /// Wakes the flusher: a batch opened that falls due before the flusher
+    /// would wake by itself, or the producer closed.
+    pub(crate) wake: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -185,6 +188,9 @@ struct Batches {
     open: BTreeMap<Option<String>, Container>,
     /// Closed batches, oldest first, waiting for `Batcher::send_closed`.
     closed: VecDeque<Container>,
+    /// When the flusher wakes by itself (`flush_due`'s answer); `None`: it
+    /// sleeps until woken.
+    armed: Option<Instant>,
 }
 
 /// A failed entry fails each of its messages; `ClientError` is not `Clone`.
@@ -202,7 +208,12 @@ fn copy_error(e: &ClientError) -> ClientError {
 
 impl Batcher {
     pub(crate) fn new(options: BatchingOptions) -> Self {
-        Self { options, batches: std::sync::Mutex::new(Batches::default()), sending: tokio::sync::Mutex::new(()) }
+        Self {
+            options,
+            batches: std::sync::Mutex::new(Batches::default()),
+            sending: tokio::sync::Mutex::new(()),
+            wake: tokio::sync::Notify::new(),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Batches> {
@@ -211,8 +222,8 @@ impl Batcher {
         self.batches.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// How often the flusher looks for batches that waited `max_delay`.
-    fn tick(&self) -> Duration {
+    /// Margin for the flusher's lateness in a batch's receipt deadline.
+    fn slack(&self) -> Duration {
         (self.options.max_delay / 2).max(Duration::from_millis(1))
     }
 
@@ -223,10 +234,10 @@ impl Batcher {
         let receipt = Arc::new(BatchReceipt::default());
         let (sent, rx) = oneshot::channel();
         let after = core.conn.options.operation_timeout.saturating_add(self.options.max_delay);
-        // A batch goes out within `max_delay` and one tick of its first
-        // message, so every message still gets `after` from its own send.
-        // (A timeout too large for the clock means none: a year.)
-        let wait = after.saturating_add(self.options.max_delay).saturating_add(self.tick());
+        // A batch goes out `max_delay` after its first message (and the
+        // flusher's lateness), so every message still gets `after` from its
+        // own send. (A timeout too large for the clock means none: a year.)
+        let wait = after.saturating_add(self.options.max_delay).saturating_add(self.slack());
         let deadline = first_at.checked_add(wait).unwrap_or_else(|| first_at + Duration::from_secs(365 * 24 * 3600));
         tokio::spawn(resolve(receipt.clone(), rx, deadline.into(), after));
         let capacity = (self.options.max_bytes / first_len.max(1))
@@ -247,7 +258,7 @@ impl Batcher {
         // budget, as the async lock this replaced did, so that such a loop
         // yields every 128 messages or so.
         tokio::task::coop::consume_budget().await;
-        let (receipt, closed_any) = {
+        let (receipt, closed_any, wake) = {
             let key = if self.options.key_based { msg.key.clone() } else { None };
             let len = msg.payload.len();
             let mut guard = self.lock();
@@ -260,9 +271,19 @@ impl Batcher {
                     b.closed.push_back(c);
                 }
             }
+            let mut wake = false;
             let c = match b.open.entry(key) {
                 std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::btree_map::Entry::Vacant(e) => e.insert(self.open_batch(core, len)),
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    let c = e.insert(self.open_batch(core, len));
+                    // Wake the flusher if it would sleep past this batch's time.
+                    let due = c.first_at + self.options.max_delay;
+                    if b.armed.is_none_or(|a| due < a) {
+                        b.armed = Some(due);
+                        wake = true;
+                    }
+                    c
+                }
             };
             // Below BATCH_MESSAGES_LIMIT, so it fits.
             let index = u32::try_from(c.msgs.len()).unwrap_or(u32::MAX);
@@ -275,8 +296,11 @@ impl Batcher {
                     b.closed.push_back(c);
                 }
             }
-            (receipt, !b.closed.is_empty())
+            (receipt, !b.closed.is_empty(), wake)
         };
+        if wake {
+            self.wake.notify_one();
+        }
         if closed_any {
             self.send_closed_detached(core).await;
         }
@@ -320,7 +344,8 @@ impl Batcher {
 
     /// Sends the batches whose first message waited `max_delay`.
     /// Returns when the oldest batch still open falls due (`None`: none is
-    /// open).
+    /// open), recorded as the flusher's deadline: a batch opened later that
+    /// falls due sooner wakes it.
     async fn flush_due(&self, core: &ProducerCore) -> Option<Instant> {
         let next_due = {
             let mut guard = self.lock();
@@ -339,7 +364,8 @@ impl Batcher {
             }
             // Closed batches left by an `add` whose future was dropped
             // before it sent them go out here too.
-            (b.open.values().map(|c| c.first_at + self.options.max_delay).min(), !b.closed.is_empty())
+            b.armed = b.open.values().map(|c| c.first_at + self.options.max_delay).min();
+            (b.armed, !b.closed.is_empty())
         };
         if next_due.1 {
             self.send_closed(core).await;
@@ -356,21 +382,22 @@ const RECORD_OVERHEAD_BYTES: usize = 64;
 
 /// The producer's timer: sends batches that waited long enough. Ends with
 /// the producer.
+///
+/// Sleeps until the oldest open batch falls due, and without one until a
+/// batch opens (`Batcher::wake`; a `notify_one` before it waits is kept):
+/// an idle producer's flusher does not wake. (It woke every `max_delay / 2`,
+/// 5 ms by default, whether a batch was open or not.)
 pub(crate) async fn flush_loop(core: Arc<ProducerCore>, batcher: Arc<Batcher>) {
-    // Sleeps until the oldest open batch falls due rather than a fixed
-    // tick: a fixed tick of max_delay / 2 (at least the timer's 1 ms
-    // resolution) let a batch wait up to ~2 x max_delay plus the rounding.
-    let tick = batcher.tick();
-    let mut wake = tokio::time::Instant::now() + tick;
     while !core.is_closed() {
-        tokio::time::sleep_until(wake).await;
-        let now = Instant::now();
-        wake = match batcher.flush_due(&core).await {
-            // Never sooner than now, never later than one tick: a batch
-            // opened while sleeping is seen within a tick of its opening.
-            Some(due) => tokio::time::Instant::from_std(due.min(now + tick).max(now)),
-            None => tokio::time::Instant::from_std(now + tick),
-        };
+        match batcher.flush_due(&core).await {
+            Some(due) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(due.into()) => {}
+                    () = batcher.wake.notified() => {}
+                }
+            }
+            None => batcher.wake.notified().await,
+        }
     }
 }
 

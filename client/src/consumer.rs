@@ -6,7 +6,7 @@ use crate::error::{ClientError, Result};
 use crate::message::{Message, OutgoingMessage};
 use crate::names::normalize_topic;
 use crate::producer::{Producer, ProducerBuilder};
-use crate::tracker::{NackBackoff, Tracker, NACK_TICK};
+use crate::tracker::{NackBackoff, Tracker};
 use magnetar_wire::{AckType, Command, InitialPosition, MessageId, SubscriptionType};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TryRecvError;
+use tokio::sync::Notify;
 
 /// Default number of messages the broker may push ahead of `receive`.
 pub const DEFAULT_RECEIVER_QUEUE_SIZE: u32 = 1000;
@@ -407,13 +408,15 @@ impl ConsumerBuilder {
         };
         let tracker = Arc::new(Tracker::new(self.ack_timeout));
         let acks = Arc::new(AckGroup::new(self.ack_group_time, self.ack_group_max));
-        spawn_tracker_task(
+        let timers = Arc::new(Notify::new());
+        spawn_timer_task(
             self.conn.clone(),
             consumer_id,
             retry.clone(),
             tracker.clone(),
             acks.clone(),
             closed.clone(),
+            timers.clone(),
         );
         let dead_letter = self.dead_letter.map(|p| {
             let dlq_topic = p.topic.clone().unwrap_or_else(|| format!("{topic}-{}-DLQ", self.subscription));
@@ -439,6 +442,7 @@ impl ConsumerBuilder {
             closed,
             active,
             tracker,
+            timers,
             nack_backoff: self.nack_backoff,
             dead_letter,
             retry_producer: Default::default(),
@@ -621,6 +625,9 @@ pub struct Consumer {
     closed: Arc<AtomicBool>,
     active: Arc<AtomicBool>,
     tracker: Arc<Tracker>,
+    /// Wakes the timer task: something falls due before it would wake by
+    /// itself, or the consumer closed.
+    timers: Arc<Notify>,
     nack_backoff: NackBackoff,
     dead_letter: Option<Arc<DeadLetter>>,
     retry_producer: tokio::sync::Mutex<Option<Producer>>,
@@ -724,52 +731,93 @@ struct DeadLetter {
     producer: tokio::sync::Mutex<Option<Producer>>,
 }
 
-/// Ticks the consumer's nack timers and ack-timeout wheel, asking the
-/// broker back for due messages; ends when the consumer closes.
-fn spawn_tracker_task(
+/// Serves the consumer's timers (see `run_timers`) on the current runtime.
+fn spawn_timer_task(
     conn: Arc<Connection>,
     consumer_id: u64,
     retry: Option<Arc<RetryRoute>>,
     tracker: Arc<Tracker>,
     acks: Arc<AckGroup>,
     closed: Arc<AtomicBool>,
+    wake: Arc<Notify>,
 ) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else { return };
-    handle.spawn(async move {
-        let mut tick = tokio::time::interval(NACK_TICK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            if closed.load(Ordering::Acquire) || !crate::connection::is_open(&conn.shared) {
-                return;
+    let shared = conn.shared.clone();
+    let open = move || !closed.load(Ordering::Acquire) && crate::connection::is_open(&shared);
+    let send = move |command: Command| {
+        let conn = conn.clone();
+        async move { conn.send_command(&command).await }
+    };
+    handle.spawn(run_timers(consumer_id, retry, tracker, acks, wake, open, send));
+}
+
+/// The consumer's timer task: sends grouped acks that are due and asks the
+/// broker back for messages whose nack delay or ack timeout passed. It
+/// sleeps until the earliest deadline (`Tracker::arm`, `AckGroup::arm`):
+/// without grouped acks, nacks or ids on the ack-timeout wheel it does not
+/// wake at all, until an update that falls due sooner wakes it through
+/// `wake` (a `notify_one` before it waits is kept, so none is lost). Ends
+/// when `open` says no (checked at each wake-up: the consumer wakes it when
+/// it closes) or a send fails.
+async fn run_timers<S, F>(
+    consumer_id: u64,
+    retry: Option<Arc<RetryRoute>>,
+    tracker: Arc<Tracker>,
+    acks: Arc<AckGroup>,
+    wake: Arc<Notify>,
+    open: impl Fn() -> bool,
+    send: S,
+) where
+    S: Fn(Command) -> F,
+    F: std::future::Future<Output = Result<()>>,
+{
+    loop {
+        if !open() {
+            return;
+        }
+        // Tokio's clock: the same as `Instant::now()` but in tests with a
+        // paused clock.
+        let now = tokio::time::Instant::now().into_std();
+        let due = tracker.tick(now);
+        // Grouped acks go before a redelivery request, due or not: the
+        // broker sends a batch back with the bits of the acks it has,
+        // and the acks still grouped here would come back as messages.
+        let batch = if due.is_empty() { acks.take_due(now) } else { Some(acks.take_all()) };
+        if let Some(batch) = batch.filter(|b| !b.is_empty()) {
+            for command in ack_commands(consumer_id, &retry, batch) {
+                if let Err(e) = send(command).await {
+                    tracing::debug!(error = %e, "grouped acks not sent");
+                    return;
+                }
             }
-            let due = tracker.tick(Instant::now());
-            // Grouped acks go before a redelivery request, due or not: the
-            // broker sends a batch back with the bits of the acks it has,
-            // and the acks still grouped here would come back as messages.
-            let batch = if due.is_empty() { acks.take_due(Instant::now()) } else { Some(acks.take_all()) };
-            if let Some(batch) = batch.filter(|b| !b.is_empty()) {
-                for command in ack_commands(consumer_id, &retry, batch) {
-                    if let Err(e) = conn.send_command(&command).await {
-                        tracing::debug!(error = %e, "grouped acks not sent");
+        }
+        if !due.is_empty() {
+            // Several frames for many ids keep each frame small.
+            for (consumer_id, ids) in group(consumer_id, &retry, &due) {
+                for ids in ids.chunks(1000) {
+                    let command = Command::RedeliverUnacknowledged { consumer_id, message_ids: ids.to_vec() };
+                    if let Err(e) = send(command).await {
+                        tracing::debug!(error = %e, "redelivery request not sent");
                         return;
                     }
                 }
             }
-            if !due.is_empty() {
-                // Several frames for many ids keep each frame small.
-                for (consumer_id, ids) in group(consumer_id, &retry, &due) {
-                    for ids in ids.chunks(1000) {
-                        let command = Command::RedeliverUnacknowledged { consumer_id, message_ids: ids.to_vec() };
-                        if let Err(e) = conn.send_command(&command).await {
-                            tracing::debug!(error = %e, "redelivery request not sent");
-                            return;
-                        }
-                    }
+        }
+        // Whatever changes after `arm` and falls due sooner notifies.
+        let next = match (tracker.arm(), acks.arm()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(at.into()) => {}
+                    () = wake.notified() => {}
                 }
             }
+            None => wake.notified().await,
         }
-    });
+    }
 }
 
 /// Publishes `msg` to `topic` with its origin as properties, on a producer
@@ -923,7 +971,9 @@ impl Consumer {
                 self.screen(delivery)?
             }
             Ok(m) => {
-                self.tracker.received(m.id);
+                if self.tracker.received(m.id, Instant::now) {
+                    self.timers.notify_one();
+                }
                 delivery
             }
             Err(_) => delivery,
@@ -1005,7 +1055,9 @@ impl Consumer {
                 }
             }
         }
-        self.tracker.received(msg.id);
+        if self.tracker.received(msg.id, Instant::now) {
+            self.timers.notify_one();
+        }
         Some(Ok(msg))
     }
 
@@ -1040,7 +1092,9 @@ impl Consumer {
     /// consumer) after the backoff delay for its redelivery count.
     pub fn negative_acknowledge(&self, msg: &Message) {
         let delay = self.nack_backoff.delay(msg.redelivery_count);
-        self.tracker.nacked(msg.id, delay, Instant::now());
+        if self.tracker.nacked(msg.id, delay, Instant::now()) {
+            self.timers.notify_one();
+        }
     }
 
     /// Ask the broker to deliver again every message this consumer holds
@@ -1160,9 +1214,15 @@ impl Consumer {
         if self.acks.enabled() {
             let cumulative = ack_type == AckType::Cumulative;
             let mut full = Vec::new();
+            let mut wake = false;
             self.broker_acks_each(ack_type, std::slice::from_ref(id), |id, size| {
-                full.extend(self.acks.add(id, size, cumulative, Instant::now));
+                let added = self.acks.add(id, size, cumulative, Instant::now);
+                full.extend(added.full);
+                wake |= added.wake;
             });
+            if wake {
+                self.timers.notify_one();
+            }
             for batch in full {
                 self.send_acks(batch).await?;
             }
@@ -1389,6 +1449,8 @@ impl Consumer {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        // The timer task ends.
+        self.timers.notify_one();
         if let Some(r) = &self.retry {
             let retry_id = r.consumer_id;
             let closed = self
@@ -1424,6 +1486,8 @@ impl Drop for Consumer {
                 self.conn.remove_consumer(r.consumer_id);
             }
         }
+        // The timer task ends (`closed` is set, whoever closed it).
+        self.timers.notify_one();
     }
 }
 
@@ -1435,4 +1499,135 @@ fn futures_util_unfold(consumer: &Consumer) -> impl futures::Stream<Item = Resul
             Err(e) => Some((Err(e), c)),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tracker::ACK_TIMEOUT_BUCKETS;
+    use std::sync::atomic::AtomicUsize;
+
+    fn id(e: u64) -> MessageId {
+        MessageId::new(1, e, 0, -1)
+    }
+
+    fn now() -> Instant {
+        tokio::time::Instant::now().into_std()
+    }
+
+    /// Goal: a consumer's timer task does not wake while nothing is
+    /// pending (it woke every 10 ms: 1,000 times in 10 s), yet grouped acks
+    /// go out at the group time, a nack comes back at its delay (within the
+    /// 10 ms grid), grouped acks go before a redelivery request, an unacked
+    /// message comes back after the ack timeout, and the task ends when the
+    /// consumer closes. Method: `run_timers` on tokio's paused clock, its
+    /// commands into a channel with their send times, its wake-ups counted
+    /// by its `open` check.
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_consumer_timer_task_sleeps_until_something_falls_due() {
+        let ms = Duration::from_millis;
+        let ack_timeout = Duration::from_secs(1);
+        let tracker = Arc::new(Tracker::new_at(Some(ack_timeout), now()));
+        let acks = Arc::new(AckGroup::new(ms(100), 1000));
+        let wake = Arc::new(Notify::new());
+        let wakes = Arc::new(AtomicUsize::new(0));
+        let open = Arc::new(AtomicBool::new(true));
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(run_timers(
+            7,
+            None,
+            tracker.clone(),
+            acks.clone(),
+            wake.clone(),
+            {
+                let (wakes, open) = (wakes.clone(), open.clone());
+                move || {
+                    wakes.fetch_add(1, Ordering::Relaxed);
+                    open.load(Ordering::Acquire)
+                }
+            },
+            move |command| {
+                let sent = tx
+                    .send((tokio::time::Instant::now(), command))
+                    .map_err(|_| ClientError::Disconnected { reason: "test over".into() });
+                async move { sent }
+            },
+        ));
+        let idle = |what: &'static str| {
+            let wakes = wakes.clone();
+            async move {
+                let before = wakes.load(Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                assert_eq!(wakes.load(Ordering::Relaxed) - before, 0, "woke while idle ({what})");
+            }
+        };
+        tokio::task::yield_now().await;
+        assert_eq!(wakes.load(Ordering::Relaxed), 1, "the task looked once");
+        // The paused clock jumps to the timeout if the task never sends.
+        async fn next(
+            rx: &mut mpsc::UnboundedReceiver<(tokio::time::Instant, Command)>,
+        ) -> (tokio::time::Instant, Command) {
+            let sent = tokio::time::timeout(Duration::from_secs(60), rx.recv()).await;
+            sent.expect("the task sent nothing: a lost wake-up").expect("the task ended")
+        }
+        idle("from the start").await;
+        assert!(rx.try_recv().is_err());
+
+        // A grouped ack goes out at the group time.
+        let t1 = tokio::time::Instant::now();
+        let added = acks.add(id(1), 0, false, now);
+        assert!(added.wake);
+        wake.notify_one();
+        let (at, ack) = next(&mut rx).await;
+        assert_eq!(at - t1, ms(100));
+        assert!(matches!(&ack, Command::Ack { message_ids, .. } if *message_ids == [id(1)]), "{ack:?}");
+        idle("after the ack").await;
+
+        // A nack comes back at its delay, after the acks grouped before it.
+        let t2 = tokio::time::Instant::now();
+        if tracker.nacked(id(2), Duration::from_secs(1), now()) {
+            wake.notify_one();
+        }
+        tokio::time::sleep(ms(950)).await;
+        assert!(acks.add(id(3), 0, false, now).wake.then(|| wake.notify_one()).is_some());
+        let (at, ack) = next(&mut rx).await;
+        assert!(matches!(&ack, Command::Ack { message_ids, .. } if *message_ids == [id(3)]), "{ack:?}");
+        assert_eq!(at - t2, Duration::from_secs(1), "sent with the nack's request, before its group time");
+        let (at, redeliver) = next(&mut rx).await;
+        assert_eq!(at - t2, Duration::from_secs(1));
+        assert!(
+            matches!(&redeliver, Command::RedeliverUnacknowledged { consumer_id: 7, message_ids } if *message_ids == [id(2)]),
+            "{redeliver:?}"
+        );
+        // Off the grid: at most one NACK_TICK late, never early.
+        tokio::time::sleep(ms(3)).await;
+        let t3 = tokio::time::Instant::now();
+        if tracker.nacked(id(4), ms(20), now()) {
+            wake.notify_one();
+        }
+        let (at, _) = next(&mut rx).await;
+        assert!(at - t3 >= ms(20) && at - t3 <= ms(30), "{:?}", at - t3);
+        idle("after the nacks").await;
+
+        // An unacked message comes back after the ack timeout; one acked
+        // does not, and the wheel stops once empty.
+        let t4 = tokio::time::Instant::now();
+        assert!(tracker.received(id(5), now), "the first id into the wheel wakes the task");
+        wake.notify_one();
+        assert!(!tracker.received(id(6), now));
+        tracker.acked(&id(6));
+        let (at, redeliver) = next(&mut rx).await;
+        assert!(
+            matches!(&redeliver, Command::RedeliverUnacknowledged { message_ids, .. } if *message_ids == [id(5)]),
+            "{redeliver:?}"
+        );
+        let after = at - t4;
+        assert!(after >= ack_timeout && after <= ack_timeout + ack_timeout / ACK_TIMEOUT_BUCKETS, "{after:?}");
+        idle("after the ack timeout").await;
+
+        // Closing wakes it to end.
+        open.store(false, Ordering::Release);
+        wake.notify_one();
+        tokio::time::timeout(ms(1), task).await.expect("the task ended").unwrap();
+    }
 }

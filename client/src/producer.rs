@@ -579,7 +579,12 @@ impl Producer {
                 b.flush_all(&self.core).await?;
             }
         }
-        self.core.close().await
+        let closed = self.core.close().await;
+        if let Some(b) = &self.batcher {
+            // The flusher ends.
+            b.wake.notify_one();
+        }
+        closed
     }
 }
 
@@ -588,8 +593,8 @@ impl Producer {
 /// after the client's operation timeout, counted from `send_async`'s return
 /// (for a chunked message, twice that). A batched message shares its batch's
 /// receipt: it times out if its batch did not go out within the operation
-/// timeout plus twice the batch delay and one flusher tick (at most 1 ms
-/// beyond the delay) of the batch's first message, or if the batch's entry
+/// timeout plus twice the batch delay and a margin (half the delay, at least
+/// 1 ms) of the batch's first message, or if the batch's entry
 /// got no receipt within the operation timeout of being sent.
 #[must_use = "the receipt says whether the message was stored"]
 pub struct SendFuture {

@@ -1435,3 +1435,47 @@ async fn message_runs_are_read_entry_by_entry() {
     })
     .await;
 }
+
+/// Goal: the batch flusher, which sleeps while no batch is open (it used to
+/// wake every `max_delay / 2` regardless), still sends a batch that opens
+/// after an idle spell at its `max_delay`: the open wakes it. Method: a
+/// 50 ms delay, two rounds of 300 ms idle then two messages; the broker
+/// answers each entry at once, and each receipt must come after the delay
+/// (not sooner: the batch was not full) and well before a second.
+#[tokio::test]
+async fn a_batch_opened_after_an_idle_spell_goes_out_at_its_delay() {
+    within(async {
+        let (url, accept) = listen(1 << 20).await;
+        let broker = tokio::spawn(async move {
+            let mut conn = accept.await;
+            let producer_id = conn.accept_producer("idle").await;
+            for entry in 0..2u64 {
+                let frame = conn.recv_cmd().await;
+                let Command::Send { sequence_id, num_messages, .. } = frame.command else {
+                    panic!("expected Send, got {:?}", frame.command)
+                };
+                assert_eq!(num_messages, 2, "entry {entry}");
+                let message_id = MessageId::new(7, entry, -1, -1);
+                conn.send(Command::SendReceipt { producer_id, sequence_id, message_id }, &[]).await;
+            }
+            while conn.recv().await.is_some() {}
+        });
+        let client = Client::connect_with(&url, options()).await.unwrap();
+        let delay = Duration::from_millis(50);
+        let batching = magnetar_client::BatchingOptions { max_messages: 100, max_delay: delay, ..Default::default() };
+        let producer = client.producer("t").batching(batching).create().await.unwrap();
+        for entry in 0..2u64 {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let started = std::time::Instant::now();
+            let a = producer.send_async(OutgoingMessage::new("a")).await.unwrap();
+            let b = producer.send_async(OutgoingMessage::new("b")).await.unwrap();
+            assert_eq!(b.await.unwrap(), MessageId::new(7, entry, -1, 1));
+            assert_eq!(a.await.unwrap(), MessageId::new(7, entry, -1, 0));
+            let took = started.elapsed();
+            assert!(took >= delay && took < Duration::from_secs(1), "entry {entry} went out after {took:?}");
+        }
+        client.close();
+        broker.await.unwrap();
+    })
+    .await;
+}
