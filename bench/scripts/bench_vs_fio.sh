@@ -8,6 +8,10 @@
 #     clients do by default) against a broker it starts with its data
 #     directory on that disk: MB/s as a ratio of fio's (target >= 0.9 of 1m),
 #     publish p99 / p99.9 (targets 5 / 10 ms);
+#  2a. the same canonical workload at a fixed rate, LOAD_PCT percent (default
+#     60) of what run 2 reached: at --rate 0 the publish latency is mostly
+#     the producer's own window filling up (1,000 messages per partition in
+#     flight: Little's law), so this is the broker's latency with headroom;
 #  2b. the same canonical workload at its sustainable rate (`--sustainable`:
 #     the highest rate its consumer keeps up with, found by a search first):
 #     at --rate 0 the producer can outrun the consumer, and then the run's
@@ -32,7 +36,7 @@
 # own shape (unbatched, one in flight) and never inherit batching flags.
 #
 # Usage: bench/scripts/bench_vs_fio.sh [DIR_ON_DISK] [DURATION_S] [-- extra flags for the canonical run]
-# SKIP_CATCHUP=1 skips run 5, SKIP_SUSTAINABLE=1 run 2b. Needs fio and python3. Results (JSON, SVG) go
+# SKIP_CATCHUP=1 skips run 5, SKIP_SUSTAINABLE=1 run 2b, LOAD_PCT=0 run 2a. Needs fio and python3. Results (JSON, SVG) go
 # to DIR_ON_DISK/results-<time>/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -64,6 +68,12 @@ fio_write_limits "$WORK" 256m 4k 64k 1m
 
 UNBATCHED=(--batch-max-messages 0 --max-pending 1 --partitions 1)
 "$B" --data-dir "$DIR" --duration-s "$DURATION" --json "$OUT/canonical.json" --plot "$OUT/canonical.svg" -q --no-history "${EXTRA[@]}"
+LOAD_PCT=${LOAD_PCT:-60}
+if [ "$LOAD_PCT" -gt 0 ]; then
+  RATE=$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["produce"]["msgs_per_s"] * int(sys.argv[2]) / 100))' \
+    "$OUT/canonical.json" "$LOAD_PCT")
+  "$B" --data-dir "$DIR" --duration-s "$DURATION" --rate "$RATE" --json "$OUT/canonical-load.json" -q --no-history "${EXTRA[@]}"
+fi
 if [ -z "${SKIP_SUSTAINABLE:-}" ]; then
   "$B" --data-dir "$DIR" --duration-s "$DURATION" --sustainable --json "$OUT/canonical-sustainable.json" -q --no-history "${EXTRA[@]}"
 fi
@@ -103,13 +113,19 @@ print(f"\ncanonical ({c['batching']}): {c['produce']['msgs_per_s']:.0f} msg/s, {
       f"broker CPU {c['cpu']['broker_us_per_msg'] or 0:.2f} us/msg (target < 4); consumed {c['consume']['msgs_per_s']:.0f} msg/s")
 unbatched = [f"{shape}-shard{sh}" for sh in place_shards
              for shape in ["one-at-a-time", "sixteen-producers", "sixteen-producers-shared"]]
-for name in ["canonical", "canonical-sustainable", *unbatched, "catchup-1g"]:
+for name in ["canonical", "canonical-load", "canonical-sustainable", *unbatched, "catchup-1g"]:
     path = f"{out}/{name}.json"
     if os.path.exists(path) and json.load(open(path))["publish_errors"]:
         r = json.load(open(path))
         print(f"  WARNING: {name} had {r['publish_errors']} publish errors (last: {r['last_error']}): its figures are not valid")
 for bs in ["4k", "64k", "1m"]:
     print(f"  ratio to fio write+fdatasync bs={bs}: {mb / fio[bs][0]:.3f}" + ("  (target >= 0.9)" if bs == "1m" else ""))
+if os.path.exists(f"{out}/canonical-load.json"):
+    u = json.load(open(f"{out}/canonical-load.json"))
+    pl, el = u["publish_latency_ms"], u["e2e_latency_ms"]
+    print(f"canonical at a fixed {u['workload']['rate']:.0f} msg/s ({u['workload']['rate'] / c['produce']['msgs_per_s']:.2f} x the run above): "
+          f"produced {u['produce']['msgs_per_s']:.0f} msg/s; publish p50 {pl['p50']:.2f} p99 {pl['p99']:.2f} ms (target < 5) "
+          f"p99.9 {pl['p999']:.2f} ms (target < 10); e2e p99 {el['p99']:.2f} ms; broker CPU {u['cpu']['broker_us_per_msg'] or 0:.2f} us/msg")
 if os.path.exists(f"{out}/canonical-sustainable.json"):
     u = json.load(open(f"{out}/canonical-sustainable.json"))
     f = u["sustainable"]

@@ -116,19 +116,24 @@ impl Pace {
 }
 
 /// One producer's schedule under a [`Pace`]: message `i`'s intended send
-/// time is `base + (i - base_i) / rate`, re-based (to the moment the
-/// producer notices) whenever the rate changes. A rate that never changes
-/// gives `start + i / rate`, as a fixed-rate run always had.
+/// time is `base + (i - base_i + phase) / rate`, re-based (to the moment
+/// the producer notices) whenever the rate changes. A rate that never
+/// changes gives `start + (i + phase) / rate`. `phase` (in `[0, 1)`, a
+/// fraction of one interval) spreads the producers of a run evenly over an
+/// interval, as independent clients would be, instead of every producer
+/// sending in the same instant.
 pub struct Schedule {
     version: Option<u64>,
     rate: f64,
     base: Instant,
     base_i: u64,
+    phase: f64,
 }
 
 impl Schedule {
-    pub fn new(start: Instant) -> Schedule {
-        Schedule { version: None, rate: 0.0, base: start, base_i: 0 }
+    pub fn new(start: Instant, phase: f64) -> Schedule {
+        assert!((0.0..1.0).contains(&phase), "phase {phase} is a fraction of an interval");
+        Schedule { version: None, rate: 0.0, base: start, base_i: 0, phase }
     }
 
     /// Message `i`'s intended send time, or `None` when the rate is "as
@@ -143,7 +148,8 @@ impl Schedule {
             self.version = Some(version);
             self.rate = rate;
         }
-        (self.rate > 0.0).then(|| self.base + Duration::from_secs_f64((i - self.base_i) as f64 / self.rate))
+        (self.rate > 0.0)
+            .then(|| self.base + Duration::from_secs_f64(((i - self.base_i) as f64 + self.phase) / self.rate))
     }
 }
 
@@ -347,6 +353,28 @@ mod tests {
         assert!(search.fallback() <= 30_000.0);
     }
 
+    /// Goal: producers with phases k / n of one interval send evenly spread
+    /// (not all at once), each still at the rate, before and after a
+    /// change of rate.
+    #[test]
+    fn phases_spread_producers_over_an_interval() {
+        let start = Instant::now();
+        let pace = Pace::new(start, 1.0, None);
+        let n = 4;
+        let mut s: Vec<Schedule> = (0..n).map(|k| Schedule::new(start, k as f64 / n as f64)).collect();
+        for i in 0..3u64 {
+            for (k, s) in s.iter_mut().enumerate() {
+                let want = start + Duration::from_secs(i) + Duration::from_millis(250 * k as u64);
+                assert_eq!(s.intended(&pace, i), Some(want), "producer {k}, message {i}");
+            }
+        }
+        pace.set_rate(10.0);
+        let at: Vec<Instant> = s.iter_mut().map(|s| s.intended(&pace, 3).expect("a rate")).collect();
+        for (k, s) in s.iter_mut().enumerate() {
+            assert_eq!(s.intended(&pace, 4), Some(at[k] + Duration::from_millis(100)), "still at the rate");
+        }
+    }
+
     /// Goal: a fixed rate schedules `start + i / rate`; a change re-bases
     /// from the moment it is noticed, and "as fast as possible" has no
     /// schedule.
@@ -354,7 +382,7 @@ mod tests {
     fn schedule_follows_the_pace() {
         let start = Instant::now();
         let pace = Pace::new(start, 1000.0, None);
-        let mut s = Schedule::new(start);
+        let mut s = Schedule::new(start, 0.0);
         assert_eq!(s.intended(&pace, 0), Some(start));
         assert_eq!(s.intended(&pace, 500), Some(start + Duration::from_millis(500)));
         let before = Instant::now();
