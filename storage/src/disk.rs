@@ -228,10 +228,10 @@ impl Disk for DmaDisk {
         let file = match std::fs::write(&probe, vec![0xa5u8; PAGE_BYTES as usize]) {
             Ok(()) => probe.clone(),
             // A full disk (a process restarted after ENOSPC): a file of
-            // this shard already holding a page does as well.
+            // this shard whose first page holds written data does as well.
             Err(e) => {
                 let _ = std::fs::remove_file(&probe);
-                match page_file(dir) {
+                match page_file(dir, dev) {
                     Some(f) => f,
                     None => return Err(e),
                 }
@@ -245,15 +245,28 @@ impl Disk for DmaDisk {
     }
 }
 
-/// A regular file of at least one page in `dir` or its `log/` (a shard's
-/// checkpoint or segments), for [`DmaDisk::prepare`]'s probe.
-fn page_file(dir: &Path) -> Option<PathBuf> {
+/// A file for [`DmaDisk::prepare`]'s probe when it cannot write its own:
+/// a regular file (not a symlink) on device `dev`, in `dir` (the shard's
+/// checkpoint, looked at first) or its `log/` (segments), whose first page
+/// holds a non-zero byte. That byte proves the block was written: a
+/// fallocated spare segment or a hole reads as zeros without reaching the
+/// device, which is exactly what fools glommio's probe.
+fn page_file(dir: &Path, dev: u64) -> Option<PathBuf> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let written = |p: &Path| -> bool {
+        let Ok(m) = std::fs::symlink_metadata(p) else { return false };
+        if !m.is_file() || m.dev() != dev || m.len() < PAGE_BYTES {
+            return false;
+        }
+        let mut page = vec![0u8; PAGE_BYTES as usize];
+        std::fs::File::open(p).and_then(|mut f| f.read_exact(&mut page)).is_ok() && page.iter().any(|&b| b != 0)
+    };
     [dir.to_path_buf(), dir.join("log")].into_iter().find_map(|d| {
-        std::fs::read_dir(d)
-            .ok()?
-            .flatten()
-            .map(|e| e.path())
-            .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.len() >= PAGE_BYTES))
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(d).ok()?.flatten().map(|e| e.path()).collect();
+        // Oldest segments first: the newest may be a spare made ahead.
+        paths.sort();
+        paths.into_iter().find(|p| written(p))
     })
 }
 
@@ -873,5 +886,38 @@ mod chained {
                 self.finish_blocking();
             }
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    /// Goal: the probe's fallback never takes a file whose first page was
+    /// not written (a fallocated spare segment, a hole: reading it does not
+    /// reach the device), nor a symlink; it takes the checkpoint first.
+    #[test]
+    fn page_file_takes_only_written_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = std::fs::metadata(dir.path()).unwrap().dev();
+        let log = dir.path().join("log");
+        std::fs::create_dir(&log).unwrap();
+        // A spare segment: length without written blocks.
+        let spare = std::fs::File::create(log.join("00000000000000000001.seg")).unwrap();
+        spare.set_len(1 << 20).unwrap();
+        // A page of zeros written is not proof either (cannot be told from a hole).
+        std::fs::write(log.join("00000000000000000000.seg"), vec![0u8; PAGE_BYTES as usize]).unwrap();
+        assert_eq!(page_file(dir.path(), dev), None);
+        let mut data = vec![0u8; PAGE_BYTES as usize];
+        data[100] = 1;
+        std::fs::write(log.join("00000000000000000002.seg"), &data).unwrap();
+        assert_eq!(page_file(dir.path(), dev), Some(log.join("00000000000000000002.seg")));
+        std::os::unix::fs::symlink(log.join("00000000000000000002.seg"), dir.path().join("a-link")).unwrap();
+        assert_eq!(page_file(dir.path(), dev), Some(log.join("00000000000000000002.seg")), "not the symlink");
+        std::fs::write(dir.path().join("checkpoint"), &data).unwrap();
+        assert_eq!(page_file(dir.path(), dev), Some(dir.path().join("checkpoint")));
+        assert_eq!(page_file(dir.path(), dev.wrapping_add(1)), None, "another device");
     }
 }

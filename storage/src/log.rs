@@ -114,7 +114,9 @@ pub struct LogConfig {
     /// at once. Default 1 ms.
     pub lone_yield_max: Duration,
     /// The stretches of log kept for [`EntryLog::read_run`]
-    /// ([`SPANS_KEPT`], up to ~9 MiB) are released once no run has used
+    /// ([`SPANS_KEPT`] of them, each up to a run's bytes, its largest
+    /// entry at least, plus [`SPAN_ALIGN`]: ~9 MiB with the dispatcher's
+    /// 1 MiB runs, ~41 MiB with 5 MiB entries) are released once no run has used
     /// them for this long, by the next checkpoint (periodic or not).
     /// Default 10 s.
     pub read_span_idle: Duration,

@@ -40,7 +40,10 @@ where
                 .await;
                 assert!(finished, "test timed out after {secs} s");
             });
-            // Sent only on success; a panic drops `done`, which ends the wait below.
+            // The executor's teardown is watched too: it goes before the
+            // signal. Sent only on success; a panic drops `done`, which
+            // ends the wait below.
+            drop(ex);
             let _ = done.send(());
         })
         .expect("test thread");
