@@ -23,13 +23,30 @@ pub fn exclusive_from_earliest(topic: &str) -> SubscribeRequest {
 }
 
 /// Runs `scenario` on shard 0 of a fresh broker made from `config`, then
-/// shuts the broker down; fails if the scenario panics or takes over 60 s.
+/// shuts the broker down; fails if the scenario panics (at once, not after
+/// the timeout) or takes over 60 s.
 #[allow(dead_code)] // not every test file runs scenarios
 pub fn run_on_shard0<F, Fut>(config: BrokerConfig, scenario: F)
 where
     F: Fn(Broker) -> Fut + Send + Clone + Sync + 'static,
     Fut: std::future::Future<Output = ()> + 'static,
 {
+    /// Says `false` when dropped before `finished`: the scenario panicked.
+    struct Outcome(Option<mpsc::Sender<bool>>);
+    impl Outcome {
+        fn finished(mut self) {
+            if let Some(tx) = self.0.take() {
+                let _ = tx.send(true);
+            }
+        }
+    }
+    impl Drop for Outcome {
+        fn drop(&mut self) {
+            if let Some(tx) = self.0.take() {
+                let _ = tx.send(false);
+            }
+        }
+    }
     let shutdown = Arc::new(AtomicBool::new(false));
     let (done_tx, done_rx) = mpsc::channel();
     let running = magnetar_core::launch(config, shutdown.clone(), move |broker: Broker| {
@@ -37,8 +54,9 @@ where
         let done_tx = done_tx.clone();
         async move {
             if broker.shard_id() == 0 {
+                let outcome = Outcome(Some(done_tx));
                 scenario(broker).await;
-                let _ = done_tx.send(());
+                outcome.finished();
             }
             std::future::pending::<()>().await
         }
@@ -46,6 +64,11 @@ where
     .expect("broker starts");
     let r = done_rx.recv_timeout(Duration::from_secs(60));
     shutdown.store(true, Ordering::SeqCst);
-    running.join().expect("broker shuts down");
-    r.expect("scenario timed out or failed (see panic above)");
+    let joined = running.join();
+    match r {
+        Ok(true) => {}
+        Ok(false) | Err(mpsc::RecvTimeoutError::Disconnected) => panic!("scenario failed (see the panic above)"),
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("scenario timed out after 60 s"),
+    }
+    joined.expect("broker shuts down");
 }
