@@ -85,6 +85,9 @@ impl AckGroup {
     pub(crate) fn add(&self, id: MessageId, batch_size: u32, cumulative: bool, now: impl FnOnce() -> Instant) -> Added {
         let mut st = self.lock();
         let mut wake = false;
+        // What the task was told before this call: kept if the group goes
+        // out at once below (the task then never hears of this deadline).
+        let armed_before = st.armed;
         if st.since.is_none() {
             let since = now();
             st.since = Some(since);
@@ -115,6 +118,7 @@ impl AckGroup {
         }
         if st.batch.individual.len() >= self.max {
             st.since = None;
+            st.armed = armed_before;
             // Sent by the caller: no need to wake the task for it.
             return Added { full: Some(std::mem::take(&mut st.batch)), wake: false };
         }
@@ -155,6 +159,18 @@ mod tests {
 
     fn id(e: u64) -> MessageId {
         MessageId::new(1, e, -1, -1)
+    }
+
+    /// Goal: an ack that fills the group at once (max 1) does not leave the
+    /// task believed armed for a deadline it never heard of, so the next
+    /// grouped ack (a cumulative one never fills the group) wakes it.
+    #[test]
+    fn a_group_sent_at_once_leaves_the_task_unarmed() {
+        let g = AckGroup::new(Duration::from_millis(100), 1);
+        let t0 = Instant::now();
+        assert!(g.add(id(1), 0, false, || t0).full.is_some(), "sent by the caller");
+        let later = t0 + Duration::from_millis(10);
+        assert_eq!(g.add(id(2), 0, true, || later), Added { full: None, wake: true }, "the task must hear of it");
     }
 
     #[test]

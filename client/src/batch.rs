@@ -230,7 +230,8 @@ impl Batcher {
     /// A new, empty batch whose first message is `first_len` bytes, and its
     /// resolver task.
     fn open_batch(&self, core: &ProducerCore, first_len: usize) -> Container {
-        let first_at = Instant::now();
+        // Tokio's clock, which the flusher sleeps on (std's but on a test's paused clock).
+        let first_at = tokio::time::Instant::now().into_std();
         let receipt = Arc::new(BatchReceipt::default());
         let (sent, rx) = oneshot::channel();
         let after = core.conn.options.operation_timeout.saturating_add(self.options.max_delay);
@@ -276,11 +277,14 @@ impl Batcher {
                 std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::btree_map::Entry::Vacant(e) => {
                     let c = e.insert(self.open_batch(core, len));
-                    // Wake the flusher if it would sleep past this batch's time.
-                    let due = c.first_at + self.options.max_delay;
-                    if b.armed.is_none_or(|a| due < a) {
-                        b.armed = Some(due);
-                        wake = true;
+                    // Wake the flusher if it would sleep past this batch's time
+                    // (none when max_delay is out of the clock's range:
+                    // batches then close by size only).
+                    if let Some(due) = c.first_at.checked_add(self.options.max_delay) {
+                        if b.armed.is_none_or(|a| due < a) {
+                            b.armed = Some(due);
+                            wake = true;
+                        }
                     }
                     c
                 }
@@ -350,7 +354,7 @@ impl Batcher {
         let next_due = {
             let mut guard = self.lock();
             let b = &mut *guard;
-            let now = Instant::now();
+            let now = tokio::time::Instant::now().into_std();
             let due: Vec<Option<String>> = b
                 .open
                 .iter()
@@ -364,7 +368,7 @@ impl Batcher {
             }
             // Closed batches left by an `add` whose future was dropped
             // before it sent them go out here too.
-            b.armed = b.open.values().map(|c| c.first_at + self.options.max_delay).min();
+            b.armed = b.open.values().filter_map(|c| c.first_at.checked_add(self.options.max_delay)).min();
             (b.armed, !b.closed.is_empty())
         };
         if next_due.1 {

@@ -123,6 +123,9 @@ pub(crate) struct ConsumerSlot {
     pub deliver: crate::consumer::Inbox,
     /// Failover: whether the broker says this consumer is the active one.
     pub active: Arc<AtomicBool>,
+    /// Wakes the consumer's timer task (which may sleep with nothing due)
+    /// when the broker closes the consumer, so that it ends.
+    pub timers: Arc<tokio::sync::Notify>,
 }
 
 #[derive(Default)]
@@ -780,6 +783,7 @@ async fn dispatch(
             if let Some(slot) = slot {
                 tracing::debug!(subscription = %slot.subscription, "consumer closed by the broker");
                 slot.closed.store(true, Ordering::Release);
+                slot.timers.notify_one();
             }
         }
         Command::ActiveConsumerChange { consumer_id, is_active } => {
@@ -832,6 +836,15 @@ async fn keepalive_loop(shared: Arc<Shared>, write: mpsc::WeakSender<Bytes>, pin
         }
         let Some(w) = write.upgrade() else { return };
         let _ = w.try_send(ping.clone());
+    }
+}
+
+/// Completes once the connection shuts down (at once if it already has).
+pub(crate) fn shut_down(shared: &Shared) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let mut rx = shared.shutdown.subscribe();
+    async move {
+        // A dropped sender (the connection gone) ends the wait too.
+        let _ = rx.wait_for(|down| *down).await;
     }
 }
 

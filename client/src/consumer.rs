@@ -321,6 +321,7 @@ impl ConsumerBuilder {
             }
         };
         let deliver = Inbox { tx: tx.clone(), source, end_on_drop: true };
+        let timers = Arc::new(Notify::new());
         let retry_deliver = Inbox { tx, source, end_on_drop: false };
         // Registered before subscribing: the broker may push messages right
         // after its Success, before our Flow even (it should not, but then
@@ -333,6 +334,7 @@ impl ConsumerBuilder {
                 closed: closed.clone(),
                 deliver,
                 active: active.clone(),
+                timers: timers.clone(),
             },
         )?;
         let answer = self
@@ -373,6 +375,7 @@ impl ConsumerBuilder {
                     closed: closed.clone(),
                     deliver: retry_deliver,
                     active: Arc::new(AtomicBool::new(false)),
+                    timers: timers.clone(),
                 },
             )?;
             let answer = self
@@ -408,7 +411,6 @@ impl ConsumerBuilder {
         };
         let tracker = Arc::new(Tracker::new(self.ack_timeout));
         let acks = Arc::new(AckGroup::new(self.ack_group_time, self.ack_group_max));
-        let timers = Arc::new(Notify::new());
         spawn_timer_task(
             self.conn.clone(),
             consumer_id,
@@ -731,6 +733,13 @@ struct DeadLetter {
     producer: tokio::sync::Mutex<Option<Producer>>,
 }
 
+/// The clock the consumer's timers read, wherever they are updated: tokio's
+/// (std's `Instant::now()`, except on a test's paused clock), so that the
+/// timer task, which sleeps on tokio's, and the updates agree.
+fn clock() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
 /// Serves the consumer's timers (see `run_timers`) on the current runtime.
 fn spawn_timer_task(
     conn: Arc<Connection>,
@@ -743,12 +752,13 @@ fn spawn_timer_task(
 ) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else { return };
     let shared = conn.shared.clone();
+    let shut_down = crate::connection::shut_down(&shared);
     let open = move || !closed.load(Ordering::Acquire) && crate::connection::is_open(&shared);
     let send = move |command: Command| {
         let conn = conn.clone();
         async move { conn.send_command(&command).await }
     };
-    handle.spawn(run_timers(consumer_id, retry, tracker, acks, wake, open, send));
+    handle.spawn(run_timers(consumer_id, retry, tracker, acks, wake, shut_down, open, send));
 }
 
 /// The consumer's timer task: sends grouped acks that are due and asks the
@@ -758,26 +768,28 @@ fn spawn_timer_task(
 /// wake at all, until an update that falls due sooner wakes it through
 /// `wake` (a `notify_one` before it waits is kept, so none is lost). Ends
 /// when `open` says no (checked at each wake-up: the consumer wakes it when
-/// it closes) or a send fails.
+/// it closes, the connection's reader when the broker closes it), when
+/// `shut_down` completes (the connection went down) or a send fails.
+#[allow(clippy::too_many_arguments)]
 async fn run_timers<S, F>(
     consumer_id: u64,
     retry: Option<Arc<RetryRoute>>,
     tracker: Arc<Tracker>,
     acks: Arc<AckGroup>,
     wake: Arc<Notify>,
+    shut_down: impl std::future::Future<Output = ()>,
     open: impl Fn() -> bool,
     send: S,
 ) where
     S: Fn(Command) -> F,
     F: std::future::Future<Output = Result<()>>,
 {
+    let mut shut_down = std::pin::pin!(shut_down);
     loop {
         if !open() {
             return;
         }
-        // Tokio's clock: the same as `Instant::now()` but in tests with a
-        // paused clock.
-        let now = tokio::time::Instant::now().into_std();
+        let now = clock();
         let due = tracker.tick(now);
         // Grouped acks go before a redelivery request, due or not: the
         // broker sends a batch back with the bits of the acks it has,
@@ -813,9 +825,15 @@ async fn run_timers<S, F>(
                 tokio::select! {
                     () = tokio::time::sleep_until(at.into()) => {}
                     () = wake.notified() => {}
+                    () = &mut shut_down => return,
                 }
             }
-            None => wake.notified().await,
+            None => {
+                tokio::select! {
+                    () = wake.notified() => {}
+                    () = &mut shut_down => return,
+                }
+            }
         }
     }
 }
@@ -971,7 +989,7 @@ impl Consumer {
                 self.screen(delivery)?
             }
             Ok(m) => {
-                if self.tracker.received(m.id, Instant::now) {
+                if self.tracker.received(m.id, clock) {
                     self.timers.notify_one();
                 }
                 delivery
@@ -1055,7 +1073,7 @@ impl Consumer {
                 }
             }
         }
-        if self.tracker.received(msg.id, Instant::now) {
+        if self.tracker.received(msg.id, clock) {
             self.timers.notify_one();
         }
         Some(Ok(msg))
@@ -1092,7 +1110,7 @@ impl Consumer {
     /// consumer) after the backoff delay for its redelivery count.
     pub fn negative_acknowledge(&self, msg: &Message) {
         let delay = self.nack_backoff.delay(msg.redelivery_count);
-        if self.tracker.nacked(msg.id, delay, Instant::now()) {
+        if self.tracker.nacked(msg.id, delay, clock()) {
             self.timers.notify_one();
         }
     }
@@ -1216,7 +1234,7 @@ impl Consumer {
             let mut full = Vec::new();
             let mut wake = false;
             self.broker_acks_each(ack_type, std::slice::from_ref(id), |id, size| {
-                let added = self.acks.add(id, size, cumulative, Instant::now);
+                let added = self.acks.add(id, size, cumulative, clock);
                 full.extend(added.full);
                 wake |= added.wake;
             });
@@ -1539,6 +1557,7 @@ mod tests {
             tracker.clone(),
             acks.clone(),
             wake.clone(),
+            std::future::pending(),
             {
                 let (wakes, open) = (wakes.clone(), open.clone());
                 move || {

@@ -1479,3 +1479,96 @@ async fn a_batch_opened_after_an_idle_spell_goes_out_at_its_delay() {
     })
     .await;
 }
+
+/// Goal: a `max_delay` beyond the clock's range (`Duration::MAX`: batches
+/// close by size only) is accepted and works; it overflowed `Instant + d`
+/// in `send_async` (review finding, seventh session). Method: two messages
+/// per batch, two batches; each goes out when full and gets its receipt.
+#[tokio::test]
+async fn batching_by_size_only_with_an_endless_delay() {
+    within(async {
+        let (url, accept) = listen(1 << 20).await;
+        let broker = tokio::spawn(async move {
+            let mut conn = accept.await;
+            let producer_id = conn.accept_producer("endless").await;
+            for entry in 0..2u64 {
+                let frame = conn.recv_cmd().await;
+                let Command::Send { sequence_id, num_messages, .. } = frame.command else {
+                    panic!("expected Send, got {:?}", frame.command)
+                };
+                assert_eq!(num_messages, 2, "entry {entry}");
+                let message_id = MessageId::new(8, entry, -1, -1);
+                conn.send(Command::SendReceipt { producer_id, sequence_id, message_id }, &[]).await;
+            }
+            while conn.recv().await.is_some() {}
+        });
+        let client = Client::connect_with(&url, options()).await.unwrap();
+        let batching =
+            magnetar_client::BatchingOptions { max_messages: 2, max_delay: Duration::MAX, ..Default::default() };
+        let producer = client.producer("t").batching(batching).create().await.unwrap();
+        for entry in 0..2u64 {
+            let a = producer.send_async(OutgoingMessage::new("a")).await.unwrap();
+            let b = producer.send_async(OutgoingMessage::new("b")).await.unwrap();
+            assert_eq!(a.await.unwrap(), MessageId::new(8, entry, -1, 0));
+            assert_eq!(b.await.unwrap(), MessageId::new(8, entry, -1, 1));
+        }
+        client.close();
+        broker.await.unwrap();
+    })
+    .await;
+}
+
+/// Goal: an idle consumer's timer task (asleep with nothing due) ends when
+/// the broker closes the consumer, and when the connection goes down, not
+/// only when the application drops the `Consumer` (review finding, seventh
+/// session: it used to notice only at its next wake-up, which an idle one
+/// never has). Method: two consumers on one connection, both kept alive;
+/// the broker closes the first (one task fewer: its timer task), then drops
+/// the connection (the second's timer task ends with the connection's own).
+#[tokio::test]
+async fn an_idle_consumers_timer_task_ends_when_closed_by_the_broker_or_disconnected() {
+    within(async {
+        let (url, accept) = listen(1 << 20).await;
+        let (close_tx, close_rx) = tokio::sync::oneshot::channel::<()>();
+        let (drop_tx, drop_rx) = tokio::sync::oneshot::channel::<()>();
+        let broker = tokio::spawn(async move {
+            let mut conn = accept.await;
+            let mut ids = Vec::new();
+            while ids.len() < 2 {
+                if let Command::Subscribe { request_id, consumer_id, .. } = conn.recv_cmd().await.command {
+                    conn.send(Command::Success { request_id }, &[]).await;
+                    ids.push(consumer_id);
+                }
+            }
+            close_rx.await.unwrap();
+            conn.send(Command::CloseConsumer { request_id: 0, consumer_id: ids[0] }, &[]).await;
+            drop_rx.await.unwrap();
+        });
+        let client = Client::connect_with(&url, options()).await.unwrap();
+        let first = client.subscribe("t", "s1").subscribe().await.unwrap();
+        let second = client.subscribe("t", "s2").subscribe().await.unwrap();
+        /// Waits until the runtime's live tasks drop to `want` or below.
+        async fn settle(want: usize) {
+            let alive = || tokio::runtime::Handle::current().metrics().num_alive_tasks();
+            for _ in 0..200 {
+                if alive() <= want {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!("{} tasks alive after 2 s, expected {want} at most", alive());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let before = tokio::runtime::Handle::current().metrics().num_alive_tasks();
+        close_tx.send(()).unwrap();
+        settle(before - 1).await;
+        drop_tx.send(()).unwrap();
+        broker.await.unwrap();
+        // Left: this test's own task and whatever the client keeps besides
+        // its connection (nothing of the two consumers).
+        settle(1).await;
+        drop((first, second));
+        client.close();
+    })
+    .await;
+}
