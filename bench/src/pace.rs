@@ -50,6 +50,9 @@ pub struct Pace {
     rate_bits: AtomicU64,
     /// Bumped by every rate change, so that producers re-base their schedule.
     version: AtomicU64,
+    /// Nanoseconds after `origin` of the last rate change: every producer
+    /// re-bases on this one instant, so their phases stay spread.
+    changed_ns: AtomicU64,
     /// Nanoseconds after `origin` at which producers stop; `u64::MAX` = not set.
     stop_ns: AtomicU64,
     /// The most any producer was behind its schedule since the last
@@ -67,6 +70,7 @@ impl Pace {
             origin,
             rate_bits: AtomicU64::new(rate_per_producer.max(0.0).to_bits()),
             version: AtomicU64::new(0),
+            changed_ns: AtomicU64::new(0),
             stop_ns: AtomicU64::new(u64::MAX),
             lag_ns: AtomicU64::new(0),
         };
@@ -86,6 +90,8 @@ impl Pace {
     /// counting from the moment they notice.
     pub fn set_rate(&self, rate_per_producer: f64) {
         self.rate_bits.store(rate_per_producer.max(0.0).to_bits(), Ordering::Relaxed);
+        let ns = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.changed_ns.store(ns, Ordering::Relaxed);
         self.version.fetch_add(1, Ordering::Release);
     }
 
@@ -107,6 +113,11 @@ impl Pace {
         Duration::from_nanos(self.lag_ns.swap(0, Ordering::Relaxed))
     }
 
+    /// When the rate last changed (the origin if it never did).
+    pub fn changed_at(&self) -> Instant {
+        self.origin + Duration::from_nanos(self.changed_ns.load(Ordering::Relaxed))
+    }
+
     pub fn stop_at(&self) -> Option<Instant> {
         match self.stop_ns.load(Ordering::Acquire) {
             u64::MAX => None,
@@ -116,24 +127,27 @@ impl Pace {
 }
 
 /// One producer's schedule under a [`Pace`]: message `i`'s intended send
-/// time is `base + (i - base_i + phase) / rate`, re-based (to the moment
-/// the producer notices) whenever the rate changes. A rate that never
-/// changes gives `start + (i + phase) / rate`. `phase` (in `[0, 1)`, a
-/// fraction of one interval) spreads the producers of a run evenly over an
-/// interval, as independent clients would be, instead of every producer
-/// sending in the same instant.
+/// time is `base + (i - base_i + skip + phase) / rate`. A rate that never
+/// changes gives `start + (i + phase) / rate`. When the rate changes, every
+/// producer re-bases on the instant of the change (`base`; shared, so the
+/// phases stay spread) from the first slot not already past when it
+/// notices (`skip` slots in). `phase` (in `[0, 1)`, a fraction of one
+/// interval) spreads the producers of a run evenly over an interval, as
+/// independent clients would be, instead of every producer sending in the
+/// same instant.
 pub struct Schedule {
     version: Option<u64>,
     rate: f64,
     base: Instant,
     base_i: u64,
+    skip: u64,
     phase: f64,
 }
 
 impl Schedule {
     pub fn new(start: Instant, phase: f64) -> Schedule {
         assert!((0.0..1.0).contains(&phase), "phase {phase} is a fraction of an interval");
-        Schedule { version: None, rate: 0.0, base: start, base_i: 0, phase }
+        Schedule { version: None, rate: 0.0, base: start, base_i: 0, skip: 0, phase }
     }
 
     /// Message `i`'s intended send time, or `None` when the rate is "as
@@ -142,14 +156,19 @@ impl Schedule {
         let (version, rate) = pace.rate();
         if self.version != Some(version) {
             if self.version.is_some() {
-                self.base = Instant::now();
+                // Slot j is at `base + (j + phase) / rate`: the first at or
+                // after now.
+                self.base = pace.changed_at();
                 self.base_i = i;
+                let behind = Instant::now().saturating_duration_since(self.base).as_secs_f64();
+                self.skip = if rate > 0.0 { (behind * rate - self.phase).ceil().max(0.0) as u64 } else { 0 };
             }
             self.version = Some(version);
             self.rate = rate;
         }
-        (self.rate > 0.0)
-            .then(|| self.base + Duration::from_secs_f64(((i - self.base_i) as f64 + self.phase) / self.rate))
+        (self.rate > 0.0).then(|| {
+            self.base + Duration::from_secs_f64(((i - self.base_i + self.skip) as f64 + self.phase) / self.rate)
+        })
     }
 }
 
@@ -368,10 +387,19 @@ mod tests {
                 assert_eq!(s.intended(&pace, i), Some(want), "producer {k}, message {i}");
             }
         }
+        // Producers notice a change at different moments (after their own
+        // sends, which carry their phases): they re-base on the change's
+        // instant, so each keeps its place in the interval.
         pace.set_rate(10.0);
-        let at: Vec<Instant> = s.iter_mut().map(|s| s.intended(&pace, 3).expect("a rate")).collect();
+        let changed = pace.changed_at();
         for (k, s) in s.iter_mut().enumerate() {
-            assert_eq!(s.intended(&pace, 4), Some(at[k] + Duration::from_millis(100)), "still at the rate");
+            std::thread::sleep(Duration::from_millis(7));
+            let at = s.intended(&pace, 3).expect("a rate");
+            assert!(at >= changed, "producer {k}: not before the change");
+            let offset = (at - changed).as_nanos() % 100_000_000;
+            let want = 25_000_000 * k as u128;
+            assert!(offset.abs_diff(want) < 1_000, "producer {k}: {offset} ns into the interval, want {want}");
+            assert_eq!(s.intended(&pace, 4), Some(at + Duration::from_millis(100)), "still at the rate");
         }
     }
 
