@@ -1436,6 +1436,24 @@ async fn message_runs_are_read_entry_by_entry() {
     .await;
 }
 
+/// The broker's side of the batch-timing tests: accepts producer `name`,
+/// then answers two batch entries of two messages each, as entries 0 and 1
+/// of ledger `ledger`.
+async fn answer_pairs(accept: impl Future<Output = FakeConn>, name: &str, ledger: u64) {
+    let mut conn = accept.await;
+    let producer_id = conn.accept_producer(name).await;
+    for entry in 0..2u64 {
+        let frame = conn.recv_cmd().await;
+        let Command::Send { sequence_id, num_messages, .. } = frame.command else {
+            panic!("expected Send, got {:?}", frame.command)
+        };
+        assert_eq!(num_messages, 2, "entry {entry}");
+        let message_id = MessageId::new(ledger, entry, -1, -1);
+        conn.send(Command::SendReceipt { producer_id, sequence_id, message_id }, &[]).await;
+    }
+    while conn.recv().await.is_some() {}
+}
+
 /// Goal: the batch flusher, which sleeps while no batch is open (it used to
 /// wake every `max_delay / 2` regardless), still sends a batch that opens
 /// after an idle spell at its `max_delay`: the open wakes it. Method: a
@@ -1446,20 +1464,7 @@ async fn message_runs_are_read_entry_by_entry() {
 async fn a_batch_opened_after_an_idle_spell_goes_out_at_its_delay() {
     within(async {
         let (url, accept) = listen(1 << 20).await;
-        let broker = tokio::spawn(async move {
-            let mut conn = accept.await;
-            let producer_id = conn.accept_producer("idle").await;
-            for entry in 0..2u64 {
-                let frame = conn.recv_cmd().await;
-                let Command::Send { sequence_id, num_messages, .. } = frame.command else {
-                    panic!("expected Send, got {:?}", frame.command)
-                };
-                assert_eq!(num_messages, 2, "entry {entry}");
-                let message_id = MessageId::new(7, entry, -1, -1);
-                conn.send(Command::SendReceipt { producer_id, sequence_id, message_id }, &[]).await;
-            }
-            while conn.recv().await.is_some() {}
-        });
+        let broker = tokio::spawn(answer_pairs(accept, "idle", 7));
         let client = Client::connect_with(&url, options()).await.unwrap();
         let delay = Duration::from_millis(50);
         let batching = magnetar_client::BatchingOptions { max_messages: 100, max_delay: delay, ..Default::default() };
@@ -1488,20 +1493,7 @@ async fn a_batch_opened_after_an_idle_spell_goes_out_at_its_delay() {
 async fn batching_by_size_only_with_an_endless_delay() {
     within(async {
         let (url, accept) = listen(1 << 20).await;
-        let broker = tokio::spawn(async move {
-            let mut conn = accept.await;
-            let producer_id = conn.accept_producer("endless").await;
-            for entry in 0..2u64 {
-                let frame = conn.recv_cmd().await;
-                let Command::Send { sequence_id, num_messages, .. } = frame.command else {
-                    panic!("expected Send, got {:?}", frame.command)
-                };
-                assert_eq!(num_messages, 2, "entry {entry}");
-                let message_id = MessageId::new(8, entry, -1, -1);
-                conn.send(Command::SendReceipt { producer_id, sequence_id, message_id }, &[]).await;
-            }
-            while conn.recv().await.is_some() {}
-        });
+        let broker = tokio::spawn(answer_pairs(accept, "endless", 8));
         let client = Client::connect_with(&url, options()).await.unwrap();
         let batching =
             magnetar_client::BatchingOptions { max_messages: 2, max_delay: Duration::MAX, ..Default::default() };
