@@ -67,8 +67,8 @@ pub fn decode_message(blob: &Bytes) -> Result<(MessageMetadata, Bytes), WireErro
 }
 
 /// The fields the broker reads from a blob on its hot paths (index keys,
-/// dedup, delayed delivery), borrowed from the blob: verified, but nothing is
-/// allocated or copied.
+/// dedup, delayed delivery), borrowed from the blob: checked as
+/// [`view_message`] checks it, but nothing is allocated or copied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MessagePeek<'a> {
     pub producer_name: &'a str,
@@ -86,28 +86,24 @@ pub struct MessagePeek<'a> {
     pub payload: &'a [u8],
 }
 
-/// Verify a blob and borrow its hot fields; see [`MessagePeek`].
+/// Check a blob and borrow its hot fields; see [`MessagePeek`]. Accepts
+/// exactly the blobs [`decode_message`] accepts (it is [`view_message`]),
+/// so a blob the broker takes is one every consumer can decode.
 pub fn peek_message(blob: &[u8]) -> Result<MessagePeek<'_>, WireError> {
-    let (meta_bytes, payload_offset) = split_blob(blob)?;
-    let meta = verify_metadata(meta_bytes)?;
-    let payload = blob.get(payload_offset..).ok_or(WireError::Truncated {
-        what: "message payload",
-        offset: len_u64(payload_offset),
-        need: 0,
-        have: 0,
-    })?;
+    let v = view_message(blob)?;
     Ok(MessagePeek {
-        producer_name: meta.producer_name().ok_or(WireError::MissingField("MessageMetadata.producer_name"))?,
-        sequence_id: meta.sequence_id(),
-        publish_time_ms: meta.publish_time_ms(),
-        event_time_ms: meta.event_time_ms(),
-        partition_key: meta.partition_key(),
-        ordering_key: meta.ordering_key().map(|v| v.bytes()),
-        num_messages: meta.num_messages(),
-        deliver_at_ms: meta.deliver_at_ms(),
-        tag: meta.tag(),
-        chunk: meta.chunk().map(|c| (c.chunk_id(), c.num_chunks())),
-        payload,
+        producer_name: v.producer_name,
+        sequence_id: v.sequence_id,
+        publish_time_ms: v.publish_time_ms,
+        event_time_ms: v.event_time_ms,
+        partition_key: v.partition_key,
+        ordering_key: v.ordering_key,
+        num_messages: v.num_messages,
+        deliver_at_ms: v.deliver_at_ms,
+        tag: v.tag,
+        chunk: v.chunk.map(|c| (c.chunk_id, c.num_chunks)),
+        // `view_message` found the metadata's end inside the blob.
+        payload: blob.get(v.payload_offset..).unwrap_or_default(),
     })
 }
 

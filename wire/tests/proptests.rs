@@ -509,8 +509,12 @@ proptest! {
             prop_assert_eq!(peek.sequence_id, meta.sequence_id);
             prop_assert_eq!(peek.payload, &payload[..]);
         }
-        // Peek reads fewer fields, so it may accept what decode rejects; never the reverse.
-        prop_assert!(decoded.is_err() || peeked.is_ok());
+        // Peek accepts exactly what decode accepts: a blob the broker takes
+        // is one every consumer can decode.
+        prop_assert_eq!(decoded.is_ok(), peeked.is_ok());
+        if let (Err(d), Err(p)) = (&decoded, &peeked) {
+            prop_assert_eq!(d, p);
+        }
     }
 }
 
