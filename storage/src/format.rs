@@ -175,6 +175,55 @@ impl BatchHeader {
     }
 }
 
+/// Records with at least this many body bytes join [`BodyCrc`] by combining
+/// their own checksum: a combine costs ~0.3 µs here, hashing 16 KiB ~0.8 µs.
+pub const BODY_CRC_COMBINE_MIN: usize = 8 << 10;
+
+/// A batch's body checksum ([`BatchHeader::body_crc`]) built while its
+/// records are laid out, so that a large record's bytes are hashed once (for
+/// the record's own checksum) and not read again for the batch's: its
+/// checksum over header bytes [4..48] and body is combined in, behind the 4
+/// bytes of that checksum as stored. Smaller records and the padding are
+/// hashed as bytes. Same result as `crc(&[&batch[BATCH_HEADER_BYTES..]])`.
+pub struct BodyCrc {
+    h: crc32fast::Hasher,
+    /// `buf[BATCH_HEADER_BYTES..covered]` is in `h`.
+    covered: usize,
+}
+
+impl Default for BodyCrc {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl BodyCrc {
+    pub fn new() -> BodyCrc {
+        BodyCrc { h: crc32fast::Hasher::new(), covered: BATCH_HEADER_BYTES }
+    }
+
+    /// The record at `batch[off..]`, whose header is written with checksum
+    /// `crc` and whose body of `body_len` bytes follows it; records come in
+    /// order.
+    pub fn record(&mut self, batch: &[u8], off: usize, crc: u32, body_len: usize) {
+        assert!(off >= self.covered, "records are laid out in order");
+        if body_len < BODY_CRC_COMBINE_MIN {
+            return;
+        }
+        debug_assert_eq!(rd_u32(batch, off), crc);
+        self.h.update(&batch[self.covered..off + 4]);
+        let rest = (RECORD_HEADER_BYTES - 4 + body_len) as u64;
+        self.h.combine(&crc32fast::Hasher::new_with_initial_len(crc, rest));
+        self.covered = off + RECORD_HEADER_BYTES + body_len;
+    }
+
+    /// The checksum of `batch[BATCH_HEADER_BYTES..]`, records and padding.
+    pub fn finish(mut self, batch: &[u8]) -> u32 {
+        self.h.update(&batch[self.covered..]);
+        self.h.finalize()
+    }
+}
+
 /// The smallest unit a device writes atomically; a torn write leaves whole
 /// sectors old or new.
 pub const SECTOR_BYTES: usize = 512;
@@ -718,6 +767,47 @@ mod tests {
             let mut c = b;
             c[bit / 8] ^= 1 << (bit % 8);
             assert!(BatchHeader::decode(&c).is_err(), "bit {bit}");
+        }
+    }
+
+    #[test]
+    fn body_crc_built_from_records_equals_the_checksum_of_the_bytes() {
+        // Goal: `BodyCrc` gives the same checksum as hashing the whole body,
+        // whatever mix of records below and above the combine threshold
+        // precedes or follows, with and without padding.
+        let big = BODY_CRC_COMBINE_MIN;
+        let shapes: &[&[usize]] = &[
+            &[],
+            &[0],
+            &[big],
+            &[big - 1, big, big + 1],
+            &[3, 131_072, 0, 100, 20_000],
+            &[big, big, 7, big * 3],
+            &[1000; 9],
+        ];
+        for (n, shape) in shapes.iter().enumerate() {
+            let records: usize = shape.iter().map(|b| RECORD_HEADER_BYTES + b).sum();
+            for extra in [0, 1, 4095] {
+                let len = pad_to_page((BATCH_HEADER_BYTES + records + extra) as u64) as usize;
+                let mut batch = vec![0u8; len];
+                let mut body_crc = BodyCrc::new();
+                let mut off = BATCH_HEADER_BYTES;
+                for (i, &body_len) in shape.iter().enumerate() {
+                    let body: Vec<u8> = (0..body_len).map(|j| (j * 31 + i * 7 + n) as u8).collect();
+                    let crc = RecordHeader::encode(
+                        &mut batch[off..],
+                        KIND_ENTRY,
+                        1,
+                        i as u64,
+                        IndexExtras::default(),
+                        &[&body],
+                    );
+                    batch[off + RECORD_HEADER_BYTES..off + RECORD_HEADER_BYTES + body_len].copy_from_slice(&body);
+                    body_crc.record(&batch, off, crc, body_len);
+                    off += RECORD_HEADER_BYTES + body_len;
+                }
+                assert_eq!(body_crc.finish(&batch), crc(&[&batch[BATCH_HEADER_BYTES..]]), "shape {shape:?}, len {len}");
+            }
         }
     }
 

@@ -820,6 +820,9 @@ impl<D: Disk> Shared<D> {
             let buf = dma.as_mut();
             assert_eq!(buf.len(), batch_len as usize);
             let mut off = BATCH_HEADER_BYTES;
+            // The body checksum, built as records are laid out: a large
+            // record's bytes are not read a second time (see `BodyCrc`).
+            let mut body_crc = crate::format::BodyCrc::new();
             let mut last_lsn = 0;
             let mut metas = Vec::new();
             let mut moves = Vec::new();
@@ -834,6 +837,7 @@ impl<D: Disk> Shared<D> {
                     PendingKind::Entry { ledger, entry, body: data, extras } => {
                         body[..body_len].copy_from_slice(&data);
                         let crc = RecordHeader::encode(hdr, KIND_ENTRY, ledger, entry, extras, &[&data]);
+                        body_crc.record(buf, off, crc, body_len);
                         let l = st.ledgers.get_mut(&ledger).expect("appended ledger exists");
                         assert_eq!(l.index.len() as u64, entry, "entries laid out in order");
                         l.index.push(IndexEntry {
@@ -848,6 +852,7 @@ impl<D: Disk> Shared<D> {
                     PendingKind::Move { ledger, entry, body: data, extras, from } => {
                         body[..body_len].copy_from_slice(&data);
                         let crc = RecordHeader::encode(hdr, KIND_MOVE, ledger, entry, extras, &[&data]);
+                        body_crc.record(buf, off, crc, body_len);
                         let to = IndexEntry {
                             position: position + off as u64,
                             body_len: body_len as u32,
@@ -878,7 +883,7 @@ impl<D: Disk> Shared<D> {
             let records_len = (off - BATCH_HEADER_BYTES) as u32;
             // The page padding after the last record (covered by body_crc).
             buf[off..].fill(0);
-            let body_crc = crate::format::crc(&[&buf[BATCH_HEADER_BYTES..]]);
+            let body_crc = body_crc.finish(buf);
             BatchHeader {
                 batch_len: batch_len as u32,
                 record_count: count as u32,
