@@ -169,6 +169,8 @@ pub(crate) enum Op {
         sequence_id: u64,
         num_messages: u32,
         blob: Bytes,
+        /// The blob's CRC-32 when the connection had it (see `send_checked`).
+        blob_crc: Option<u32>,
     },
     CloseProducer {
         topic: String,
@@ -528,8 +530,8 @@ impl Shard {
             return futures::future::ready(self.handle_non_persistent(op)).boxed_local();
         }
         match op {
-            Op::Send { topic, producer, sequence_id, num_messages, blob } => {
-                self.handle_send(&topic, &producer, sequence_id, num_messages, blob)
+            Op::Send { topic, producer, sequence_id, num_messages, blob, blob_crc } => {
+                self.handle_send(&topic, &producer, sequence_id, num_messages, blob, blob_crc)
             }
             Op::CreateProducer { topic, name, mode, policy } => {
                 let me = self.clone();
@@ -800,6 +802,7 @@ impl Shard {
         sequence_id: u64,
         num_messages: u32,
         blob: Bytes,
+        blob_crc: Option<u32>,
     ) -> LocalBoxFuture<'static, OpResult> {
         crate::stage::mark("2_owner_send");
         let appended = (|| {
@@ -883,7 +886,7 @@ impl Shard {
                 (l.current().id, l.current().first)
             };
             let bytes = blob.len() as u64;
-            let a = self.log.append_with(ledger, blob, extras)?;
+            let a = self.log.append_checked(ledger, blob, blob_crc, extras)?;
             t.ledgers.borrow_mut().appended(a.entry, bytes);
             let pos = first + a.entry;
             t.rate_in.record(now_ms(), u64::from(num_messages), bytes);
@@ -1864,12 +1867,28 @@ impl Broker {
         num_messages: u32,
         blob: Bytes,
     ) -> LocalBoxFuture<'static, Result<MessageId, CoreError>> {
+        self.send_checked(producer, sequence_id, num_messages, blob, None)
+    }
+
+    /// [`send`](Self::send) of a blob whose CRC-32 the caller has, computed
+    /// over these very bytes (the connection, from the frame's checksum):
+    /// the log derives the record's checksum from it instead of hashing the
+    /// blob again.
+    pub fn send_checked(
+        &self,
+        producer: &ProducerHandle,
+        sequence_id: u64,
+        num_messages: u32,
+        blob: Bytes,
+        blob_crc: Option<u32>,
+    ) -> LocalBoxFuture<'static, Result<MessageId, CoreError>> {
         let op = Op::Send {
             topic: producer.topic.clone(),
             producer: producer.producer_name.clone(),
             sequence_id,
             num_messages,
             blob,
+            blob_crc,
         };
         let fut = self.shard.call(producer.owner, op);
         async move {

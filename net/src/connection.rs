@@ -370,10 +370,10 @@ impl Conn {
 
     /// Handles one frame; `Err` closes the connection.
     async fn handle(self: &Rc<Self>, frame: Frame) -> Result<(), String> {
-        let Frame { command, payload } = frame;
+        let Frame { command, payload, payload_crc } = frame;
         match command {
             Command::Send { producer_id, sequence_id, num_messages } => {
-                self.on_send(producer_id, sequence_id, num_messages, payload)
+                self.on_send(producer_id, sequence_id, num_messages, payload, payload_crc)
             }
             Command::Producer { request_id, producer_id, topic, producer_name, access_mode } => {
                 if self.producers.borrow().contains_key(&producer_id)
@@ -587,6 +587,7 @@ impl Conn {
         sequence_id: u64,
         num_messages: u32,
         payload: Bytes,
+        payload_crc: Option<u32>,
     ) -> Result<(), String> {
         let producers = self.producers.borrow();
         let Some(p) = producers.get(&producer_id) else {
@@ -604,7 +605,7 @@ impl Conn {
         magnetar_core::stage::mark("1_conn_send");
         let bytes = payload.len();
         self.inflight_bytes.set(self.inflight_bytes.get() + bytes);
-        let fut = self.broker.send(&p.handle, sequence_id, num_messages, payload);
+        let fut = self.broker.send_checked(&p.handle, sequence_id, num_messages, payload, payload_crc);
         let receipt: Receipt = async move { (sequence_id, bytes, fut.await) }.boxed_local();
         if p.receipts.try_send(receipt).is_err() {
             self.inflight_bytes.set(self.inflight_bytes.get() - bytes);

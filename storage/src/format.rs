@@ -302,8 +302,49 @@ impl RecordHeader {
     /// Writes the header for `body` into `out[..48]`, computing the checksum.
     /// Returns the checksum.
     pub fn encode(out: &mut [u8], kind: u8, ledger: u64, entry: u64, extras: IndexExtras, body_parts: &[&[u8]]) -> u32 {
-        assert!(out.len() >= RECORD_HEADER_BYTES);
         let body_len: usize = body_parts.iter().map(|p| p.len()).sum();
+        let b = Self::encode_fields(out, kind, ledger, entry, extras, body_len);
+        let mut h = crc32fast::Hasher::new();
+        h.update(&b[4..]);
+        for p in body_parts {
+            h.update(p);
+        }
+        let c = h.finalize();
+        wr(b, 0, &c.to_le_bytes());
+        c
+    }
+
+    /// [`encode`](Self::encode) for a body of `body_len` bytes whose CRC-32
+    /// is `body_crc`: the record's checksum is the header's combined with
+    /// it, without reading the body. Returns the checksum.
+    pub fn encode_with_body_crc(
+        out: &mut [u8],
+        kind: u8,
+        ledger: u64,
+        entry: u64,
+        extras: IndexExtras,
+        body_len: usize,
+        body_crc: u32,
+    ) -> u32 {
+        let b = Self::encode_fields(out, kind, ledger, entry, extras, body_len);
+        let mut h = crc32fast::Hasher::new();
+        h.update(&b[4..]);
+        h.combine(&crc32fast::Hasher::new_with_initial_len(body_crc, body_len as u64));
+        let c = h.finalize();
+        wr(b, 0, &c.to_le_bytes());
+        c
+    }
+
+    /// Writes every field but the checksum into `out[..48]`.
+    fn encode_fields(
+        out: &mut [u8],
+        kind: u8,
+        ledger: u64,
+        entry: u64,
+        extras: IndexExtras,
+        body_len: usize,
+    ) -> &mut [u8] {
+        assert!(out.len() >= RECORD_HEADER_BYTES);
         let b = &mut out[..RECORD_HEADER_BYTES];
         b.fill(0);
         b[4] = kind;
@@ -313,14 +354,7 @@ impl RecordHeader {
         wr(b, 24, &entry.to_le_bytes());
         wr(b, 32, &extras.publish_time_ms.to_le_bytes());
         wr(b, 40, &extras.tag_hash.to_le_bytes());
-        let mut h = crc32fast::Hasher::new();
-        h.update(&b[4..]);
-        for p in body_parts {
-            h.update(p);
-        }
-        let c = h.finalize();
-        wr(b, 0, &c.to_le_bytes());
-        c
+        b
     }
 
     /// Decodes without verifying the checksum (see [`RecordHeader::verify`]).
@@ -774,7 +808,8 @@ mod tests {
     fn body_crc_built_from_records_equals_the_checksum_of_the_bytes() {
         // Goal: `BodyCrc` gives the same checksum as hashing the whole body,
         // whatever mix of records below and above the combine threshold
-        // precedes or follows, with and without padding.
+        // precedes or follows, with and without padding; and a record header
+        // built from its body's checksum is the one built from its bytes.
         let big = BODY_CRC_COMBINE_MIN;
         let shapes: &[&[usize]] = &[
             &[],
@@ -794,16 +829,25 @@ mod tests {
                 let mut off = BATCH_HEADER_BYTES;
                 for (i, &body_len) in shape.iter().enumerate() {
                     let body: Vec<u8> = (0..body_len).map(|j| (j * 31 + i * 7 + n) as u8).collect();
-                    let crc = RecordHeader::encode(
-                        &mut batch[off..],
+                    let extras = IndexExtras { key_hash: 3, publish_time_ms: 1 << 40, tag_hash: 9 };
+                    let rc = RecordHeader::encode(&mut batch[off..], KIND_ENTRY, 1, i as u64, extras, &[&body]);
+                    let mut again = [0u8; RECORD_HEADER_BYTES];
+                    let derived = RecordHeader::encode_with_body_crc(
+                        &mut again,
                         KIND_ENTRY,
                         1,
                         i as u64,
-                        IndexExtras::default(),
-                        &[&body],
+                        extras,
+                        body_len,
+                        crc(&[&body]),
+                    );
+                    assert_eq!(
+                        (derived, &again[..]),
+                        (rc, &batch[off..off + RECORD_HEADER_BYTES]),
+                        "from the body's crc"
                     );
                     batch[off + RECORD_HEADER_BYTES..off + RECORD_HEADER_BYTES + body_len].copy_from_slice(&body);
-                    body_crc.record(&batch, off, crc, body_len);
+                    body_crc.record(&batch, off, rc, body_len);
                     off += RECORD_HEADER_BYTES + body_len;
                 }
                 assert_eq!(body_crc.finish(&batch), crc(&[&batch[BATCH_HEADER_BYTES..]]), "shape {shape:?}, len {len}");

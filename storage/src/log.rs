@@ -403,6 +403,8 @@ enum PendingKind {
         ledger: u64,
         entry: u64,
         body: Bytes,
+        /// The body's CRC-32 when the caller had it (`append_checked`).
+        body_crc: Option<u32>,
         extras: IndexExtras,
     },
     Meta {
@@ -834,9 +836,14 @@ impl<D: Disk> Shared<D> {
                 let body_len = p.body_len();
                 let (hdr, body) = buf[off..].split_at_mut(RECORD_HEADER_BYTES);
                 match p.kind {
-                    PendingKind::Entry { ledger, entry, body: data, extras } => {
+                    PendingKind::Entry { ledger, entry, body: data, body_crc: data_crc, extras } => {
                         body[..body_len].copy_from_slice(&data);
-                        let crc = RecordHeader::encode(hdr, KIND_ENTRY, ledger, entry, extras, &[&data]);
+                        let crc = match data_crc {
+                            Some(c) => {
+                                RecordHeader::encode_with_body_crc(hdr, KIND_ENTRY, ledger, entry, extras, body_len, c)
+                            }
+                            None => RecordHeader::encode(hdr, KIND_ENTRY, ledger, entry, extras, &[&data]),
+                        };
                         body_crc.record(buf, off, crc, body_len);
                         let l = st.ledgers.get_mut(&ledger).expect("appended ledger exists");
                         assert_eq!(l.index.len() as u64, entry, "entries laid out in order");
@@ -1491,6 +1498,23 @@ impl<D: Disk> EntryLog<D> {
     /// [`append`](Self::append) with the values the index keeps beside the
     /// position (publish time, key hash; 0 = none).
     pub fn append_with(&self, ledger: u64, body: Bytes, extras: IndexExtras) -> Result<Appended> {
+        self.append_checked(ledger, body, None, extras)
+    }
+
+    /// [`append_with`](Self::append_with) for a body whose CRC-32 the
+    /// caller already has (`body_crc`, computed over these very bytes, e.g.
+    /// while checking the frame it came in): the record's checksum is then
+    /// derived from it instead of reading the body again. A wrong value
+    /// cannot serve bad bytes: the record would fail its checksum on every
+    /// read.
+    pub fn append_checked(
+        &self,
+        ledger: u64,
+        body: Bytes,
+        body_crc: Option<u32>,
+        extras: IndexExtras,
+    ) -> Result<Appended> {
+        debug_assert!(body_crc.is_none_or(|c| c == crate::format::crc(&[&body])), "body_crc is the body's");
         let mut st = self.sh.st.borrow_mut();
         let st = &mut *st;
         check_mode(st.mode)?;
@@ -1522,7 +1546,7 @@ impl<D: Disk> EntryLog<D> {
         st.cache_fifo.push_back((ledger, entry, lsn, body.len()));
         st.cache_bytes += body.len();
         st.pending_bytes += body.len() as u64;
-        st.pending.push_back(Pending { lsn, kind: PendingKind::Entry { ledger, entry, body, extras } });
+        st.pending.push_back(Pending { lsn, kind: PendingKind::Entry { ledger, entry, body, body_crc, extras } });
         crate::stage::mark("3_appended");
         st.wake_flusher();
         st.evict(self.sh.cfg.write_cache_bytes);

@@ -45,7 +45,7 @@ pub use batch::{decode_batch, encode_batch_record_into, BatchMessage, BATCH_MESS
 pub use error::WireError;
 pub use frame::{
     decode_command, encode_frame, encode_frame_head, encode_message_frame, encode_message_run_frame, run_entries,
-    FrameDecoder, RunEntries, FRAME_BYTES_MAX_DEFAULT, FRAME_HEADER_BYTES, FRAME_LEN_MIN,
+    FrameDecoder, RunEntries, FRAME_BYTES_MAX_DEFAULT, FRAME_HEADER_BYTES, FRAME_LEN_MIN, PAYLOAD_CRC_MIN,
 };
 pub use message::{
     decode_message, encode_message, encode_message_into, peek_for_delivery, peek_message, peek_publish_time_and_key,

@@ -373,6 +373,12 @@ pub enum Command {
 pub struct Frame {
     pub command: Command,
     pub payload: Bytes,
+    /// The payload's CRC-32, when the decoder had it from checking the
+    /// frame's checksum (payloads of at least
+    /// [`PAYLOAD_CRC_MIN`](crate::PAYLOAD_CRC_MIN) bytes): a receiver that
+    /// keeps a checksum of the bytes (the broker's log) takes it instead of
+    /// reading them again.
+    pub payload_crc: Option<u32>,
 }
 
 /// Metadata of one entry, stored in front of its payload (the "message blob").

@@ -81,7 +81,7 @@ fn decodes_across_arbitrary_split_points() {
     for command in &commands {
         let payload = payload_for(command);
         encode_frame(command, &payload, &mut stream).unwrap();
-        expected.push(Frame { command: command.clone(), payload });
+        expected.push(Frame { command: command.clone(), payload, payload_crc: None });
     }
 
     // Byte by byte.
@@ -511,4 +511,33 @@ fn malformed_runs_give_typed_errors() {
     // Well formed: decodes.
     let mut buf = raw_frame(&build(true, true), b"x");
     assert!(FrameDecoder::default().decode(&mut buf).unwrap().is_some());
+}
+
+/// Goal: a large payload comes out of the decoder with its own CRC-32 (what
+/// the broker's log keeps instead of hashing the bytes again), a small one
+/// without, and the frame's checksum still catches a flipped bit anywhere,
+/// in the command or in the payload.
+/// Method: Send frames with payloads around `PAYLOAD_CRC_MIN`; then every
+/// 97th bit of a large frame flipped in turn.
+#[test]
+fn large_payloads_carry_their_crc_and_every_bit_still_counts() {
+    let command = Command::Send { producer_id: 1, sequence_id: 2, num_messages: 3 };
+    for len in [0, 1, PAYLOAD_CRC_MIN - 1, PAYLOAD_CRC_MIN, PAYLOAD_CRC_MIN + 1, 200_000] {
+        let payload: Vec<u8> = (0..len).map(|i| (i * 131 + 7) as u8).collect();
+        let mut stream = BytesMut::new();
+        encode_frame(&command, &payload, &mut stream).unwrap();
+        let whole = stream.clone();
+        let frame = FrameDecoder::new(1 << 20).decode(&mut stream).unwrap().unwrap();
+        assert_eq!(frame.payload, payload);
+        let want = (len >= PAYLOAD_CRC_MIN).then(|| crc32fast::hash(&payload));
+        assert_eq!(frame.payload_crc, want, "payload of {len} bytes");
+        if len == 200_000 {
+            for bit in (64..whole.len() * 8).step_by(97) {
+                let mut bad = whole.clone();
+                bad[bit / 8] ^= 1 << (bit % 8);
+                let got = FrameDecoder::new(1 << 20).decode(&mut bad);
+                assert!(matches!(got, Err(WireError::ChecksumMismatch { .. })), "bit {bit}: {got:?}");
+            }
+        }
+    }
 }
