@@ -102,8 +102,16 @@ fn throughput_chart(s: &mut String, ticks: &[Tick], top: f64, height: f64) {
         top - 8.0
     );
     frame(s, top, height);
-    let t_max = ticks.iter().map(|t| t.t_s).fold(1.0, f64::max);
-    let v_max = ticks.iter().map(|t| t.produce_msgs_per_s.max(t.consume_msgs_per_s)).fold(1.0, f64::max) * 1.1;
+    // Axes end on a round value, gridlines at round steps (1, 2, 2.5 or 5
+    // times a power of ten), so a reader can read values off the chart.
+    let t_step = nice_step(ticks.iter().map(|t| t.t_s).fold(1.0, f64::max) / 5.0);
+    let t_max = axis_end(ticks.iter().map(|t| t.t_s).fold(1.0, f64::max), t_step);
+    let v_step =
+        nice_step(ticks.iter().map(|t| t.produce_msgs_per_s.max(t.consume_msgs_per_s)).fold(1.0, f64::max) / 4.0);
+    let v_max = axis_end(
+        ticks.iter().map(|t| t.produce_msgs_per_s.max(t.consume_msgs_per_s)).fold(1.0, f64::max) * 1.05,
+        v_step,
+    );
     let x_of = |t: f64| LEFT + t / t_max * PLOT_W;
     let y_of = |v: f64| top + height - v / v_max * height;
     if let Some(first_measured) = ticks.iter().position(|t| t.measuring) {
@@ -116,10 +124,10 @@ fn throughput_chart(s: &mut String, ticks: &[Tick], top: f64, height: f64) {
             );
         }
     }
-    for i in 0..=5 {
-        let t = t_max * f64::from(i) / 5.0;
-        grid_v(s, x_of(t), top, height, &format!("{t:.1} s"));
-        let v = v_max * f64::from(i) / 5.0;
+    for t in steps(t_max, t_step) {
+        grid_v(s, x_of(t), top, height, &format!("{} s", trim_float(t)));
+    }
+    for v in steps(v_max, v_step) {
         grid_h(s, y_of(v), &format_count(v));
     }
     type Series = (&'static str, fn(&Tick) -> f64);
@@ -168,17 +176,61 @@ fn format_ms(v: f64) -> String {
 
 fn format_count(v: f64) -> String {
     if v >= 1e6 {
-        format!("{:.1}M", v / 1e6)
+        format!("{}M", trim_float(v / 1e6))
     } else if v >= 1e3 {
-        format!("{:.0}k", v / 1e3)
+        format!("{}k", trim_float(v / 1e3))
     } else {
-        format!("{v:.0}")
+        trim_float(v)
     }
+}
+
+/// Up to two decimals, without trailing zeros: 2.5, 250, 1.25.
+fn trim_float(v: f64) -> String {
+    let s = format!("{v:.2}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// The smallest of 1, 2, 2.5, 5 and 10 times a power of ten that is at
+/// least `raw` (a positive, finite step; 1 otherwise).
+fn nice_step(raw: f64) -> f64 {
+    if !(raw.is_finite() && raw > 0.0) {
+        return 1.0;
+    }
+    let pow = 10f64.powf(raw.log10().floor());
+    let m = [1.0, 2.0, 2.5, 5.0, 10.0].into_iter().find(|m| m * pow >= raw * (1.0 - 1e-9)).unwrap_or(10.0);
+    m * pow
+}
+
+/// `max` rounded up to a whole number of `step`s (at least one).
+fn axis_end(max: f64, step: f64) -> f64 {
+    (max / step - 1e-9).ceil().max(1.0) * step
+}
+
+/// 0, step, 2 step, ... up to `end` (a whole number of steps).
+fn steps(end: f64, step: f64) -> impl Iterator<Item = f64> {
+    let n = (end / step).round() as u32;
+    (0..=n).map(move |i| f64::from(i) * step)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn axes_take_round_steps() {
+        assert_eq!(nice_step(117_000.0), 200_000.0);
+        assert_eq!(nice_step(1.6), 2.0);
+        assert_eq!(nice_step(2.2), 2.5);
+        assert_eq!(nice_step(3.0), 5.0);
+        assert_eq!(nice_step(6.0), 10.0);
+        assert_eq!(nice_step(10.0), 10.0);
+        assert_eq!(nice_step(0.0), 1.0);
+        assert_eq!(axis_end(587_000.0, 200_000.0), 600_000.0);
+        assert_eq!(axis_end(8.0, 2.0), 8.0);
+        assert_eq!(steps(600_000.0, 200_000.0).map(format_count).collect::<Vec<_>>(), ["0", "200k", "400k", "600k"]);
+        assert_eq!(format_count(2_500_000.0), "2.5M");
+        assert_eq!(trim_float(32.0), "32");
+    }
 
     #[test]
     fn svg_is_well_formed_enough() {
