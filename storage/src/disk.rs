@@ -418,6 +418,36 @@ impl DiskFile for DmaDiskFile {
     }
 }
 
+/// Enters a private io_uring (the lone ring, a file's ring) to submit what is
+/// queued. Tests can make the next call on this thread fail as
+/// `io_uring_enter` can before it takes anything ([`fault::refuse_next`]).
+fn submit_queued(ring: &mut io_uring::IoUring) -> io::Result<usize> {
+    #[cfg(test)]
+    if let Some(errno) = fault::take() {
+        return Err(io::Error::from_raw_os_error(errno));
+    }
+    ring.submit()
+}
+
+#[cfg(test)]
+mod fault {
+    use std::cell::Cell;
+
+    thread_local! {
+        static NEXT: Cell<Option<i32>> = const { Cell::new(None) };
+    }
+
+    /// The next `submit_queued` on this thread fails with `errno`, taking
+    /// nothing (both entries stay queued, as after a real EAGAIN).
+    pub fn refuse_next(errno: i32) {
+        NEXT.with(|n| n.set(Some(errno)));
+    }
+
+    pub fn take() -> Option<i32> {
+        NEXT.with(|n| n.take())
+    }
+}
+
 /// The production backend's linked write + fdatasync
 /// ([`DmaDiskFile::write_and_sync`]): one io_uring per executor thread,
 /// private to it, with its own page-aligned buffer (O_DIRECT), used only
@@ -580,7 +610,7 @@ mod linked {
         // first. A pure spin instead held those workers off: p99 grew by
         // the spin's length (bench/README.md, sixth session).
         loop {
-            match r.ring.submit() {
+            match super::submit_queued(&mut r.ring) {
                 Ok(2) => break,
                 // The kernel took the write but not the fdatasync (a request
                 // allocation failed): submitting that later, unlinked, could
@@ -746,7 +776,7 @@ mod chained {
                 };
                 assert!(pushed, "an empty ring of 4 entries takes two");
                 loop {
-                    match ring.submit() {
+                    match super::submit_queued(&mut ring) {
                         Ok(2) => break,
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                         // io_uring_enter fails without submitting only when
@@ -894,6 +924,100 @@ mod chained {
 mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
+
+    /// Runs `f` on a glommio executor of its own thread; fails after `secs`.
+    fn on_executor<F, Fut>(secs: u64, f: F)
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + 'static,
+    {
+        let (done, finished) = std::sync::mpsc::channel();
+        let worker = std::thread::spawn(move || {
+            glommio::LocalExecutorBuilder::default().make().unwrap().run(f());
+            let _ = done.send(());
+        });
+        match finished.recv_timeout(std::time::Duration::from_secs(secs)) {
+            Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                if let Err(panic) = worker.join() {
+                    std::panic::resume_unwind(panic);
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("test hung for {secs} s"),
+        }
+    }
+
+    /// A DMA file in a fresh directory of the real disk, and its pages of
+    /// `byte`.
+    async fn dma_file(dir: &Path) -> DmaDiskFile {
+        DmaDisk.prepare(dir).await.unwrap();
+        let file = DmaDisk.open(&dir.join("f"), OpenMode::Create).await.unwrap();
+        file.allocate(16 * PAGE_BYTES).await.unwrap();
+        file
+    }
+
+    async fn assert_pages(file: &DmaDiskFile, want: &[u8]) {
+        let page = PAGE_BYTES as usize;
+        let data = file.read_at(0, want.len() * page).await.unwrap();
+        for (i, &byte) in want.iter().enumerate() {
+            assert!(data[i * page..(i + 1) * page].iter().all(|&b| b == byte), "page {i} does not hold {byte}");
+        }
+    }
+
+    /// Goal: when the kernel refuses the lone path's linked pair before
+    /// taking it (EAGAIN from io_uring_enter), the batch is still written
+    /// and synced (by the reactor), nothing fails, and this thread's lone
+    /// ring is not used again. Method: a real file; the refusal injected
+    /// before the second write; a third refusal armed afterwards must stay
+    /// unconsumed (no private ring entered), and every page reads back.
+    #[test]
+    fn lone_ring_refused_falls_back_to_the_reactor() {
+        let tmp = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
+        let dir = tmp.path().to_path_buf();
+        on_executor(30, move || async move {
+            let file = dma_file(&dir).await;
+            let page = |byte: u8| vec![byte; PAGE_BYTES as usize];
+            let wait = std::time::Duration::from_micros(500);
+            file.write_and_sync(0, &page(1), wait).await.unwrap();
+            fault::refuse_next(libc::EAGAIN);
+            file.write_and_sync(PAGE_BYTES, &page(2), wait).await.unwrap();
+            assert_eq!(fault::take(), None, "the refusal was met");
+            fault::refuse_next(libc::EAGAIN);
+            file.write_and_sync(2 * PAGE_BYTES, &page(3), wait).await.unwrap();
+            assert_eq!(fault::take(), Some(libc::EAGAIN), "the lone ring was entered again");
+            assert_pages(&file, &[1, 2, 3]).await;
+        });
+    }
+
+    /// Goal: the same for a file's own ring (`write_buf_and_sync`): a
+    /// refused pair is written through the reactor with the buffer handed
+    /// back, the ring is not entered again, and once the log moves on
+    /// (`writes_done`) a new ring is made and used. Method: as above.
+    #[test]
+    fn file_ring_refused_falls_back_to_the_reactor() {
+        let tmp = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
+        let dir = tmp.path().to_path_buf();
+        on_executor(30, move || async move {
+            let file = dma_file(&dir).await;
+            let page = |byte: u8| {
+                let mut b = file.alloc_buf(PAGE_BYTES as usize);
+                b.as_mut().fill(byte);
+                b
+            };
+            file.write_buf_and_sync(0, page(1)).await.unwrap();
+            fault::refuse_next(libc::EAGAIN);
+            file.write_buf_and_sync(PAGE_BYTES, page(2)).await.unwrap();
+            assert_eq!(fault::take(), None, "the refusal was met");
+            fault::refuse_next(libc::EAGAIN);
+            file.write_buf_and_sync(2 * PAGE_BYTES, page(3)).await.unwrap();
+            assert_eq!(fault::take(), Some(libc::EAGAIN), "the refused ring was entered again");
+            file.writes_done();
+            file.write_buf_and_sync(3 * PAGE_BYTES, page(4)).await.unwrap();
+            fault::refuse_next(libc::EAGAIN);
+            file.write_buf_and_sync(4 * PAGE_BYTES, page(5)).await.unwrap();
+            assert_eq!(fault::take(), None, "a new ring was made and entered");
+            assert_pages(&file, &[1, 2, 3, 4, 5]).await;
+        });
+    }
 
     /// Goal: the probe's fallback never takes a file whose first page was
     /// not written (a fallocated spare segment, a hole: reading it does not
