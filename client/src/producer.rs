@@ -1,7 +1,7 @@
 //! Producers: publish messages to one topic and await their receipts.
 
 use crate::batch::{BatchReceipt, Batcher, BatchingOptions};
-use crate::connection::{Connection, InflightSend};
+use crate::connection::Connection;
 use crate::error::{ClientError, Result};
 use crate::message::OutgoingMessage;
 use crate::names::normalize_topic;
@@ -343,12 +343,13 @@ impl ProducerCore {
         let command = Command::Send { producer_id: self.producer_id, sequence_id, num_messages };
         let frame = body.into_frame(&command, &metadata, self.conn.server.max_frame_bytes)?;
         let (done, rx) = oneshot::channel();
-        self.conn.push_inflight(self.producer_id, InflightSend { sequence_id, done, _permit: permit })?;
+        // The connection's send timer fails it if no receipt comes in time.
+        self.conn.push_inflight(self.producer_id, sequence_id, done, permit)?;
         *next = (*next).max(sequence_id.saturating_add(u64::from(num_messages)));
         // If this fails the connection is down, and failing it already
         // completed the in-flight entry with the same error.
-        self.conn.write(frame).await?;
-        Ok(SendFuture::new(rx, sequence_id, self.conn.options.operation_timeout))
+        self.conn.write_send(frame, self.producer_id, sequence_id).await?;
+        Ok(SendFuture::new(rx, sequence_id))
     }
 
     /// Sends a compressed payload above the chunk size as chunks sharing one
@@ -417,7 +418,7 @@ impl ProducerCore {
             let _ = tx.send(last);
         });
         let after = self.conn.options.operation_timeout.saturating_mul(2);
-        Ok(SendFuture::new(rx, sequence_id.unwrap_or(u64::MAX), after))
+        Ok(SendFuture::within(rx, sequence_id.unwrap_or(u64::MAX), after))
     }
 
     /// Wait until every send made so far has its receipt (or error).
@@ -590,8 +591,10 @@ impl Producer {
 
 /// The receipt of one send: resolves to the message id once the broker has
 /// made the message durable, or to the error that prevented it. Times out
-/// after the client's operation timeout, counted from `send_async`'s return
-/// (for a chunked message, twice that). A batched message shares its batch's
+/// after the client's operation timeout, counted from when `send_async`
+/// queued the message, just before it returns (for a chunked message,
+/// twice that); the outcome is settled then, whether or not the future is
+/// being polled. A batched message shares its batch's
 /// receipt: it times out if its batch did not go out within the operation
 /// timeout plus twice the batch delay and a margin (half the delay, at least
 /// 1 ms) of the batch's first message, or if the batch's entry
@@ -603,16 +606,27 @@ pub struct SendFuture {
 }
 
 enum Receipt {
-    /// The receipt of an entry of its own, with its own deadline.
-    Entry { rx: oneshot::Receiver<Result<MessageId>>, timeout: Pin<Box<tokio::time::Sleep>>, after: Duration },
+    /// The receipt of an entry of its own; the connection's send timer
+    /// completes it with `Timeout` when it is overdue.
+    Entry { rx: oneshot::Receiver<Result<MessageId>> },
+    /// A receipt with a deadline of its own (a chunked message's, made of
+    /// its chunks' receipts).
+    Timed { rx: oneshot::Receiver<Result<MessageId>>, timeout: Pin<Box<tokio::time::Sleep>>, after: Duration },
     /// Message `index` of a batch; `waker` is where this future's waker sits
     /// in the batch's receipt once registered.
     Batched { batch: Arc<BatchReceipt>, index: u32, waker: Option<usize> },
 }
 
 impl SendFuture {
-    pub(crate) fn new(rx: oneshot::Receiver<Result<MessageId>>, sequence_id: u64, after: Duration) -> Self {
-        Self { receipt: Receipt::Entry { rx, timeout: Box::pin(tokio::time::sleep(after)), after }, sequence_id }
+    /// The receipt of a send recorded with `Connection::push_inflight`
+    /// (whose timer fails it when overdue).
+    pub(crate) fn new(rx: oneshot::Receiver<Result<MessageId>>, sequence_id: u64) -> Self {
+        Self { receipt: Receipt::Entry { rx }, sequence_id }
+    }
+
+    /// A receipt that times out `after` from now.
+    pub(crate) fn within(rx: oneshot::Receiver<Result<MessageId>>, sequence_id: u64, after: Duration) -> Self {
+        Self { receipt: Receipt::Timed { rx, timeout: Box::pin(tokio::time::sleep(after)), after }, sequence_id }
     }
 
     /// Message `index` of the batch whose receipt is `batch`.
@@ -632,15 +646,10 @@ impl Future for SendFuture {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut self.receipt {
-            Receipt::Entry { rx, timeout, after } => {
-                match Pin::new(rx).poll(cx) {
-                    Poll::Ready(Ok(result)) => return Poll::Ready(result),
-                    Poll::Ready(Err(_)) => {
-                        return Poll::Ready(Err(ClientError::Disconnected {
-                            reason: "send abandoned by the client".into(),
-                        }))
-                    }
-                    Poll::Pending => {}
+            Receipt::Entry { rx } => poll_receipt(rx, cx),
+            Receipt::Timed { rx, timeout, after } => {
+                if let Poll::Ready(outcome) = poll_receipt(rx, cx) {
+                    return Poll::Ready(outcome);
                 }
                 if timeout.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(Err(ClientError::Timeout { operation: "send receipt", after: *after }));
@@ -649,6 +658,19 @@ impl Future for SendFuture {
             }
             Receipt::Batched { batch, index, waker } => batch.poll(*index, waker, cx),
         }
+    }
+}
+
+/// The outcome sent to `rx`, if any yet.
+fn poll_receipt(rx: &mut oneshot::Receiver<Result<MessageId>>, cx: &mut Context<'_>) -> Poll<Result<MessageId>> {
+    match Pin::new(rx).poll(cx) {
+        Poll::Ready(Ok(outcome)) => Poll::Ready(outcome),
+        // Never sent: the sender is gone (a chunked message's task, dropped
+        // as the runtime shut down).
+        Poll::Ready(Err(_)) => {
+            Poll::Ready(Err(ClientError::Disconnected { reason: "send abandoned by the client".into() }))
+        }
+        Poll::Pending => Poll::Pending,
     }
 }
 

@@ -715,6 +715,67 @@ async fn full_queue_fails_fast_when_asked() {
     .await;
 }
 
+/// Goal: an unbatched send without a receipt fails with `Timeout` after the
+/// operation timeout (the connection's send timer, which replaced a timer
+/// per send), and keeps its `max_pending` slot until the broker answers
+/// late; a send whose future was dropped frees its slot at its receipt.
+/// Method: `max_pending(1)`, a 300 ms operation timeout; the broker holds
+/// the first receipt until the client saw the timeout and the slot still
+/// taken, then answers everything at once.
+#[tokio::test]
+async fn an_unanswered_send_times_out_and_keeps_its_slot_until_answered() {
+    within(async {
+        let (url, accept) = listen(1 << 20).await;
+        let (answer_tx, answer_rx) = tokio::sync::oneshot::channel::<()>();
+        let broker = tokio::spawn(async move {
+            let mut conn = accept.await;
+            let producer_id = conn.accept_producer("p").await;
+            let mut held = Some(answer_rx);
+            for _ in 0..3 {
+                let frame = conn.recv_cmd().await;
+                let Command::Send { sequence_id, .. } = frame.command else { panic!("expected Send") };
+                if let Some(answer) = held.take() {
+                    answer.await.unwrap();
+                }
+                let message_id = MessageId::new(1, sequence_id, -1, -1);
+                conn.send(Command::SendReceipt { producer_id, sequence_id, message_id }, &[]).await;
+            }
+            while conn.recv().await.is_some() {}
+        });
+        let after = Duration::from_millis(300);
+        let opts = ClientOptions { operation_timeout: after, ..ClientOptions::default() };
+        let client = Client::connect_with(&url, opts).await.unwrap();
+        let producer = client.producer("t").max_pending(1).block_if_queue_full(false).create().await.unwrap();
+        let started = std::time::Instant::now();
+        let first = producer.send_async(OutgoingMessage::new("a")).await.unwrap();
+        match first.await {
+            Err(ClientError::Timeout { operation: "send receipt", after: a }) => assert_eq!(a, after),
+            other => panic!("expected the receipt's Timeout, got {other:?}"),
+        }
+        let took = started.elapsed();
+        assert!(took >= after && took < after + Duration::from_millis(700), "timed out after {took:?}");
+        // Unanswered still: its slot is taken.
+        assert_eq!(producer.pending(), 1);
+        match producer.send_async(OutgoingMessage::new("b")).await {
+            Err(ClientError::ProducerQueueFull { max_pending: 1, .. }) => {}
+            other => panic!("expected ProducerQueueFull, got {:?}", other.map(|f| f.sequence_id())),
+        }
+        let freed = || async {
+            while producer.pending() != 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        answer_tx.send(()).unwrap();
+        freed().await;
+        drop(producer.send_async(OutgoingMessage::new("b")).await.unwrap());
+        freed().await;
+        assert_eq!(producer.send(OutgoingMessage::new("c")).await.unwrap(), MessageId::new(1, 2, -1, -1));
+        client.close();
+        broker.await.unwrap();
+    })
+    .await;
+}
+
 /// Goal: the messages of one batch share the batch's receipt: each gets the
 /// entry's id with its own batch index, in send order, and the entry on the
 /// wire carries every message once with sequence ids `batch id + index`; a
