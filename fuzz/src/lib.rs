@@ -26,6 +26,7 @@ pub fn wire_frame(data: &[u8]) {
     // whole frame is left. A run that decodes splits into exactly its
     // lengths, covering the payload.
     while let Ok(Some(frame)) = decoder.decode(&mut src) {
+        check_payload_crc(&frame);
         if let magnetar_wire::Command::MessageRun { message_id, lengths, .. } = &frame.command {
             let entries = magnetar_wire::run_entries(*message_id, lengths, &frame.payload);
             let entries = entries.unwrap_or_else(|e| panic!("a decoded run does not split: {e}"));
@@ -42,7 +43,17 @@ pub fn wire_frame(data: &[u8]) {
     framed.extend_from_slice(&crc32fast::hash(data).to_le_bytes());
     framed.extend_from_slice(data);
     let mut decoder = magnetar_wire::FrameDecoder::new(magnetar_wire::FRAME_BYTES_MAX_DEFAULT);
-    let _ = decoder.decode(&mut framed);
+    if let Ok(Some(frame)) = decoder.decode(&mut framed) {
+        check_payload_crc(&frame);
+    }
+}
+
+/// A decoded frame's own CRC-32 of its payload (what the broker's log keeps
+/// as the entry's checksum) is that of exactly its payload, for large
+/// payloads only.
+fn check_payload_crc(frame: &magnetar_wire::Frame) {
+    let want = (frame.payload.len() >= magnetar_wire::PAYLOAD_CRC_MIN).then(|| crc32fast::hash(&frame.payload));
+    assert_eq!(frame.payload_crc, want, "a decoded frame's payload_crc is not its payload's");
 }
 
 /// Message blobs (`magnetar_wire::message`) and batch payloads

@@ -87,6 +87,11 @@ fn wire_frame_never_panics() {
         ),
         frame(&Command::Message { consumer_id: 1, message_id: id, redelivery_count: 2, ack_set: vec![5] }, &blob(3)),
         frame(&Command::Send { producer_id: 1, sequence_id: 4, num_messages: 1 }, &blob(1)),
+        // A payload large enough to get its own CRC-32 (`Frame::payload_crc`).
+        frame(
+            &Command::Send { producer_id: 1, sequence_id: 5, num_messages: 1 },
+            &[blob(1), vec![7; magnetar_wire::PAYLOAD_CRC_MIN]].concat(),
+        ),
         {
             let (a, b) = (blob(1), blob(3));
             let lengths = vec![a.len() as u32, 0, b.len() as u32];

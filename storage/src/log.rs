@@ -1505,8 +1505,11 @@ impl<D: Disk> EntryLog<D> {
     /// caller already has (`body_crc`, computed over these very bytes, e.g.
     /// while checking the frame it came in): the record's checksum is then
     /// derived from it instead of reading the body again. A wrong value
-    /// cannot serve bad bytes: the record would fail its checksum on every
-    /// read.
+    /// cannot serve bad bytes, but it loses more than this entry: the
+    /// record fails its checksum on every read, and the batch's body
+    /// checksum, which combines the record's (`BodyCrc`), is wrong too, so
+    /// the next recovery finds the log `Corrupt` and refuses to open it.
+    /// Pass only a checksum taken over these very bytes (debug builds check).
     pub fn append_checked(
         &self,
         ledger: u64,

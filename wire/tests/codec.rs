@@ -541,3 +541,72 @@ fn large_payloads_carry_their_crc_and_every_bit_still_counts() {
         }
     }
 }
+
+/// Goal: the split of a frame's checksum into command and payload parts
+/// (`Frame::payload_crc`) trusts nothing in the frame: whatever `cmd_len` a
+/// frame with a correct checksum claims (0, inside the payload, exactly at
+/// the end, past it, u32::MAX), and however short the frame, decoding gives
+/// a frame or an error and never panics; a decoded frame's `payload_crc` is
+/// the CRC-32 of exactly its payload, present only for large payloads.
+/// Method: a large Send frame with its `cmd_len` rewritten and the checksum
+/// made right again; then the smallest frames, with every `cmd_len` byte
+/// pattern that matters.
+#[test]
+fn hostile_cmd_len_never_misattributes_a_payload_crc() {
+    let command = Command::Send { producer_id: 1, sequence_id: 2, num_messages: 1 };
+    let payload: Vec<u8> = (0..PAYLOAD_CRC_MIN + 100).map(|i| (i * 7 + 1) as u8).collect();
+    let mut good = BytesMut::new();
+    encode_frame(&command, &payload, &mut good).unwrap();
+    let body_len = good.len() - 8;
+    let real_cmd_len = u32::from_le_bytes(good[8..12].try_into().unwrap()) as usize;
+    let rest = body_len - 4;
+    let cmd_lens: Vec<u32> = [
+        0,
+        1,
+        real_cmd_len,
+        real_cmd_len + 1,
+        rest - PAYLOAD_CRC_MIN - 1,
+        rest - PAYLOAD_CRC_MIN,
+        rest - PAYLOAD_CRC_MIN + 1,
+        rest - 1,
+        rest,
+        rest + 1,
+        body_len,
+    ]
+    .into_iter()
+    .map(|v| v as u32)
+    .chain([u32::MAX - 4, u32::MAX - 3, u32::MAX])
+    .collect();
+    let check = |frame: &[u8], what: &str| {
+        let mut buf = BytesMut::from(frame);
+        match FrameDecoder::new(1 << 20).decode(&mut buf) {
+            Ok(Some(f)) => {
+                let want = (f.payload.len() >= PAYLOAD_CRC_MIN).then(|| crc32fast::hash(&f.payload));
+                assert_eq!(f.payload_crc, want, "{what}: payload of {} bytes", f.payload.len());
+            }
+            Ok(None) => panic!("{what}: a whole frame did not decode"),
+            Err(e) => assert!(!matches!(e, WireError::ChecksumMismatch { .. }), "{what}: {e}"),
+        }
+    };
+    for cmd_len in cmd_lens {
+        let mut f = good.clone();
+        f[8..12].copy_from_slice(&cmd_len.to_le_bytes());
+        let c = crc32fast::hash(&f[8..]);
+        f[4..8].copy_from_slice(&c.to_le_bytes());
+        check(&f, &format!("cmd_len {cmd_len}"));
+    }
+    // The smallest frames: frame_len 8 (a 4-byte body: cmd_len alone) up to
+    // a few bytes more.
+    for extra in 0..4usize {
+        for cmd_len in [0u32, 1, 3, 4, 5, u32::MAX] {
+            let mut f = Vec::new();
+            f.extend_from_slice(&((FRAME_LEN_MIN as usize + extra) as u32).to_le_bytes());
+            f.extend_from_slice(&[0; 4]);
+            f.extend_from_slice(&cmd_len.to_le_bytes());
+            f.extend(std::iter::repeat_n(0xA5u8, extra));
+            let c = crc32fast::hash(&f[8..]);
+            f[4..8].copy_from_slice(&c.to_le_bytes());
+            check(&f, &format!("frame_len {} cmd_len {cmd_len}", FRAME_LEN_MIN as usize + extra));
+        }
+    }
+}
