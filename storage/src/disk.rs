@@ -71,6 +71,13 @@ pub trait DiskFile: 'static {
     async fn write_buf(&self, pos: u64, buf: Self::Buf) -> io::Result<()>;
     /// Reads up to `len` bytes at `pos`; fewer only at the end of the file.
     async fn read_at(&self, pos: u64, len: usize) -> io::Result<Vec<u8>>;
+    /// [`read_at`](Self::read_at) into a buffer the result is a view of,
+    /// for reads whose bytes are handed on as [`bytes::Bytes`] slices (the
+    /// entry log's reads for consumers). A backend may read straight into
+    /// that buffer instead of copying it out of one of its own.
+    async fn read_bytes(&self, pos: u64, len: usize) -> io::Result<bytes::Bytes> {
+        self.read_at(pos, len).await.map(bytes::Bytes::from)
+    }
     /// Writes all of `data` at `pos`; both page-aligned (see module docs).
     async fn write_at(&self, pos: u64, data: &[u8]) -> io::Result<()>;
     /// fdatasync: everything written before is durable when this returns Ok.
@@ -313,9 +320,32 @@ impl DiskFile for DmaDiskFile {
     }
 
     async fn read_at(&self, pos: u64, len: usize) -> io::Result<Vec<u8>> {
-        // DmaFile::read_at aligns internally; reads past the end come back short.
-        let r = self.file.read_at(pos, len).await.map_err(glommio_err)?;
-        Ok(r.to_vec())
+        // Aligned here, not by DmaFile::read_at: of a stretch running past
+        // the end of the file, glommio 0.9's returns `len` bytes from `pos`
+        // whenever the aligned read got at least `len`, counting the bytes
+        // before `pos` that the alignment added (so some past the end).
+        let start = pos / PAGE_BYTES * PAGE_BYTES;
+        let skip = (pos - start) as usize;
+        let size = (skip + len).next_multiple_of(PAGE_BYTES as usize);
+        let r = self.file.read_at_aligned(start, size).await.map_err(glommio_err)?;
+        let end = r.len().min(skip + len);
+        Ok(r.get(skip.min(end)..end).unwrap_or_default().to_vec())
+    }
+
+    /// Reads on the executor's own io_uring ([`owned`]) straight into a
+    /// buffer the returned bytes are a view of, instead of through
+    /// glommio's, whose read buffer cannot leave the thread (its
+    /// `ReadResult` is not `Send`, and entries go to other shards'
+    /// connections) and so had to be copied out: that copy was ~7 % of the
+    /// broker's CPU in a catch-up from disk (issue #6). Falls back to
+    /// [`read_at`](DiskFile::read_at) and a copy when that ring cannot be
+    /// made or refuses the request.
+    async fn read_bytes(&self, pos: u64, len: usize) -> io::Result<bytes::Bytes> {
+        use std::os::unix::io::AsRawFd;
+        if let Some(r) = owned::read(self.file.as_raw_fd(), pos, len).await {
+            return r;
+        }
+        self.read_at(pos, len).await.map(bytes::Bytes::from)
     }
 
     async fn write_at(&self, pos: u64, data: &[u8]) -> io::Result<()> {
@@ -654,6 +684,541 @@ mod linked {
             return Ok(Err(io::Error::from_raw_os_error(-synced)));
         }
         Ok(Ok(()))
+    }
+}
+
+/// [`DmaDiskFile::read_bytes`]: reads into buffers of our own, on a small
+/// io_uring per executor whose completions raise an eventfd that glommio's
+/// reactor reads (as [`chained`] does for writes). Up to [`owned::SLOTS`]
+/// reads are in flight at once; a task reaps the completions while any is
+/// and wakes each reader. A reader dropped before its read completed
+/// leaves the buffer to the ring, which frees it when the completion comes
+/// (the kernel may write into it until then); a ring dropped with reads in
+/// flight leaks their buffers.
+///
+/// Reads up to [`owned::FIXED_BYTES`] go into one of [`owned::FIXED_COUNT`]
+/// buffers registered with the ring (`READ_FIXED`), as glommio's own reads
+/// do: into heap memory, the kernel pins and dirties every page per read
+/// (`get_user_pages`, `bio_set_pages_dirty`: ~5 % of the broker's
+/// catch-up CPU, most of what the copy this path spares cost). The registered buffers are handed on inside
+/// the returned bytes and come back when the last view of them drops, on
+/// whatever thread; when none is free, a read takes heap memory.
+mod owned {
+    use std::cell::{Cell, RefCell};
+    use std::io;
+    use std::os::unix::io::{FromRawFd, RawFd};
+    use std::rc::Rc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::task::{Poll, Waker};
+
+    use bytes::Bytes;
+    use glommio::io::BufferedFile;
+    use io_uring::{opcode, types, IoUring};
+
+    use super::PAGE_BYTES;
+
+    /// Reads in flight at once on one executor's ring; a read beyond them
+    /// takes the reactor path (the dispatcher has one or two per partition
+    /// catching up).
+    pub const SLOTS: usize = 32;
+    /// Bytes of one registered buffer: the entry log's catch-up reads (a
+    /// run of up to 1 MiB, widened back by up to 128 KiB, page-aligned) fit.
+    pub const FIXED_BYTES: usize = 1280 << 10;
+    /// Registered buffers per executor (20 MiB, pinned): the entry log keeps
+    /// up to 8 stretches, plus the reads in flight and the bytes consumers'
+    /// connections still hold.
+    pub const FIXED_COUNT: usize = 16;
+    const _: () = assert!(FIXED_COUNT <= 64 && FIXED_BYTES.is_multiple_of(PAGE_BYTES as usize));
+
+    /// The registered buffers' memory: `FIXED_COUNT` buffers of
+    /// `FIXED_BYTES`, zeroed at allocation, page-aligned. Freed when the
+    /// last holder goes: the ring that registered it (while registered) and
+    /// every buffer taken from it.
+    struct Arena {
+        base: std::ptr::NonNull<u8>,
+        /// Bit i set: buffer i is free.
+        free: AtomicU64,
+    }
+
+    // SAFETY: the arena is plain memory. A buffer is written (by the
+    // kernel) only while one `Taken` owns it and no slice of it exists;
+    // after the read completed it is only read, through `Filled`, until
+    // it is given back (`free`, Release; taken again with Acquire).
+    #[allow(unsafe_code)]
+    unsafe impl Send for Arena {}
+    #[allow(unsafe_code)]
+    unsafe impl Sync for Arena {}
+
+    impl Arena {
+        fn layout() -> std::alloc::Layout {
+            std::alloc::Layout::from_size_align(FIXED_BYTES * FIXED_COUNT, PAGE_BYTES as usize)
+                .expect("a valid layout (constants)")
+        }
+
+        fn new() -> Option<Arc<Arena>> {
+            // SAFETY: the layout has a non-zero size.
+            #[allow(unsafe_code)]
+            let base = unsafe { std::alloc::alloc_zeroed(Self::layout()) };
+            let base = std::ptr::NonNull::new(base)?;
+            let all = if FIXED_COUNT == 64 { u64::MAX } else { (1u64 << FIXED_COUNT) - 1 };
+            Some(Arc::new(Arena { base, free: AtomicU64::new(all) }))
+        }
+
+        fn take(self: &Arc<Self>) -> Option<Taken> {
+            let mut free = self.free.load(Ordering::Acquire);
+            loop {
+                if free == 0 {
+                    return None;
+                }
+                let index = free.trailing_zeros() as usize;
+                match self.free.compare_exchange_weak(free, free & !(1 << index), Ordering::Acquire, Ordering::Acquire)
+                {
+                    Ok(_) => return Some(Taken { arena: self.clone(), index }),
+                    Err(now) => free = now,
+                }
+            }
+        }
+
+        fn iovec(&self) -> libc::iovec {
+            libc::iovec { iov_base: self.base.as_ptr().cast(), iov_len: FIXED_BYTES * FIXED_COUNT }
+        }
+    }
+
+    impl Drop for Arena {
+        fn drop(&mut self) {
+            // SAFETY: allocated in `new` with this layout; nothing refers
+            // to it any more (every holder kept an Arc).
+            #[allow(unsafe_code)]
+            unsafe {
+                std::alloc::dealloc(self.base.as_ptr(), Self::layout())
+            };
+        }
+    }
+
+    /// One registered buffer, owned; given back when dropped.
+    struct Taken {
+        arena: Arc<Arena>,
+        index: usize,
+    }
+
+    impl Taken {
+        fn ptr(&self) -> *mut u8 {
+            self.arena.base.as_ptr().wrapping_add(self.index * FIXED_BYTES)
+        }
+    }
+
+    impl Drop for Taken {
+        fn drop(&mut self) {
+            self.arena.free.fetch_or(1 << self.index, Ordering::Release);
+        }
+    }
+
+    /// A registered buffer whose first `len` bytes a read filled: the
+    /// owner of the [`Bytes`] a read returns.
+    struct Filled {
+        taken: Taken,
+        len: usize,
+    }
+
+    impl AsRef<[u8]> for Filled {
+        fn as_ref(&self) -> &[u8] {
+            // SAFETY: `len <= FIXED_BYTES` bytes of this buffer, inside
+            // the arena (alive: `taken` holds it), initialized (zeroed at
+            // allocation, then written by the kernel), and no longer
+            // written: the read completed and `taken` is not given back
+            // before this drops.
+            #[allow(unsafe_code)]
+            unsafe {
+                std::slice::from_raw_parts(self.taken.ptr(), self.len)
+            }
+        }
+    }
+
+    /// A read's buffer.
+    enum Buffer {
+        /// A registered one, read with `READ_FIXED`.
+        Fixed(Taken),
+        /// Heap memory, page-aligned `at` bytes in; the kernel fills its
+        /// spare capacity from there.
+        Heap { vec: Vec<u8>, at: usize },
+    }
+
+    impl Buffer {
+        /// Where byte `off` of the read goes.
+        fn ptr(&mut self, off: usize) -> *mut u8 {
+            match self {
+                Buffer::Fixed(t) => t.ptr().wrapping_add(off),
+                Buffer::Heap { vec, at } => vec.as_mut_ptr().wrapping_add(*at + off),
+            }
+        }
+
+        /// The bytes `from..to` of the read, which filled `got` bytes.
+        fn into_bytes(self, got: usize, from: usize, to: usize) -> Bytes {
+            match self {
+                Buffer::Fixed(taken) => Bytes::from_owner(Filled { taken, len: got }).slice(from..to),
+                Buffer::Heap { mut vec, at } => {
+                    // SAFETY: the kernel wrote `got` bytes from `at` (its
+                    // completion said so), the bytes before `at` were
+                    // initialized when the buffer was made, and the
+                    // capacity covers the whole read.
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        vec.set_len(at + got)
+                    };
+                    Bytes::from(vec).slice(at + from..at + to)
+                }
+            }
+        }
+    }
+
+    enum Slot {
+        Free,
+        /// Submitted: the kernel may write into `buf`.
+        /// `abandoned`: its reader is gone; the completion frees `buf`.
+        InFlight {
+            buf: Buffer,
+            waker: Option<Waker>,
+            abandoned: bool,
+        },
+        /// Completed with `res` (bytes read, or -errno); the reader takes it.
+        Done {
+            buf: Buffer,
+            res: i32,
+        },
+    }
+
+    pub struct Ring {
+        ring: RefCell<IoUring>,
+        /// Registered with `ring` (`None`: registering failed, e.g. over
+        /// RLIMIT_MEMLOCK; reads then take heap memory).
+        arena: Option<Arc<Arena>>,
+        /// The eventfd registered with `ring` (blocking, so that io_uring
+        /// reads of it wait for a completion instead of failing EAGAIN).
+        event: BufferedFile,
+        slots: RefCell<Vec<Slot>>,
+        in_flight: Cell<usize>,
+        /// A task reaps completions ([`reap_while_busy`]).
+        reaping: Cell<bool>,
+        /// Takes no more reads (a refused submission, a failed wait).
+        dead: Cell<bool>,
+    }
+
+    thread_local! {
+        /// The ring of the executor on this thread, by executor id (glommio
+        /// numbers executors once per process): a test may run executors
+        /// one after another on one thread, and the eventfd belongs to the
+        /// reactor that opened it. `None`: it could not be made.
+        static RING: RefCell<Option<(usize, Option<Rc<Ring>>)>> = const { RefCell::new(None) };
+    }
+
+    fn ring() -> Option<Rc<Ring>> {
+        let id = glommio::executor().id();
+        RING.with(|r| {
+            let mut r = r.borrow_mut();
+            if let Some((ex, ring)) = &*r {
+                if *ex == id {
+                    return ring.clone();
+                }
+            }
+            let ring = match Ring::new() {
+                Ok(ring) => Some(Rc::new(ring)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no io_uring of our own for reads: they go through the reactor, and a copy");
+                    None
+                }
+            };
+            *r = Some((id, ring.clone()));
+            ring
+        })
+    }
+
+    /// Reads up to `len` bytes of `fd` at `pos` (fewer only at the end of
+    /// the file) into a buffer of its own, page-aligned (O_DIRECT) around
+    /// them, and returns them as a view of it. `None`: this executor has no
+    /// ring, or the ring did not take the request (nothing is in flight):
+    /// the caller reads another way.
+    pub async fn read(fd: RawFd, pos: u64, len: usize) -> Option<io::Result<Bytes>> {
+        let ring = ring()?;
+        if ring.dead.get() {
+            return None;
+        }
+        let page = PAGE_BYTES as usize;
+        let start = pos / PAGE_BYTES * PAGE_BYTES;
+        let skip = (pos - start) as usize;
+        let want = skip.checked_add(len)?.checked_next_multiple_of(page)?;
+        u32::try_from(want).ok()?;
+        if len == 0 {
+            return Some(Ok(Bytes::new()));
+        }
+        let slot = ring.slots.borrow().iter().position(|s| matches!(s, Slot::Free))?;
+        let fixed = match &ring.arena {
+            Some(arena) if want <= FIXED_BYTES => arena.take(),
+            _ => None,
+        };
+        let mut buf = match fixed {
+            Some(taken) => Buffer::Fixed(taken),
+            None => {
+                let mut vec: Vec<u8> = Vec::with_capacity(want.checked_add(page)?);
+                // `align_offset` may, in principle, say it cannot align.
+                let at = vec.as_ptr().align_offset(page);
+                if at >= page {
+                    return None;
+                }
+                // Initialized up to the aligned start; the kernel fills the rest.
+                vec.resize(at, 0);
+                Buffer::Heap { vec, at }
+            }
+        };
+        let mut got = 0usize;
+        loop {
+            let ptr = buf.ptr(got);
+            // want - got <= want, checked to fit a u32 above.
+            let (n, at) = ((want - got) as u32, start + got as u64);
+            let sqe = match &buf {
+                // The arena is registered as buffer 0, whole.
+                Buffer::Fixed(_) => opcode::ReadFixed::new(types::Fd(fd), ptr, n, 0).offset(at).build(),
+                Buffer::Heap { .. } => opcode::Read::new(types::Fd(fd), ptr, n).offset(at).build(),
+            }
+            .user_data(slot as u64);
+            ring.slots.borrow_mut()[slot] = Slot::InFlight { buf, waker: None, abandoned: false };
+            // SAFETY: the entry points into the buffer now in `slot`, at
+            // least `want - got` bytes past `ptr` (a registered buffer holds
+            // FIXED_BYTES >= want; a heap one `at + want` bytes of capacity,
+            // and its memory does not move with the Vec). The buffer leaves
+            // the slot only once the read completed (`reap`), or is leaked
+            // (`Drop`, `finish_blocking`, a refused submission below). `fd`
+            // is the caller's open file; the kernel holds its own reference
+            // to it once the entry is submitted.
+            #[allow(unsafe_code)]
+            let submitted = unsafe { ring.submit(&sqe) };
+            if let Err(e) = submitted {
+                // The entry may stay queued in a ring never entered again:
+                // leave its buffer to it, and read another way.
+                if let Slot::InFlight { buf, .. } = std::mem::replace(&mut ring.slots.borrow_mut()[slot], Slot::Free) {
+                    std::mem::forget(buf);
+                }
+                tracing::warn!(error = %e, "our own io_uring refused a read: reads go through the reactor, and a copy");
+                return None;
+            }
+            ring.in_flight.set(ring.in_flight.get() + 1);
+            if !ring.reaping.replace(true) {
+                glommio::spawn_local(reap_while_busy(ring.clone())).detach();
+            }
+            let waiting = Waiting { ring: &ring, slot };
+            let (b, res) = std::future::poll_fn(|cx| waiting.poll(cx)).await;
+            drop(waiting);
+            buf = b;
+            if res < 0 {
+                return Some(Err(io::Error::from_raw_os_error(-res)));
+            }
+            got += res as usize;
+            // Short: the end of the file, or (rarely) a read the kernel
+            // split; the rest is read on if the split left us aligned.
+            if res == 0 || got >= want || !got.is_multiple_of(page) {
+                break;
+            }
+        }
+        let got = got.min(want);
+        let end = got.min(skip + len);
+        Some(Ok(buf.into_bytes(got, skip.min(end), end)))
+    }
+
+    /// A submitted read of `slot` its reader waits for.
+    struct Waiting<'a> {
+        ring: &'a Ring,
+        slot: usize,
+    }
+
+    impl Waiting<'_> {
+        fn poll(&self, cx: &mut std::task::Context<'_>) -> Poll<(Buffer, i32)> {
+            let mut slots = self.ring.slots.borrow_mut();
+            match &mut slots[self.slot] {
+                Slot::InFlight { waker, .. } => {
+                    if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                        *waker = Some(cx.waker().clone());
+                    }
+                    Poll::Pending
+                }
+                Slot::Done { .. } => match std::mem::replace(&mut slots[self.slot], Slot::Free) {
+                    Slot::Done { buf, res } => Poll::Ready((buf, res)),
+                    _ => unreachable!("matched Done above"),
+                },
+                Slot::Free => unreachable!("a waited-for slot is in flight or done"),
+            }
+        }
+    }
+
+    impl Drop for Waiting<'_> {
+        fn drop(&mut self) {
+            let mut slots = self.ring.slots.borrow_mut();
+            match &mut slots[self.slot] {
+                Slot::InFlight { waker, abandoned, .. } => {
+                    *waker = None;
+                    *abandoned = true;
+                }
+                Slot::Done { .. } => slots[self.slot] = Slot::Free,
+                Slot::Free => {}
+            }
+        }
+    }
+
+    /// Reaps completions while reads are in flight, waking for each
+    /// signal of the eventfd.
+    async fn reap_while_busy(ring: Rc<Ring>) {
+        loop {
+            ring.reap();
+            if ring.in_flight.get() == 0 {
+                ring.reaping.set(false);
+                return;
+            }
+            if let Err(e) = ring.event.read_at(0, 8).await {
+                tracing::warn!(error = %e, "reading the read ring's eventfd failed: its reads are waited for here, later ones go through the reactor");
+                ring.dead.set(true);
+                ring.finish_blocking();
+                ring.reaping.set(false);
+                return;
+            }
+        }
+    }
+
+    impl Ring {
+        fn new() -> io::Result<Ring> {
+            let ring = IoUring::new(SLOTS as u32)?;
+            // SAFETY: eventfd takes no pointers; the result is checked.
+            #[allow(unsafe_code)]
+            let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: `fd` is a fresh eventfd owned by nothing else; the
+            // BufferedFile closes it when the ring goes.
+            #[allow(unsafe_code)]
+            let event = unsafe { BufferedFile::from_raw_fd(fd) };
+            ring.submitter().register_eventfd(fd)?;
+            let arena = Arena::new().filter(|arena| {
+                // SAFETY: the arena's memory stays valid while the ring
+                // lives: the ring holds it (`Ring::arena`), and leaks it if
+                // dropped with reads in flight.
+                #[allow(unsafe_code)]
+                let registered = unsafe { ring.submitter().register_buffers(&[arena.iovec()]) };
+                if let Err(e) = &registered {
+                    tracing::info!(error = %e, "cannot register read buffers with our own io_uring: reads take heap memory");
+                }
+                registered.is_ok()
+            });
+            Ok(Ring {
+                ring: RefCell::new(ring),
+                arena,
+                event,
+                slots: RefCell::new((0..SLOTS).map(|_| Slot::Free).collect()),
+                in_flight: Cell::new(0),
+                reaping: Cell::new(false),
+                dead: Cell::new(false),
+            })
+        }
+
+        /// Pushes `sqe` and submits it. `Err`: the kernel did not take it
+        /// (it may stay queued), and the ring is dead.
+        ///
+        /// # Safety
+        /// The memory `sqe` points to must stay valid until its completion
+        /// is reaped, or for good if this fails.
+        #[allow(unsafe_code)]
+        unsafe fn submit(&self, sqe: &io_uring::squeue::Entry) -> io::Result<()> {
+            let mut ring = self.ring.borrow_mut();
+            // SAFETY: as the caller promised.
+            let pushed = unsafe { ring.submission().push(sqe).is_ok() };
+            // Every push is submitted at once: the queue is empty before it.
+            assert!(pushed, "an empty submission queue takes an entry");
+            loop {
+                match ring.submit() {
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    // Taken (an error then is about something else).
+                    _ if ring.submission().is_empty() => return Ok(()),
+                    refused => {
+                        self.dead.set(true);
+                        return Err(refused.err().unwrap_or_else(|| io::Error::other("io_uring took no request")));
+                    }
+                }
+            }
+        }
+
+        /// Takes the completions that are there: each read's buffer goes to
+        /// its slot (or is freed if its reader is gone), and its reader is
+        /// woken.
+        fn reap(&self) {
+            let mut woken = Vec::new();
+            {
+                let mut ring = self.ring.borrow_mut();
+                let mut slots = self.slots.borrow_mut();
+                for cqe in ring.completion() {
+                    let Some(slot) = usize::try_from(cqe.user_data()).ok().and_then(|i| slots.get_mut(i)) else {
+                        continue;
+                    };
+                    match std::mem::replace(slot, Slot::Free) {
+                        Slot::InFlight { buf, waker, abandoned } => {
+                            self.in_flight.set(self.in_flight.get() - 1);
+                            if !abandoned {
+                                *slot = Slot::Done { buf, res: cqe.result() };
+                                woken.extend(waker);
+                            }
+                        }
+                        // Not a read of ours in flight (a refused entry
+                        // submitted after all): nothing to do.
+                        other => *slot = other,
+                    }
+                }
+            }
+            for w in woken {
+                w.wake();
+            }
+        }
+
+        /// Waits for every read in flight, blocking the thread. If waiting
+        /// fails, their buffers are leaked (the kernel may still write
+        /// them) and their readers get an error.
+        fn finish_blocking(&self) {
+            while self.in_flight.get() > 0 {
+                let waited = self.ring.borrow_mut().submit_and_wait(1);
+                match waited {
+                    Ok(_) => self.reap(),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        tracing::error!(error = %e, "waiting on our own io_uring failed: its reads' buffers are leaked");
+                        let mut woken = Vec::new();
+                        for slot in self.slots.borrow_mut().iter_mut() {
+                            if let Slot::InFlight { buf, waker, abandoned } = std::mem::replace(slot, Slot::Free) {
+                                std::mem::forget(buf);
+                                if !abandoned {
+                                    *slot =
+                                        Slot::Done { buf: Buffer::Heap { vec: Vec::new(), at: 0 }, res: -libc::EIO };
+                                    woken.extend(waker);
+                                }
+                            }
+                        }
+                        self.in_flight.set(0);
+                        for w in woken {
+                            w.wake();
+                        }
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    impl Drop for Ring {
+        fn drop(&mut self) {
+            // Reads still in flight (their executor went away): the kernel
+            // may write their buffers after the ring is gone (a registered
+            // one keeps the whole arena).
+            for slot in self.slots.get_mut().drain(..) {
+                if let Slot::InFlight { buf, .. } = slot {
+                    std::mem::forget(buf);
+                }
+            }
+        }
     }
 }
 

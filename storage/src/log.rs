@@ -1689,8 +1689,7 @@ impl<D: Disk> EntryLog<D> {
             e.position - seg.start + (RECORD_HEADER_BYTES as u64) + e.body_len as u64
         });
         let raw =
-            seg.file.read_at(off, (span_end - off) as usize).await.map_err(self.sh.io("read entry", &seg.path))?;
-        let raw = Bytes::from(raw);
+            seg.file.read_bytes(off, (span_end - off) as usize).await.map_err(self.sh.io("read entry", &seg.path))?;
         let corrupt = |reason| StorageError::corrupt(&seg.path, off, reason);
         if raw.len() < len {
             return Err(corrupt(CorruptReason::ShortFile {
@@ -1716,7 +1715,13 @@ impl<D: Disk> EntryLog<D> {
             }
         }
         if bound > 0 {
-            st.rcache_put((ledger, entry), Bytes::copy_from_slice(&body), bound);
+            // The cached copy is what the caller gets too: a slice of `raw`
+            // would keep the whole read-ahead buffer (one of the backend's
+            // few registered ones, `DiskFile::read_bytes`) for as long as
+            // the caller holds this one entry.
+            let copy = Bytes::copy_from_slice(&body);
+            st.rcache_put((ledger, entry), copy.clone(), bound);
+            return Ok(copy);
         }
         Ok(body)
     }
@@ -1845,19 +1850,18 @@ impl<D: Disk> EntryLog<D> {
                     (from, len, read)
                 };
                 let mut guard = SpanGuard(Some(read));
-                let raw = match seg.file.read_at(from - seg.start, len as usize).await {
+                let raw = match seg.file.read_bytes(from - seg.start, len as usize).await {
                     Ok(raw) => raw,
                     // The bytes before the run's first record are not this
                     // run's: an error there must not fail it. Read just the run.
                     Err(_) if from < first.position => {
-                        let narrow = seg.file.read_at(off, span as usize).await;
+                        let narrow = seg.file.read_bytes(off, span as usize).await;
                         let raw = narrow.map_err(self.sh.io("read entry", &seg.path))?;
                         drop(guard);
-                        return self.check_run(ledger, entry, &seg, off, &run, Bytes::from(raw));
+                        return self.check_run(ledger, entry, &seg, off, &run, raw);
                     }
                     Err(e) => return Err(self.sh.io("read entry", &seg.path)(e)),
                 };
-                let raw = Bytes::from(raw);
                 // Only what the disk gave back in full is shared.
                 if let Some(read) = guard.0.take() {
                     read.finish((raw.len() as u64 == len).then(|| raw.clone()));
