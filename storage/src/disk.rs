@@ -694,7 +694,8 @@ mod linked {
 /// and wakes each reader. A reader dropped before its read completed
 /// leaves the buffer to the ring, which frees it when the completion comes
 /// (the kernel may write into it until then); a ring dropped with reads in
-/// flight leaks their buffers.
+/// flight (its executor ended with them) waits a little for them, and
+/// leaks the buffers of those still not done.
 ///
 /// Reads up to [`owned::FIXED_BYTES`] go into one of [`owned::FIXED_COUNT`]
 /// buffers registered with the ring (`READ_FIXED`), as glommio's own reads
@@ -894,8 +895,9 @@ mod owned {
         /// RLIMIT_MEMLOCK; reads then take heap memory).
         arena: Option<Arc<Arena>>,
         /// The eventfd registered with `ring` (blocking, so that io_uring
-        /// reads of it wait for a completion instead of failing EAGAIN).
-        event: BufferedFile,
+        /// reads of it wait for a completion instead of failing EAGAIN);
+        /// shared with the task that reads it ([`reap_while_busy`]).
+        event: Rc<BufferedFile>,
         slots: RefCell<Vec<Slot>>,
         in_flight: Cell<usize>,
         /// A task reaps completions ([`reap_while_busy`]).
@@ -908,7 +910,11 @@ mod owned {
         /// The ring of the executor on this thread, by executor id (glommio
         /// numbers executors once per process): a test may run executors
         /// one after another on one thread, and the eventfd belongs to the
-        /// reactor that opened it. `None`: it could not be made.
+        /// reactor that opened it. `None`: it could not be made. Its only
+        /// strong holder across an await: an executor that ends with reads
+        /// in flight leaks their tasks (glommio does not drop a task that
+        /// waits for I/O), and a ring those held would never be dropped,
+        /// its 20 MiB of registered buffers never freed ([`Ring::drop`]).
         static RING: RefCell<Option<(usize, Option<Rc<Ring>>)>> = const { RefCell::new(None) };
     }
 
@@ -970,8 +976,15 @@ mod owned {
                 Buffer::Heap { vec, at }
             }
         };
+        let weak = Rc::downgrade(&ring);
+        drop(ring);
         let mut got = 0usize;
         loop {
+            // Only the thread's `RING` holds the ring across an await (see there).
+            let Some(ring) = weak.upgrade() else {
+                // Gone with reads in flight: this one's buffer went with it.
+                return Some(Err(ring_gone()));
+            };
             let ptr = buf.ptr(got);
             // want - got <= want, checked to fit a u32 above.
             let (n, at) = ((want - got) as u32, start + got as u64);
@@ -1003,9 +1016,10 @@ mod owned {
             }
             ring.in_flight.set(ring.in_flight.get() + 1);
             if !ring.reaping.replace(true) {
-                glommio::spawn_local(reap_while_busy(ring.clone())).detach();
+                glommio::spawn_local(reap_while_busy(weak.clone(), ring.event.clone())).detach();
             }
-            let waiting = Waiting { ring: &ring, slot };
+            drop(ring);
+            let waiting = Waiting { ring: weak.clone(), slot };
             let (b, res) = std::future::poll_fn(|cx| waiting.poll(cx)).await;
             drop(waiting);
             buf = b;
@@ -1024,15 +1038,24 @@ mod owned {
         Some(Ok(buf.into_bytes(got, skip.min(end), end)))
     }
 
+    /// The error of a read whose ring was dropped while it was in flight
+    /// (its thread's `RING` went: only a task its executor leaked sees it).
+    fn ring_gone() -> io::Error {
+        io::Error::other("the read's io_uring was dropped while it was in flight")
+    }
+
     /// A submitted read of `slot` its reader waits for.
-    struct Waiting<'a> {
-        ring: &'a Ring,
+    struct Waiting {
+        ring: std::rc::Weak<Ring>,
         slot: usize,
     }
 
-    impl Waiting<'_> {
+    impl Waiting {
         fn poll(&self, cx: &mut std::task::Context<'_>) -> Poll<(Buffer, i32)> {
-            let mut slots = self.ring.slots.borrow_mut();
+            let Some(ring) = self.ring.upgrade() else {
+                return Poll::Ready((Buffer::Heap { vec: Vec::new(), at: 0 }, -libc::ECANCELED));
+            };
+            let mut slots = ring.slots.borrow_mut();
             match &mut slots[self.slot] {
                 Slot::InFlight { waker, .. } => {
                     if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
@@ -1049,9 +1072,12 @@ mod owned {
         }
     }
 
-    impl Drop for Waiting<'_> {
+    impl Drop for Waiting {
         fn drop(&mut self) {
-            let mut slots = self.ring.slots.borrow_mut();
+            let Some(ring) = self.ring.upgrade() else {
+                return;
+            };
+            let mut slots = ring.slots.borrow_mut();
             match &mut slots[self.slot] {
                 Slot::InFlight { waker, abandoned, .. } => {
                     *waker = None;
@@ -1065,14 +1091,24 @@ mod owned {
 
     /// Reaps completions while reads are in flight, waking for each
     /// signal of the eventfd.
-    async fn reap_while_busy(ring: Rc<Ring>) {
+    /// Holds the ring only between waits (see `RING`).
+    async fn reap_while_busy(ring: std::rc::Weak<Ring>, event: Rc<BufferedFile>) {
         loop {
-            ring.reap();
-            if ring.in_flight.get() == 0 {
-                ring.reaping.set(false);
-                return;
+            {
+                let Some(ring) = ring.upgrade() else {
+                    return;
+                };
+                ring.reap(true);
+                if ring.in_flight.get() == 0 {
+                    ring.reaping.set(false);
+                    return;
+                }
             }
-            if let Err(e) = ring.event.read_at(0, 8).await {
+            let read = event.read_at(0, 8).await;
+            let Some(ring) = ring.upgrade() else {
+                return;
+            };
+            if let Err(e) = read {
                 tracing::warn!(error = %e, "reading the read ring's eventfd failed: its reads are waited for here, later ones go through the reactor");
                 ring.dead.set(true);
                 ring.finish_blocking();
@@ -1094,7 +1130,7 @@ mod owned {
             // SAFETY: `fd` is a fresh eventfd owned by nothing else; the
             // BufferedFile closes it when the ring goes.
             #[allow(unsafe_code)]
-            let event = unsafe { BufferedFile::from_raw_fd(fd) };
+            let event = Rc::new(unsafe { BufferedFile::from_raw_fd(fd) });
             ring.submitter().register_eventfd(fd)?;
             let arena = Arena::new().filter(|arena| {
                 // SAFETY: the arena's memory stays valid while the ring
@@ -1146,8 +1182,9 @@ mod owned {
 
         /// Takes the completions that are there: each read's buffer goes to
         /// its slot (or is freed if its reader is gone), and its reader is
-        /// woken.
-        fn reap(&self) {
+        /// woken if `wake` (else its waker is leaked: [`Ring::drop`], with
+        /// the executor gone).
+        fn reap(&self, wake: bool) {
             let mut woken = Vec::new();
             {
                 let mut ring = self.ring.borrow_mut();
@@ -1170,8 +1207,12 @@ mod owned {
                     }
                 }
             }
-            for w in woken {
-                w.wake();
+            if wake {
+                for w in woken {
+                    w.wake();
+                }
+            } else {
+                std::mem::forget(woken);
             }
         }
 
@@ -1182,7 +1223,7 @@ mod owned {
             while self.in_flight.get() > 0 {
                 let waited = self.ring.borrow_mut().submit_and_wait(1);
                 match waited {
-                    Ok(_) => self.reap(),
+                    Ok(_) => self.reap(true),
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) => {
                         tracing::error!(error = %e, "waiting on our own io_uring failed: its reads' buffers are leaked");
@@ -1208,14 +1249,44 @@ mod owned {
         }
     }
 
+    /// How long a ring dropped with reads in flight waits for them
+    /// ([`Ring::drop`]) before leaking their buffers.
+    const DROP_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
     impl Drop for Ring {
         fn drop(&mut self) {
-            // Reads still in flight (their executor went away): the kernel
-            // may write their buffers after the ring is gone (a registered
-            // one keeps the whole arena).
+            // Reads still in flight: their executor ended with them (its
+            // thread exits, or another executor runs there now), and their
+            // readers are dropped or leaked with its tasks. Those the
+            // kernel has finished give their buffers back; the rest are
+            // waited for a little (a disk read takes milliseconds), not
+            // leaked at once: a registered buffer leaked keeps the whole
+            // arena, 20 MiB a ring. Readers are not woken (their executor
+            // is gone). Not if the ring is dead: an entry it refused may
+            // still be queued, and waiting would submit it.
+            let deadline = std::time::Instant::now() + DROP_WAIT;
+            loop {
+                self.reap(false);
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if self.in_flight.get() == 0 || self.dead.get() || left.is_zero() {
+                    break;
+                }
+                let ts = types::Timespec::from(left);
+                let args = types::SubmitArgs::new().timespec(&ts);
+                match self.ring.get_mut().submitter().submit_with_args(1, &args) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted || e.raw_os_error() == Some(libc::ETIME) => {}
+                    // E.g. a kernel without timed waits (before 5.11).
+                    Err(_) => break,
+                }
+            }
+            // Reads still in flight: the kernel may write their buffers
+            // after the ring is gone (a registered one keeps the whole
+            // arena).
             for slot in self.slots.get_mut().drain(..) {
-                if let Slot::InFlight { buf, .. } = slot {
+                if let Slot::InFlight { buf, waker, .. } = slot {
                     std::mem::forget(buf);
+                    std::mem::forget(waker);
                 }
             }
         }
