@@ -914,7 +914,7 @@ mod owned {
         /// strong holder across an await: an executor that ends with reads
         /// in flight leaks their tasks (glommio does not drop a task that
         /// waits for I/O), and a ring those held would never be dropped,
-        /// its 20 MiB of registered buffers never freed ([`Ring::drop`]).
+        /// its 20 MiB of registered buffers never freed ([`Ring::retire`]).
         static RING: RefCell<Option<(usize, Option<Rc<Ring>>)>> = const { RefCell::new(None) };
     }
 
@@ -925,6 +925,14 @@ mod owned {
             if let Some((ex, ring)) = &*r {
                 if *ex == id {
                     return ring.clone();
+                }
+            }
+            // The ring of an executor that ran here before (ended, or
+            // waiting to run again): its reads still waiting for theirs are
+            // woken, to read another way.
+            if let Some((_, Some(old))) = r.take() {
+                if let Ok(old) = Rc::try_unwrap(old) {
+                    old.retire(true);
                 }
             }
             let ring = match Ring::new() {
@@ -942,8 +950,9 @@ mod owned {
     /// Reads up to `len` bytes of `fd` at `pos` (fewer only at the end of
     /// the file) into a buffer of its own, page-aligned (O_DIRECT) around
     /// them, and returns them as a view of it. `None`: this executor has no
-    /// ring, or the ring did not take the request (nothing is in flight):
-    /// the caller reads another way.
+    /// ring, or the ring did not take the request, or was dropped while it
+    /// was in flight (`Ring::retire`; nothing of this read is in flight
+    /// then): the caller reads another way.
     pub async fn read(fd: RawFd, pos: u64, len: usize) -> Option<io::Result<Bytes>> {
         let ring = ring()?;
         if ring.dead.get() {
@@ -982,8 +991,8 @@ mod owned {
         loop {
             // Only the thread's `RING` holds the ring across an await (see there).
             let Some(ring) = weak.upgrade() else {
-                // Gone with reads in flight: this one's buffer went with it.
-                return Some(Err(ring_gone()));
+                // Gone (see `Waiting::poll`): read another way.
+                return None;
             };
             let ptr = buf.ptr(got);
             // want - got <= want, checked to fit a u32 above.
@@ -1020,7 +1029,7 @@ mod owned {
             }
             drop(ring);
             let waiting = Waiting { ring: weak.clone(), slot };
-            let (b, res) = std::future::poll_fn(|cx| waiting.poll(cx)).await;
+            let (b, res) = std::future::poll_fn(|cx| waiting.poll(cx)).await?;
             drop(waiting);
             buf = b;
             if res < 0 {
@@ -1038,12 +1047,6 @@ mod owned {
         Some(Ok(buf.into_bytes(got, skip.min(end), end)))
     }
 
-    /// The error of a read whose ring was dropped while it was in flight
-    /// (its thread's `RING` went: only a task its executor leaked sees it).
-    fn ring_gone() -> io::Error {
-        io::Error::other("the read's io_uring was dropped while it was in flight")
-    }
-
     /// A submitted read of `slot` its reader waits for.
     struct Waiting {
         ring: std::rc::Weak<Ring>,
@@ -1051,9 +1054,13 @@ mod owned {
     }
 
     impl Waiting {
-        fn poll(&self, cx: &mut std::task::Context<'_>) -> Poll<(Buffer, i32)> {
+        /// `None`: the ring was dropped with the read in flight (it took
+        /// the buffer; `Ring::retire`), when the thread's `RING` went to
+        /// another executor while this one's tasks waited: the reader
+        /// reads another way.
+        fn poll(&self, cx: &mut std::task::Context<'_>) -> Poll<Option<(Buffer, i32)>> {
             let Some(ring) = self.ring.upgrade() else {
-                return Poll::Ready((Buffer::Heap { vec: Vec::new(), at: 0 }, -libc::ECANCELED));
+                return Poll::Ready(None);
             };
             let mut slots = ring.slots.borrow_mut();
             match &mut slots[self.slot] {
@@ -1064,7 +1071,7 @@ mod owned {
                     Poll::Pending
                 }
                 Slot::Done { .. } => match std::mem::replace(&mut slots[self.slot], Slot::Free) {
-                    Slot::Done { buf, res } => Poll::Ready((buf, res)),
+                    Slot::Done { buf, res } => Poll::Ready(Some((buf, res))),
                     _ => unreachable!("matched Done above"),
                 },
                 Slot::Free => unreachable!("a waited-for slot is in flight or done"),
@@ -1182,8 +1189,8 @@ mod owned {
 
         /// Takes the completions that are there: each read's buffer goes to
         /// its slot (or is freed if its reader is gone), and its reader is
-        /// woken if `wake` (else its waker is leaked: [`Ring::drop`], with
-        /// the executor gone).
+        /// woken if `wake` (else its waker is leaked: [`Ring::retire`] at
+        /// the thread's exit, the executor gone).
         fn reap(&self, wake: bool) {
             let mut woken = Vec::new();
             {
@@ -1250,45 +1257,67 @@ mod owned {
     }
 
     /// How long a ring dropped with reads in flight waits for them
-    /// ([`Ring::drop`]) before leaking their buffers.
+    /// ([`Ring::retire`]) before leaking their buffers.
     const DROP_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
-    impl Drop for Ring {
-        fn drop(&mut self) {
-            // Reads still in flight: their executor ended with them (its
-            // thread exits, or another executor runs there now), and their
-            // readers are dropped or leaked with its tasks. Those the
-            // kernel has finished give their buffers back; the rest are
-            // waited for a little (a disk read takes milliseconds), not
-            // leaked at once: a registered buffer leaked keeps the whole
-            // arena, 20 MiB a ring. Readers are not woken (their executor
-            // is gone). Not if the ring is dead: an entry it refused may
-            // still be queued, and waiting would submit it.
+    impl Ring {
+        /// Ends the ring's reads before it is dropped. They are still in
+        /// flight only if their executor ended with them (its thread
+        /// exits) or waits to run again (another executor runs on the
+        /// thread now): their readers are dropped, leaked with its tasks,
+        /// or wait to be polled. Those the kernel has finished give their
+        /// buffers back; the rest are waited for a little (a disk read takes
+        /// milliseconds), not leaked at once: a registered buffer leaked
+        /// keeps the whole arena, 20 MiB a ring. Readers still waiting find
+        /// the ring gone and read another way; they are woken if `wake`
+        /// (not from the thread's exit: their executor is gone). Not
+        /// waited for if the ring is dead: an entry it refused may still
+        /// be queued, and waiting would submit it.
+        fn retire(&self, wake: bool) {
             let deadline = std::time::Instant::now() + DROP_WAIT;
             loop {
-                self.reap(false);
+                self.reap(wake);
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 if self.in_flight.get() == 0 || self.dead.get() || left.is_zero() {
                     break;
                 }
                 let ts = types::Timespec::from(left);
                 let args = types::SubmitArgs::new().timespec(&ts);
-                match self.ring.get_mut().submitter().submit_with_args(1, &args) {
+                let waited = self.ring.borrow_mut().submitter().submit_with_args(1, &args);
+                match waited {
                     Ok(_) => {}
                     Err(e) if e.kind() == io::ErrorKind::Interrupted || e.raw_os_error() == Some(libc::ETIME) => {}
                     // E.g. a kernel without timed waits (before 5.11).
                     Err(_) => break,
                 }
             }
-            // Reads still in flight: the kernel may write their buffers
-            // after the ring is gone (a registered one keeps the whole
-            // arena).
-            for slot in self.slots.get_mut().drain(..) {
-                if let Slot::InFlight { buf, waker, .. } = slot {
-                    std::mem::forget(buf);
-                    std::mem::forget(waker);
+            let mut woken = Vec::new();
+            for slot in self.slots.borrow_mut().iter_mut() {
+                match std::mem::replace(slot, Slot::Free) {
+                    // Still in flight: the kernel may write the buffer after
+                    // the ring is gone (a registered one keeps the arena).
+                    Slot::InFlight { buf, waker, .. } => {
+                        std::mem::forget(buf);
+                        woken.extend(waker);
+                    }
+                    // Done, its reader not back yet: it will not take it.
+                    Slot::Done { .. } | Slot::Free => {}
                 }
             }
+            self.in_flight.set(0);
+            if wake {
+                for w in woken {
+                    w.wake();
+                }
+            } else {
+                std::mem::forget(woken);
+            }
+        }
+    }
+
+    impl Drop for Ring {
+        fn drop(&mut self) {
+            self.retire(false);
         }
     }
 }

@@ -1435,3 +1435,42 @@ fn dma_read_bytes_views_stay_valid_under_random_reads() {
     // Every sender went with the executor's tasks.
     checker.join().unwrap();
 }
+
+/// Goal: a `read_bytes` still waiting when its executor stops running
+/// (its `run` returned) completes with the right bytes once that executor
+/// runs again, though another executor read on the thread meanwhile (and
+/// so made the thread's read ring its own). Method: executor A leaves a
+/// read in flight, executor B reads, A runs again and awaits A's read.
+#[test]
+#[allow(clippy::async_yields_async)] // A's read is handed out of its first run, to await in its second.
+fn dma_read_bytes_waiting_across_another_executor() {
+    use magnetar_storage::{DiskFile, PAGE_BYTES};
+    let tmp = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
+    let path = tmp.path().join("f");
+    let worker = std::thread::spawn(move || {
+        let a = glommio::LocalExecutorBuilder::default().make().expect("glommio executor");
+        let b = glommio::LocalExecutorBuilder::default().make().expect("glommio executor");
+        let p = path.clone();
+        let pending = a.run(async move {
+            let file = read_bytes_file(&p, 64).await;
+            let read = glommio::spawn_local(async move { file.read_bytes(5, 200_000).await });
+            // It runs to its wait for the disk.
+            glommio::executor().yield_now().await;
+            read
+        });
+        b.run(async move {
+            let file = read_bytes_file(&path, 64).await;
+            let got = file.read_bytes(7, 3 * PAGE_BYTES as usize).await.unwrap();
+            assert!(got.iter().enumerate().all(|(i, &x)| x == read_bytes_pattern(7 + i as u64)));
+        });
+        let got = a.run(pending).unwrap();
+        assert_eq!(got.len(), 200_000);
+        assert!(got.iter().enumerate().all(|(i, &x)| x == read_bytes_pattern(5 + i as u64)));
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !worker.is_finished() {
+        assert!(std::time::Instant::now() < deadline, "timed out after 60 s");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    worker.join().unwrap();
+}
