@@ -1009,7 +1009,7 @@ mod owned {
             // FIXED_BYTES >= want; a heap one `at + want` bytes of capacity,
             // and its memory does not move with the Vec). The buffer leaves
             // the slot only once the read completed (`reap`), or is leaked
-            // (`Drop`, `finish_blocking`, a refused submission below). `fd`
+            // (`Ring::retire`, `finish_blocking`, a refused submission below). `fd`
             // is the caller's open file; the kernel holds its own reference
             // to it once the entry is submitted.
             #[allow(unsafe_code)]
@@ -1135,7 +1135,11 @@ mod owned {
                 return Err(io::Error::last_os_error());
             }
             // SAFETY: `fd` is a fresh eventfd owned by nothing else; the
-            // BufferedFile closes it when the ring goes.
+            // BufferedFile closes it when the ring goes, through this
+            // executor's reactor: a ring that outlives its executor (the
+            // thread's `RING`, until the thread exits or the next executor
+            // there reads) leaks it, as glommio leaks its own eventfd of
+            // every executor.
             #[allow(unsafe_code)]
             let event = Rc::new(unsafe { BufferedFile::from_raw_fd(fd) });
             ring.submitter().register_eventfd(fd)?;
