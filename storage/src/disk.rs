@@ -448,6 +448,26 @@ impl DiskFile for DmaDiskFile {
     }
 }
 
+/// A new eventfd that `ring` raises on every completion, as a file glommio's
+/// reactor can read (blocking, so that a read of it waits for a completion
+/// instead of failing EAGAIN); closed when dropped, through the reactor of
+/// the executor it was made on.
+fn completion_eventfd(ring: &io_uring::IoUring) -> io::Result<glommio::io::BufferedFile> {
+    use std::os::unix::io::FromRawFd;
+    // SAFETY: eventfd takes no pointers; the result is checked.
+    #[allow(unsafe_code)]
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh eventfd owned by nothing else; the file
+    // closes it.
+    #[allow(unsafe_code)]
+    let event = unsafe { glommio::io::BufferedFile::from_raw_fd(fd) };
+    ring.submitter().register_eventfd(fd)?;
+    Ok(event)
+}
+
 /// Enters a private io_uring (the lone ring, a file's ring) to submit what is
 /// queued. Tests can make the next call on this thread fail as
 /// `io_uring_enter` can before it takes anything ([`fault::refuse_next`]).
@@ -707,7 +727,7 @@ mod linked {
 mod owned {
     use std::cell::{Cell, RefCell};
     use std::io;
-    use std::os::unix::io::{FromRawFd, RawFd};
+    use std::os::unix::io::RawFd;
     use std::rc::Rc;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
@@ -1128,21 +1148,11 @@ mod owned {
     impl Ring {
         fn new() -> io::Result<Ring> {
             let ring = IoUring::new(SLOTS as u32)?;
-            // SAFETY: eventfd takes no pointers; the result is checked.
-            #[allow(unsafe_code)]
-            let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: `fd` is a fresh eventfd owned by nothing else; the
-            // BufferedFile closes it when the ring goes, through this
-            // executor's reactor: a ring that outlives its executor (the
-            // thread's `RING`, until the thread exits or the next executor
-            // there reads) leaks it, as glommio leaks its own eventfd of
-            // every executor.
-            #[allow(unsafe_code)]
-            let event = Rc::new(unsafe { BufferedFile::from_raw_fd(fd) });
-            ring.submitter().register_eventfd(fd)?;
+            // The eventfd is closed through this executor's reactor: a ring
+            // that outlives its executor (the thread's `RING`, until the
+            // thread exits or the next executor there reads) leaks it, as
+            // glommio leaks its own eventfd of every executor.
+            let event = Rc::new(super::completion_eventfd(&ring)?);
             let arena = Arena::new().filter(|arena| {
                 // SAFETY: the arena's memory stays valid while the ring
                 // lives: the ring holds it (`Ring::arena`), and leaks it if
@@ -1334,7 +1344,7 @@ mod owned {
 mod chained {
     use std::cell::{Cell, RefCell};
     use std::io;
-    use std::os::unix::io::{FromRawFd, RawFd};
+    use std::os::unix::io::RawFd;
 
     use glommio::io::{BufferedFile, DmaBuffer};
     use glommio::sync::Semaphore;
@@ -1377,17 +1387,7 @@ mod chained {
             // when this ring is entered to wait, and the eventfd path never
             // does that: the pair would hang.
             let ring = IoUring::new(4)?;
-            // SAFETY: eventfd takes no pointers; the result is checked.
-            #[allow(unsafe_code)]
-            let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: `fd` is a fresh eventfd owned by nothing else; the
-            // BufferedFile closes it when the ring goes.
-            #[allow(unsafe_code)]
-            let event = unsafe { BufferedFile::from_raw_fd(fd) };
-            ring.submitter().register_eventfd(fd)?;
+            let event = super::completion_eventfd(&ring)?;
             let skip_write_cqe = ring.params().is_feature_skip_cqe_on_success();
             Ok(Ring {
                 ring: RefCell::new(ring),
