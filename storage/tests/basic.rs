@@ -5,7 +5,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::{run, small_config};
+use common::{read_bytes_file, read_bytes_pattern, run, small_config};
 use magnetar_storage::format::RECORD_HEADER_BYTES;
 use magnetar_storage::sim::{FaultError, FaultKind, SimDisk, SimRng};
 use magnetar_storage::{EntryLog, IndexExtras, LogConfig, StorageError, LONE_RESUME_FAST, LONE_STREAK_MIN};
@@ -968,29 +968,6 @@ fn dma_write_buf_and_sync_failure_returns_an_error() {
             data[..PAGE_BYTES as usize].iter().all(|&b| b == 1) && data[PAGE_BYTES as usize..].iter().all(|&b| b == 3)
         );
     });
-}
-
-/// Byte `p` of the file the `read_bytes` tests write: differs between
-/// neighbouring bytes and between pages, so a view off by a byte or a page fails.
-fn read_bytes_pattern(p: u64) -> u8 {
-    (p % 251 + p / 4096) as u8
-}
-
-/// Writes `pages` pages of [`read_bytes_pattern`] to a new file at `path`.
-async fn read_bytes_file(
-    path: &std::path::Path,
-    pages: u64,
-) -> <magnetar_storage::DmaDisk as magnetar_storage::Disk>::File {
-    use magnetar_storage::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
-    DmaDisk.prepare(path.parent().unwrap()).await.unwrap();
-    let file = DmaDisk.open(path, OpenMode::Create).await.unwrap();
-    let mut b = file.alloc_buf((pages * PAGE_BYTES) as usize);
-    for (i, x) in b.as_mut().iter_mut().enumerate() {
-        *x = read_bytes_pattern(i as u64);
-    }
-    file.write_buf(0, b).await.unwrap();
-    file.sync().await.unwrap();
-    file
 }
 
 /// Goal: the production backend's `read_bytes` (reads into buffers of its

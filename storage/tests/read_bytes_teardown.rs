@@ -4,19 +4,9 @@
 
 #![allow(clippy::unwrap_used)] // tests may unwrap
 
-use magnetar_storage::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
+mod common;
 
-async fn pattern_file(path: &std::path::Path, pages: u64) -> <DmaDisk as Disk>::File {
-    DmaDisk.prepare(path.parent().unwrap()).await.unwrap();
-    let file = DmaDisk.open(path, OpenMode::Create).await.unwrap();
-    let mut b = file.alloc_buf((pages * PAGE_BYTES) as usize);
-    for (i, x) in b.as_mut().iter_mut().enumerate() {
-        *x = (i % 251) as u8;
-    }
-    file.write_buf(0, b).await.unwrap();
-    file.sync().await.unwrap();
-    file
-}
+use magnetar_storage::{DiskFile, PAGE_BYTES};
 
 /// Resident memory of this process, in KiB.
 fn rss_kib() -> u64 {
@@ -40,7 +30,7 @@ fn read_bytes_in_flight_at_executor_end_leak_nothing() {
         std::thread::spawn(move || {
             let ex = glommio::LocalExecutorBuilder::default().make().expect("glommio executor");
             ex.run(async move {
-                let file = std::rc::Rc::new(pattern_file(&path, 64).await);
+                let file = std::rc::Rc::new(common::read_bytes_file(&path, 64).await);
                 // One read completed, so that the ring exists.
                 assert_eq!(file.read_bytes(1, 10).await.unwrap()[..], [1u8, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
                 for i in 0..8u64 {

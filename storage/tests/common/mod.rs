@@ -225,3 +225,26 @@ impl Model {
 pub fn shard_dir() -> PathBuf {
     PathBuf::from("/shard-0")
 }
+
+/// Byte `p` of the file the `read_bytes` tests write: differs between
+/// neighbouring bytes and between pages, so a view off by a byte or a page fails.
+pub fn read_bytes_pattern(p: u64) -> u8 {
+    (p % 251 + p / 4096) as u8
+}
+
+/// Writes `pages` pages of [`read_bytes_pattern`] to a new file at `path`.
+pub async fn read_bytes_file(
+    path: &std::path::Path,
+    pages: u64,
+) -> <magnetar_storage::DmaDisk as magnetar_storage::Disk>::File {
+    use magnetar_storage::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
+    DmaDisk.prepare(path.parent().unwrap()).await.unwrap();
+    let file = DmaDisk.open(path, OpenMode::Create).await.unwrap();
+    let mut b = file.alloc_buf((pages * PAGE_BYTES) as usize);
+    for (i, x) in b.as_mut().iter_mut().enumerate() {
+        *x = read_bytes_pattern(i as u64);
+    }
+    file.write_buf(0, b).await.unwrap();
+    file.sync().await.unwrap();
+    file
+}
