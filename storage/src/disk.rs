@@ -324,9 +324,8 @@ impl DiskFile for DmaDiskFile {
         // the end of the file, glommio 0.9's returns `len` bytes from `pos`
         // whenever the aligned read got at least `len`, counting the bytes
         // before `pos` that the alignment added (so some past the end).
-        let start = pos / PAGE_BYTES * PAGE_BYTES;
-        let skip = (pos - start) as usize;
-        let size = (skip + len).next_multiple_of(PAGE_BYTES as usize);
+        let (start, skip, size) = aligned_span(pos, len)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("a read of {len} bytes is too long")))?;
         let r = self.file.read_at_aligned(start, size).await.map_err(glommio_err)?;
         let end = r.len().min(skip + len);
         Ok(r.get(skip.min(end)..end).unwrap_or_default().to_vec())
@@ -446,6 +445,16 @@ impl DiskFile for DmaDiskFile {
     async fn size(&self) -> io::Result<u64> {
         self.file.file_size().await.map_err(glommio_err)
     }
+}
+
+/// The page-aligned stretch an O_DIRECT read of `len` bytes at `pos`
+/// covers: its start, how many of its bytes come before `pos`, and its
+/// length; `None` when that length overflows.
+fn aligned_span(pos: u64, len: usize) -> Option<(u64, usize, usize)> {
+    let start = pos / PAGE_BYTES * PAGE_BYTES;
+    let skip = (pos - start) as usize;
+    let size = skip.checked_add(len)?.checked_next_multiple_of(PAGE_BYTES as usize)?;
+    Some((start, skip, size))
 }
 
 /// A new eventfd that `ring` raises on every completion, as a file glommio's
@@ -979,9 +988,7 @@ mod owned {
             return None;
         }
         let page = PAGE_BYTES as usize;
-        let start = pos / PAGE_BYTES * PAGE_BYTES;
-        let skip = (pos - start) as usize;
-        let want = skip.checked_add(len)?.checked_next_multiple_of(page)?;
+        let (start, skip, want) = super::aligned_span(pos, len)?;
         u32::try_from(want).ok()?;
         if len == 0 {
             return Some(Ok(Bytes::new()));
