@@ -8,7 +8,9 @@
 
 mod ack_set;
 mod admin;
+pub mod api;
 mod atomics;
+mod clock;
 pub mod config;
 pub mod cursor;
 pub mod dedup;
@@ -17,9 +19,7 @@ pub mod disk_watch;
 mod dispatcher;
 pub mod error;
 mod find;
-pub mod launch;
 pub mod ledgers;
-mod mesh;
 pub mod metadata;
 mod nonpersistent;
 pub mod ownership;
@@ -28,21 +28,24 @@ mod producers;
 mod retention;
 mod shard;
 pub mod signal;
-mod start_gate;
 mod stats;
+mod store;
 pub mod sub_state;
 mod topic;
 pub mod topic_name;
 mod topic_policies;
 
+pub use api::{
+    Broker, ConsumerEvent, ConsumerHandle, ConsumerRef, Principal, ProducerHandle, SeekTarget, ShardTraffic,
+    SubscribeRequest,
+};
 pub use config::BrokerConfig;
 pub use error::{CoreError, StartError};
-pub use launch::{launch, Running};
 pub use magnetar_storage::stage;
-pub use shard::{
-    decode_topic_meta, Broker, ConsumerEvent, ConsumerHandle, ConsumerRef, ProducerHandle, SeekTarget, ShardTraffic,
-    SubscribeRequest, LEDGER_ID_SHARD_STRIDE, SHARDS_MAX,
-};
+pub use shard::launch;
+pub use shard::launch::{launch, Running};
+pub use shard::{LEDGER_ID_SHARD_STRIDE, SHARDS_MAX};
+pub use store::decode_topic_meta;
 pub use topic_name::TopicName;
 
 /// The seed of a randomized unit test: `MAGNETAR_SEED` when set (to replay

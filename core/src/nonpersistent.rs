@@ -10,9 +10,9 @@
 //!
 //! Owned by the topic's shard; never crosses cores.
 
+use crate::api::{ConsumerEvent, ConsumerRef};
 use crate::error::{CoreError, ErrorCode};
 use crate::producers::TopicProducers;
-use crate::shard::{ConsumerEvent, ConsumerRef};
 use bytes::Bytes;
 use magnetar_wire::MessageId;
 use std::cell::{Cell, RefCell};

@@ -112,7 +112,7 @@ impl PendingMap {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shard::ConsumerRef;
+    use crate::api::ConsumerRef;
     use std::collections::BTreeMap;
 
     fn pending(n: u32) -> Pending {

@@ -23,9 +23,10 @@
 //! One log line per deletion and per expiry. Runs in the shard's dispatch
 //! task queue (background work, fewer shares than the fsync path).
 
+use crate::clock::now_ms;
 use crate::error::CoreError;
 use crate::ledgers::{ledgers_to_delete, Retention};
-use crate::shard::{now_ms, Op, Reply, Shard};
+use crate::shard::{Op, Reply, Shard};
 use crate::topic::{Subscription, Topic};
 use magnetar_storage::StorageError;
 use std::rc::Rc;

@@ -176,7 +176,7 @@ fn backlog_bytes_by(cursor: &crate::cursor::Cursor, next: u64, mut len: impl FnM
 /// `ledgers.rs`); `ledgers` lists the stored ledgers, oldest first, the
 /// last one current.
 pub(crate) fn topic_stats_json(log: &magnetar_storage::EntryLog, t: &Topic) -> String {
-    let now = crate::shard::now_ms();
+    let now = crate::clock::now_ms();
     let (msg_in, byte_in) = t.rate_in.rates(now);
     let mut out = String::new();
     out.push_str(&format!(

@@ -9,13 +9,14 @@
 //! (`dispatcher::task`) that hands entries to consumers within their flow
 //! permits. All of this is owned by the topic's shard and never crosses cores.
 
+use crate::api::{ConsumerEvent, ConsumerRef};
 use crate::cursor::Cursor;
 use crate::delayed::DelayedIndex;
 use crate::dispatcher::{failover, ConsumerState, Policy};
 use crate::error::{CoreError, ErrorCode};
 use crate::ledgers::{Lookup, TopicLedgers};
 use crate::pending::PendingMap;
-use crate::shard::{ConsumerEvent, ConsumerRef, Shard};
+use crate::shard::Shard;
 use crate::signal::Signal;
 use crate::topic_name::TopicName;
 use magnetar_wire::{AckType, MessageId, SubscriptionType};
@@ -250,7 +251,7 @@ impl Subscription {
         }
         let mut consumers = self.consumers.borrow_mut();
         if consumers.is_empty() {
-            crate::sub_state::check_type_hold(self, new.sub_type, crate::shard::now_ms())?;
+            crate::sub_state::check_type_hold(self, new.sub_type, crate::clock::now_ms())?;
             if self.sub_type.get() != new.sub_type {
                 self.sub_type.set(new.sub_type);
                 *self.policy.borrow_mut() = policy_for(new.sub_type);

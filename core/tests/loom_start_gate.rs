@@ -19,7 +19,7 @@ mod atomics {
 }
 
 #[allow(dead_code)]
-#[path = "../src/start_gate.rs"]
+#[path = "../src/shard/start_gate.rs"]
 mod start_gate;
 
 use atomics::{AtomicBool, AtomicU32, Ordering};

@@ -7,7 +7,7 @@
 //! consumer. Owned by the topic's shard; never crosses cores.
 
 use super::{Ask, ConsumerState, Pick};
-use crate::shard::ConsumerRef;
+use crate::api::ConsumerRef;
 
 #[derive(Debug, Default)]
 pub(crate) struct Active {

@@ -30,8 +30,8 @@
 //! Owned by the topic's shard; never crosses cores.
 
 use super::{Ask, ConsumerState, Pick};
+use crate::api::ConsumerRef;
 use crate::error::CoreError;
-use crate::shard::ConsumerRef;
 use magnetar_wire::{ErrorCode, SubscriptionType};
 
 /// Size of the key hash space.

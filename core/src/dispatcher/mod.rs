@@ -16,7 +16,7 @@ pub(crate) mod filter;
 pub(crate) mod key_shared;
 pub(crate) mod shared;
 
-use crate::shard::ConsumerRef;
+use crate::api::ConsumerRef;
 use std::collections::HashSet;
 
 /// A consumer attached to a subscription, as its owner shard sees it.

@@ -24,7 +24,7 @@ impl RoundRobin {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shard::ConsumerRef;
+    use crate::api::ConsumerRef;
     use std::collections::HashSet;
 
     #[test]

@@ -3,8 +3,10 @@
 //! until their time. Owned by the topic's shard; never crosses cores.
 
 use super::{key_hash, Ask, Pick};
+use crate::api::{ConsumerEvent, ConsumerRef};
+use crate::clock::now_ms;
 use crate::error::ErrorCode;
-use crate::shard::{now_ms, ConsumerEvent, ConsumerRef, Shard};
+use crate::shard::Shard;
 use crate::topic::{Pending, Subscription, Topic};
 use bytes::Bytes;
 use futures::FutureExt;

@@ -7,8 +7,9 @@
 //! this layer (connections stop reading when their in-flight bytes pass a
 //! limit; dispatch is bounded by flow permits).
 
+use super::routing::{Op, OpResult};
+use crate::api::ConsumerEvent;
 use crate::error::CoreError;
-use crate::shard::{ConsumerEvent, Op, OpResult};
 use glommio::channels::local_channel::{self, LocalSender};
 use glommio::channels::shared_channel::{ConnectedReceiver, SharedReceiver, SharedSender};
 

@@ -2,10 +2,11 @@
 //! to a CPU, each opening (and recovering) its own entry log, joined by the
 //! cross-shard mesh.
 
+use super::mesh::{build_mesh, Mesh};
+use super::{Shard, SHARDS_MAX};
+use crate::api::Broker;
 use crate::config::BrokerConfig;
 use crate::error::StartError;
-use crate::mesh::{build_mesh, Mesh};
-use crate::shard::{Broker, Shard, SHARDS_MAX};
 use glommio::{LocalExecutorBuilder, Placement};
 use magnetar_storage::{EntryLog, LogConfig};
 use std::future::Future;
@@ -109,7 +110,7 @@ where
     check_format_file(&config.data_dir, n)?;
     let config = Arc::new(config);
     let cpus = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
-    let gate = Arc::new(crate::start_gate::StartGate::<crate::start_gate::ReleaseAcquire>::new(n));
+    let gate = Arc::new(super::start_gate::StartGate::<super::start_gate::ReleaseAcquire>::new(n));
     let (ready_tx, ready_rx) = mpsc::channel::<Result<u32, StartError>>();
     let mut handles = Vec::new();
     for (i, ends) in build_mesh(n).into_iter().enumerate() {
@@ -174,7 +175,7 @@ where
                 gate.arrive();
                 // Serve only once every shard has recovered, so no request is
                 // routed to a shard that is still reading its log.
-                while gate.state(&shutdown) == crate::start_gate::GateState::Waiting {
+                while gate.state(&shutdown) == super::start_gate::GateState::Waiting {
                     glommio::timer::sleep(Duration::from_millis(5)).await;
                 }
                 let serving = glommio::spawn_local(serve(Broker::new(shard.clone())));

@@ -1,0 +1,294 @@
+//! The broker API: what every front door calls.
+//!
+//! A [`Broker`] is the handle of one shard; a door (the native protocol in
+//! the net crate today) holds the handle of the shard its connection landed
+//! on and calls its typed methods; the handle routes each request to the
+//! topic's owner shard. Owned by one shard; never crosses cores.
+
+mod types;
+
+pub use types::*;
+
+use crate::config::BrokerConfig;
+use crate::error::{CoreError, ErrorCode};
+use crate::ownership;
+use crate::shard::{Op, Reply, Shard, TopicPolicy};
+use crate::topic_name::TopicName;
+use bytes::Bytes;
+use futures::future::LocalBoxFuture;
+use futures::FutureExt;
+use glommio::channels::local_channel::LocalSender;
+use magnetar_wire::{AckType, MessageId, ProducerAccessMode};
+use std::rc::Rc;
+
+/// Who is calling: set by a door from its handshake. Every connection is
+/// anonymous until authentication exists; authorization will be checked
+/// here, once, for every door.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Principal {
+    #[default]
+    Anonymous,
+}
+
+/// The handle a connection uses to reach the broker; one per shard, cheap to
+/// clone, never crosses cores.
+#[derive(Clone)]
+pub struct Broker {
+    pub(crate) shard: Rc<Shard>,
+    /// Set for the connections of a shard's own port: producers and
+    /// consumers of topics another shard owns are refused with `NotOwner`
+    /// (the client looked up a stale owner), instead of crossing the mesh.
+    owner_only: bool,
+}
+
+// ------------------------------------------------------------------ handle
+
+impl Broker {
+    pub(crate) fn new(shard: Rc<Shard>) -> Self {
+        Self { shard, owner_only: false }
+    }
+
+    /// A handle for the connections of this shard's own port: producers and
+    /// consumers of topics owned by another shard are refused with
+    /// `NotOwner` rather than routed over the mesh.
+    pub fn owner_only(&self) -> Broker {
+        Broker { shard: self.shard.clone(), owner_only: true }
+    }
+
+    pub fn shard_id(&self) -> u32 {
+        self.shard.id
+    }
+
+    /// This shard's counters of requests and events that crossed the mesh
+    /// (see [`ShardTraffic`]).
+    pub fn traffic(&self) -> ShardTraffic {
+        self.shard.traffic()
+    }
+
+    pub fn shards(&self) -> u32 {
+        self.shard.nshards
+    }
+
+    pub fn config(&self) -> &BrokerConfig {
+        &self.shard.config
+    }
+
+    /// True once shutdown began: stop accepting and reading requests.
+    pub fn is_draining(&self) -> bool {
+        self.shard.draining.get()
+    }
+
+    /// The shard owning `topic`.
+    pub fn owner_of(&self, topic: &TopicName) -> u32 {
+        ownership::shard_of(topic, self.shard.config.bundles_per_namespace, self.shard.nshards)
+    }
+
+    /// Parses `topic`, asks shard 0 for its policies (namespace exists, not a
+    /// partitioned topic's own name) and finds its owner with the
+    /// namespace's bundle count.
+    async fn resolve_topic(&self, topic: &str) -> Result<(String, u32, TopicPolicy), CoreError> {
+        let tn = TopicName::parse(topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+        let key = tn.to_string();
+        let policy = match self.shard.call(0, Op::TopicPolicy { topic: key.clone() }).await? {
+            Reply::Policy(p) => p,
+            other => return Err(unexpected(other)),
+        };
+        let owner = ownership::shard_of(&tn, policy.policies.bundles, self.shard.nshards);
+        Ok((key, owner, policy))
+    }
+
+    /// [`resolve_topic`](Self::resolve_topic) for a producer or consumer:
+    /// on a shard's own port, a topic of another shard is refused.
+    async fn resolve_client_topic(&self, topic: &str) -> Result<(String, u32, TopicPolicy), CoreError> {
+        let resolved = self.resolve_topic(topic).await?;
+        if self.owner_only && resolved.1 != self.shard.id {
+            return Err(CoreError::new(
+                ErrorCode::NotOwner,
+                format!(
+                    "topic {} is owned by shard {}, not by shard {} (look it up again)",
+                    resolved.0, resolved.1, self.shard.id
+                ),
+            ));
+        }
+        Ok(resolved)
+    }
+
+    /// Runs an admin operation (on shard 0) and returns its JSON answer.
+    pub async fn admin(&self, op: &str, json: &str) -> Result<String, CoreError> {
+        match self.shard.call(0, Op::Admin { op: op.to_string(), json: json.to_string() }).await? {
+            Reply::Json(j) => Ok(j),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Registers where this connection's consumer events go.
+    pub fn register_sink(&self, tx: LocalSender<ConsumerEvent>) -> u64 {
+        let id = self.shard.next_sink.get();
+        self.shard.next_sink.set(id + 1);
+        self.shard.sinks.borrow_mut().insert(id, tx);
+        id
+    }
+
+    pub fn unregister_sink(&self, sink: u64) {
+        self.shard.sinks.borrow_mut().remove(&sink);
+    }
+
+    pub async fn create_producer(&self, topic: &str, producer_name: &str) -> Result<ProducerHandle, CoreError> {
+        self.create_producer_with(topic, producer_name, ProducerAccessMode::Shared).await
+    }
+
+    /// Attaches a producer with an access mode; with `WaitForExclusive` this
+    /// resolves only when the producer holds the topic.
+    pub async fn create_producer_with(
+        &self,
+        topic: &str,
+        producer_name: &str,
+        mode: ProducerAccessMode,
+    ) -> Result<ProducerHandle, CoreError> {
+        let (topic, owner, policy) = self.resolve_client_topic(topic).await?;
+        let op = Op::CreateProducer { topic: topic.clone(), name: producer_name.to_string(), mode, policy };
+        match self.shard.call(owner, op).await? {
+            Reply::Producer { name, last_sequence_id } => {
+                Ok(ProducerHandle { topic, owner, producer_name: name, last_sequence_id })
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Publishes one entry. The append is queued (in order) before this
+    /// returns; the future resolves when the entry is durable.
+    pub fn send(
+        &self,
+        producer: &ProducerHandle,
+        sequence_id: u64,
+        num_messages: u32,
+        blob: Bytes,
+    ) -> LocalBoxFuture<'static, Result<MessageId, CoreError>> {
+        self.send_checked(producer, sequence_id, num_messages, blob, None)
+    }
+
+    /// [`send`](Self::send) of a blob whose CRC-32 the caller has, computed
+    /// over these very bytes (the connection, from the frame's checksum):
+    /// the log derives the record's checksum from it instead of hashing the
+    /// blob again.
+    pub fn send_checked(
+        &self,
+        producer: &ProducerHandle,
+        sequence_id: u64,
+        num_messages: u32,
+        blob: Bytes,
+        blob_crc: Option<u32>,
+    ) -> LocalBoxFuture<'static, Result<MessageId, CoreError>> {
+        let op = Op::Send {
+            topic: producer.topic.clone(),
+            producer: producer.producer_name.clone(),
+            sequence_id,
+            num_messages,
+            blob,
+            blob_crc,
+        };
+        let fut = self.shard.call(producer.owner, op);
+        async move {
+            match fut.await? {
+                Reply::Sent(id) => Ok(id),
+                other => Err(unexpected(other)),
+            }
+        }
+        .boxed_local()
+    }
+
+    pub async fn close_producer(&self, producer: &ProducerHandle) -> Result<(), CoreError> {
+        let op = Op::CloseProducer { topic: producer.topic.clone(), name: producer.producer_name.clone() };
+        self.shard.call(producer.owner, op).await.map(|_| ())
+    }
+
+    /// Attaches a consumer; its messages go to `sink` (see `register_sink`).
+    pub async fn subscribe(&self, mut req: SubscribeRequest, sink: u64) -> Result<ConsumerHandle, CoreError> {
+        let (topic, owner, policy) = self.resolve_client_topic(&req.topic).await?;
+        req.topic = topic.clone();
+        let consumer = ConsumerRef { shard: self.shard.id, sink, consumer_id: req.consumer_id };
+        let subscription = req.subscription.clone();
+        self.shard.call(owner, Op::Subscribe { req, consumer, policy }).await?;
+        Ok(ConsumerHandle { topic, subscription, owner, consumer })
+    }
+
+    /// Grants the consumer `permits` more messages.
+    pub fn flow(&self, c: &ConsumerHandle, permits: u32) {
+        let op =
+            Op::Flow { topic: c.topic.clone(), subscription: c.subscription.clone(), consumer: c.consumer, permits };
+        let fut = self.shard.call(c.owner, op);
+        glommio::spawn_local(fut).detach();
+    }
+
+    /// Acknowledges; with `durable`, resolves only once the cursor is on disk.
+    pub fn ack(
+        &self,
+        c: &ConsumerHandle,
+        ack_type: AckType,
+        ids: Vec<MessageId>,
+        durable: bool,
+    ) -> LocalBoxFuture<'static, Result<(), CoreError>> {
+        self.ack_with_batch_sizes(c, ack_type, ids, Vec::new(), durable)
+    }
+
+    /// [`ack`](Self::ack) where `batch_sizes` (empty, or one per id) makes an
+    /// id with a batch index and a size above 1 acknowledge only that
+    /// message of its batch (the entry once all of them are).
+    pub fn ack_with_batch_sizes(
+        &self,
+        c: &ConsumerHandle,
+        ack_type: AckType,
+        ids: Vec<MessageId>,
+        batch_sizes: Vec<u32>,
+        durable: bool,
+    ) -> LocalBoxFuture<'static, Result<(), CoreError>> {
+        let op = Op::Ack {
+            topic: c.topic.clone(),
+            subscription: c.subscription.clone(),
+            consumer: c.consumer,
+            ack_type,
+            ids,
+            durable,
+            batch_sizes,
+        };
+        let fut = self.shard.call(c.owner, op);
+        async move { fut.await.map(|_| ()) }.boxed_local()
+    }
+
+    /// Delivers again the given unacknowledged messages of this consumer
+    /// (all of them when `ids` is empty), to any consumer of the subscription.
+    pub fn redeliver_unacknowledged(&self, c: &ConsumerHandle, ids: Vec<MessageId>) {
+        let op =
+            Op::Redeliver { topic: c.topic.clone(), subscription: c.subscription.clone(), consumer: c.consumer, ids };
+        let fut = self.shard.call(c.owner, op);
+        glommio::spawn_local(fut).detach();
+    }
+
+    /// Moves the subscription's cursor (see [`SeekTarget`]); the consumer's
+    /// permits drop to 0.
+    pub async fn seek(&self, c: &ConsumerHandle, target: SeekTarget) -> Result<(), CoreError> {
+        let op =
+            Op::Seek { topic: c.topic.clone(), subscription: c.subscription.clone(), consumer: c.consumer, target };
+        self.shard.call(c.owner, op).await.map(|_| ())
+    }
+
+    /// Per-subscription statistics of `topic` as a JSON object.
+    pub async fn topic_stats(&self, topic: &str) -> Result<String, CoreError> {
+        // The owner comes from the namespace's bundle count (shard 0 knows it).
+        let (topic, owner, _) = self.resolve_topic(topic).await?;
+        match self.shard.call(owner, Op::TopicStats { topic }).await? {
+            Reply::Stats(json) => Ok(json),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn close_consumer(&self, c: &ConsumerHandle) -> Result<(), CoreError> {
+        let op =
+            Op::CloseConsumer { topic: c.topic.clone(), subscription: c.subscription.clone(), consumer: c.consumer };
+        self.shard.call(c.owner, op).await.map(|_| ())
+    }
+}
+
+fn unexpected(r: Reply) -> CoreError {
+    CoreError::new(ErrorCode::UnknownError, format!("internal: unexpected reply {r:?}"))
+}

@@ -1,0 +1,5 @@
+//! The wall clock, in milliseconds since the Unix epoch.
+
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}

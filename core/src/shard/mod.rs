@@ -1,0 +1,311 @@
+//! One shard: a glommio executor's share of the broker.
+//!
+//! A `Shard` owns the topics whose bundles map to it, its own entry log, and
+//! its ends of the cross-shard mesh. Doors (in the net crate) talk to the
+//! [`Broker`](crate::api::Broker) handle of the shard they landed on; the
+//! handle routes each request to the owner shard (`routing.rs`), through the
+//! mesh when that is another shard. Everything here is owned by one shard and
+//! never crosses cores; only `MeshMsg` values travel between shards.
+//!
+//! - `routing.rs`: the mesh protocol (`Op`/`Reply`) and where each request runs.
+//! - `owner.rs`: the owner side of topic and subscription requests.
+//! - `launch.rs`, `start_gate.rs`, `mesh.rs`: executors, the start gate, the channels.
+
+pub mod launch;
+pub(crate) mod mesh;
+mod owner;
+pub(crate) mod routing;
+pub(crate) mod start_gate;
+
+pub(crate) use owner::valid_subscription_name;
+pub(crate) use routing::{Op, OpResult, Reply, TopicPolicy};
+
+use crate::api::{ConsumerEvent, ShardTraffic};
+use crate::clock::now_ms;
+use crate::config::BrokerConfig;
+use crate::ledgers::decode_topic_record;
+use crate::metadata::Metadata;
+use crate::signal::Signal;
+use crate::store::*;
+use crate::topic::{Subscription, Topic};
+use futures::channel::oneshot;
+use glommio::channels::local_channel::LocalSender;
+use magnetar_storage::EntryLog;
+use mesh::Mesh;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Ledger ids are unique across shards: `seq * LEDGER_ID_SHARD_STRIDE + shard`.
+pub const LEDGER_ID_SHARD_STRIDE: u64 = 1024;
+/// Most shards a broker may run (ledger ids reserve room for this many).
+pub const SHARDS_MAX: u32 = LEDGER_ID_SHARD_STRIDE as u32;
+
+/// Shares of the dispatchers' task queue; the default queue (flusher,
+/// produce path) has 1000.
+const DISPATCH_SHARES: usize = 250;
+
+pub(crate) struct Shard {
+    pub(crate) id: u32,
+    pub(crate) nshards: u32,
+    pub(crate) config: Arc<BrokerConfig>,
+    pub(crate) log: EntryLog,
+    /// The metadata store's typed view; `Some` on shard 0 only.
+    pub(crate) metadata: Option<Metadata>,
+    pub(crate) topics: RefCell<HashMap<String, Rc<Topic>>>,
+    /// Non-persistent topics with producers or consumers attached.
+    pub(crate) np_topics: RefCell<HashMap<String, Rc<crate::nonpersistent::NpTopic>>>,
+    pub(crate) next_ledger_seq: Cell<u64>,
+    /// Ledgers the log held when the shard started (deleted ones excluded):
+    /// a closed ledger of a topic record missing here was deleted by
+    /// retention before the record was rewritten (a crash in between).
+    pub(crate) ledgers_at_start: std::collections::HashSet<u64>,
+    pub(crate) mesh: Mesh,
+    pub(crate) pending: RefCell<HashMap<u64, oneshot::Sender<OpResult>>>,
+    pub(crate) next_req: Cell<u64>,
+    pub(crate) sinks: RefCell<HashMap<u64, LocalSender<ConsumerEvent>>>,
+    pub(crate) next_sink: Cell<u64>,
+    pub(crate) next_producer: Cell<u64>,
+    /// Appends on this shard not yet durable (shutdown waits for them).
+    pub(crate) inflight: Cell<u64>,
+    pub(crate) draining: Cell<bool>,
+    pub(crate) closed: Cell<bool>,
+    pub(crate) dirty_cursors: RefCell<Vec<(Rc<Topic>, Rc<Subscription>)>>,
+    /// Subscriptions whose redelivery counts changed, written at most once
+    /// per `REDELIVERY_COUNTS_PERSIST_INTERVAL_MS` (see `flush_counts`).
+    pub(crate) dirty_counts: RefCell<Vec<(Rc<Topic>, Rc<Subscription>)>>,
+    pub(crate) cursor_flush: Signal,
+    pub(crate) started_ms: u64,
+    /// Data disk usage in percent at the last check, and whether produce is
+    /// refused because it reached the refusal watermark.
+    pub(crate) disk_pct: Cell<u8>,
+    pub(crate) storage_full: Cell<bool>,
+    /// Task queue of the dispatchers, whose catch-up reads go to disk: fewer
+    /// shares than the default queue, where the log's flusher (the fsync
+    /// path of every receipt) runs.
+    pub(crate) dispatch_tq: glommio::TaskQueueHandle,
+    /// Producer and consumer requests this shard sent over the mesh to a
+    /// topic's owner (a client connected to the wrong shard), and consumer
+    /// events (deliveries, closes) it sent to a consumer's connection on
+    /// another shard: what shard-aware clients avoid. Admin, lookup and
+    /// policy requests are not counted (they go to shard 0 by design).
+    pub(crate) cross_shard_requests: Cell<u64>,
+    pub(crate) cross_shard_events: Cell<u64>,
+}
+
+impl Shard {
+    pub(crate) fn new(id: u32, nshards: u32, config: Arc<BrokerConfig>, log: EntryLog, mesh: Mesh) -> Rc<Self> {
+        // Ledger ids already used on this shard come from the topic records
+        // (every ledger they list), the deleted topics' records and the log.
+        let mut seq = 0u64;
+        let deleted = log.meta_prefix(META_DELETED_LEDGER_PREFIX);
+        let ledgers_at_start: std::collections::HashSet<u64> = log.ledgers().into_iter().map(|(l, _)| l).collect();
+        for (_, v) in log.meta_prefix(META_TOPIC_PREFIX).into_iter().chain(deleted) {
+            for l in decode_topic_record(&v).unwrap_or_default() {
+                seq = seq.max(l.id / LEDGER_ID_SHARD_STRIDE + 1);
+            }
+        }
+        for &l in &ledgers_at_start {
+            seq = seq.max(l / LEDGER_ID_SHARD_STRIDE + 1);
+        }
+        for l in orphan_ledgers(&log, &ledgers_at_start) {
+            match log.delete_ledger(l) {
+                Ok(_) => tracing::info!(
+                    shard = id,
+                    ledger = l,
+                    "deleted a ledger no topic names (topic deleted before a crash)"
+                ),
+                Err(e) => tracing::warn!(shard = id, ledger = l, "cannot delete an orphan ledger: {e}"),
+            }
+        }
+        let metadata = (id == 0).then(|| {
+            let store: Rc<dyn crate::metadata::MetadataStore> =
+                Rc::new(crate::metadata::LogMetadataStore::new(log.clone()));
+            Metadata::new(store)
+        });
+        Rc::new(Self {
+            id,
+            nshards,
+            config,
+            log,
+            metadata,
+            topics: RefCell::new(HashMap::new()),
+            np_topics: RefCell::new(HashMap::new()),
+            next_ledger_seq: Cell::new(seq),
+            ledgers_at_start,
+            mesh,
+            pending: RefCell::new(HashMap::new()),
+            next_req: Cell::new(1),
+            sinks: RefCell::new(HashMap::new()),
+            next_sink: Cell::new(1),
+            next_producer: Cell::new(0),
+            inflight: Cell::new(0),
+            draining: Cell::new(false),
+            closed: Cell::new(false),
+            dirty_cursors: RefCell::new(Vec::new()),
+            dirty_counts: RefCell::new(Vec::new()),
+            cursor_flush: Signal::new(),
+            started_ms: now_ms(),
+            disk_pct: Cell::new(0),
+            storage_full: Cell::new(false),
+            dispatch_tq: glommio::executor().create_task_queue(
+                glommio::Shares::Static(DISPATCH_SHARES),
+                glommio::Latency::NotImportant,
+                "dispatch",
+            ),
+            cross_shard_requests: Cell::new(0),
+            cross_shard_events: Cell::new(0),
+        })
+    }
+
+    pub(crate) fn traffic(&self) -> ShardTraffic {
+        ShardTraffic {
+            shard: self.id,
+            cross_shard_requests: self.cross_shard_requests.get(),
+            cross_shard_events: self.cross_shard_events.get(),
+        }
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.get()
+    }
+
+    /// Background task: persists changed cursors every interval.
+    pub(crate) async fn cursor_flusher(self: Rc<Self>) {
+        let interval = self.config.cursor_persist_interval;
+        while !self.closed.get() {
+            glommio::timer::sleep(interval).await;
+            if let Err(e) = self.flush_cursors() {
+                tracing::error!(shard = self.id, "persisting cursors failed: {e}");
+            }
+        }
+    }
+
+    /// Background task: measures the data disk every `check_interval`, logs
+    /// when usage rises past a warning level, and refuses produce at or
+    /// above the refusal level (resuming below it).
+    pub(crate) async fn disk_watch(self: Rc<Self>) {
+        let wm = self.config.disk_watermarks.clone();
+        let dir = self.config.data_dir.clone();
+        while !self.closed.get() {
+            match wm.measure(&dir) {
+                Ok(pct) => self.on_disk_usage(pct, &wm),
+                Err(e) => tracing::warn!(shard = self.id, dir = %dir.display(), "cannot measure disk usage: {e}"),
+            }
+            glommio::timer::sleep(wm.check_interval).await;
+        }
+    }
+
+    /// Measures the data disk now (after retention freed space, so that a
+    /// refused produce resumes without waiting for the next check).
+    pub(crate) fn measure_disk(&self) {
+        let wm = &self.config.disk_watermarks;
+        if let Ok(pct) = wm.measure(&self.config.data_dir) {
+            self.on_disk_usage(pct, wm);
+        }
+    }
+
+    fn on_disk_usage(&self, pct: u8, wm: &crate::disk_watch::DiskWatermarks) {
+        let before = self.disk_pct.replace(pct);
+        for &level in &wm.warn_pcts {
+            if before < level && pct >= level {
+                tracing::warn!(shard = self.id, used_pct = pct, level, "data disk usage passed a warning level");
+            }
+        }
+        let full = pct >= wm.refuse_pct;
+        if full != self.storage_full.replace(full) {
+            if full {
+                tracing::error!(
+                    shard = self.id,
+                    used_pct = pct,
+                    refuse_pct = wm.refuse_pct,
+                    "data disk full: refusing produce requests (StorageFull) until space is freed"
+                );
+            } else {
+                tracing::info!(
+                    shard = self.id,
+                    used_pct = pct,
+                    "data disk below the refusal level: accepting produce again"
+                );
+            }
+        }
+    }
+
+    /// Clean shutdown: stop taking produce requests, let in-flight ones
+    /// finish, persist cursors, close the log (which syncs and writes the
+    /// clean-shutdown marker).
+    pub(crate) async fn shutdown(self: &Rc<Self>) {
+        self.draining.set(true);
+        let deadline = std::time::Instant::now() + self.config.shutdown_drain_timeout;
+        while self.inflight.get() > 0 && std::time::Instant::now() < deadline {
+            glommio::timer::sleep(Duration::from_millis(5)).await;
+        }
+        if self.inflight.get() > 0 {
+            tracing::warn!(
+                shard = self.id,
+                inflight = self.inflight.get(),
+                "shutdown: in-flight appends did not finish"
+            );
+        }
+        if let Err(e) = self.flush_cursors_and_counts(true) {
+            tracing::error!(shard = self.id, "persisting cursors at shutdown failed: {e}");
+        }
+        self.closed.set(true);
+        self.cursor_flush.notify();
+        for t in self.topics.borrow().values() {
+            for s in t.subs.borrow().values() {
+                s.wake.notify();
+            }
+        }
+        match self.log.close().await {
+            Ok(()) => tracing::info!(shard = self.id, "log closed cleanly"),
+            Err(e) => tracing::error!(shard = self.id, "closing the log failed: {e}"),
+        }
+    }
+}
+
+/// Runs `persist` on every item of `batch`, whatever fails: returns the last
+/// position written, or the first error once all were tried.
+fn persist_each<T, E>(batch: Vec<T>, mut persist: impl FnMut(&T) -> Result<Option<u64>, E>) -> Result<Option<u64>, E> {
+    let (mut last, mut first_err) = (None, None);
+    for item in &batch {
+        match persist(item) {
+            Ok(Some(lsn)) => last = Some(lsn),
+            Ok(None) => {}
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(last),
+    }
+}
+
+#[cfg(test)]
+mod flush_tests {
+    use super::persist_each;
+
+    #[test]
+    fn a_failed_write_does_not_skip_the_rest_of_the_batch() {
+        // Goal: one subscription whose record cannot be written (e.g. a
+        // state record over the entry size limit) must not stop the others
+        // in the same flush from being written. Method: fail the second of
+        // five; all five must be tried and the error still reported.
+        let mut tried = Vec::new();
+        let r = persist_each(vec![1u64, 2, 3, 4, 5], |&i| {
+            tried.push(i);
+            if i == 2 {
+                Err("too large")
+            } else {
+                Ok(Some(i * 10))
+            }
+        });
+        assert_eq!(tried, vec![1, 2, 3, 4, 5]);
+        assert_eq!(r, Err("too large"));
+        assert_eq!(persist_each(vec![1u64, 2], |&i| Ok::<_, ()>((i == 1).then_some(7))), Ok(Some(7)));
+    }
+}

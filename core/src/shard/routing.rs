@@ -1,0 +1,520 @@
+//! Where a request runs: the mesh protocol between shards (`Op`, `Reply`)
+//! and the owner side's dispatch of each op. Owned by one shard; only
+//! `MeshMsg` values cross cores.
+
+use super::mesh::MeshMsg;
+use super::valid_subscription_name;
+use super::Shard;
+use crate::api::{ConsumerEvent, ConsumerRef, SeekTarget, ShardTraffic, SubscribeRequest};
+use crate::error::{CoreError, ErrorCode};
+use crate::metadata::Policies;
+use crate::store::*;
+use crate::topic::{Subscription, Topic};
+use crate::topic_name::TopicName;
+use bytes::Bytes;
+use futures::channel::oneshot;
+use futures::future::LocalBoxFuture;
+use futures::FutureExt;
+use magnetar_wire::{AckType, MessageId, ProducerAccessMode};
+use std::rc::Rc;
+
+/// What shard 0 says about a topic before its owner creates or loads it.
+#[derive(Debug, Clone)]
+pub(crate) struct TopicPolicy {
+    pub(crate) policies: Policies,
+    /// The topic is partition i < N of a partitioned topic: it may be
+    /// created whatever the auto-creation policy says.
+    pub(crate) in_partitioned: bool,
+}
+
+/// A request executed on the owner shard.
+#[derive(Debug)]
+pub(crate) enum Op {
+    CreateProducer {
+        topic: String,
+        name: String,
+        mode: ProducerAccessMode,
+        policy: TopicPolicy,
+    },
+    Send {
+        topic: String,
+        producer: String,
+        sequence_id: u64,
+        num_messages: u32,
+        blob: Bytes,
+        /// The blob's CRC-32 when the connection had it (see `send_checked`).
+        blob_crc: Option<u32>,
+    },
+    CloseProducer {
+        topic: String,
+        name: String,
+    },
+    Subscribe {
+        req: SubscribeRequest,
+        consumer: ConsumerRef,
+        policy: TopicPolicy,
+    },
+    Flow {
+        topic: String,
+        subscription: String,
+        consumer: ConsumerRef,
+        permits: u32,
+    },
+    Ack {
+        topic: String,
+        subscription: String,
+        consumer: ConsumerRef,
+        ack_type: AckType,
+        ids: Vec<MessageId>,
+        durable: bool,
+        /// Empty, or per id its batch's size (batch-index acks).
+        batch_sizes: Vec<u32>,
+    },
+    CloseConsumer {
+        topic: String,
+        subscription: String,
+        consumer: ConsumerRef,
+    },
+    Redeliver {
+        topic: String,
+        subscription: String,
+        consumer: ConsumerRef,
+        ids: Vec<MessageId>,
+    },
+    Seek {
+        topic: String,
+        subscription: String,
+        consumer: ConsumerRef,
+        target: SeekTarget,
+    },
+    TopicStats {
+        topic: String,
+    },
+    /// On shard 0: an admin operation (see `admin.rs`).
+    Admin {
+        op: String,
+        json: String,
+    },
+    /// On shard 0: the namespace policies that govern `topic`.
+    TopicPolicy {
+        topic: String,
+    },
+    /// On any shard: its [`ShardTraffic`] counters.
+    Traffic,
+    /// On any shard: the topics of its log whose full name starts with `prefix`.
+    ListTopics {
+        prefix: String,
+    },
+    /// On the owner: create (or load) a non-partitioned topic.
+    CreateTopic {
+        topic: String,
+    },
+    /// On the owner: delete a topic without producers or consumers.
+    DeleteTopic {
+        topic: String,
+    },
+    /// On the owner: the id of the topic's last durable entry.
+    LastMessageId {
+        topic: String,
+    },
+    /// On the owner: messages of the topic with this key (`find.rs`).
+    FindMessages {
+        topic: String,
+        key: String,
+        before_ms: Option<u64>,
+        limit: u32,
+    },
+}
+
+#[derive(Debug)]
+pub(crate) enum Reply {
+    Producer { name: String, last_sequence_id: i64 },
+    Sent(MessageId),
+    Done,
+    Json(String),
+    Policy(TopicPolicy),
+    Topics(Vec<String>),
+    Stats(String),
+    Traffic(ShardTraffic),
+}
+
+pub(crate) type OpResult = Result<Reply, CoreError>;
+
+impl Shard {
+    // ---------------------------------------------------------------- routing
+
+    /// Runs `op` on `owner`: here directly, elsewhere through the mesh. The
+    /// synchronous part of the op (e.g. the append) happens in mesh order, so
+    /// requests from one connection keep their order.
+    pub(crate) fn call(self: &Rc<Self>, owner: u32, op: Op) -> LocalBoxFuture<'static, OpResult> {
+        if owner == self.id {
+            return self.handle_op(op);
+        }
+        if is_client_op(&op) {
+            self.cross_shard_requests.set(self.cross_shard_requests.get() + 1);
+        }
+        let req_id = self.next_req.get();
+        self.next_req.set(req_id + 1);
+        let (tx, rx) = oneshot::channel();
+        self.pending.borrow_mut().insert(req_id, tx);
+        self.mesh.send(owner, MeshMsg::Request { from: self.id, req_id, op });
+        async move {
+            rx.await.unwrap_or_else(|_| {
+                Err(CoreError::new(ErrorCode::ServiceNotReady, "owner shard is not answering (shutting down?)"))
+            })
+        }
+        .boxed_local()
+    }
+
+    /// Handles one message from another shard.
+    pub(crate) fn on_mesh(self: &Rc<Self>, msg: MeshMsg) {
+        match msg {
+            MeshMsg::Request { from, req_id, op } => {
+                let fut = self.handle_op(op);
+                let me = self.clone();
+                glommio::spawn_local(async move {
+                    let result = fut.await;
+                    me.mesh.send(from, MeshMsg::Reply { req_id, result });
+                })
+                .detach();
+            }
+            MeshMsg::Reply { req_id, result } => {
+                if let Some(tx) = self.pending.borrow_mut().remove(&req_id) {
+                    let _ = tx.send(result);
+                }
+            }
+            MeshMsg::Event { sink, event } => self.deliver_local(sink, event),
+        }
+    }
+
+    /// Sends an event to a consumer's sink, wherever it lives.
+    pub(crate) fn deliver(&self, to: ConsumerRef, event: ConsumerEvent) {
+        if to.shard == self.id {
+            self.deliver_local(to.sink, event);
+        } else {
+            // A run counts once per entry, as its deliveries did one by one.
+            let n = match &event {
+                ConsumerEvent::Run { blobs, .. } => blobs.len() as u64,
+                _ => 1,
+            };
+            self.cross_shard_events.set(self.cross_shard_events.get() + n);
+            self.mesh.send(to.shard, MeshMsg::Event { sink: to.sink, event });
+        }
+    }
+
+    pub(super) fn deliver_local(&self, sink: u64, event: ConsumerEvent) {
+        // A sink that is gone (connection closed) drops the event; the owner
+        // learns of the close through CloseConsumer and redelivers.
+        if let Some(tx) = self.sinks.borrow().get(&sink) {
+            let _ = tx.try_send(event);
+        }
+    }
+
+    // ------------------------------------------------------------ owner side
+
+    pub(super) fn handle_op(self: &Rc<Self>, op: Op) -> LocalBoxFuture<'static, OpResult> {
+        if self.closed.get() {
+            return futures::future::ready(Err(CoreError::new(ErrorCode::ServiceNotReady, "shard is shut down")))
+                .boxed_local();
+        }
+        if is_non_persistent(&op) {
+            return futures::future::ready(self.handle_non_persistent(op)).boxed_local();
+        }
+        match op {
+            Op::Send { topic, producer, sequence_id, num_messages, blob, blob_crc } => {
+                self.handle_send(&topic, &producer, sequence_id, num_messages, blob, blob_crc)
+            }
+            Op::CreateProducer { topic, name, mode, policy } => {
+                let me = self.clone();
+                async move { me.handle_create_producer(&topic, name, mode, policy).await }.boxed_local()
+            }
+            Op::CloseProducer { topic, name } => {
+                if let Some(t) = self.topics.borrow().get(&topic) {
+                    t.producers.borrow_mut().remove(&name);
+                }
+                futures::future::ready(Ok(Reply::Done)).boxed_local()
+            }
+            Op::Subscribe { req, consumer, policy } => {
+                let me = self.clone();
+                async move { me.handle_subscribe(req, consumer, policy).await }.boxed_local()
+            }
+            Op::Admin { op, json } => {
+                let me = self.clone();
+                async move { crate::admin::execute(me, &op, &json).await.map(Reply::Json) }.boxed_local()
+            }
+            Op::TopicPolicy { topic } => {
+                let me = self.clone();
+                async move { crate::admin::topic_policy(&me, &topic).await.map(Reply::Policy) }.boxed_local()
+            }
+            Op::Traffic => futures::future::ready(Ok(Reply::Traffic(self.traffic()))).boxed_local(),
+            Op::ListTopics { prefix } => {
+                let mut key = META_TOPIC_PREFIX.to_vec();
+                key.extend_from_slice(prefix.as_bytes());
+                let names = self
+                    .log
+                    .meta_prefix(&key)
+                    .into_iter()
+                    .filter_map(|(k, _)| String::from_utf8(k.get(META_TOPIC_PREFIX.len()..)?.to_vec()).ok())
+                    .collect();
+                futures::future::ready(Ok(Reply::Topics(names))).boxed_local()
+            }
+            Op::CreateTopic { topic } => {
+                let me = self.clone();
+                async move {
+                    let tn = TopicName::parse(&topic)
+                        .map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+                    let (_, lsn) = me.get_or_create_topic(&tn)?;
+                    match lsn {
+                        Some(lsn) => me.log.wait_durable(lsn).await?,
+                        None => {
+                            return Err(CoreError::new(ErrorCode::NotAllowed, format!("topic {topic} already exists")))
+                        }
+                    }
+                    Ok(Reply::Done)
+                }
+                .boxed_local()
+            }
+            Op::DeleteTopic { topic } => {
+                let me = self.clone();
+                async move { me.handle_delete_topic(&topic).await }.boxed_local()
+            }
+            Op::LastMessageId { topic } => futures::future::ready(self.last_message_id(&topic).map(|id| match id {
+                Some(id) => Reply::Json(format!("{{\"id\":\"{id}\"}}")),
+                None => Reply::Json("{\"id\":null}".to_string()),
+            }))
+            .boxed_local(),
+            Op::FindMessages { topic, key, before_ms, limit } => {
+                let me = self.clone();
+                async move {
+                    let v = crate::find::find_messages(&me, &topic, &key, before_ms, limit).await?;
+                    Ok(Reply::Json(v.to_string()))
+                }
+                .boxed_local()
+            }
+            Op::Flow { topic, subscription, consumer, permits } => {
+                if let Some(sub) = self.subscription(&topic, &subscription) {
+                    sub.flow(consumer, permits);
+                }
+                futures::future::ready(Ok(Reply::Done)).boxed_local()
+            }
+            Op::Ack { topic, subscription, consumer, ack_type, ids, durable, batch_sizes } => {
+                let me = self.clone();
+                let result = self.handle_ack(&topic, &subscription, consumer, ack_type, (&ids, &batch_sizes), durable);
+                async move {
+                    let lsn = result?;
+                    if durable {
+                        if let Some(lsn) = lsn {
+                            me.log.wait_durable(lsn).await?;
+                        }
+                    }
+                    Ok(Reply::Done)
+                }
+                .boxed_local()
+            }
+            Op::CloseConsumer { topic, subscription, consumer } => {
+                if let Some(sub) = self.subscription(&topic, &subscription) {
+                    sub.remove_consumer(self, consumer);
+                    // A non-durable subscription (a reader) lives only as long
+                    // as its consumer: nothing of it is kept.
+                    if !sub.durable && sub.consumer_count() == 0 {
+                        if let Some(t) = self.topics.borrow().get(&topic) {
+                            t.subs.borrow_mut().remove(&subscription);
+                        }
+                        sub.removed.set(true);
+                        sub.wake.notify();
+                    }
+                }
+                futures::future::ready(Ok(Reply::Done)).boxed_local()
+            }
+            Op::Seek { topic, subscription, consumer, target } => {
+                let me = self.clone();
+                async move { me.handle_seek(&topic, &subscription, consumer, target).await }.boxed_local()
+            }
+            Op::TopicStats { topic } => {
+                let r = (|| {
+                    let tn = TopicName::parse(&topic)
+                        .map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+                    // Loaded, or known from its metadata record (then loading
+                    // it creates nothing); an unknown topic is not created.
+                    let known =
+                        self.topics.borrow().contains_key(&topic) || self.log.meta(&topic_meta_key(&topic)).is_some();
+                    if !known {
+                        return Err(CoreError::new(ErrorCode::TopicNotFound, format!("no topic {topic}")));
+                    }
+                    let (t, _) = self.get_or_create_topic(&tn)?;
+                    Ok(Reply::Stats(crate::stats::topic_stats_json(&self.log, &t)))
+                })();
+                futures::future::ready(r).boxed_local()
+            }
+            Op::Redeliver { topic, subscription, consumer, ids } => {
+                if let (Some(t), Some(sub)) =
+                    (self.topics.borrow().get(&topic).cloned(), self.subscription(&topic, &subscription))
+                {
+                    let entries: Vec<u64> = ids.iter().filter_map(|id| t.position_of(id).ok().flatten()).collect();
+                    // Ids of another ledger are none of ours: nothing to do
+                    // for them, but an all-foreign list must not mean "all".
+                    if ids.is_empty() || !entries.is_empty() {
+                        sub.redeliver(consumer, &entries);
+                    }
+                }
+                futures::future::ready(Ok(Reply::Done)).boxed_local()
+            }
+        }
+    }
+
+    /// Runs an op about a non-persistent topic (see `is_non_persistent`);
+    /// all synchronous: nothing waits for a disk.
+    pub(super) fn handle_non_persistent(&self, op: Op) -> OpResult {
+        let np = |t: &str| self.np_topics.borrow().get(t).cloned();
+        let not_loaded =
+            || CoreError::new(ErrorCode::TopicNotFound, "non-persistent topic has no producer or consumer");
+        match op {
+            Op::CreateProducer { topic, name, mode, policy } => {
+                if mode == ProducerAccessMode::WaitForExclusive {
+                    return Err(CoreError::new(
+                        ErrorCode::NotAllowed,
+                        "WaitForExclusive is not supported on non-persistent topics",
+                    ));
+                }
+                let t = self.np_topic(&topic);
+                let name = if name.is_empty() {
+                    let n = self.next_producer.get();
+                    self.next_producer.set(n + 1);
+                    format!("magnetar-{}-{}-{}", self.id, self.started_ms, n)
+                } else {
+                    name
+                };
+                let added = t.producers.borrow_mut().add(&topic, &name, mode, policy.policies.max_producers_per_topic);
+                added.map(|_| Reply::Producer { name, last_sequence_id: -1 })
+            }
+            Op::Send { topic, producer, num_messages, blob, .. } => {
+                let t = np(&topic).ok_or_else(not_loaded)?;
+                t.producers.borrow().check_send(&topic, &producer)?;
+                if blob.len() > self.config.message_bytes_max as usize {
+                    return Err(CoreError::new(
+                        ErrorCode::MessageTooLarge,
+                        format!(
+                            "message of {} bytes exceeds the limit of {}",
+                            blob.len(),
+                            self.config.message_bytes_max
+                        ),
+                    ));
+                }
+                magnetar_wire::peek_message(&blob)
+                    .map_err(|e| CoreError::new(ErrorCode::ProtocolError, format!("bad message blob: {e}")))?;
+                let (id, events) = t.publish(blob, num_messages);
+                for (to, ev) in events {
+                    self.deliver(to, ev);
+                }
+                Ok(Reply::Sent(id))
+            }
+            Op::CloseProducer { topic, name } => {
+                if let Some(t) = np(&topic) {
+                    t.producers.borrow_mut().remove(&name);
+                    self.drop_idle_np(&t);
+                }
+                Ok(Reply::Done)
+            }
+            Op::Subscribe { req, consumer, policy } => {
+                if !valid_subscription_name(&req.subscription) {
+                    return Err(CoreError::new(ErrorCode::NotAllowed, "invalid subscription name"));
+                }
+                let t = self.np_topic(&req.topic);
+                let r = t.subscribe(&req.subscription, consumer, policy.policies.max_consumers_per_topic);
+                if r.is_err() {
+                    self.drop_idle_np(&t);
+                }
+                r.map(|_| Reply::Done)
+            }
+            Op::Flow { topic, subscription, consumer, permits } => {
+                if let Some(t) = np(&topic) {
+                    t.flow(&subscription, consumer, permits);
+                }
+                Ok(Reply::Done)
+            }
+            Op::Ack { topic, subscription, consumer, .. } => {
+                // Nothing is kept, so there is nothing to acknowledge.
+                match np(&topic) {
+                    Some(t) if t.has_consumer(&subscription, consumer) => Ok(Reply::Done),
+                    _ => Err(CoreError::new(ErrorCode::ConsumerNotFound, "consumer is not attached")),
+                }
+            }
+            Op::CloseConsumer { topic, subscription, consumer } => {
+                if let Some(t) = np(&topic) {
+                    t.unsubscribe(&subscription, consumer);
+                    self.drop_idle_np(&t);
+                }
+                Ok(Reply::Done)
+            }
+            other => Err(CoreError::new(ErrorCode::UnknownError, format!("internal: {other:?} is not a topic op"))),
+        }
+    }
+
+    pub(super) fn np_topic(&self, key: &str) -> Rc<crate::nonpersistent::NpTopic> {
+        let partition = TopicName::parse(key).ok().and_then(|t| t.partition()).and_then(|p| i32::try_from(p).ok());
+        self.np_topics
+            .borrow_mut()
+            .entry(key.to_string())
+            .or_insert_with(|| Rc::new(crate::nonpersistent::NpTopic::new(key.to_string(), partition.unwrap_or(-1))))
+            .clone()
+    }
+
+    /// Forgets a non-persistent topic nobody uses any more.
+    pub(super) fn drop_idle_np(&self, t: &crate::nonpersistent::NpTopic) {
+        if t.producers.borrow().len() == 0 && t.consumer_count() == 0 {
+            self.np_topics.borrow_mut().remove(&t.key);
+        }
+    }
+
+    /// The topic and subscription `consumer` is attached to, or why not.
+    pub(super) fn attached(
+        &self,
+        topic: &str,
+        subscription: &str,
+        consumer: ConsumerRef,
+    ) -> Result<(Rc<Topic>, Rc<Subscription>), CoreError> {
+        let not_found = |why: &str| CoreError::new(ErrorCode::ConsumerNotFound, why);
+        let t = self.topics.borrow().get(topic).cloned().ok_or_else(|| not_found("topic not loaded"))?;
+        let sub = t.subs.borrow().get(subscription).cloned().ok_or_else(|| not_found("no such subscription"))?;
+        if !sub.has_consumer(consumer) {
+            return Err(not_found("consumer is not attached"));
+        }
+        Ok((t, sub))
+    }
+
+    pub(super) fn subscription(&self, topic: &str, sub: &str) -> Option<Rc<Subscription>> {
+        self.topics.borrow().get(topic)?.subs.borrow().get(sub).cloned()
+    }
+}
+
+/// Whether `op` is a producer/consumer op on a non-persistent topic.
+fn is_non_persistent(op: &Op) -> bool {
+    const NP: &str = "non-persistent://";
+    match op {
+        Op::CreateProducer { topic, .. }
+        | Op::Send { topic, .. }
+        | Op::CloseProducer { topic, .. }
+        | Op::Flow { topic, .. }
+        | Op::Ack { topic, .. }
+        | Op::CloseConsumer { topic, .. } => topic.starts_with(NP),
+        Op::Subscribe { req, .. } => req.topic.starts_with(NP),
+        _ => false,
+    }
+}
+
+/// Whether `op` is a producer's or consumer's request (what a shard-aware
+/// client sends straight to the owner), as opposed to admin and metadata.
+fn is_client_op(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::CreateProducer { .. }
+            | Op::Send { .. }
+            | Op::CloseProducer { .. }
+            | Op::Subscribe { .. }
+            | Op::Flow { .. }
+            | Op::Ack { .. }
+            | Op::CloseConsumer { .. }
+            | Op::Redeliver { .. }
+            | Op::Seek { .. }
+    )
+}
