@@ -58,7 +58,7 @@ pub struct BrokerConfig {
     /// again from the log when the index drains (bounded memory).
     pub delayed_index_max: u32,
     /// When a topic's current ledger rolls over.
-    pub ledger_rollover: crate::ledgers::Rollover,
+    pub ledger_rollover: crate::topic::ledgers::Rollover,
     /// How often each shard enforces retention and TTL on its topics.
     pub retention_check_interval: Duration,
     /// After a restart, how long a subscription keeps the type it had
@@ -94,7 +94,7 @@ impl BrokerConfig {
             unacked_per_consumer_max: 50_000,
             unacked_per_subscription_max: 200_000,
             delayed_index_max: 100_000,
-            ledger_rollover: crate::ledgers::Rollover::default(),
+            ledger_rollover: crate::topic::ledgers::Rollover::default(),
             retention_check_interval: Duration::from_secs(120),
             subscription_type_hold: Duration::from_secs(30),
             shard_ports: Vec::new(),

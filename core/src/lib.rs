@@ -6,31 +6,22 @@
 //! the per-shard [`Broker`] handle, which routes requests to the owner shard
 //! over the cross-shard mesh.
 
-mod ack_set;
 mod admin;
 pub mod api;
 mod atomics;
 mod clock;
 pub mod config;
-pub mod cursor;
-pub mod dedup;
-mod delayed;
 pub mod disk_watch;
-mod dispatcher;
 pub mod error;
 mod find;
-pub mod ledgers;
 pub mod metadata;
 mod nonpersistent;
 pub mod ownership;
-mod pending;
-mod producers;
-mod retention;
 mod shard;
 pub mod signal;
 mod stats;
 mod store;
-pub mod sub_state;
+mod subscription;
 mod topic;
 pub mod topic_name;
 mod topic_policies;
@@ -40,12 +31,15 @@ pub use api::{
     SubscribeRequest,
 };
 pub use config::BrokerConfig;
+// Offline tools (inspect) and tests read persisted records through these paths.
 pub use error::{CoreError, StartError};
 pub use magnetar_storage::stage;
 pub use shard::launch;
 pub use shard::launch::{launch, Running};
 pub use shard::{LEDGER_ID_SHARD_STRIDE, SHARDS_MAX};
 pub use store::decode_topic_meta;
+pub use subscription::{cursor, sub_state};
+pub use topic::{dedup, ledgers};
 pub use topic_name::TopicName;
 
 /// The seed of a randomized unit test: `MAGNETAR_SEED` when set (to replay

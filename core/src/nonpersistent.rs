@@ -12,7 +12,7 @@
 
 use crate::api::{ConsumerEvent, ConsumerRef};
 use crate::error::{CoreError, ErrorCode};
-use crate::producers::TopicProducers;
+use crate::topic::producers::TopicProducers;
 use bytes::Bytes;
 use magnetar_wire::MessageId;
 use std::cell::{Cell, RefCell};

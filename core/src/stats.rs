@@ -3,7 +3,7 @@
 //! shard from its subscriptions; the core has no JSON library, and this is
 //! the only JSON it writes.
 
-use crate::dispatcher::Policy;
+use crate::subscription::dispatcher::Policy;
 use crate::topic::Topic;
 use std::cell::Cell;
 
@@ -124,7 +124,7 @@ pub(crate) struct SubCounters {
 /// cursor is `cursor`, from the index (no entry is read). A partly
 /// acknowledged batch counts whole. Exact for the first 65,536 entries of
 /// the backlog, estimated past them (see [`backlog_bytes_by`]).
-fn backlog_bytes(log: &magnetar_storage::EntryLog, t: &Topic, cursor: &crate::cursor::Cursor) -> u64 {
+fn backlog_bytes(log: &magnetar_storage::EntryLog, t: &Topic, cursor: &crate::subscription::cursor::Cursor) -> u64 {
     backlog_bytes_by(cursor, t.durable_next.get(), |e| {
         let (l, e) = t.ledgers.borrow().locate(e)?;
         log.index_entry(l, e).map(|ie| u64::from(ie.body_len))
@@ -138,7 +138,11 @@ const BACKLOG_BYTES_LOOKUPS_MAX: u64 = 1 << 16;
 /// Past `BACKLOG_BYTES_LOOKUPS_MAX` unacknowledged entries, the rest count
 /// at the mean size of those looked up: a stats request holds the shard for
 /// a bounded time whatever the backlog.
-fn backlog_bytes_by(cursor: &crate::cursor::Cursor, next: u64, mut len: impl FnMut(u64) -> Option<u64>) -> u64 {
+fn backlog_bytes_by(
+    cursor: &crate::subscription::cursor::Cursor,
+    next: u64,
+    mut len: impl FnMut(u64) -> Option<u64>,
+) -> u64 {
     let (mut bytes, mut found, mut lookups) = (0u64, 0u64, 0u64);
     let mut e = cursor.ack_floor;
     while e < next && lookups < BACKLOG_BYTES_LOOKUPS_MAX {
@@ -250,7 +254,7 @@ pub(crate) fn topic_stats_json(log: &magnetar_storage::EntryLog, t: &Topic) -> S
 }
 
 /// The stored ledgers as a JSON array.
-fn ledgers_json(l: &crate::ledgers::TopicLedgers) -> String {
+fn ledgers_json(l: &crate::topic::ledgers::TopicLedgers) -> String {
     let items: Vec<String> = l
         .all()
         .iter()
@@ -285,7 +289,7 @@ mod tests {
     fn backlog_bytes_looks_up_a_bounded_number_of_entries() {
         // A stats request runs on the topic's shard: with a backlog of
         // millions of entries it must not look each one up.
-        let mut cursor = crate::cursor::Cursor::new(0);
+        let mut cursor = crate::subscription::cursor::Cursor::new(0);
         cursor.ack(1);
         let mut lookups = 0u64;
         let next = 5_000_000;

@@ -11,7 +11,7 @@
 //! | `x/<ledger>` | a deleted topic's newest ledger, kept reserved |
 //! | `m/…` | namespace metadata (`metadata.rs`) |
 
-use crate::ledgers::decode_topic_record;
+use crate::topic::ledgers::decode_topic_record;
 use magnetar_storage::EntryLog;
 
 pub(crate) const META_TOPIC_PREFIX: &[u8] = b"t/";

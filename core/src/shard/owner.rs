@@ -7,12 +7,13 @@ use super::{persist_each, Shard, TopicPolicy, LEDGER_ID_SHARD_STRIDE};
 use crate::api::{ConsumerRef, SeekTarget, SubscribeRequest};
 use crate::clock::now_ms;
 use crate::error::{CoreError, ErrorCode};
-use crate::ledgers::decode_topic_record;
-use crate::ledgers::{LedgerInfo, Lookup, TopicLedgers};
-use crate::producers::Admission;
 use crate::store::*;
-use crate::sub_state::SubState;
-use crate::topic::{NewConsumer, Subscription, Topic};
+use crate::subscription::sub_state::SubState;
+use crate::subscription::{NewConsumer, Subscription};
+use crate::topic::ledgers::decode_topic_record;
+use crate::topic::ledgers::{LedgerInfo, Lookup, TopicLedgers};
+use crate::topic::producers::Admission;
+use crate::topic::Topic;
 use crate::topic_name::{Domain, TopicName};
 use bytes::Bytes;
 use futures::future::LocalBoxFuture;
@@ -100,7 +101,7 @@ impl Shard {
                         format!("message metadata names producer {:?}, not {producer:?}", peek.producer_name),
                     ));
                 }
-                if let crate::dedup::Check::Duplicate(original) = t.dedup.check(producer, seq, chunk) {
+                if let crate::topic::dedup::Check::Duplicate(original) = t.dedup.check(producer, seq, chunk) {
                     return Ok(Err((t, original)));
                 }
             }
@@ -140,10 +141,11 @@ impl Shard {
                         Some((pos, lsn)) => {
                             me.log.wait_durable(lsn).await?;
                             // Its ledger may be gone by retention since.
-                            let id = t.message_id(pos).unwrap_or_else(|| crate::dedup::duplicate_id(t.partition));
+                            let id =
+                                t.message_id(pos).unwrap_or_else(|| crate::topic::dedup::duplicate_id(t.partition));
                             Ok(Reply::Sent(id))
                         }
-                        None => Ok(Reply::Sent(crate::dedup::duplicate_id(t.partition))),
+                        None => Ok(Reply::Sent(crate::topic::dedup::duplicate_id(t.partition))),
                     }
                 }
                 .boxed_local();
@@ -210,8 +212,8 @@ impl Shard {
         prefix.push(b'\n');
         for (k, v) in self.log.meta_prefix(&prefix) {
             let Ok(sub_name) = std::str::from_utf8(&k[prefix.len()..]) else { continue };
-            let cursor = crate::cursor::CursorRecord::decode(&v)
-                .and_then(|rec| crate::cursor::Cursor::from_record(&rec, &topic.ledgers.borrow()));
+            let cursor = crate::subscription::cursor::CursorRecord::decode(&v)
+                .and_then(|rec| crate::subscription::cursor::Cursor::from_record(&rec, &topic.ledgers.borrow()));
             match cursor {
                 Ok(cursor) => {
                     let sub = Subscription::new(
@@ -226,7 +228,7 @@ impl Shard {
                     // record (older data) the first consumer sets the type.
                     let state_key = sub_meta_key(META_SUB_STATE_PREFIX, &key, sub_name);
                     match self.log.meta(&state_key).filter(|v| !v.is_empty()).map(|v| SubState::decode(&v)) {
-                        Some(Ok(state)) => crate::sub_state::restore(
+                        Some(Ok(state)) => crate::subscription::sub_state::restore(
                             &sub,
                             state,
                             &topic.ledgers.borrow(),
@@ -239,7 +241,7 @@ impl Shard {
                         None => {}
                     }
                     topic.subs.borrow_mut().insert(sub_name.to_string(), sub.clone());
-                    crate::dispatcher::task::spawn(self.clone(), topic.clone(), sub);
+                    crate::subscription::dispatcher::task::spawn(self.clone(), topic.clone(), sub);
                 }
                 Err(e) => tracing::error!(topic = %key, sub = sub_name, "unreadable cursor record: {e}"),
             }
@@ -261,7 +263,7 @@ impl Shard {
     /// deletion is written before the record) and are dropped. Returns
     /// whether the list changed that way (the caller rewrites the record).
     pub(super) fn recovered_ledgers(&self, topic: &str, mut list: Vec<LedgerInfo>) -> (TopicLedgers, bool) {
-        let gone = crate::ledgers::deleted_prefix(&list, |id| self.ledgers_at_start.contains(&id));
+        let gone = crate::topic::ledgers::deleted_prefix(&list, |id| self.ledgers_at_start.contains(&id));
         if gone > 0 {
             let ids: Vec<u64> = list[..gone].iter().map(|l| l.id).collect();
             tracing::info!(topic, ledgers = ?ids, "ledgers deleted by retention before a restart dropped from the topic");
@@ -279,7 +281,7 @@ impl Shard {
     }
 
     /// Rolls the topic's current ledger over if it is due (see
-    /// [`crate::ledgers::Rollover`]). Called before an append; a rollover
+    /// [`crate::topic::ledgers::Rollover`]). Called before an append; a rollover
     /// that cannot be written leaves the current ledger in place (if the
     /// log failed, the append right after reports it).
     pub(crate) fn maybe_roll(&self, t: &Topic) {
@@ -411,8 +413,8 @@ impl Shard {
                 "subscription names must be 1 to 256 characters without control characters",
             ));
         }
-        crate::sub_state::check_filter_tag(&req.filter_tag)?;
-        crate::dispatcher::key_shared::check_sticky_ranges(req.sub_type, &req.key_shared_ranges)?;
+        crate::subscription::sub_state::check_filter_tag(&req.filter_tag)?;
+        crate::subscription::dispatcher::key_shared::check_sticky_ranges(req.sub_type, &req.key_shared_ranges)?;
         let (t, created_lsn) = self.get_or_create_topic(&tn)?;
         let max = policy.policies.max_consumers_per_topic;
         let attached: usize = t.subs.borrow().values().map(|s| s.consumer_count()).sum();
@@ -430,7 +432,7 @@ impl Shard {
                     InitialPosition::Earliest => t.ledgers.borrow().start(),
                     InitialPosition::Latest => t.next_entry.get(),
                 };
-                let cursor = crate::cursor::Cursor::new(floor);
+                let cursor = crate::subscription::cursor::Cursor::new(floor);
                 let sub = Subscription::new(
                     req.subscription.clone(),
                     req.sub_type,
@@ -440,7 +442,7 @@ impl Shard {
                     self.config.delayed_index_max as usize,
                 );
                 t.subs.borrow_mut().insert(req.subscription.clone(), sub.clone());
-                crate::dispatcher::task::spawn(self.clone(), t.clone(), sub.clone());
+                crate::subscription::dispatcher::task::spawn(self.clone(), t.clone(), sub.clone());
                 let lsn = if req.durable { Some(self.persist_cursor(&t, &sub)?) } else { None };
                 (sub, lsn)
             }
@@ -484,11 +486,11 @@ impl Shard {
         }
         t.dedup.loading.set(true);
         let result = async {
-            let snap: crate::dedup::Snapshot = match self.log.meta(&dedup_meta_key(&t.key)) {
+            let snap: crate::topic::dedup::Snapshot = match self.log.meta(&dedup_meta_key(&t.key)) {
                 Some(v) => serde_json::from_slice(&v).map_err(|e| {
                     CoreError::new(ErrorCode::PersistenceError, format!("unreadable dedup snapshot of {}: {e}", t.key))
                 })?,
-                None => crate::dedup::Snapshot::default(),
+                None => crate::topic::dedup::Snapshot::default(),
             };
             t.dedup.restore(&snap);
             let end = t.next_entry.get();
@@ -598,7 +600,7 @@ impl Shard {
         // out again; the ledgers themselves are deleted, freeing the space.
         let mut tomb = META_DELETED_LEDGER_PREFIX.to_vec();
         tomb.extend_from_slice(&ledger.to_le_bytes());
-        let mut v1 = vec![crate::ledgers::TOPIC_RECORD_V1];
+        let mut v1 = vec![crate::topic::ledgers::TOPIC_RECORD_V1];
         v1.extend_from_slice(&ledger.to_le_bytes());
         self.log.put_meta(&tomb, Bytes::from(v1))?;
         let mut prefix = META_CURSOR_PREFIX.to_vec();
@@ -757,7 +759,7 @@ impl Shard {
         state_dirty: bool,
     ) -> Result<u64, CoreError> {
         if state_dirty {
-            let state = crate::sub_state::encode(sub, &topic.ledgers.borrow());
+            let state = crate::subscription::sub_state::encode(sub, &topic.ledgers.borrow());
             self.log.put_meta(&sub_meta_key(META_SUB_STATE_PREFIX, &topic.key, &sub.name), Bytes::from(state))?;
         }
         let bytes = sub.cursor.borrow().to_record(&topic.ledgers.borrow()).encode();
@@ -801,7 +803,7 @@ impl Shard {
                 s.counts_dirty.set(false);
                 return Ok(None);
             }
-            if !force && !crate::sub_state::counts_write_due(now, s.state_written_ms.get()) {
+            if !force && !crate::subscription::sub_state::counts_write_due(now, s.state_written_ms.get()) {
                 self.dirty_counts.borrow_mut().push((t.clone(), s.clone()));
                 return Ok(None);
             }

@@ -9,7 +9,8 @@ use crate::api::{ConsumerEvent, ConsumerRef, SeekTarget, ShardTraffic, Subscribe
 use crate::error::{CoreError, ErrorCode};
 use crate::metadata::Policies;
 use crate::store::*;
-use crate::topic::{Subscription, Topic};
+use crate::subscription::Subscription;
+use crate::topic::Topic;
 use crate::topic_name::TopicName;
 use bytes::Bytes;
 use futures::channel::oneshot;

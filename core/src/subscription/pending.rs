@@ -11,7 +11,7 @@
 //! entries held, plus a constant). Out-of-order inserts (a replayed entry
 //! delivered again) are a binary search and a shift.
 
-use crate::topic::Pending;
+use crate::subscription::Pending;
 use std::collections::VecDeque;
 
 /// Holes kept before a compaction is considered (beyond twice the live

@@ -18,7 +18,7 @@
 //! Per-entry state is keyed by `(ledger, entry)`: a topic's log spans
 //! several ledgers. Owned by the topic's shard; never crosses cores.
 
-use crate::ledgers::{Lookup, TopicLedgers};
+use crate::topic::ledgers::{Lookup, TopicLedgers};
 use magnetar_wire::SubscriptionType;
 use std::collections::{BTreeMap, HashMap};
 
@@ -340,7 +340,7 @@ impl SubState {
 pub(crate) fn redelivered(
     ledgers: &TopicLedgers,
     deliveries: &HashMap<u64, u32>,
-    pending: &crate::pending::PendingMap,
+    pending: &crate::subscription::pending::PendingMap,
 ) -> Vec<(EntryKey, u32)> {
     deliveries
         .iter()
@@ -353,7 +353,7 @@ pub(crate) fn redelivered(
 
 /// Whether the cursor (in topic positions) acknowledges `(ledger, entry)`
 /// whole; an entry in a ledger retention deleted is acknowledged.
-fn acked_whole(ledgers: &TopicLedgers, cursor: &crate::cursor::Cursor, (l, e): EntryKey) -> bool {
+fn acked_whole(ledgers: &TopicLedgers, cursor: &crate::subscription::cursor::Cursor, (l, e): EntryKey) -> bool {
     match ledgers.lookup(l, e) {
         Lookup::At(p) => cursor.is_acked(p),
         Lookup::Trimmed => true,
@@ -380,8 +380,8 @@ pub(crate) struct IndexAckDone {
 /// make the broker keep bits for entries it was never sent. `pos` is the
 /// topic position of `id` (the cursor and the pending map count in them).
 pub(crate) fn batch_index_ack(
-    sub: &crate::topic::Subscription,
-    cursor: &mut crate::cursor::Cursor,
+    sub: &crate::subscription::Subscription,
+    cursor: &mut crate::subscription::cursor::Cursor,
     ack_type: magnetar_wire::AckType,
     id: magnetar_wire::MessageId,
     pos: u64,
@@ -444,8 +444,8 @@ pub(crate) fn batch_index_ack(
 /// Drops the bits of batches the cursor now acknowledges whole: `whole`
 /// (topic positions) after individual acks, a sweep after a cumulative one.
 pub(crate) fn forget_acked(
-    sub: &crate::topic::Subscription,
-    cursor: &crate::cursor::Cursor,
+    sub: &crate::subscription::Subscription,
+    cursor: &crate::subscription::cursor::Cursor,
     ledgers: &TopicLedgers,
     ack_type: magnetar_wire::AckType,
     whole: &[u64],
@@ -487,7 +487,7 @@ pub(crate) fn check_filter_tag(tag: &str) -> Result<(), crate::error::CoreError>
 /// Refuses a consumer of another type than the subscription had before a
 /// restart while the hold lasts; a consumer that may attach ends the hold.
 pub(crate) fn check_type_hold(
-    sub: &crate::topic::Subscription,
+    sub: &crate::subscription::Subscription,
     wanted: SubscriptionType,
     now_ms: u64,
 ) -> Result<(), crate::error::CoreError> {
@@ -509,7 +509,7 @@ pub(crate) fn check_type_hold(
 }
 
 /// The record of `sub` on a topic with these ledgers.
-pub(crate) fn encode(sub: &crate::topic::Subscription, ledgers: &TopicLedgers) -> Vec<u8> {
+pub(crate) fn encode(sub: &crate::subscription::Subscription, ledgers: &TopicLedgers) -> Vec<u8> {
     SubState {
         sub_type: sub.sub_type.get(),
         filter_tag: sub.filter_tag.borrow().clone(),
@@ -522,14 +522,14 @@ pub(crate) fn encode(sub: &crate::topic::Subscription, ledgers: &TopicLedgers) -
 /// Puts a recovered record back into a subscription just loaded from its
 /// cursor; the type is held for `hold_ms` (see `check_type_hold`).
 pub(crate) fn restore(
-    sub: &crate::topic::Subscription,
+    sub: &crate::subscription::Subscription,
     state: SubState,
     ledgers: &TopicLedgers,
     now_ms: u64,
     hold_ms: u64,
 ) {
     sub.sub_type.set(state.sub_type);
-    *sub.policy.borrow_mut() = crate::topic::policy_for(state.sub_type);
+    *sub.policy.borrow_mut() = crate::subscription::policy_for(state.sub_type);
     *sub.filter_tag.borrow_mut() = state.filter_tag;
     let cursor = sub.cursor.borrow();
     let mut acks = state.batch_acks;

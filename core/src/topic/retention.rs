@@ -25,9 +25,10 @@
 
 use crate::clock::now_ms;
 use crate::error::CoreError;
-use crate::ledgers::{ledgers_to_delete, Retention};
 use crate::shard::{Op, Reply, Shard};
-use crate::topic::{Subscription, Topic};
+use crate::subscription::Subscription;
+use crate::topic::ledgers::{ledgers_to_delete, Retention};
+use crate::topic::Topic;
 use magnetar_storage::StorageError;
 use std::rc::Rc;
 

@@ -12,8 +12,8 @@
 //! Layouts in `docs/format.md`. Owned by the topic's shard; never crosses
 //! cores.
 
-pub use crate::ack_set::AckSet;
-use crate::ledgers::{Lookup, TopicLedgers};
+pub use crate::subscription::ack_set::AckSet;
+use crate::topic::ledgers::{Lookup, TopicLedgers};
 
 /// Most individually-acked ranges written to disk per cursor. Past this, the
 /// newest ranges are not persisted and those messages may be redelivered after
@@ -297,7 +297,7 @@ impl Reader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledgers::LedgerInfo;
+    use crate::topic::ledgers::LedgerInfo;
 
     fn ledgers() -> TopicLedgers {
         let l = |id, first, entries| LedgerInfo { id, first, entries, bytes: 0, created_ms: 0, closed_ms: 0 };

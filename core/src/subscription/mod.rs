@@ -1,108 +1,31 @@
-//! Topics and subscriptions on their owner shard.
+//! Subscriptions on their topic's owner shard.
 //!
-//! A topic appends to its current ledger in its shard's entry log; its
-//! ledgers roll over and old ones are deleted by retention (`ledgers.rs`,
-//! `retention.rs`). Everything here counts in topic positions (numbering
-//! the topic's entries across ledgers); message ids are made from them at
-//! the edges. Each subscription has a cursor, its consumers, the entries delivered and not acknowledged
-//! (with the consumer holding each), and a dispatcher task
+//! Each subscription has a cursor, its consumers, the entries delivered and
+//! not acknowledged (with the consumer holding each), and a dispatcher task
 //! (`dispatcher::task`) that hands entries to consumers within their flow
-//! permits. All of this is owned by the topic's shard and never crosses cores.
+//! permits. Owned by the topic's shard; never crosses cores.
+
+pub(crate) mod ack_set;
+pub mod cursor;
+pub(crate) mod delayed;
+pub(crate) mod dispatcher;
+pub(crate) mod pending;
+pub mod sub_state;
 
 use crate::api::{ConsumerEvent, ConsumerRef};
-use crate::cursor::Cursor;
-use crate::delayed::DelayedIndex;
-use crate::dispatcher::{failover, ConsumerState, Policy};
 use crate::error::{CoreError, ErrorCode};
-use crate::ledgers::{Lookup, TopicLedgers};
-use crate::pending::PendingMap;
 use crate::shard::Shard;
 use crate::signal::Signal;
-use crate::topic_name::TopicName;
+use crate::topic::ledgers::TopicLedgers;
+use crate::topic::Topic;
+use cursor::Cursor;
+use delayed::DelayedIndex;
+use dispatcher::{failover, ConsumerState, Policy};
 use magnetar_wire::{AckType, MessageId, SubscriptionType};
+use pending::PendingMap;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::rc::Rc;
-
-pub(crate) struct Topic {
-    #[allow(dead_code)]
-    pub(crate) name: TopicName,
-    /// The full name, `persistent://tenant/ns/local`.
-    pub(crate) key: String,
-    /// The topic's ledgers, the last one current.
-    pub(crate) ledgers: RefCell<TopicLedgers>,
-    /// Partition index, or -1 for a non-partitioned topic.
-    pub(crate) partition: i32,
-    /// Position the next append gets.
-    pub(crate) next_entry: Cell<u64>,
-    /// Positions below this are durable and may be dispatched.
-    pub(crate) durable_next: Cell<u64>,
-    pub(crate) producers: RefCell<crate::producers::TopicProducers>,
-    /// Set when the topic was deleted: its dispatchers stop.
-    pub(crate) deleted: Cell<bool>,
-    pub(crate) dedup: crate::dedup::Dedup,
-    pub(crate) subs: RefCell<HashMap<String, Rc<Subscription>>>,
-    /// Messages and bytes appended (the subscriptions' rate in).
-    pub(crate) rate_in: crate::stats::RateMeter,
-    /// Messages per batch entry, for backlogs in messages.
-    pub(crate) batch_sizes: crate::stats::BatchSizes,
-}
-
-impl Topic {
-    pub(crate) fn new(name: TopicName, key: String, ledgers: TopicLedgers, partition: i32) -> Self {
-        let next_entry = ledgers.next();
-        Self {
-            name,
-            key,
-            ledgers: RefCell::new(ledgers),
-            partition,
-            next_entry: Cell::new(next_entry),
-            // Everything recovered from the log is durable.
-            durable_next: Cell::new(next_entry),
-            producers: RefCell::new(crate::producers::TopicProducers::default()),
-            deleted: Cell::new(false),
-            dedup: crate::dedup::Dedup::default(),
-            subs: RefCell::new(HashMap::new()),
-            rate_in: Default::default(),
-            batch_sizes: Default::default(),
-        }
-    }
-
-    /// The message id of a stored position.
-    pub(crate) fn message_id(&self, pos: u64) -> Option<MessageId> {
-        self.ledgers.borrow().message_id(pos, self.partition)
-    }
-
-    /// The position of `id` if it is one of this topic's appended
-    /// entries: `Ok(None)` when retention deleted its ledger, an error when
-    /// it is not a message of this topic.
-    pub(crate) fn position_of(&self, id: &MessageId) -> Result<Option<u64>, CoreError> {
-        match self.ledgers.borrow().lookup(id.ledger, id.entry) {
-            Lookup::At(p) if p < self.next_entry.get() => Ok(Some(p)),
-            Lookup::Trimmed => Ok(None),
-            _ => Err(CoreError::new(ErrorCode::NotAllowed, format!("{id}: no such message on this topic"))),
-        }
-    }
-
-    /// Records that position `pos` holds `messages` messages (for backlogs
-    /// in messages); batches every subscription acknowledged are pruned.
-    pub(crate) fn note_messages(&self, pos: u64, messages: u32) {
-        self.batch_sizes.note(pos, messages, || {
-            let floor = self.subs.borrow().values().map(|s| s.cursor.borrow().ack_floor).min();
-            floor.unwrap_or(self.next_entry.get())
-        });
-    }
-
-    /// Called when `entry` became durable: wake the dispatchers.
-    pub(crate) fn on_durable(&self, entry: u64) {
-        if entry >= self.durable_next.get() {
-            self.durable_next.set(entry + 1);
-            for s in self.subs.borrow().values() {
-                s.wake.notify();
-            }
-        }
-    }
-}
 
 /// An entry sent to a consumer and not yet acknowledged.
 #[derive(Debug, Clone, Copy)]
@@ -153,7 +76,7 @@ pub(crate) struct Subscription {
     /// Log position of the last cursor record written (0: none this run).
     pub(crate) persisted_lsn: Cell<u64>,
     /// Batch entries partly acknowledged (batch-index acks).
-    pub(crate) batch_acks: RefCell<crate::sub_state::BatchAcks>,
+    pub(crate) batch_acks: RefCell<crate::subscription::sub_state::BatchAcks>,
     /// The `s/` record (type, filter, batch acks, redelivery counts)
     /// changed since it was last written.
     pub(crate) state_dirty: Cell<bool>,
@@ -170,7 +93,7 @@ pub(crate) struct Subscription {
     /// Dispatch counters and the outgoing rate (stats).
     pub(crate) counters: crate::stats::SubCounters,
     /// Fresh entries read from disk in one run and not yet looked at.
-    pub(crate) ahead: RefCell<crate::dispatcher::task::ReadAhead>,
+    pub(crate) ahead: RefCell<crate::subscription::dispatcher::task::ReadAhead>,
 }
 
 pub(crate) fn policy_for(t: SubscriptionType) -> Policy {
@@ -251,7 +174,7 @@ impl Subscription {
         }
         let mut consumers = self.consumers.borrow_mut();
         if consumers.is_empty() {
-            crate::sub_state::check_type_hold(self, new.sub_type, crate::clock::now_ms())?;
+            crate::subscription::sub_state::check_type_hold(self, new.sub_type, crate::clock::now_ms())?;
             if self.sub_type.get() != new.sub_type {
                 self.sub_type.set(new.sub_type);
                 *self.policy.borrow_mut() = policy_for(new.sub_type);
@@ -452,9 +375,10 @@ impl Subscription {
             for (i, id) in ids.iter().enumerate() {
                 let size = batch_sizes.get(i).copied().unwrap_or(0);
                 let done = topic.position_of(id).and_then(|pos| match pos {
-                    Some(pos) => {
-                        Ok(Some((pos, crate::sub_state::batch_index_ack(self, &mut cursor, ack_type, *id, pos, size)?)))
-                    }
+                    Some(pos) => Ok(Some((
+                        pos,
+                        crate::subscription::sub_state::batch_index_ack(self, &mut cursor, ack_type, *id, pos, size)?,
+                    ))),
                     None => Ok(None),
                 });
                 let (pos, done) = match done {
@@ -508,7 +432,7 @@ impl Subscription {
     /// positions individual acks acknowledged whole).
     fn forget_acked(&self, ledgers: &TopicLedgers, ack_type: AckType, whole: &[u64]) {
         let cursor = self.cursor.borrow();
-        crate::sub_state::forget_acked(self, &cursor, ledgers, ack_type, whole);
+        crate::subscription::sub_state::forget_acked(self, &cursor, ledgers, ack_type, whole);
         {
             let mut deliveries = self.deliveries.borrow_mut();
             let mut replay = self.replay.borrow_mut();

@@ -8,7 +8,7 @@
 //! itself". Owned by the topic's shard; never crosses cores.
 
 use crate::shard::Shard;
-use crate::topic::Subscription;
+use crate::subscription::Subscription;
 
 /// Whether `entry` of `ledger` certainly does not match `sub`'s filter,
 /// judged from the index without reading the entry.
