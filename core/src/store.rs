@@ -11,31 +11,33 @@
 //! | `x/<ledger>` | a deleted topic's newest ledger, kept reserved |
 //! | `m/…` | namespace metadata (`metadata.rs`) |
 
-use crate::topic::ledgers::decode_topic_record;
-use magnetar_storage::EntryLog;
+use crate::topic::ledgers::{decode_topic_record, LedgerInfo, TopicLedgers};
+use bytes::Bytes;
+use magnetar_storage::{EntryLog, StorageError};
+use std::collections::HashSet;
 
-pub(crate) const META_TOPIC_PREFIX: &[u8] = b"t/";
-pub(crate) const META_CURSOR_PREFIX: &[u8] = b"c/";
+const META_TOPIC_PREFIX: &[u8] = b"t/";
+const META_CURSOR_PREFIX: &[u8] = b"c/";
 /// `s/<topic>\n<sub>`: a subscription's state beside its cursor (`sub_state.rs`).
-pub(crate) const META_SUB_STATE_PREFIX: &[u8] = b"s/";
+const META_SUB_STATE_PREFIX: &[u8] = b"s/";
 /// `d/<topic>`: the topic's dedup snapshot (see `dedup.rs`).
-pub(crate) const META_DEDUP_PREFIX: &[u8] = b"d/";
+const META_DEDUP_PREFIX: &[u8] = b"d/";
 /// `x/<ledger>`: the ledger of a deleted topic, kept so that its id is never
 /// handed out again (the log may still hold its entries).
-pub(crate) const META_DELETED_LEDGER_PREFIX: &[u8] = b"x/";
+const META_DELETED_LEDGER_PREFIX: &[u8] = b"x/";
 
-pub(crate) fn topic_meta_key(topic: &str) -> Vec<u8> {
+fn topic_meta_key(topic: &str) -> Vec<u8> {
     let mut k = META_TOPIC_PREFIX.to_vec();
     k.extend_from_slice(topic.as_bytes());
     k
 }
 
 /// Cursor keys are `c/<topic>\n<subscription>`; names never contain '\n'.
-pub(crate) fn cursor_meta_key(topic: &str, sub: &str) -> Vec<u8> {
+fn cursor_meta_key(topic: &str, sub: &str) -> Vec<u8> {
     sub_meta_key(META_CURSOR_PREFIX, topic, sub)
 }
 
-pub(crate) fn sub_meta_key(prefix: &[u8], topic: &str, sub: &str) -> Vec<u8> {
+fn sub_meta_key(prefix: &[u8], topic: &str, sub: &str) -> Vec<u8> {
     let mut k = prefix.to_vec();
     k.extend_from_slice(topic.as_bytes());
     k.push(b'\n');
@@ -43,7 +45,7 @@ pub(crate) fn sub_meta_key(prefix: &[u8], topic: &str, sub: &str) -> Vec<u8> {
     k
 }
 
-pub(crate) fn dedup_meta_key(topic: &str) -> Vec<u8> {
+fn dedup_meta_key(topic: &str) -> Vec<u8> {
     let mut k = META_DEDUP_PREFIX.to_vec();
     k.extend_from_slice(topic.as_bytes());
     k
@@ -54,7 +56,7 @@ pub(crate) fn dedup_meta_key(topic: &str) -> Vec<u8> {
 /// leaves these (every ledger is named by its topic's record before its
 /// first entry is appended). Nothing when any topic record does not decode
 /// (a format this version does not know might name them).
-pub(crate) fn orphan_ledgers(log: &EntryLog, in_log: &std::collections::HashSet<u64>) -> Vec<u64> {
+fn orphan_ledgers(log: &EntryLog, in_log: &HashSet<u64>) -> Vec<u64> {
     let mut named = std::collections::HashSet::new();
     for (_, v) in log.meta_prefix(META_TOPIC_PREFIX) {
         match decode_topic_record(&v) {
@@ -72,4 +74,113 @@ pub(crate) fn orphan_ledgers(log: &EntryLog, in_log: &std::collections::HashSet<
 /// Public for offline tools; [`decode_topic_record`] gives every ledger.
 pub fn decode_topic_meta(v: &[u8]) -> Option<u64> {
     decode_topic_record(v).and_then(|l| l.last().map(|l| l.id))
+}
+
+/// The shard's persisted records, by kind. Cheap to clone (the log is a
+/// handle). Owned by one shard; never crosses cores.
+#[derive(Clone)]
+pub(crate) struct Store {
+    log: EntryLog,
+}
+
+impl Store {
+    pub(crate) fn new(log: EntryLog) -> Self {
+        Self { log }
+    }
+
+    /// Every ledger id the topic records and the deleted topics' records
+    /// name: ids that must never be handed out again.
+    pub(crate) fn recorded_ledger_ids(&self) -> Vec<u64> {
+        let deleted = self.log.meta_prefix(META_DELETED_LEDGER_PREFIX);
+        let mut ids = Vec::new();
+        for (_, v) in self.log.meta_prefix(META_TOPIC_PREFIX).into_iter().chain(deleted) {
+            ids.extend(decode_topic_record(&v).unwrap_or_default().into_iter().map(|l| l.id));
+        }
+        ids
+    }
+
+    /// See [`orphan_ledgers`].
+    pub(crate) fn orphan_ledgers(&self, in_log: &HashSet<u64>) -> Vec<u64> {
+        orphan_ledgers(&self.log, in_log)
+    }
+
+    /// The topic's ledger list, `None` when it has no (readable) record.
+    pub(crate) fn topic_record(&self, topic: &str) -> Option<Vec<LedgerInfo>> {
+        self.log.meta(&topic_meta_key(topic)).as_deref().and_then(decode_topic_record)
+    }
+
+    /// Whether the topic has a record (of any version).
+    pub(crate) fn topic_recorded(&self, topic: &str) -> bool {
+        self.log.meta(&topic_meta_key(topic)).is_some()
+    }
+
+    pub(crate) fn put_topic_record(&self, topic: &str, ledgers: &TopicLedgers) -> Result<u64, StorageError> {
+        self.log.put_meta(&topic_meta_key(topic), Bytes::from(ledgers.encode()))
+    }
+
+    /// Full names of the recorded topics starting with `prefix`, sorted.
+    pub(crate) fn topic_names(&self, prefix: &str) -> Vec<String> {
+        let mut key = META_TOPIC_PREFIX.to_vec();
+        key.extend_from_slice(prefix.as_bytes());
+        self.log
+            .meta_prefix(&key)
+            .into_iter()
+            .filter_map(|(k, _)| String::from_utf8(k.get(META_TOPIC_PREFIX.len()..)?.to_vec()).ok())
+            .collect()
+    }
+
+    /// The topic's durable subscriptions: `(name, cursor record)`, sorted by name.
+    pub(crate) fn cursors(&self, topic: &str) -> Vec<(String, Bytes)> {
+        let prefix = sub_meta_key(META_CURSOR_PREFIX, topic, "");
+        self.log
+            .meta_prefix(&prefix)
+            .into_iter()
+            .filter_map(|(k, v)| Some((std::str::from_utf8(&k[prefix.len()..]).ok()?.to_string(), v)))
+            .collect()
+    }
+
+    pub(crate) fn put_cursor(&self, topic: &str, sub: &str, record: Bytes) -> Result<u64, StorageError> {
+        self.log.put_meta(&cursor_meta_key(topic, sub), record)
+    }
+
+    /// The subscription's state record; `None` without one (older data).
+    pub(crate) fn sub_state(&self, topic: &str, sub: &str) -> Option<Bytes> {
+        self.log.meta(&sub_meta_key(META_SUB_STATE_PREFIX, topic, sub)).filter(|v| !v.is_empty())
+    }
+
+    pub(crate) fn put_sub_state(&self, topic: &str, sub: &str, record: Bytes) -> Result<u64, StorageError> {
+        self.log.put_meta(&sub_meta_key(META_SUB_STATE_PREFIX, topic, sub), record)
+    }
+
+    pub(crate) fn dedup_snapshot(&self, topic: &str) -> Option<Bytes> {
+        self.log.meta(&dedup_meta_key(topic))
+    }
+
+    pub(crate) fn put_dedup_snapshot(&self, topic: &str, snapshot: Bytes) -> Result<u64, StorageError> {
+        self.log.put_meta(&dedup_meta_key(topic), snapshot)
+    }
+
+    /// Erases every record of a deleted topic, keeping `newest_ledger`
+    /// reserved (an `x/` record holding a version 1 topic record) so that
+    /// the allocator never hands it, or an older id, out again. The topic
+    /// record goes last; returns its log position.
+    pub(crate) fn delete_topic_records(&self, topic: &str, newest_ledger: u64) -> Result<u64, StorageError> {
+        let mut tomb = META_DELETED_LEDGER_PREFIX.to_vec();
+        tomb.extend_from_slice(&newest_ledger.to_le_bytes());
+        let mut v1 = vec![crate::topic::ledgers::TOPIC_RECORD_V1];
+        v1.extend_from_slice(&newest_ledger.to_le_bytes());
+        self.log.put_meta(&tomb, Bytes::from(v1))?;
+        for (k, _) in self.log.meta_prefix(&sub_meta_key(META_CURSOR_PREFIX, topic, "")) {
+            self.log.put_meta(&k, Bytes::new())?;
+        }
+        for (k, v) in self.log.meta_prefix(&sub_meta_key(META_SUB_STATE_PREFIX, topic, "")) {
+            if !v.is_empty() {
+                self.log.put_meta(&k, Bytes::new())?;
+            }
+        }
+        if self.log.meta(&dedup_meta_key(topic)).is_some() {
+            self.log.put_meta(&dedup_meta_key(topic), Bytes::new())?;
+        }
+        self.log.put_meta(&topic_meta_key(topic), Bytes::new())
+    }
 }

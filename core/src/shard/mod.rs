@@ -25,9 +25,8 @@ use crate::clock::now_ms;
 use crate::config::BrokerConfig;
 use crate::metadata::Metadata;
 use crate::signal::Signal;
-use crate::store::*;
+use crate::store::Store;
 use crate::subscription::Subscription;
-use crate::topic::ledgers::decode_topic_record;
 use crate::topic::Topic;
 use futures::channel::oneshot;
 use glommio::channels::local_channel::LocalSender;
@@ -53,6 +52,8 @@ pub(crate) struct Shard {
     pub(crate) nshards: u32,
     pub(crate) config: Arc<BrokerConfig>,
     pub(crate) log: EntryLog,
+    /// Every record besides entries (topics, cursors, states, dedup).
+    pub(crate) store: Store,
     /// The metadata store's typed view; `Some` on shard 0 only.
     pub(crate) metadata: Option<Metadata>,
     pub(crate) topics: RefCell<HashMap<String, Rc<Topic>>>,
@@ -100,18 +101,16 @@ impl Shard {
     pub(crate) fn new(id: u32, nshards: u32, config: Arc<BrokerConfig>, log: EntryLog, mesh: Mesh) -> Rc<Self> {
         // Ledger ids already used on this shard come from the topic records
         // (every ledger they list), the deleted topics' records and the log.
-        let mut seq = 0u64;
-        let deleted = log.meta_prefix(META_DELETED_LEDGER_PREFIX);
+        let store = Store::new(log.clone());
         let ledgers_at_start: std::collections::HashSet<u64> = log.ledgers().into_iter().map(|(l, _)| l).collect();
-        for (_, v) in log.meta_prefix(META_TOPIC_PREFIX).into_iter().chain(deleted) {
-            for l in decode_topic_record(&v).unwrap_or_default() {
-                seq = seq.max(l.id / LEDGER_ID_SHARD_STRIDE + 1);
-            }
-        }
-        for &l in &ledgers_at_start {
-            seq = seq.max(l / LEDGER_ID_SHARD_STRIDE + 1);
-        }
-        for l in orphan_ledgers(&log, &ledgers_at_start) {
+        let seq = store
+            .recorded_ledger_ids()
+            .into_iter()
+            .chain(ledgers_at_start.iter().copied())
+            .map(|l| l / LEDGER_ID_SHARD_STRIDE + 1)
+            .max()
+            .unwrap_or(0);
+        for l in store.orphan_ledgers(&ledgers_at_start) {
             match log.delete_ledger(l) {
                 Ok(_) => tracing::info!(
                     shard = id,
@@ -131,6 +130,7 @@ impl Shard {
             nshards,
             config,
             log,
+            store,
             metadata,
             topics: RefCell::new(HashMap::new()),
             np_topics: RefCell::new(HashMap::new()),

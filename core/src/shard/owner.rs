@@ -7,10 +7,8 @@ use super::{persist_each, Shard, TopicPolicy, LEDGER_ID_SHARD_STRIDE};
 use crate::api::{ConsumerRef, SeekTarget, SubscribeRequest};
 use crate::clock::now_ms;
 use crate::error::{CoreError, ErrorCode};
-use crate::store::*;
 use crate::subscription::sub_state::SubState;
 use crate::subscription::{NewConsumer, Subscription};
-use crate::topic::ledgers::decode_topic_record;
 use crate::topic::ledgers::{LedgerInfo, Lookup, TopicLedgers};
 use crate::topic::producers::Admission;
 use crate::topic::Topic;
@@ -181,12 +179,11 @@ impl Shard {
             return Err(CoreError::new(ErrorCode::NotAllowed, "non-persistent topics are not supported yet"));
         }
         let partition = name.partition().map(|p| p as i32).unwrap_or(-1);
-        let meta_key = topic_meta_key(&key);
-        let (ledgers, created_lsn) = match self.log.meta(&meta_key).as_deref().and_then(decode_topic_record) {
+        let (ledgers, created_lsn) = match self.store.topic_record(&key) {
             Some(list) => {
                 let (ledgers, repaired) = self.recovered_ledgers(&key, list);
                 if repaired {
-                    self.log.put_meta(&meta_key, Bytes::from(ledgers.encode()))?;
+                    self.store.put_topic_record(&key, &ledgers)?;
                 }
                 (ledgers, None)
             }
@@ -200,18 +197,15 @@ impl Shard {
                     created_ms: now_ms(),
                     closed_ms: 0,
                 }]);
-                let lsn = self.log.put_meta(&meta_key, Bytes::from(ledgers.encode()))?;
+                let lsn = self.store.put_topic_record(&key, &ledgers)?;
                 tracing::info!(topic = %key, ledger, shard = self.id, "created topic");
                 (ledgers, Some(lsn))
             }
         };
         let topic = Rc::new(Topic::new(name.clone(), key.clone(), ledgers, partition));
         // Restore durable subscriptions.
-        let mut prefix = META_CURSOR_PREFIX.to_vec();
-        prefix.extend_from_slice(key.as_bytes());
-        prefix.push(b'\n');
-        for (k, v) in self.log.meta_prefix(&prefix) {
-            let Ok(sub_name) = std::str::from_utf8(&k[prefix.len()..]) else { continue };
+        for (sub_name, v) in self.store.cursors(&key) {
+            let sub_name = sub_name.as_str();
             let cursor = crate::subscription::cursor::CursorRecord::decode(&v)
                 .and_then(|rec| crate::subscription::cursor::Cursor::from_record(&rec, &topic.ledgers.borrow()));
             match cursor {
@@ -226,8 +220,7 @@ impl Shard {
                     );
                     // Type, filter, batch acks, redelivery counts. Without a
                     // record (older data) the first consumer sets the type.
-                    let state_key = sub_meta_key(META_SUB_STATE_PREFIX, &key, sub_name);
-                    match self.log.meta(&state_key).filter(|v| !v.is_empty()).map(|v| SubState::decode(&v)) {
+                    match self.store.sub_state(&key, sub_name).map(|v| SubState::decode(&v)) {
                         Some(Ok(state)) => crate::subscription::sub_state::restore(
                             &sub,
                             state,
@@ -303,7 +296,7 @@ impl Shard {
         let mut next = t.ledgers.borrow().clone();
         let closed = next.current().clone();
         next.roll(id, now);
-        let lsn = self.log.put_meta(&topic_meta_key(&t.key), Bytes::from(next.encode()))?;
+        let lsn = self.store.put_topic_record(&t.key, &next)?;
         *t.ledgers.borrow_mut() = next;
         tracing::info!(
             topic = %t.key,
@@ -318,18 +311,15 @@ impl Shard {
 
     /// Writes the topic record (after retention changed the ledger list).
     pub(crate) fn persist_topic_record(&self, t: &Topic) -> Result<u64, CoreError> {
-        let bytes = t.ledgers.borrow().encode();
-        Ok(self.log.put_meta(&topic_meta_key(&t.key), Bytes::from(bytes))?)
+        Ok(self.store.put_topic_record(&t.key, &t.ledgers.borrow())?)
     }
 
     /// Every topic recorded in this shard's log, loaded (retention needs
     /// them all, not only those with clients since the restart).
     pub(crate) fn load_all_topics(self: &Rc<Self>) -> Vec<Rc<Topic>> {
         let mut out = Vec::new();
-        for (k, _) in self.log.meta_prefix(META_TOPIC_PREFIX) {
-            let Some(name) = k.get(META_TOPIC_PREFIX.len()..).and_then(|n| std::str::from_utf8(n).ok()) else {
-                continue;
-            };
+        for name in self.store.topic_names("") {
+            let name = name.as_str();
             let Ok(tn) = TopicName::parse(name) else { continue };
             match self.get_or_create_topic(&tn) {
                 Ok((t, _)) => out.push(t),
@@ -341,7 +331,7 @@ impl Shard {
 
     /// Whether `tn` exists (loaded or recorded in the log).
     pub(super) fn topic_exists(&self, key: &str) -> bool {
-        self.topics.borrow().contains_key(key) || self.log.meta(&topic_meta_key(key)).is_some()
+        self.topics.borrow().contains_key(key) || self.store.topic_recorded(key)
     }
 
     /// Refuses to create `tn` when its namespace does not auto-create topics.
@@ -486,7 +476,7 @@ impl Shard {
         }
         t.dedup.loading.set(true);
         let result = async {
-            let snap: crate::topic::dedup::Snapshot = match self.log.meta(&dedup_meta_key(&t.key)) {
+            let snap: crate::topic::dedup::Snapshot = match self.store.dedup_snapshot(&t.key) {
                 Some(v) => serde_json::from_slice(&v).map_err(|e| {
                     CoreError::new(ErrorCode::PersistenceError, format!("unreadable dedup snapshot of {}: {e}", t.key))
                 })?,
@@ -535,7 +525,7 @@ impl Shard {
             let snap = t.dedup.snapshot(t.next_entry.get());
             let bytes = serde_json::to_vec(&snap)
                 .map_err(|e| CoreError::new(ErrorCode::UnknownError, format!("encoding a dedup snapshot: {e}")))?;
-            last = Some(self.log.put_meta(&dedup_meta_key(&t.key), Bytes::from(bytes))?);
+            last = Some(self.store.put_dedup_snapshot(&t.key, Bytes::from(bytes))?);
         }
         Ok(last)
     }
@@ -548,7 +538,7 @@ impl Shard {
         }
         // Ledgers already deleted by retention may still be listed: the key
         // index answers only for ledgers that exist.
-        let list = self.log.meta(&topic_meta_key(topic)).as_deref().and_then(decode_topic_record)?;
+        let list = self.store.topic_record(topic)?;
         Some(list.iter().map(|l| l.id).collect())
     }
 
@@ -560,7 +550,7 @@ impl Shard {
         let (ledgers, next) = match self.topics.borrow().get(topic) {
             Some(t) => (t.ledgers.borrow().clone(), t.durable_next.get()),
             None => {
-                let Some(list) = self.log.meta(&topic_meta_key(topic)).as_deref().and_then(decode_topic_record) else {
+                let Some(list) = self.store.topic_record(topic) else {
                     return Err(CoreError::new(ErrorCode::TopicNotFound, format!("topic {topic} does not exist")));
                 };
                 let (ledgers, _) = self.recovered_ledgers(topic, list);
@@ -584,8 +574,7 @@ impl Shard {
                 ));
             }
         }
-        let key = topic_meta_key(topic);
-        let Some(list) = self.log.meta(&key).as_deref().and_then(decode_topic_record) else {
+        let Some(list) = self.store.topic_record(topic) else {
             return Err(CoreError::new(ErrorCode::TopicNotFound, format!("topic {topic} does not exist")));
         };
         let ledger = list.last().map_or(0, |l| l.id);
@@ -598,29 +587,7 @@ impl Shard {
         // The newest ledger id stays reserved (x/ record, a version 1 topic
         // record) so that the allocator never hands it (or an older one)
         // out again; the ledgers themselves are deleted, freeing the space.
-        let mut tomb = META_DELETED_LEDGER_PREFIX.to_vec();
-        tomb.extend_from_slice(&ledger.to_le_bytes());
-        let mut v1 = vec![crate::topic::ledgers::TOPIC_RECORD_V1];
-        v1.extend_from_slice(&ledger.to_le_bytes());
-        self.log.put_meta(&tomb, Bytes::from(v1))?;
-        let mut prefix = META_CURSOR_PREFIX.to_vec();
-        prefix.extend_from_slice(topic.as_bytes());
-        prefix.push(b'\n');
-        for (k, _) in self.log.meta_prefix(&prefix) {
-            self.log.put_meta(&k, Bytes::new())?;
-        }
-        let mut prefix = META_SUB_STATE_PREFIX.to_vec();
-        prefix.extend_from_slice(topic.as_bytes());
-        prefix.push(b'\n');
-        for (k, v) in self.log.meta_prefix(&prefix) {
-            if !v.is_empty() {
-                self.log.put_meta(&k, Bytes::new())?;
-            }
-        }
-        if self.log.meta(&dedup_meta_key(topic)).is_some() {
-            self.log.put_meta(&dedup_meta_key(topic), Bytes::new())?;
-        }
-        let mut lsn = self.log.put_meta(&key, Bytes::new())?;
+        let mut lsn = self.store.delete_topic_records(topic, ledger)?;
         // The ledgers go after the topic record: a crash in between leaves
         // ledgers no record names, which the next start deletes (see
         // `orphan_ledgers`), never a topic whose ledgers are gone.
@@ -760,10 +727,10 @@ impl Shard {
     ) -> Result<u64, CoreError> {
         if state_dirty {
             let state = crate::subscription::sub_state::encode(sub, &topic.ledgers.borrow());
-            self.log.put_meta(&sub_meta_key(META_SUB_STATE_PREFIX, &topic.key, &sub.name), Bytes::from(state))?;
+            self.store.put_sub_state(&topic.key, &sub.name, Bytes::from(state))?;
         }
         let bytes = sub.cursor.borrow().to_record(&topic.ledgers.borrow()).encode();
-        let lsn = self.log.put_meta(&cursor_meta_key(&topic.key, &sub.name), Bytes::from(bytes))?;
+        let lsn = self.store.put_cursor(&topic.key, &sub.name, Bytes::from(bytes))?;
         sub.persisted_lsn.set(lsn);
         Ok(lsn)
     }

@@ -8,7 +8,6 @@ use super::Shard;
 use crate::api::{ConsumerEvent, ConsumerRef, SeekTarget, ShardTraffic, SubscribeRequest};
 use crate::error::{CoreError, ErrorCode};
 use crate::metadata::Policies;
-use crate::store::*;
 use crate::subscription::Subscription;
 use crate::topic::Topic;
 use crate::topic_name::TopicName;
@@ -249,14 +248,7 @@ impl Shard {
             }
             Op::Traffic => futures::future::ready(Ok(Reply::Traffic(self.traffic()))).boxed_local(),
             Op::ListTopics { prefix } => {
-                let mut key = META_TOPIC_PREFIX.to_vec();
-                key.extend_from_slice(prefix.as_bytes());
-                let names = self
-                    .log
-                    .meta_prefix(&key)
-                    .into_iter()
-                    .filter_map(|(k, _)| String::from_utf8(k.get(META_TOPIC_PREFIX.len()..)?.to_vec()).ok())
-                    .collect();
+                let names = self.store.topic_names(&prefix);
                 futures::future::ready(Ok(Reply::Topics(names))).boxed_local()
             }
             Op::CreateTopic { topic } => {
@@ -337,8 +329,7 @@ impl Shard {
                         .map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
                     // Loaded, or known from its metadata record (then loading
                     // it creates nothing); an unknown topic is not created.
-                    let known =
-                        self.topics.borrow().contains_key(&topic) || self.log.meta(&topic_meta_key(&topic)).is_some();
+                    let known = self.topics.borrow().contains_key(&topic) || self.store.topic_recorded(&topic);
                     if !known {
                         return Err(CoreError::new(ErrorCode::TopicNotFound, format!("no topic {topic}")));
                     }
