@@ -169,6 +169,12 @@ impl Shard {
         }
     }
 
+    /// Starts the dispatcher task of a subscription of one of this shard's
+    /// topics (it runs until the shard closes or the subscription goes).
+    pub(crate) fn spawn_dispatcher(self: &Rc<Self>, topic: Rc<Topic>, sub: Rc<Subscription>) {
+        crate::subscription::dispatcher::task::spawn(self.clone(), topic, sub);
+    }
+
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.get()
     }

@@ -234,7 +234,7 @@ impl Shard {
                         None => {}
                     }
                     topic.subs.borrow_mut().insert(sub_name.to_string(), sub.clone());
-                    crate::subscription::dispatcher::task::spawn(self.clone(), topic.clone(), sub);
+                    self.spawn_dispatcher(topic.clone(), sub);
                 }
                 Err(e) => tracing::error!(topic = %key, sub = sub_name, "unreadable cursor record: {e}"),
             }
@@ -432,7 +432,7 @@ impl Shard {
                     self.config.delayed_index_max as usize,
                 );
                 t.subs.borrow_mut().insert(req.subscription.clone(), sub.clone());
-                crate::subscription::dispatcher::task::spawn(self.clone(), t.clone(), sub.clone());
+                self.spawn_dispatcher(t.clone(), sub.clone());
                 let lsn = if req.durable { Some(self.persist_cursor(&t, &sub)?) } else { None };
                 (sub, lsn)
             }
