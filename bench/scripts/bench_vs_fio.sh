@@ -24,7 +24,7 @@
 #     applications) and all 16 sharing one connection (pulsar-perf's default:
 #     one client, connectionsPerBroker 1);
 #     runs 3 and 4 are one-partition shapes, and their figures depend on
-#     which broker shard owns the topic (bench/README.md, "Which shard owns
+#     which broker shard owns the topic (bench/RESULTS.md, "Which shard owns
 #     the topic ..."), so each runs once per shard (`--topic-shard`; shards 0
 #     and 1, or PLACE_SHARDS="0 1 ...");
 #  5. a 1 GiB backlog of unbatched 1 KiB messages (1,048,576 entries), written

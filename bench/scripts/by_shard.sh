@@ -2,8 +2,8 @@
 # The unbatched shapes (one message at a time; 16 producers, one in flight
 # each) against a one-partition topic placed on each broker shard in turn
 # (`--topic-shard`), repeated: on a VM whose disk interrupt goes to one CPU
-# the shard pinned there does better (bench/README.md, "Which shard owns the
-# topic decides the unbatched targets"). Rounds alternate the shards, so a
+# the shard pinned there does better (bench/RESULTS.md, "Which shard owns
+# the topic decides the unbatched targets"). Rounds alternate the shards, so a
 # noisy minute hits both.
 #
 # Usage: bench/scripts/by_shard.sh [RUNS_PER_SHARD] [extra magnetar-bench flags...]

@@ -13,7 +13,8 @@
 //! - [`cpu`]: CPU time of client and broker per message.
 //! - [`dist`]: seeded size and key distributions (uniform, weighted, Zipf).
 //!
-//! See `README.md` for the flags and the figures measured with it.
+//! See `README.md` for the flags, and `RESULTS.md` for the figures measured
+//! with it.
 
 pub mod broker;
 pub mod cpu;

@@ -21,10 +21,9 @@
 //! schedule: a message's time starts when it gets a free `max_pending` slot
 //! and is sent (`max_pending` counts messages, per partition). Starting it
 //! before the slot charged each message of a one-at-a-time run with its
-//! predecessor's round trip, so that shape reported two round trips
-//! (issue #6, bench/README.md "where a lone message's time goes"). The
-//! intended time travels in the first 8 bytes of the
-//! payload (nanoseconds since the run's epoch; producer and consumer share
+//! predecessor's round trip, so that shape would report two round trips.
+//! The intended time travels in the first 8 bytes of the payload
+//! (nanoseconds since the run's epoch; producer and consumer share
 //! one process and one monotonic clock), so end-to-end latency has
 //! nanosecond resolution; payloads under 8 bytes fall back to the metadata's
 //! millisecond `publish_time`.
@@ -182,9 +181,9 @@ struct Sent {
 /// per collector. Handed over once per `permits_chunk` messages and before
 /// every wait of the loop (a timer, an in-flight slot, a send that does not
 /// complete at once), so a collector sees a send no later than the loop's
-/// next wait, and never while the loop holds its permits idle. One channel
-/// send per message and collector wake-up was ~4 % of the canonical run's
-/// client CPU (issue #6).
+/// next wait, and never while the loop holds its permits idle. Batching
+/// the hand-over spares a channel send and a collector wake-up per
+/// message, a cost the client pays on every message of a fast run.
 struct Handoff {
     runs: Vec<Vec<Sent>>,
     /// Room a new run is made with.
@@ -489,8 +488,8 @@ async fn produce_loop(ctx: ProducerCtx, plan: ProducerPlan, w: Workload, rec: Re
 
 async fn consume_loop(consumer: MultiTopicConsumer, rec: Recorder, mut stop: watch::Receiver<bool>, timed: bool) {
     // One wait for the stop signal for the whole loop: a new one per message
-    // (registering with the watch each time) was ~5 % of the client's CPU
-    // in a catch-up.
+    // would register with the watch each time, a per-message cost that
+    // shows in a catch-up.
     let stopped = stop.changed();
     tokio::pin!(stopped);
     loop {
@@ -787,7 +786,7 @@ pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
     let producers_total = producer_ctxs.len() as u64;
     // Which shard owns each partition: the first producer of each topic
     // went straight to it (a one-partition run lands on a shard by chance,
-    // and the figures depend on which: bench/README.md).
+    // and the figures depend on which: bench/README.md, "Comparing runs").
     let topic_shards: Vec<u32> = if shard_aware && w.producers > 0 {
         all_producers.iter().step_by(w.producers as usize).flat_map(|p| p.partition_shards()).collect()
     } else {

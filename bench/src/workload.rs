@@ -200,7 +200,8 @@ pub struct Workload {
     /// (by asking the broker, `topics.owner`) so that the first partition
     /// of the first topic lives on this shard. Meant for one-topic,
     /// one-partition shapes, whose figures depend on the owning shard
-    /// (bench/README.md). None = wherever the random run id lands.
+    /// (bench/README.md, "Comparing runs"). None = wherever the random run
+    /// id lands.
     pub topic_shard: Option<u32>,
 }
 

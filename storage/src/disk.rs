@@ -335,8 +335,8 @@ impl DiskFile for DmaDiskFile {
     /// buffer the returned bytes are a view of, instead of through
     /// glommio's, whose read buffer cannot leave the thread (its
     /// `ReadResult` is not `Send`, and entries go to other shards'
-    /// connections) and so had to be copied out: that copy was ~7 % of the
-    /// broker's CPU in a catch-up from disk (issue #6). Falls back to
+    /// connections) and so had to be copied out: a copy of every byte a
+    /// catch-up from disk reads (figures in bench/RESULTS.md). Falls back to
     /// [`read_at`](DiskFile::read_at) and a copy when that ring cannot be
     /// made or refuses the request.
     async fn read_bytes(&self, pos: u64, len: usize) -> io::Result<bytes::Bytes> {
@@ -366,10 +366,11 @@ impl DiskFile for DmaDiskFile {
     /// of two round trips through glommio's reactor. Each of those costs a
     /// reactor wake-up, its timer re-arming and a park (`membarrier`), on
     /// the executor's one CPU, which the kernel's completion workers share:
-    /// for a lone 4 KiB batch that was about half of the broker's time
-    /// (bench/README.md, "Where a lone message's time goes"). Blocking is
-    /// only for the flusher's lone small batches; anything larger, or a
-    /// thread where the ring cannot be made, takes the reactor path.
+    /// for a lone 4 KiB batch those round trips outweigh the rest of the
+    /// broker's work (bench/RESULTS.md, "Where a lone message's time goes").
+    /// Blocking is only for the flusher's lone small batches; anything
+    /// larger, or a thread where the ring cannot be made, takes the reactor
+    /// path.
     async fn write_and_sync(&self, pos: u64, data: &[u8], yield_max: std::time::Duration) -> io::Result<()> {
         assert!(pos.is_multiple_of(PAGE_BYTES) && (data.len() as u64).is_multiple_of(PAGE_BYTES));
         use std::os::unix::io::AsRawFd;
@@ -564,9 +565,7 @@ mod linked {
                 // over, or sleeps in this ring (the kernel still wakes a
                 // sleeper), so nothing is held back, and a shard on another
                 // CPU than the disk's interrupt is spared an IPI per
-                // message. Measured: small, near this machine's noise (one
-                // at a time on shard 0, three runs: p50 0.95-1.02x, msg/s
-                // 1.01-1.18x; bench/README.md, seventh session). Never for
+                // message (the gain is small: bench/RESULTS.md). Never for
                 // the file rings (`chained`): a shard busy in user code
                 // would hold their fdatasync back until its next syscall.
                 // Kernels before 5.19 lack the flag: a plain ring then.
@@ -666,8 +665,8 @@ mod linked {
         // on the way back (no wake-up of a sleeping thread, nor of an idle
         // CPU, for the write's completion and then the fdatasync's), and
         // lets the kernel's workers on this CPU (io-wq's fdatasync) run
-        // first. A pure spin instead held those workers off: p99 grew by
-        // the spin's length (bench/README.md, sixth session).
+        // first. A pure spin would hold those workers off, adding the
+        // spin's length to the tail latency.
         loop {
             match super::submit_queued(&mut r.ring) {
                 Ok(2) => break,
@@ -729,10 +728,11 @@ mod linked {
 /// Reads up to [`owned::FIXED_BYTES`] go into one of [`owned::FIXED_COUNT`]
 /// buffers registered with the ring (`READ_FIXED`), as glommio's own reads
 /// do: into heap memory, the kernel pins and dirties every page per read
-/// (`get_user_pages`, `bio_set_pages_dirty`: ~5 % of the broker's
-/// catch-up CPU, most of what the copy this path spares cost). The registered buffers are handed on inside
-/// the returned bytes and come back when the last view of them drops, on
-/// whatever thread; when none is free, a read takes heap memory.
+/// (`get_user_pages`, `bio_set_pages_dirty`), costing nearly as much as
+/// the copy this path spares; registered buffers are pinned once. They are
+/// handed on inside the returned bytes and come back when the last view of
+/// them drops, on whatever thread; when none is free, a read takes heap
+/// memory.
 mod owned {
     use std::cell::{Cell, RefCell};
     use std::io;

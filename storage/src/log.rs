@@ -72,8 +72,8 @@ pub struct LogConfig {
     /// is created) instead of only reserving it with fallocate. On ext4 an
     /// fdatasync after writing into reserved-but-unwritten extents also
     /// commits the extent conversion in the journal; overwriting written
-    /// blocks does not (fio, 4 KiB write + fdatasync, alternating rounds:
-    /// p50 80–272 µs into fallocated space, 43–47 µs overwriting). Costs one
+    /// blocks does not, so its fdatasync is faster (fio figures:
+    /// bench/RESULTS.md, "Pre-zeroed segments"). Costs one
     /// extra sequential write of every segment, and the first segment is
     /// zeroed before the first batch. Default off: `zero_ahead_bytes` gets
     /// lone batches the same without either, and recycled segments need no
@@ -125,7 +125,8 @@ pub struct LogConfig {
 /// Zeroing ahead (`LogConfig::zero_ahead_bytes`) runs only while the
 /// flusher's average batch is at most this long: lone messages (a page or
 /// two per batch). With 16 producers one in flight each (~5 pages a batch)
-/// zeroing ahead cost throughput side by side (bench/README.md).
+/// zeroing ahead costs throughput (bench/RESULTS.md, "Recycled and
+/// zeroed-ahead segments").
 pub const ZERO_AHEAD_BATCH_MAX: u64 = 16 << 10;
 
 /// A batch (header, record and padding) of one record and at most this
@@ -204,9 +205,9 @@ pub const SPAN_ALIGN: u64 = 128 << 10;
 /// See [`LogConfig::lone_sync_max`]: lone batches in a row, each written and
 /// synced through the reactor within `lone_sync_max`, that end a pause
 /// early. On a disk whose lone requests are slow only now and then (other
-/// tenants' spikes: ~1 in 500 here), a pause of [`LONE_PAUSE_BATCHES`] sent
-/// two thirds of a one-at-a-time run through the slower reactor path
-/// (bench/README.md, "One at a time, third round"); on a busy disk the
+/// tenants' spikes), a full pause of [`LONE_PAUSE_BATCHES`] after each
+/// would send most of a one-at-a-time run through the slower reactor path
+/// (bench/RESULTS.md, "One at a time, third round"); on a busy disk the
 /// reactor's requests are slow too and the pause runs its course.
 pub const LONE_RESUME_FAST: u32 = 32;
 
@@ -905,15 +906,16 @@ impl<D: Disk> Shared<D> {
         };
 
         // 3. One write, one fdatasync. Only this task writes the log, so at
-        // most this batch can be torn by a crash. (Tried: one O_DSYNC write
-        // instead, to save the flusher's wake-up between the two: 12x slower
-        // on ext4 here, bench/README.md "where a lone message's time goes".)
+        // most this batch can be torn by a crash. (Not one O_DSYNC write
+        // instead, to save the flusher's wake-up between the two: on ext4
+        // that is far slower; bench/RESULTS.md, "Where a lone message's
+        // time goes".)
         let off = position - seg.start;
         let end = position + batch_len;
         // Into space not known written: wait for a zeroing write in flight.
-        // (Tried: a batch wholly in written space as one O_DSYNC write
-        // instead of write + fdatasync; not better here, bench/README.md
-        // "Recycled and zeroed-ahead segments".)
+        // (Not one O_DSYNC write for a batch wholly in written space either:
+        // no faster than write + fdatasync; bench/RESULTS.md, "Recycled and
+        // zeroed-ahead segments".)
         let zero_permit = if end <= self.st.borrow().zeroed {
             None
         } else {
@@ -1740,7 +1742,7 @@ impl<D: Disk> EntryLog<D> {
     /// and ends where that stretch ends. The bodies read from disk are slices of one buffer and do
     /// not go through the read cache: a sequential reader that keeps its
     /// own run pays neither a copy nor a hash insert and eviction per
-    /// entry (issue #6: about a third of the broker's catch-up CPU went there).
+    /// entry, which would be a large share of a catch-up's CPU.
     pub async fn read_run(&self, ledger: u64, entry: u64, max_entries: usize, max_bytes: usize) -> Result<Vec<Bytes>> {
         let max_entries = max_entries.max(1);
         let (seg, first, run, kept) = {

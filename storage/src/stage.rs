@@ -1,6 +1,6 @@
 //! Per-stage timestamps of a message's path through the broker, for finding
-//! where a lone message's time goes (issue #6, bench/README.md "where a lone
-//! message's time goes").
+//! where a lone message's time goes (what it found: bench/RESULTS.md,
+//! "Where a lone message's time goes").
 //!
 //! Off unless `MAGNETAR_STAGE_TRACE=FILE` is set when the broker starts; then
 //! every [`mark`] records (monotonic ns, thread, stage) in memory and the

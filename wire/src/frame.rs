@@ -184,8 +184,8 @@ thread_local! {
 /// is a copy of one built once per thread with these values patched in, so
 /// every field is present even when it holds its default (a flatbuffer
 /// reader sees no difference). Building the command per delivered entry
-/// was ~5 % of broker CPU in a catch-up (issue #6); the checksum is still
-/// computed over the bytes sent.
+/// is a cost a catch-up pays on every entry (bench/RESULTS.md); the
+/// checksum is still computed over the bytes sent.
 pub fn encode_message_frame(
     consumer_id: u64,
     message_id: &MessageId,

@@ -124,8 +124,8 @@ pub struct DeliveryPeek<'a> {
 ///
 /// For blobs the broker verified whole when they were appended ([`peek_message`])
 /// and whose bytes the log's checksum has vouched for since: the flatbuffers
-/// verifier walked every field of the metadata again per delivered entry,
-/// ~8 % of the broker's CPU in a catch-up (issue #6). On a valid blob it
+/// verifier would walk every field of the metadata again per delivered
+/// entry, a cost a catch-up pays on every entry. On a valid blob it
 /// returns what [`peek_message`] does (a test checks); on any other input it
 /// returns some values or an error, never panics, and reads nothing out of
 /// bounds (safe code, bounds-checked `get`s).
@@ -446,8 +446,8 @@ impl MessageView<'_> {
 /// on mutated blobs) and reads the same values, but allocates nothing.
 ///
 /// For the consumer's per-message path: the flatbuffers verifier and the
-/// owned strings of [`decode_message`] were a large part of a client's CPU
-/// per received message (issue #6). The check is the verifier's, written
+/// owned strings of [`decode_message`] are a large part of a client's CPU
+/// per received message. The check is the verifier's, written
 /// out for this one table (alignment, bounds, UTF-8 and terminators of
 /// strings, the verifier's size and table limits), in safe code; on any
 /// failure the verifier itself is run for the error.
