@@ -8,7 +8,10 @@
 //! It knows nothing of brokers, topics or the wire format.
 //!
 //! Everything here is single-threaded: one [`EntryLog`] per shard, owned by
-//! that shard's glommio executor, never crossing cores.
+//! that shard's glommio executor, never crossing cores. The exceptions are
+//! the registered read buffers, which come back from whatever thread drops
+//! the last view of a read, and the [`stage`] trace buffer (README.md,
+//! "Which thread owns what").
 //!
 //! ```no_run
 //! # use magnetar_storage::{EntryLog, LogConfig};

@@ -108,10 +108,10 @@ pub struct LogConfig {
     /// While the shard thread waits for a lone batch's request, it yields
     /// the CPU in a loop (`sched_yield`) for up to this long, then sleeps
     /// on the ring: each return from the kernel runs the completion work,
-    /// so neither the thread nor its idle CPU is woken per message (one at
-    /// a time: p50 ~0.83x), at the price of a busy CPU meanwhile (broker
-    /// CPU per message ~1.4x; it counts against a CPU quota). Zero: sleep
-    /// at once. Default 1 ms.
+    /// so neither the thread nor its idle CPU is woken per message (lower
+    /// latency one at a time), at the price of a busy CPU meanwhile (more
+    /// broker CPU per message; it counts against a CPU quota; figures:
+    /// bench/RESULTS.md, sixth session). Zero: sleep at once. Default 1 ms.
     pub lone_yield_max: Duration,
     /// The stretches of log kept for [`EntryLog::read_run`]
     /// ([`SPANS_KEPT`] of them, each up to a run's bytes, its largest
