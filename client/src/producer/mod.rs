@@ -1,10 +1,20 @@
-//! Producers: publish messages to one topic and await their receipts.
+//! Producers: publish messages to one topic and await their receipts. This
+//! module owns the builder and the producer's registration (on the topic
+//! owner's connection, through `conn::pool`), sequence ids and the
+//! in-flight bound, frames built in place around the payload, and chunked
+//! sends; `batch` gathers messages into entries, `partitioned` routes over
+//! a topic's partitions, `reconnect` survives lost connections.
 
-use crate::batch::{BatchReceipt, Batcher, BatchingOptions};
-use crate::connection::Connection;
+pub(crate) mod batch;
+pub(crate) mod partitioned;
+pub(crate) mod reconnect;
+
+use crate::conn::Connection;
 use crate::error::{ClientError, Result};
 use crate::message::OutgoingMessage;
 use crate::names::normalize_topic;
+use crate::Client;
+use batch::{BatchReceipt, Batcher, BatchingOptions};
 use bytes::{Buf, Bytes, BytesMut};
 use magnetar_wire::{
     encode_frame_head, encode_message_into, Command, CompressionType, MessageId, MessageMetadata, ProducerAccessMode,
@@ -23,6 +33,10 @@ pub const DEFAULT_MAX_PENDING: usize = 1000;
 /// semaphore limit is far above; this keeps memory per producer sane).
 pub const MAX_PENDING_MAX: usize = 1 << 20;
 
+/// Default chunk size: below the broker's 5 MiB message limit with room for
+/// the metadata.
+pub const DEFAULT_CHUNK_BYTES: usize = 4 * 1024 * 1024;
+
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)).unwrap_or(0)
 }
@@ -36,7 +50,7 @@ pub(crate) fn now_ms() -> u64 {
 /// ```
 #[must_use = "call .create().await"]
 pub struct ProducerBuilder {
-    pub(crate) conn: Arc<Connection>,
+    pub(crate) client: Client,
     pub(crate) topic: String,
     pub(crate) name: Option<String>,
     pub(crate) max_pending: usize,
@@ -50,9 +64,9 @@ pub struct ProducerBuilder {
 impl ProducerBuilder {
     /// A builder with the defaults: generated name, `DEFAULT_MAX_PENDING`,
     /// shared access, no batching, compression or chunking, blocking when full.
-    pub(crate) fn new(conn: Arc<Connection>, topic: String) -> Self {
+    pub(crate) fn new(client: Client, topic: String) -> Self {
         Self {
-            conn,
+            client,
             topic,
             name: None,
             max_pending: crate::DEFAULT_MAX_PENDING,
@@ -96,11 +110,8 @@ impl ProducerBuilder {
 
     /// A producer on the topic's name covering every partition (or the topic
     /// itself when it is not partitioned), routing with `routing`.
-    pub async fn create_partitioned(
-        self,
-        routing: crate::partitioned::RoutingMode,
-    ) -> Result<crate::PartitionedProducer> {
-        crate::partitioned::PartitionedProducer::create(self, routing).await
+    pub async fn create_partitioned(self, routing: partitioned::RoutingMode) -> Result<crate::PartitionedProducer> {
+        partitioned::PartitionedProducer::create(self, routing).await
     }
 
     /// Batch messages (by count, bytes and delay; per key with
@@ -137,18 +148,14 @@ impl ProducerBuilder {
         if let Some(b) = &self.batching {
             b.validate()?;
         }
-        let mut lookups = 0;
-        let (conn, answer) = loop {
-            let shard_aware = lookups < crate::routing::NOT_OWNER_LOOKUPS_MAX;
-            let conn = self.conn.for_topic(&topic, shard_aware).await;
-            match self.register(&conn, &topic).await {
-                Err(e) if shard_aware && crate::routing::is_not_owner(&e) => {
-                    tracing::debug!(%topic, error = %e, "producer refused by a shard that does not own the topic");
-                    lookups += 1;
-                }
-                answer => break (conn, answer?),
-            }
-        };
+        let Client { conn: from, pool } = &self.client;
+        let (builder, name) = (&self, topic.as_str());
+        let (conn, answer) = pool
+            .on_owner(from, name, true, |conn| async move {
+                let answer = builder.register(&conn, name).await?;
+                Ok((conn, answer))
+            })
+            .await?;
         let (producer_id, name, last_sequence_id, closed) = answer;
         // Continue after what the broker has persisted for this name, so a
         // restarted named producer never reuses a sequence id (dedup-safe).
@@ -241,7 +248,7 @@ impl ProducerCore {
         if self.is_closed() {
             return ClientError::ProducerClosed { producer_name: self.name.clone() };
         }
-        match self.conn.shared.closed_reason() {
+        match self.conn.closed_reason() {
             Some(reason) => ClientError::Disconnected { reason },
             None => ClientError::ProducerClosed { producer_name: self.name.clone() },
         }
@@ -495,7 +502,7 @@ impl Producer {
             None => Self { core, batcher: None, flusher: None },
             Some(options) => {
                 let batcher = Arc::new(Batcher::new(options));
-                let flusher = Some(tokio::spawn(crate::batch::flush_loop(core.clone(), batcher.clone())));
+                let flusher = Some(tokio::spawn(batch::flush_loop(core.clone(), batcher.clone())));
                 Self { core, batcher: Some(batcher), flusher }
             }
         }
@@ -743,11 +750,7 @@ impl EntryBody {
                 (frame.freeze(), blob.len())
             }
         };
-        // The limit counts the bytes after the 4-byte length field.
-        let frame_len = frame.len().saturating_sub(4);
-        if u32::try_from(frame_len).map_or(true, |len| len > max_frame_bytes) {
-            return Err(ClientError::MessageTooLarge { size: blob_len, max_frame_bytes });
-        }
+        crate::conn::check_frame_size(&frame, blob_len, max_frame_bytes)?;
         Ok(frame)
     }
 }
