@@ -129,6 +129,15 @@ pub(crate) fn check_frame_size(frame: &[u8], size: usize, max_frame_bytes: u32) 
     Ok(())
 }
 
+/// Checks an answer that must be `Success`; anything else is an
+/// `UnexpectedResponse` to `request`.
+pub(crate) fn expect_success(answer: Command, request: &'static str) -> Result<()> {
+    match answer {
+        Command::Success { .. } => Ok(()),
+        other => Err(ClientError::UnexpectedResponse { request, got: format!("{other:?}") }),
+    }
+}
+
 fn encode(command: &Command, payload: &[u8]) -> Result<Bytes> {
     let mut dst = BytesMut::with_capacity(payload.len() + 128);
     encode_frame(command, payload, &mut dst)?;

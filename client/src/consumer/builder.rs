@@ -11,7 +11,7 @@ use super::timers::spawn_timer_task;
 use super::tracker::{NackBackoff, Tracker};
 use super::{Consumer, Permits, DEFAULT_RECEIVER_QUEUE_SIZE, RECEIVER_QUEUE_SIZE_MAX};
 use crate::conn::demux::{Inbox, Queued};
-use crate::conn::{Connection, ConsumerSlot};
+use crate::conn::{expect_success, Connection, ConsumerSlot};
 use crate::error::{ClientError, Result};
 use crate::names::normalize_topic;
 use crate::Client;
@@ -372,16 +372,11 @@ impl ConsumerBuilder {
                 key_shared_ranges: self.wire_ranges(),
             })
             .await;
-        match answer {
-            Ok(Command::Success { .. }) => Ok(()),
-            other => {
-                conn.forget_consumer(s.consumer_id);
-                Err(match other {
-                    Err(e) => e,
-                    Ok(other) => ClientError::UnexpectedResponse { request: "Subscribe", got: format!("{other:?}") },
-                })
-            }
+        let subscribed = answer.and_then(|answer| expect_success(answer, "Subscribe"));
+        if subscribed.is_err() {
+            conn.forget_consumer(s.consumer_id);
         }
+        subscribed
     }
 }
 

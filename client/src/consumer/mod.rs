@@ -26,7 +26,7 @@ mod unpack;
 pub use builder::ConsumerBuilder;
 pub use dead_letter::{DeadLetterPolicy, PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_TOPIC, PROPERTY_RECONSUME_TIMES};
 
-use crate::conn::Connection;
+use crate::conn::{expect_success, Connection};
 use crate::error::{ClientError, Result};
 use crate::message::Message;
 use ack_group::{AckBatch, AckGroup};
@@ -338,10 +338,7 @@ impl Consumer {
             .conn
             .request("seek", |request_id| Command::Seek { request_id, consumer_id, message_id, publish_time_ms })
             .await?;
-        match answer {
-            Command::Success { .. } => {}
-            other => return Err(ClientError::UnexpectedResponse { request: "Seek", got: format!("{other:?}") }),
-        }
+        expect_success(answer, "Seek")?;
         // The broker set our permits to 0: drop what is queued and grant
         // the whole queue again.
         q.discard();
@@ -498,10 +495,7 @@ impl Consumer {
                     command
                 })
                 .await?;
-            match answer {
-                Command::Success { .. } => {}
-                other => return Err(ClientError::UnexpectedResponse { request: "Ack", got: format!("{other:?}") }),
-            }
+            expect_success(answer, "Ack")?;
         }
         Ok(())
     }
@@ -536,10 +530,7 @@ impl Consumer {
         let answer =
             self.conn.request("close consumer", |request_id| Command::CloseConsumer { request_id, consumer_id }).await;
         self.conn.remove_consumer(consumer_id);
-        match answer? {
-            Command::Success { .. } => Ok(()),
-            other => Err(ClientError::UnexpectedResponse { request: "CloseConsumer", got: format!("{other:?}") }),
-        }
+        expect_success(answer?, "CloseConsumer")
     }
 }
 

@@ -286,10 +286,7 @@ impl ProducerCore {
         self.conn.remove_producer(producer_id);
         self.permits.close();
         flushed?;
-        match answer? {
-            Command::Success { .. } => Ok(()),
-            other => Err(ClientError::UnexpectedResponse { request: "CloseProducer", got: format!("{other:?}") }),
-        }
+        crate::conn::expect_success(answer?, "CloseProducer")
     }
 }
 
