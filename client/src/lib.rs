@@ -29,6 +29,10 @@
 //!   timeouts), the pool of a client's connections with the owner lookup
 //!   and its `NotOwner` retry, and admin;
 //! - `message`, `names`, `compression`, `error`: values shared by all.
+//!
+//! Builders reach the pool through a `conn::pool::Origin` (a connection
+//! and the pool), not through `Client`; only `ResilientProducer`, which
+//! makes whole clients, names `Client`.
 
 mod compression;
 mod conn;
@@ -67,9 +71,7 @@ pub use magnetar_wire::{
     SubscriptionType, WireError,
 };
 
-use conn::pool::Pool;
-use conn::Connection;
-use std::sync::Arc;
+use conn::pool::{Origin, Pool};
 
 /// A client of one broker: its connection to the address it was given, and
 /// the pool of its connections to the broker's shards. Cheap to clone
@@ -77,15 +79,14 @@ use std::sync::Arc;
 /// every producer and consumer on it, are dropped, or on [`Client::close`].
 #[derive(Clone)]
 pub struct Client {
-    /// The connection to the address the client was given; lookups and
-    /// admin go through it.
-    conn: Arc<Connection>,
-    pool: Arc<Pool>,
+    /// The connection to the address the client was given (lookups and
+    /// admin go through it), and the pool.
+    origin: Origin,
 }
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Client").field("server", &self.conn.server).finish_non_exhaustive()
+        f.debug_struct("Client").field("server", &self.origin.conn.server).finish_non_exhaustive()
     }
 }
 
@@ -98,24 +99,18 @@ impl Client {
 
     pub async fn connect_with(url: &str, options: ClientOptions) -> Result<Client> {
         let url = parse_service_url(url)?;
-        let (pool, conn) = Pool::connect(&url.host, url.port, options).await?;
-        Ok(Client { conn, pool })
-    }
-
-    /// The client as seen from `conn`, one of its connections: lookups go
-    /// through `conn` (a consumer's dead-letter and retry producers).
-    pub(crate) fn on(conn: Arc<Connection>, pool: Arc<Pool>) -> Client {
-        Client { conn, pool }
+        let origin = Pool::connect(&url.host, url.port, options).await?;
+        Ok(Client { origin })
     }
 
     /// Start building a producer on `topic` (`topic`, `tenant/ns/topic` or a full name).
     pub fn producer(&self, topic: impl Into<String>) -> ProducerBuilder {
-        ProducerBuilder::new(self.clone(), topic.into())
+        ProducerBuilder::new(self.origin.clone(), topic.into())
     }
 
     /// Start building a consumer of `subscription` on `topic`.
     pub fn subscribe(&self, topic: impl Into<String>, subscription: impl Into<String>) -> ConsumerBuilder {
-        ConsumerBuilder::new(self.clone(), topic.into(), subscription.into())
+        ConsumerBuilder::new(self.origin.clone(), topic.into(), subscription.into())
     }
 
     /// Per-subscription statistics of `topic`, as the JSON object the broker
@@ -123,6 +118,7 @@ impl Client {
     pub async fn topic_stats(&self, topic: &str) -> Result<String> {
         let topic = normalize_topic(topic)?;
         let answer = self
+            .origin
             .conn
             .request("topic stats", |request_id| magnetar_wire::Command::TopicStats {
                 request_id,
@@ -138,26 +134,26 @@ impl Client {
 
     /// Admin and lookup operations on this connection.
     pub fn admin(&self) -> Admin {
-        Admin { conn: self.conn.clone() }
+        self.origin.admin()
     }
 
     /// What the broker announced in its `Connected` answer.
     pub fn server_info(&self) -> &ServerInfo {
-        &self.conn.server
+        &self.origin.conn.server
     }
 
     pub fn options(&self) -> &ClientOptions {
-        &self.pool.options
+        &self.origin.pool.options
     }
 
     /// False once the connection has ended, for whatever reason.
     pub fn is_connected(&self) -> bool {
-        self.conn.is_open()
+        self.origin.conn.is_open()
     }
 
     /// Why the connection ended, if it has.
     pub fn disconnect_reason(&self) -> Option<String> {
-        self.conn.closed_reason()
+        self.origin.conn.closed_reason()
     }
 
     /// Close the connection now (and the client's connections to other
@@ -165,8 +161,8 @@ impl Client {
     /// everything still waiting fails with `Disconnected`. Close producers
     /// and consumers first for a graceful end.
     pub fn close(&self) {
-        self.conn.fail("closed by the client".to_string());
-        self.pool.close_all("closed by the client");
+        self.origin.conn.fail("closed by the client".to_string());
+        self.origin.pool.close_all("closed by the client");
     }
 }
 

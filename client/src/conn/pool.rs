@@ -46,10 +46,35 @@ pub(crate) struct Pool {
     conns: std::sync::Mutex<HashMap<String, Weak<Connection>>>,
 }
 
+/// One of a client's connections and the client's pool: where a builder
+/// looks a topic's owner up from and gets the connection for it, and where
+/// admin calls go. Cheap to clone; holds `conn` (not the pool's others).
+#[derive(Clone)]
+pub(crate) struct Origin {
+    pub(crate) conn: Arc<Connection>,
+    pub(crate) pool: Arc<Pool>,
+}
+
+impl Origin {
+    /// [`Pool::on_owner`] from this origin's connection.
+    pub(crate) async fn on_owner<T, F, Fut>(&self, topic: &str, shard_aware: bool, attempt: F) -> Result<T>
+    where
+        F: FnMut(Arc<Connection>) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        self.pool.on_owner(&self.conn, topic, shard_aware, attempt).await
+    }
+
+    /// Admin calls on this origin's connection.
+    pub(crate) fn admin(&self) -> Admin {
+        Admin { conn: self.conn.clone() }
+    }
+}
+
 impl Pool {
     /// Opens the client's first connection, to `host:port` (the shared
     /// port), and the pool it starts.
-    pub(crate) async fn connect(host: &str, port: u16, options: ClientOptions) -> Result<(Arc<Pool>, Arc<Connection>)> {
+    pub(crate) async fn connect(host: &str, port: u16, options: ClientOptions) -> Result<Origin> {
         let conn = Arc::new(Connection::open(host, port, options.clone()).await?);
         let pool = Pool {
             host: host.to_string(),
@@ -59,7 +84,7 @@ impl Pool {
             conns: std::sync::Mutex::new(HashMap::new()),
         };
         pool.conns().insert(pool.key(port), Arc::downgrade(&conn));
-        Ok((Arc::new(pool), conn))
+        Ok(Origin { conn, pool: Arc::new(pool) })
     }
 
     fn conns(&self) -> std::sync::MutexGuard<'_, HashMap<String, Weak<Connection>>> {
@@ -108,7 +133,7 @@ impl Pool {
     /// up from `from`; while the shard it lands on answers `NotOwner`, looks
     /// the owner up again, up to [`NOT_OWNER_LOOKUPS_MAX`] times, then uses
     /// the shared port. `shard_aware` false: the shared port at once.
-    pub(crate) async fn on_owner<T, F, Fut>(
+    async fn on_owner<T, F, Fut>(
         &self,
         from: &Arc<Connection>,
         topic: &str,

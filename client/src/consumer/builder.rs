@@ -11,10 +11,10 @@ use super::timers::spawn_timer_task;
 use super::tracker::{NackBackoff, Tracker};
 use super::{Consumer, Permits, DEFAULT_RECEIVER_QUEUE_SIZE, RECEIVER_QUEUE_SIZE_MAX};
 use crate::conn::demux::{Inbox, Queued};
+use crate::conn::pool::Origin;
 use crate::conn::{expect_success, Connection, ConsumerSlot};
 use crate::error::{ClientError, Result};
 use crate::names::normalize_topic;
-use crate::Client;
 use magnetar_wire::{Command, InitialPosition, SubscriptionType};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -38,7 +38,7 @@ use tokio::sync::{mpsc, Notify};
 #[must_use = "call .subscribe().await"]
 #[derive(Clone)]
 pub struct ConsumerBuilder {
-    pub(crate) client: Client,
+    pub(crate) origin: Origin,
     pub(crate) topic: String,
     pub(crate) subscription: String,
     pub(crate) sub_type: SubscriptionType,
@@ -195,7 +195,7 @@ impl ConsumerBuilder {
     /// Adds `topic` (all its partitions when partitioned) to `multi`.
     pub(crate) async fn add_by_name(&self, multi: &crate::MultiTopicConsumer, topic: &str) -> Result<()> {
         let topic = normalize_topic(topic)?;
-        let partitions = self.client.admin().partitions(&topic).await?;
+        let partitions = self.origin.admin().partitions(&topic).await?;
         if partitions == 0 {
             multi.add_topic(self.with_topic(topic)).await
         } else {
@@ -250,8 +250,7 @@ impl ConsumerBuilder {
         if self.ack_timeout.is_some_and(|t| t < Duration::from_millis(100)) {
             return Err(ClientError::InvalidOption { option: "ack_timeout", reason: "must be at least 100 ms" });
         }
-        let Client { conn: from, pool } = &self.client;
-        pool.on_owner(from, &topic, !self.retry_enabled, |conn| self.subscribe_on(conn, &topic)).await
+        self.origin.on_owner(&topic, !self.retry_enabled, |conn| self.subscribe_on(conn, &topic)).await
     }
 
     /// Subscribe on `conn` to `topic` (a full name).
@@ -321,7 +320,7 @@ impl ConsumerBuilder {
             closed.clone(),
             timers.clone(),
         );
-        let republish = Republish::new(self.client.pool.clone(), self.dead_letter.clone(), &topic, &self.subscription);
+        let republish = Republish::new(self.origin.pool.clone(), self.dead_letter.clone(), &topic, &self.subscription);
         let consumer = Consumer {
             conn,
             consumer_id,
@@ -392,9 +391,9 @@ struct Subscription {
 
 impl ConsumerBuilder {
     /// A builder with the defaults.
-    pub(crate) fn new(client: Client, topic: String, subscription: String) -> Self {
+    pub(crate) fn new(origin: Origin, topic: String, subscription: String) -> Self {
         Self {
-            client,
+            origin,
             topic,
             subscription,
             sub_type: SubscriptionType::default(),

@@ -7,11 +7,10 @@ use super::acks::route;
 use super::inbox::Delivery;
 use super::timers::clock;
 use super::Consumer;
-use crate::conn::pool::Pool;
+use crate::conn::pool::{Origin, Pool};
 use crate::error::{ClientError, Result};
 use crate::message::{Message, OutgoingMessage};
 use crate::producer::{Producer, ProducerBuilder};
-use crate::Client;
 use magnetar_wire::{AckType, Command, MessageId};
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,7 +75,7 @@ impl Republish {
 /// Publishes `msg` to `topic` with its origin as properties, on a producer
 /// created on first use.
 async fn republish(
-    client: Client,
+    origin: Origin,
     slot: &tokio::sync::Mutex<Option<Producer>>,
     topic: &str,
     msg: &Message,
@@ -85,7 +84,7 @@ async fn republish(
 ) -> Result<MessageId> {
     let mut slot = slot.lock().await;
     if slot.as_ref().is_none_or(|p| p.is_closed()) {
-        let builder = ProducerBuilder::new(client, topic.to_string());
+        let builder = ProducerBuilder::new(origin, topic.to_string());
         *slot = Some(builder.create().await?);
     }
     let Some(producer) = slot.as_ref() else {
@@ -122,13 +121,13 @@ impl Consumer {
             if msg.redelivery_count > dl.max_redeliveries {
                 let dl = dl.clone();
                 let conn = self.conn.clone();
-                let client = Client::on(conn.clone(), self.republish.pool.clone());
+                let origin = Origin { conn: conn.clone(), pool: self.republish.pool.clone() };
                 let consumer_id = route(self.consumer_id, &self.retry, &msg.id);
                 // A task, so `receive` stays cancel-safe; the message is
                 // acknowledged only once the dead-letter topic has it.
                 if let Ok(handle) = tokio::runtime::Handle::try_current() {
                     handle.spawn(async move {
-                        match republish(client, &dl.producer, &dl.topic, &msg, Vec::new(), None).await {
+                        match republish(origin, &dl.producer, &dl.topic, &msg, Vec::new(), None).await {
                             Ok(_) => {
                                 let ack = Command::Ack {
                                     consumer_id,
@@ -163,9 +162,9 @@ impl Consumer {
         let times = msg.property(PROPERTY_RECONSUME_TIMES).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0) + 1;
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         let at = u64::try_from(now.saturating_add(delay).as_millis()).unwrap_or(u64::MAX);
-        let client = Client::on(self.conn.clone(), self.republish.pool.clone());
+        let origin = Origin { conn: self.conn.clone(), pool: self.republish.pool.clone() };
         let extra = vec![(PROPERTY_RECONSUME_TIMES.to_string(), times.to_string())];
-        let id = republish(client, &self.republish.retry_producer, &retry_topic, msg, extra, Some(at)).await?;
+        let id = republish(origin, &self.republish.retry_producer, &retry_topic, msg, extra, Some(at)).await?;
         self.ack(&msg.id).await?;
         Ok(id)
     }

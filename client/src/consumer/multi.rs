@@ -453,7 +453,7 @@ pub(crate) async fn add_matching(
     namespace: &str,
     regex: &regex::Regex,
 ) -> Result<()> {
-    let admin = template.client.admin();
+    let admin = template.origin.admin();
     let listed = admin.call("topics.list", json!({ "namespace": namespace })).await?;
     let names: Vec<String> =
         listed.as_array().map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect()).unwrap_or_default();

@@ -4,10 +4,10 @@
 
 use super::batch::BatchingOptions;
 use super::{partitioned, Producer, ProducerCore, MAX_PENDING_MAX};
+use crate::conn::pool::Origin;
 use crate::conn::Connection;
 use crate::error::{ClientError, Result};
 use crate::names::normalize_topic;
-use crate::Client;
 use magnetar_wire::{Command, CompressionType, ProducerAccessMode};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -23,7 +23,7 @@ use tokio::sync::Semaphore;
 /// ```
 #[must_use = "call .create().await"]
 pub struct ProducerBuilder {
-    pub(crate) client: Client,
+    pub(crate) origin: Origin,
     pub(crate) topic: String,
     pub(crate) name: Option<String>,
     pub(crate) max_pending: usize,
@@ -37,9 +37,9 @@ pub struct ProducerBuilder {
 impl ProducerBuilder {
     /// A builder with the defaults: generated name, `DEFAULT_MAX_PENDING`,
     /// shared access, no batching, compression or chunking, blocking when full.
-    pub(crate) fn new(client: Client, topic: String) -> Self {
+    pub(crate) fn new(origin: Origin, topic: String) -> Self {
         Self {
-            client,
+            origin,
             topic,
             name: None,
             max_pending: crate::DEFAULT_MAX_PENDING,
@@ -121,10 +121,10 @@ impl ProducerBuilder {
         if let Some(b) = &self.batching {
             b.validate()?;
         }
-        let Client { conn: from, pool } = &self.client;
         let (builder, name) = (&self, topic.as_str());
-        let (conn, answer) = pool
-            .on_owner(from, name, true, |conn| async move {
+        let (conn, answer) = self
+            .origin
+            .on_owner(name, true, |conn| async move {
                 let answer = builder.register(&conn, name).await?;
                 Ok((conn, answer))
             })
