@@ -42,10 +42,10 @@ const WRITE_QUEUE_FRAMES_MAX: usize = 4096;
 /// Upper bound of one gathered write. Large enough to amortize the syscall,
 /// small enough that one batch does not monopolize the socket buffer.
 const WRITE_BATCH_BYTES_MAX: usize = 1 << 20;
-/// Read buffer growth step: what one read may take from the socket. A
-/// catch-up read fills it; at 64 KiB the reads' syscalls were a visible
-/// part of the client's CPU per message. A received message keeps its
-/// block alive (its payload is a slice of it) until it is dropped.
+/// Read buffer growth step: what one read may take from the socket. Large,
+/// so that catching up costs few read syscalls per message. A received
+/// message keeps its block alive (its payload is a slice of it) until it is
+/// dropped.
 pub(crate) const READ_CHUNK_BYTES: usize = 256 * 1024;
 /// On shutdown the writer gets this long to flush frames already queued.
 const SHUTDOWN_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);

@@ -270,9 +270,8 @@ fn deadline_after(after: Duration) -> tokio::time::Instant {
 
 /// The connection's send timer: fails each send still without a receipt
 /// at its deadline (`Timeout`, "send receipt", after `after`). One timer for
-/// the connection instead of one per send (each send's own timer went
-/// through tokio's timer wheel twice, a measurable share of the client's
-/// CPU with 10,000 producers): the producers' oldest pending sends are
+/// the connection instead of one per send (a timer per send costs two trips
+/// through tokio's timer wheel per message): the producers' oldest pending sends are
 /// scheduled in `State::send_deadlines`, each producer's sends time out in
 /// queue order (their deadlines never decrease along it), and a producer is
 /// looked at again at its next pending send's deadline. Sleeps while

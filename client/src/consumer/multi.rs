@@ -208,8 +208,8 @@ impl MultiTopicConsumer {
             Err(_) => self.rx.lock().await,
         };
         if !q.rest.is_empty() {
-            // What a `recv` per message did: yield to the runtime now and
-            // then, so a long batch does not starve the other tasks.
+            // Yield to the runtime now and then, as a `recv` per message
+            // would, so a long batch does not starve the other tasks.
             tokio::task::coop::consume_budget().await;
         }
         loop {

@@ -138,7 +138,7 @@ mod tests {
     }
 
     /// Goal: a consumer's timer task does not wake while nothing is
-    /// pending (it woke every 10 ms: 1,000 times in 10 s), yet grouped acks
+    /// pending, yet grouped acks
     /// go out at the group time, a nack comes back at its delay (within the
     /// 10 ms grid), grouped acks go before a redelivery request, an unacked
     /// message comes back after the ack timeout, and the task ends when the
