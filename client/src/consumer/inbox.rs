@@ -136,3 +136,99 @@ pub(super) enum Queue {
     /// queue, and the multi-topic consumer hands each to `accept`.
     Shared,
 }
+
+#[cfg(test)]
+mod tests {
+    // Test code: unwrap on our own encoder's output is the assertion.
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::error::ClientError;
+    use bytes::BytesMut;
+    use magnetar_wire::{encode_batch_record_into, encode_message, BatchMessage, MessageMetadata};
+
+    fn plain(text: &str) -> Bytes {
+        encode_message(
+            &MessageMetadata { producer_name: "p".into(), num_messages: 1, ..Default::default() },
+            text.as_bytes(),
+        )
+    }
+
+    fn batch(texts: &[&str]) -> Bytes {
+        let mut payload = BytesMut::new();
+        for (i, t) in texts.iter().enumerate() {
+            let record = BatchMessage {
+                sequence_id: i as u64,
+                payload: Bytes::copy_from_slice(t.as_bytes()),
+                ..Default::default()
+            };
+            encode_batch_record_into(&record, &mut payload);
+        }
+        let metadata =
+            MessageMetadata { producer_name: "p".into(), num_messages: texts.len() as u32, ..Default::default() };
+        encode_message(&metadata, &payload)
+    }
+
+    fn id(entry: u64) -> MessageId {
+        MessageId::new(1, entry, -1, -1)
+    }
+
+    /// What `next` hands out until it is empty: each message's text and id,
+    /// or "error".
+    fn drain(u: &mut Unpacking) -> Vec<(String, MessageId)> {
+        let mut out = Vec::new();
+        while let Some(d) = u.next() {
+            out.push(match d {
+                Ok(m) => (String::from_utf8(m.payload.to_vec()).unwrap(), m.id),
+                Err(ClientError::Wire(_)) => ("error".to_string(), MessageId::new(0, 0, -1, -1)),
+                Err(e) => panic!("unexpected error {e}"),
+            });
+        }
+        assert!(u.is_empty());
+        out
+    }
+
+    /// Goal: entries unpacked as they are taken off the queue come out in
+    /// the broker's order, one message each: a run's entries in order, a batch
+    /// split into its messages (numbered by batch index), a bad entry as
+    /// that message's error with the run going on after it, a redelivered
+    /// batch without its acknowledged messages, a wholly acknowledged batch
+    /// as nothing, and `End`/`Joined` given back untouched.
+    #[test]
+    fn entries_unpack_in_order_as_they_are_taken() {
+        let topic: Arc<str> = "persistent://public/default/t".into();
+        let mut u = Unpacking::default();
+        let entries = vec![
+            (id(1), plain("a")),
+            (id(2), batch(&["b0", "b1", "b2"])),
+            (id(3), plain("x").slice(..5)),
+            (id(4), plain("c")),
+        ];
+        assert!(u
+            .load(Inbound::Run { topic: topic.clone(), redelivery_count: 0, entries: entries.into_iter() })
+            .is_none());
+        let batch_id = |i| MessageId { batch_index: i, ..id(2) };
+        let want = [("a", id(1)), ("b0", batch_id(0)), ("b1", batch_id(1)), ("b2", batch_id(2))];
+        let got = drain(&mut u);
+        assert_eq!(got[..4], want.map(|(t, i)| (t.to_string(), i)));
+        assert_eq!(got[4].0, "error");
+        assert_eq!(got[5], ("c".to_string(), id(4)));
+        assert_eq!(got.len(), 6);
+
+        // Indexes 0 and 2 acknowledged before the redelivery.
+        let entry = |ack_set| Inbound::Entry {
+            topic: topic.clone(),
+            id: id(2),
+            redelivery_count: 1,
+            ack_set,
+            blob: batch(&["b0", "b1", "b2"]),
+        };
+        assert!(u.load(entry(vec![0b101])).is_none());
+        assert_eq!(drain(&mut u), vec![("b1".to_string(), batch_id(1))]);
+        assert!(u.load(entry(vec![0b111])).is_none());
+        assert_eq!(drain(&mut u), vec![]);
+
+        assert!(matches!(u.load(Inbound::End), Some(Inbound::End)));
+        assert!(matches!(u.load(Inbound::Joined), Some(Inbound::Joined)));
+        assert!(u.is_empty());
+    }
+}
