@@ -18,46 +18,51 @@
 //! to its topic's owner; `ClientOptions::shard_aware`). Producers and
 //! consumers on the same shard share a connection. See `README.md` for the
 //! threading model and limits.
+//!
+//! Layout, each depending only on the ones after it:
+//! - `consumer/`: builder and subscribe, the queue and batch unpacking,
+//!   acks (grouping, batch-index acks), the ack-timeout and nack tracker,
+//!   chunk reassembly, dead letters and retry, multi-topic consumers;
+//! - `producer/`: builder, sends and their receipts, batching, chunking,
+//!   partitioned routing, the reconnecting producer;
+//! - `conn/`: one connection (socket tasks, frame demultiplexing, send
+//!   timeouts), the pool of a client's connections with the owner lookup
+//!   and its `NotOwner` retry, and admin;
+//! - `message`, `names`, `compression`, `error`: values shared by all.
+//!
+//! Builders reach the pool through a `conn::pool::Origin` (a connection
+//! and the pool), not through `Client`; only `ResilientProducer`, which
+//! makes whole clients, names `Client`.
 
-mod ack_group;
-mod admin;
-mod batch;
-mod chunking;
 mod compression;
-mod connection;
+mod conn;
 mod consumer;
 mod error;
 mod message;
-mod multi;
 mod names;
-mod partitioned;
 mod producer;
-mod reconnect;
-mod routing;
 
-pub use admin::Admin;
-pub use batch::BatchingOptions;
-pub use chunking::{CHUNK_EXPIRY, DEFAULT_CHUNK_BYTES, INCOMPLETE_CHUNKED_MAX};
 pub use compression::{compress, decompress, UNCOMPRESSED_BYTES_MAX};
-mod tracker;
-
-pub use ack_group::{ACK_GROUP_MAX_DEFAULT, ACK_GROUP_TIME_DEFAULT};
-pub use connection::{ClientOptions, ServerInfo};
+pub use conn::admin::Admin;
+pub use conn::pool::NOT_OWNER_LOOKUPS_MAX;
+pub use conn::{ClientOptions, ServerInfo};
+pub use consumer::ack_group::{ACK_GROUP_MAX_DEFAULT, ACK_GROUP_TIME_DEFAULT};
+pub use consumer::chunking::{CHUNK_EXPIRY, INCOMPLETE_CHUNKED_MAX};
+pub use consumer::multi::MultiTopicConsumer;
+pub use consumer::tracker::{NackBackoff, ACK_TIMEOUT_BUCKETS};
 pub use consumer::{
     Consumer, ConsumerBuilder, DeadLetterPolicy, DEFAULT_RECEIVER_QUEUE_SIZE, PROPERTY_ORIGIN_MESSAGE_ID,
     PROPERTY_REAL_TOPIC, PROPERTY_RECONSUME_TIMES, RECEIVER_QUEUE_SIZE_MAX,
 };
 pub use error::{ClientError, Result};
 pub use message::{Message, OutgoingMessage};
-pub use multi::MultiTopicConsumer;
 pub use names::{normalize_topic, parse_service_url, ServiceUrl, DEFAULT_PORT};
-pub use partitioned::{
+pub use producer::batch::BatchingOptions;
+pub use producer::partitioned::{
     key_partition, MessageRouter, PartitionedProducer, RoutedSend, RoutingMode, PARTITIONS_REFRESH_INTERVAL,
 };
-pub use producer::{Producer, ProducerBuilder, SendFuture, DEFAULT_MAX_PENDING, MAX_PENDING_MAX};
-pub use reconnect::{ReconnectOptions, ResilientProducer, ServiceUrlProvider};
-pub use routing::NOT_OWNER_LOOKUPS_MAX;
-pub use tracker::{NackBackoff, ACK_TIMEOUT_BUCKETS};
+pub use producer::reconnect::{ReconnectOptions, ResilientProducer, ServiceUrlProvider};
+pub use producer::{Producer, ProducerBuilder, SendFuture, DEFAULT_CHUNK_BYTES, DEFAULT_MAX_PENDING, MAX_PENDING_MAX};
 
 // The protocol types an application needs, so it does not have to depend on
 // magnetar-wire itself.
@@ -66,20 +71,22 @@ pub use magnetar_wire::{
     SubscriptionType, WireError,
 };
 
-use connection::Connection;
-use std::sync::Arc;
+use conn::pool::{Origin, Pool};
 
-/// A connection to one broker. Cheap to clone (clones share the connection).
-/// The connection closes when the client, and every producer and consumer
-/// made from it, are dropped, or on [`Client::close`].
+/// A client of one broker: its connection to the address it was given, and
+/// the pool of its connections to the broker's shards. Cheap to clone
+/// (clones share them). The first connection closes when the client, and
+/// every producer and consumer on it, are dropped, or on [`Client::close`].
 #[derive(Clone)]
 pub struct Client {
-    conn: Arc<Connection>,
+    /// The connection to the address the client was given (lookups and
+    /// admin go through it), and the pool.
+    origin: Origin,
 }
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Client").field("server", &self.conn.server).finish_non_exhaustive()
+        f.debug_struct("Client").field("server", &self.origin.conn.server).finish_non_exhaustive()
     }
 }
 
@@ -92,38 +99,18 @@ impl Client {
 
     pub async fn connect_with(url: &str, options: ClientOptions) -> Result<Client> {
         let url = parse_service_url(url)?;
-        let conn = Arc::new(Connection::open(&url.host, url.port, options).await?);
-        conn.peers.adopt(url.port, &conn);
-        Ok(Client { conn })
+        let origin = Pool::connect(&url.host, url.port, options).await?;
+        Ok(Client { origin })
     }
 
     /// Start building a producer on `topic` (`topic`, `tenant/ns/topic` or a full name).
     pub fn producer(&self, topic: impl Into<String>) -> ProducerBuilder {
-        ProducerBuilder::new(self.conn.clone(), topic.into())
+        ProducerBuilder::new(self.origin.clone(), topic.into())
     }
 
     /// Start building a consumer of `subscription` on `topic`.
     pub fn subscribe(&self, topic: impl Into<String>, subscription: impl Into<String>) -> ConsumerBuilder {
-        ConsumerBuilder {
-            conn: self.conn.clone(),
-            topic: topic.into(),
-            subscription: subscription.into(),
-            sub_type: SubscriptionType::default(),
-            initial_position: InitialPosition::default(),
-            receiver_queue_size: DEFAULT_RECEIVER_QUEUE_SIZE,
-            consumer_name: String::new(),
-            priority_level: 0,
-            filter_tag: String::new(),
-            key_shared_ranges: Vec::new(),
-            nack_backoff: NackBackoff::default(),
-            ack_timeout: None,
-            dead_letter: None,
-            retry_enabled: false,
-            ack_group_time: ACK_GROUP_TIME_DEFAULT,
-            ack_group_max: ACK_GROUP_MAX_DEFAULT,
-            durable: true,
-            inbox: None,
-        }
+        ConsumerBuilder::new(self.origin.clone(), topic.into(), subscription.into())
     }
 
     /// Per-subscription statistics of `topic`, as the JSON object the broker
@@ -131,6 +118,7 @@ impl Client {
     pub async fn topic_stats(&self, topic: &str) -> Result<String> {
         let topic = normalize_topic(topic)?;
         let answer = self
+            .origin
             .conn
             .request("topic stats", |request_id| magnetar_wire::Command::TopicStats {
                 request_id,
@@ -146,26 +134,26 @@ impl Client {
 
     /// Admin and lookup operations on this connection.
     pub fn admin(&self) -> Admin {
-        Admin { conn: self.conn.clone() }
+        self.origin.admin()
     }
 
     /// What the broker announced in its `Connected` answer.
     pub fn server_info(&self) -> &ServerInfo {
-        &self.conn.server
+        &self.origin.conn.server
     }
 
     pub fn options(&self) -> &ClientOptions {
-        &self.conn.options
+        &self.origin.pool.options
     }
 
     /// False once the connection has ended, for whatever reason.
     pub fn is_connected(&self) -> bool {
-        connection::is_open(&self.conn.shared)
+        self.origin.conn.is_open()
     }
 
     /// Why the connection ended, if it has.
     pub fn disconnect_reason(&self) -> Option<String> {
-        self.conn.shared.closed_reason()
+        self.origin.conn.closed_reason()
     }
 
     /// Close the connection now (and the client's connections to other
@@ -173,8 +161,8 @@ impl Client {
     /// everything still waiting fails with `Disconnected`. Close producers
     /// and consumers first for a graceful end.
     pub fn close(&self) {
-        self.conn.shared.fail("closed by the client".to_string());
-        self.conn.peers.close_all("closed by the client");
+        self.origin.conn.fail("closed by the client".to_string());
+        self.origin.pool.close_all("closed by the client");
     }
 }
 

@@ -23,16 +23,15 @@
 //! `"batch_messages"` (the broker never decompresses). If the answer was cut
 //! at its 4 MiB payload bound, stderr says so.
 
-use crate::produce::DEFAULT_URL;
-use magnetar_client::{normalize_topic, Client};
+use crate::broker::BrokerArgs;
+use magnetar_client::normalize_topic;
 use serde_json::{json, Value};
 use std::error::Error;
 
 #[derive(clap::Args, Debug)]
 pub struct AdminArgs {
-    /// Broker: `magnetar://HOST:PORT` or `HOST:PORT`.
-    #[arg(long, default_value = DEFAULT_URL, global = true)]
-    pub url: String,
+    #[command(flatten)]
+    pub broker: BrokerArgs,
 
     #[command(subcommand)]
     pub command: AdminCmd,
@@ -229,8 +228,7 @@ pub enum TopicsCmd {
 }
 
 pub fn run(args: AdminArgs) -> Result<(), Box<dyn Error>> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(admin(args))
+    crate::broker::block_on(admin(args))
 }
 
 enum Print {
@@ -246,7 +244,7 @@ fn topic(t: &str) -> Result<String, Box<dyn Error>> {
 async fn admin(args: AdminArgs) -> Result<(), Box<dyn Error>> {
     let (op, body, print) = match args.command {
         AdminCmd::Subscriptions(SubscriptionsCmd::Stats { topic }) => {
-            let client = Client::connect(&args.url).await?;
+            let client = args.broker.connect().await?;
             let json = client.topic_stats(&topic).await;
             client.close();
             // Pretty-printed for people; still one JSON document for scripts.
@@ -255,7 +253,7 @@ async fn admin(args: AdminArgs) -> Result<(), Box<dyn Error>> {
             return Ok(());
         }
         AdminCmd::Messages(MessagesCmd::Find { topic: t, key, before, limit }) => {
-            let client = Client::connect(&args.url).await?;
+            let client = args.broker.connect().await?;
             let answer = client
                 .admin()
                 .call("messages.find", json!({ "topic": topic(&t)?, "key": key, "before_ms": before, "limit": limit }))
@@ -367,7 +365,7 @@ async fn admin(args: AdminArgs) -> Result<(), Box<dyn Error>> {
             }
         },
     };
-    let client = Client::connect(&args.url).await?;
+    let client = args.broker.connect().await?;
     let answer = client.admin().call(op, body).await;
     client.close();
     let answer = answer?;

@@ -18,9 +18,10 @@
 //! `--key-shared-ranges START-END,...` (Key_Shared sticky hash ranges).
 //! Semantics: `docs/semantics.md`.
 
-use crate::produce::{OutputFormat, DEFAULT_URL};
+use crate::broker::{BrokerArgs, SubType};
+use crate::produce::OutputFormat;
 use base64::Engine as _;
-use magnetar_client::{Client, ClientError, DeadLetterPolicy, InitialPosition, Message, SubscriptionType};
+use magnetar_client::{ClientError, DeadLetterPolicy, InitialPosition, Message, SubscriptionType};
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::io::Write;
@@ -30,15 +31,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub enum Position {
     Earliest,
     Latest,
-}
-
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SubType {
-    Exclusive,
-    Failover,
-    Shared,
-    #[value(name = "key_shared", alias = "key-shared")]
-    KeyShared,
 }
 
 #[derive(clap::Args, Debug)]
@@ -76,7 +68,7 @@ pub struct ConsumeArgs {
     pub timeout_s: Option<f64>,
 
     /// Subscription type (`--subscription-type` is an alias).
-    #[arg(long = "type", visible_alias = "subscription-type", value_enum, default_value_t = SubType::Exclusive)]
+    #[arg(long = "type", visible_alias = "subscription-type", value_enum, default_value_t = SubType(SubscriptionType::Exclusive))]
     pub sub_type: SubType,
 
     /// Failover priority level: the lowest level is preferred.
@@ -121,9 +113,8 @@ pub struct ConsumeArgs {
     #[arg(long)]
     pub consumer_name: Option<String>,
 
-    /// Broker: `magnetar://HOST:PORT` or `HOST:PORT`.
-    #[arg(long, default_value = DEFAULT_URL)]
-    pub url: String,
+    #[command(flatten)]
+    pub broker: BrokerArgs,
 
     /// `text`: one readable line per message. `jsonl`: one JSON object per
     /// message on stdout (see the module docs for the fields).
@@ -132,8 +123,7 @@ pub struct ConsumeArgs {
 }
 
 pub fn run(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(consume(args))
+    crate::broker::block_on(consume(args))
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -221,15 +211,10 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
         Some(s) => return Err(format!("--timeout-s must be a positive number of seconds, got {s}").into()),
         None => None,
     };
-    let client = Client::connect(&args.url).await?;
+    let client = args.broker.connect().await?;
     let mut builder = client
         .subscribe(args.topic.clone().unwrap_or_default(), args.subscription.as_str())
-        .sub_type(match args.sub_type {
-            SubType::Exclusive => SubscriptionType::Exclusive,
-            SubType::Failover => SubscriptionType::Failover,
-            SubType::Shared => SubscriptionType::Shared,
-            SubType::KeyShared => SubscriptionType::KeyShared,
-        })
+        .sub_type(args.sub_type.0)
         .initial_position(match args.initial_position {
             Position::Earliest => InitialPosition::Earliest,
             Position::Latest => InitialPosition::Latest,

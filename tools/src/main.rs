@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 mod admin;
+mod broker;
 mod consume;
 mod inspect;
 mod produce;

@@ -7,10 +7,11 @@
 //! `{"seq":N,"id":"L:E:P:B","key":K-or-null}`. Progress and the summary go
 //! to stderr in both modes, so stdout stays machine-readable.
 
+use crate::broker::BrokerArgs;
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use magnetar_client::{
-    BatchingOptions, Client, ClientError, CompressionType, MessageId, OutgoingMessage, ProducerAccessMode, RoutedSend,
+    BatchingOptions, ClientError, CompressionType, MessageId, OutgoingMessage, ProducerAccessMode, RoutedSend,
     RoutingMode,
 };
 use std::error::Error;
@@ -28,9 +29,6 @@ pub enum OutputFormat {
     /// One JSON object per line on stdout (a stable contract for scripts).
     Jsonl,
 }
-
-/// Default service URL of the client commands.
-pub const DEFAULT_URL: &str = "127.0.0.1:6650";
 
 #[derive(clap::Args, Debug)]
 pub struct ProduceArgs {
@@ -116,9 +114,8 @@ pub struct ProduceArgs {
     #[arg(long, value_enum, default_value_t = AccessMode::Shared)]
     pub access_mode: AccessMode,
 
-    /// Broker: `magnetar://HOST:PORT` or `HOST:PORT`.
-    #[arg(long, default_value = DEFAULT_URL)]
-    pub url: String,
+    #[command(flatten)]
+    pub broker: BrokerArgs,
 
     /// `text`: summary on stderr. `jsonl`: one `{"seq","id","key"}` object
     /// per acknowledged message on stdout, in seq order; summary on stderr.
@@ -233,11 +230,7 @@ fn parse_property(s: &str) -> Result<(String, String), String> {
 }
 
 pub fn run(args: ProduceArgs) -> Result<(), Box<dyn Error>> {
-    // One thread: the client's reader and writer tasks and the loops below
-    // share it without cross-thread wake-ups, and leave the other cores to
-    // the broker when both run on one machine.
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(produce(args))
+    crate::broker::block_on(produce(args))
 }
 
 /// A unique default producer name: pid plus the start time in nanoseconds.
@@ -346,7 +339,7 @@ fn ms(micros: u64) -> f64 {
 }
 
 async fn produce(args: ProduceArgs) -> Result<(), Box<dyn Error>> {
-    let client = Client::connect(&args.url).await?;
+    let client = args.broker.connect().await?;
     let requested_name = args.producer_name.clone().unwrap_or_else(generated_name);
     let max_pending = usize::try_from(args.max_pending)?;
     // A partitioned topic's name covers all its partitions (one producer

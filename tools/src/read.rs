@@ -5,9 +5,10 @@
 //!
 //! Output: the same as `magnetar consume` (jsonl: one object per message).
 
+use crate::broker::BrokerArgs;
 use crate::consume::{now_ms, record, text_line};
-use crate::produce::{OutputFormat, DEFAULT_URL};
-use magnetar_client::{Client, InitialPosition, MessageId};
+use crate::produce::OutputFormat;
+use magnetar_client::{InitialPosition, MessageId};
 use std::error::Error;
 use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -31,17 +32,15 @@ pub struct ReadArgs {
     #[arg(long, default_value_t = 3.0)]
     pub timeout_s: f64,
 
-    /// Broker: `magnetar://HOST:PORT` or `HOST:PORT`.
-    #[arg(long, default_value = DEFAULT_URL)]
-    pub url: String,
+    #[command(flatten)]
+    pub broker: BrokerArgs,
 
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
 }
 
 pub fn run(args: ReadArgs) -> Result<(), Box<dyn Error>> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(read(args))
+    crate::broker::block_on(read(args))
 }
 
 /// Whether `id` comes before `start` in `start`'s partition.
@@ -65,7 +64,7 @@ async fn read(args: ReadArgs) -> Result<(), Box<dyn Error>> {
         s if s.is_finite() && s > 0.0 => Duration::from_secs_f64(s),
         s => return Err(format!("--timeout-s must be positive, got {s}").into()),
     };
-    let client = Client::connect(&args.url).await?;
+    let client = args.broker.connect().await?;
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     let subscription = format!("reader-{}-{nanos:x}", std::process::id());
     let reader = client

@@ -4,7 +4,7 @@
 //! `docs/architecture.md`); [`Admin::call`] is the generic form, the other
 //! methods are typed shortcuts.
 
-use crate::connection::Connection;
+use super::Connection;
 use crate::error::{ClientError, Result};
 use magnetar_wire::Command;
 use serde_json::{json, Value};

@@ -133,7 +133,7 @@ fn refresh_interval_us() -> u64 {
 impl PartitionedProducer {
     pub(crate) async fn create(builder: ProducerBuilder, routing: RoutingMode) -> Result<Self> {
         let topic = crate::names::normalize_topic(&builder.topic)?;
-        let admin = crate::admin::Admin { conn: builder.conn.clone() };
+        let admin = builder.origin.admin();
         let n = admin.partitions(&topic).await?;
         let me = Self {
             // "Random" enough to spread single-partition producers.
@@ -164,7 +164,7 @@ impl PartitionedProducer {
             let b = &self.builder;
             let name = b.name.as_ref().map(|n| if self.partitioned { format!("{n}-{i}") } else { n.clone() });
             let builder = ProducerBuilder {
-                conn: b.conn.clone(),
+                origin: b.origin.clone(),
                 topic,
                 name,
                 max_pending: b.max_pending,
@@ -201,7 +201,7 @@ impl PartitionedProducer {
 
     /// Looks the partition count up now and covers new partitions.
     pub async fn refresh_partitions(&self) -> Result<()> {
-        let admin = crate::admin::Admin { conn: self.builder.conn.clone() };
+        let admin = self.builder.origin.admin();
         let n = admin.partitions(&self.topic).await?;
         self.grow_to(n.max(1)).await
     }

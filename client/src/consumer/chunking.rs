@@ -17,9 +17,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Default chunk size: below the broker's 5 MiB message limit with room for
-/// the metadata.
-pub const DEFAULT_CHUNK_BYTES: usize = 4 * 1024 * 1024;
 /// Incomplete chunked messages kept per consumer.
 pub const INCOMPLETE_CHUNKED_MAX: usize = 100;
 /// An incomplete chunked message is dropped after this long.

@@ -10,7 +10,9 @@
 //! batch tracking) on the way out. So a message is queued once, and a
 //! member's permits come back as the application receives its messages.
 
-use crate::consumer::{Consumer, ConsumerBuilder, Inbound, Queued};
+use super::inbox::Unpacking;
+use super::{Consumer, ConsumerBuilder};
+use crate::conn::demux::{Inbound, Queued};
 use crate::error::{ClientError, Result};
 use crate::message::Message;
 use serde_json::json;
@@ -48,9 +50,9 @@ struct Receiving {
     ended_count: usize,
     /// Deliveries that came before their member was known, in order.
     held: VecDeque<Queued>,
-    /// What is left of the batch entry taken off the queue last, and its
+    /// What is left of the entries taken off the queue last, and their
     /// member (live): handed out before anything else.
-    rest: std::vec::IntoIter<Message>,
+    rest: Unpacking,
     rest_source: u32,
 }
 
@@ -120,7 +122,7 @@ impl MultiTopicConsumer {
                 ended: Vec::new(),
                 ended_count: 0,
                 held: VecDeque::new(),
-                rest: Vec::new().into_iter(),
+                rest: Unpacking::default(),
                 rest_source: 0,
             }),
             tasks: Mutex::new(Vec::new()),
@@ -205,9 +207,9 @@ impl MultiTopicConsumer {
             Ok(q) => q,
             Err(_) => self.rx.lock().await,
         };
-        if q.rest.len() != 0 {
-            // What a `recv` per message did: yield to the runtime now and
-            // then, so a long batch does not starve the other tasks.
+        if !q.rest.is_empty() {
+            // Yield to the runtime now and then, as a `recv` per message
+            // would, so a long batch does not starve the other tasks.
             tokio::task::coop::consume_budget().await;
         }
         loop {
@@ -275,12 +277,12 @@ impl MultiTopicConsumer {
         }
     }
 
-    /// Hands out the rest of the last batch entry, in order.
+    /// Hands out the rest of the last entries taken off, in order.
     fn step_rest(&self, q: &mut Receiving) -> Option<Result<Message>> {
-        while let Some(m) = q.rest.next() {
+        while let Some(d) = q.rest.next() {
             let source = q.rest_source;
             if let Member::Live(c) = self.member(q, source) {
-                if let Some(r) = c.accept(Ok(m)) {
+                if let Some(r) = c.accept(d) {
                     return Some(r);
                 }
             }
@@ -288,18 +290,13 @@ impl MultiTopicConsumer {
         None
     }
 
-    /// The first message of a batch entry for the live member `c`; keeps
-    /// the rest in `q.rest`.
-    fn split_batch(
-        q: &mut Receiving,
-        source: u32,
-        c: &Arc<Consumer>,
-        mut batch: std::vec::IntoIter<Message>,
-    ) -> Option<Result<Message>> {
-        let first = batch.next()?;
-        q.rest = batch;
+    /// Takes on the entries of `item` for the live member `source`, and
+    /// hands out the first of them it accepts.
+    fn unpack(&self, q: &mut Receiving, source: u32, item: Inbound) -> Option<Result<Message>> {
+        // Only entries come here: `End` and `Joined` are matched first.
+        let _marker = q.rest.load(item);
         q.rest_source = source;
-        c.accept(Ok(first))
+        self.step_rest(q)
     }
 
     fn step(&self, q: &mut Receiving, queued: Queued) -> Option<Result<Message>> {
@@ -309,12 +306,8 @@ impl MultiTopicConsumer {
         let member = if behind { &Member::Joining } else { self.member(q, source) };
         let ended = match (item, member) {
             (Inbound::Joined, _) => return None,
-            (Inbound::Delivery(d), Member::Live(c)) => return c.accept(d),
-            (Inbound::Batch(b), Member::Live(c)) => {
-                let c = c.clone();
-                return Self::split_batch(q, source, &c, b);
-            }
             (Inbound::End, Member::Live(c)) => c.closed_error(),
+            (item, Member::Live(_)) => return self.unpack(q, source, item),
             (item, Member::Joining) => {
                 q.held.push_back(Queued { source, item });
                 return None;
@@ -339,16 +332,14 @@ impl MultiTopicConsumer {
             // `step` would hold it again behind its own held siblings.
             let Queued { source, item } = h;
             let out = match (item, q.members.get(source as usize)) {
-                (Inbound::Delivery(d), Some(Member::Live(c))) => c.accept(d),
-                (Inbound::Batch(b), Some(Member::Live(c))) => {
-                    let c = c.clone();
-                    // Its rest goes out before the held items after it.
-                    Self::split_batch(q, source, &c, b).or_else(|| self.step_rest(q))
-                }
                 (Inbound::End, Some(Member::Live(c))) => {
                     let e = c.closed_error();
                     q.mark_ended(source);
                     Some(Err(e))
+                }
+                // Its rest goes out before the held items after it.
+                (item @ (Inbound::Entry { .. } | Inbound::Run { .. }), Some(Member::Live(_))) => {
+                    self.unpack(q, source, item)
                 }
                 _ => None,
             };
@@ -362,7 +353,7 @@ impl MultiTopicConsumer {
     /// Once every member's slot is gone (and nothing is queued or held),
     /// `receive` would wait for ever: the error of one of them instead.
     fn all_ended(&self, q: &mut Receiving) -> Option<ClientError> {
-        if q.ended_count == 0 || !q.rx.is_empty() || !q.held.is_empty() || q.rest.len() != 0 {
+        if q.ended_count == 0 || !q.rx.is_empty() || !q.held.is_empty() || !q.rest.is_empty() {
             return None;
         }
         let members = self.lock_members();
@@ -462,7 +453,7 @@ pub(crate) async fn add_matching(
     namespace: &str,
     regex: &regex::Regex,
 ) -> Result<()> {
-    let admin = crate::Admin { conn: template.conn.clone() };
+    let admin = template.origin.admin();
     let listed = admin.call("topics.list", json!({ "namespace": namespace })).await?;
     let names: Vec<String> =
         listed.as_array().map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect()).unwrap_or_default();

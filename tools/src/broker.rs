@@ -1,0 +1,83 @@
+//! What the client subcommands (`produce`, `consume`, `read`, `admin`)
+//! share: the broker's address, the connection to it, and the one-thread
+//! runtime they run on.
+
+use magnetar_client::{Client, ClientError, SubscriptionType};
+use std::error::Error;
+use std::future::Future;
+
+/// Default service URL of the client commands.
+pub const DEFAULT_URL: &str = "127.0.0.1:6650";
+
+/// The `--url` option. Global: `admin`'s subcommands take it after their
+/// own name too (the other commands have no subcommands).
+#[derive(clap::Args, Debug)]
+pub struct BrokerArgs {
+    /// Broker: `magnetar://HOST:PORT` or `HOST:PORT`.
+    #[arg(long, default_value = DEFAULT_URL, global = true)]
+    pub url: String,
+}
+
+impl BrokerArgs {
+    pub async fn connect(&self) -> Result<Client, ClientError> {
+        Client::connect(&self.url).await
+    }
+}
+
+/// Runs a subcommand on one thread: the client's reader and writer tasks
+/// and the command's loops share it without cross-thread wake-ups, and
+/// leave the other cores to the broker when both run on one machine.
+pub fn block_on(command: impl Future<Output = Result<(), Box<dyn Error>>>) -> Result<(), Box<dyn Error>> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(command)
+}
+
+/// The SDK's [`SubscriptionType`] as a command-line value (`exclusive`,
+/// `failover`, `shared`, `key_shared`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SubType(pub SubscriptionType);
+
+impl clap::ValueEnum for SubType {
+    fn value_variants<'a>() -> &'a [Self] {
+        // Each one's name is in `to_possible_value`, whose match fails to
+        // compile when the SDK gains a type: add it here then.
+        &[
+            SubType(SubscriptionType::Exclusive),
+            SubType(SubscriptionType::Failover),
+            SubType(SubscriptionType::Shared),
+            SubType(SubscriptionType::KeyShared),
+        ]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        use clap::builder::PossibleValue;
+        Some(match self.0 {
+            SubscriptionType::Exclusive => PossibleValue::new("exclusive"),
+            SubscriptionType::Failover => PossibleValue::new("failover"),
+            SubscriptionType::Shared => PossibleValue::new("shared"),
+            SubscriptionType::KeyShared => PossibleValue::new("key_shared").alias("key-shared"),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::ValueEnum;
+
+    /// Goal: the `--type` values name every subscription type once, with
+    /// the strings the command has always taken.
+    #[test]
+    fn sub_type_values() {
+        for (s, t) in [
+            ("exclusive", SubscriptionType::Exclusive),
+            ("failover", SubscriptionType::Failover),
+            ("shared", SubscriptionType::Shared),
+            ("key_shared", SubscriptionType::KeyShared),
+            ("key-shared", SubscriptionType::KeyShared),
+        ] {
+            assert_eq!(SubType::from_str(s, false), Ok(SubType(t)), "{s}");
+        }
+        assert_eq!(SubType::value_variants().len(), 4);
+    }
+}
