@@ -317,6 +317,37 @@ async fn write_loop<D: Door, W: AsyncWrite + Unpin>(out: Rc<Outbox<D>>, mut writ
     let _ = writer.close().await;
 }
 
+/// Produce payload bytes awaiting their receipts, and the reader's wait for
+/// them to drop to the limit.
+pub(crate) struct InFlight {
+    bytes: Cell<usize>,
+    max: usize,
+    drained: Signal,
+}
+
+impl InFlight {
+    pub(crate) fn new(max: usize) -> Self {
+        Self { bytes: Cell::new(0), max, drained: Signal::new() }
+    }
+
+    fn add(&self, bytes: usize) {
+        self.bytes.set(self.bytes.get() + bytes);
+    }
+
+    /// `bytes` added before are answered (or were never sent).
+    fn release(&self, bytes: usize) {
+        self.bytes.set(self.bytes.get() - bytes);
+        self.drained.notify();
+    }
+
+    /// Returns once the bytes in flight are within the limit.
+    async fn within_limit(&self) {
+        while self.bytes.get() > self.max {
+            self.drained.wait().await;
+        }
+    }
+}
+
 /// A send's answer to come: `(sequence_id, payload bytes, result)`.
 type Receipt = LocalBoxFuture<'static, (u64, usize, Result<MessageId, CoreError>)>;
 
@@ -327,8 +358,7 @@ async fn write_receipts<D: Door>(
     producer_id: u64,
     receipts: LocalReceiver<Receipt>,
     out: Rc<Outbox<D>>,
-    inflight: Rc<Cell<usize>>,
-    drained: Rc<Signal>,
+    inflight: Rc<InFlight>,
 ) {
     while let Some(receipt) = receipts.recv().await {
         let (sequence_id, bytes, result) = receipt.await;
@@ -337,8 +367,7 @@ async fn write_receipts<D: Door>(
             Ok(message_id) => out.put("a receipt", |d, dst| d.receipt(dst, producer_id, sequence_id, message_id)),
             Err(e) => out.put("a send error", |d, dst| d.send_error(dst, producer_id, sequence_id, e)),
         }
-        inflight.set(inflight.get() - bytes);
-        drained.notify();
+        inflight.release(bytes);
     }
 }
 
@@ -368,8 +397,7 @@ pub(crate) struct Session<D: Door> {
     gone: Cell<bool>,
     local_addr: Option<String>,
     principal: RefCell<Principal>,
-    inflight_bytes: Rc<Cell<usize>>,
-    drained: Rc<Signal>,
+    inflight: Rc<InFlight>,
 }
 
 /// Why the read loop ended.
@@ -396,6 +424,7 @@ pub(crate) async fn run<D, R, W>(
     W: AsyncWrite + Unpin + 'static,
 {
     let out = Rc::new(Outbox::new(door));
+    let inflight = Rc::new(InFlight::new(limits.inflight_bytes_max));
     let writer_task = glommio::spawn_local(write_loop(out.clone(), writer));
     let session = Rc::new(Session {
         broker,
@@ -408,8 +437,7 @@ pub(crate) async fn run<D, R, W>(
         gone: Cell::new(false),
         local_addr: endpoints.local,
         principal: RefCell::new(principal),
-        inflight_bytes: Rc::new(Cell::new(0)),
-        drained: Rc::new(Signal::new()),
+        inflight,
     });
     let peer = endpoints.peer;
     let end = session.read_loop(&mut reader, &peer).await;
@@ -439,6 +467,59 @@ pub(crate) fn reserve_for_frame(total: Option<usize>, buf: &mut BytesMut) {
     }
 }
 
+/// The reading side of a connection: bytes from the stream, frames out.
+struct Reader<D: Door> {
+    decoder: D::Decoder,
+    /// Bytes read and not yet decoded; decoded frames keep slices of it.
+    buf: BytesMut,
+    /// Reads land here, zeroed once, and only the bytes read are copied
+    /// into `buf`. Reading straight into `buf` needs initialized memory (no
+    /// unsafe here), and zero-filling a fresh allocation per read (decoded
+    /// frames keep the old one alive) costs more than the copy.
+    scratch: Vec<u8>,
+}
+
+impl<D: Door> Reader<D> {
+    fn new(decoder: D::Decoder) -> Self {
+        Self { decoder, buf: BytesMut::with_capacity(READ_CHUNK_BYTES), scratch: vec![0u8; READ_CHUNK_BYTES] }
+    }
+
+    /// The next frame. Frames already read come first; reading more waits
+    /// while `inflight` is above its limit (backpressure), and stops once
+    /// `out` is closed. `reserve`: make room for a frame that has begun to
+    /// arrive (only for a peer past the handshake: the length of a frame
+    /// from anyone else reserves nothing).
+    async fn next<R: AsyncRead + Unpin>(
+        &mut self,
+        reader: &mut R,
+        out: &Outbox<D>,
+        inflight: &InFlight,
+        reserve: bool,
+    ) -> Result<D::Frame, End> {
+        loop {
+            match D::decode(&mut self.decoder, &mut self.buf) {
+                Ok(Some(frame)) => return Ok(frame),
+                Ok(None) if reserve => reserve_for_frame(D::next_frame_bytes(&self.decoder, &self.buf), &mut self.buf),
+                Ok(None) => {}
+                Err(why) => return Err(End::Protocol(why)),
+            }
+            inflight.within_limit().await;
+            if out.is_closed() {
+                return Err(End::PeerClosed);
+            }
+            let n = reader.read(&mut self.scratch).await.map_err(End::Io)?;
+            self.buf.extend_from_slice(&self.scratch[..n]);
+            if n == 0 {
+                return Err(if self.buf.is_empty() {
+                    End::PeerClosed
+                } else {
+                    End::Protocol("connection closed mid-frame".into())
+                });
+            }
+        }
+    }
+}
+
 impl<D: Door> Session<D> {
     pub(crate) fn broker(&self) -> &Broker {
         &self.broker
@@ -458,69 +539,33 @@ impl<D: Door> Session<D> {
     }
 
     async fn read_loop<R: AsyncRead + Unpin>(self: &Rc<Self>, reader: &mut R, peer: &str) -> End {
-        let mut decoder = self.out.door.decoder(&self.limits);
-        let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
-        // Reads land in this scratch buffer, zeroed once, and only the bytes
-        // read are copied into `buf`. Reading straight into `buf` needs
-        // initialized memory (no unsafe here), and zero-filling a fresh
-        // allocation per read (decoded frames keep slices of `buf` alive)
-        // costs more than the copy.
-        let mut scratch = vec![0u8; READ_CHUNK_BYTES];
+        let mut frames = Reader::<D>::new(self.out.door.decoder(&self.limits));
         let mut connected = false;
         loop {
-            // Backpressure: wait for receipts before reading more.
-            while self.inflight_bytes.get() > self.limits.inflight_bytes_max {
-                self.drained.wait().await;
-            }
-            if self.out.is_closed() {
-                return End::PeerClosed;
-            }
-            let n = match reader.read(&mut scratch).await {
-                Ok(n) => n,
-                Err(e) => return End::Io(e),
+            let frame = match frames.next(reader, &self.out, &self.inflight, connected).await {
+                Ok(frame) => frame,
+                Err(end) => return end,
             };
-            buf.extend_from_slice(&scratch[..n]);
-            if n == 0 {
-                return if buf.is_empty() {
-                    End::PeerClosed
-                } else {
-                    End::Protocol("connection closed mid-frame".into())
-                };
+            if !connected {
+                match D::handshake(self, frame) {
+                    Handshake::Accepted(principal) => {
+                        connected = true;
+                        if let Some(p) = principal {
+                            *self.principal.borrow_mut() = p;
+                        }
+                        tracing::debug!(%peer, principal = ?self.principal.borrow(), "handshake done");
+                        continue;
+                    }
+                    Handshake::Refused => return End::Refused,
+                    Handshake::Failed(why) => return End::Protocol(why),
+                }
             }
-            loop {
-                let frame = match D::decode(&mut decoder, &mut buf) {
-                    Ok(Some(f)) => f,
-                    Ok(None) => {
-                        // Only for a peer that completed the handshake: the
-                        // length of a frame from anyone else reserves nothing.
-                        if connected {
-                            reserve_for_frame(D::next_frame_bytes(&decoder, &buf), &mut buf);
-                        }
-                        break;
-                    }
-                    Err(why) => return End::Protocol(why),
-                };
-                if !connected {
-                    match D::handshake(self, frame) {
-                        Handshake::Accepted(principal) => {
-                            connected = true;
-                            if let Some(p) = principal {
-                                *self.principal.borrow_mut() = p;
-                            }
-                            tracing::debug!(%peer, principal = ?self.principal.borrow(), "handshake done");
-                            continue;
-                        }
-                        Handshake::Refused => return End::Refused,
-                        Handshake::Failed(why) => return End::Protocol(why),
-                    }
-                }
-                let request = match self.out.door.request(frame) {
-                    Ok(r) => r,
-                    Err(why) => return End::Protocol(why),
-                };
-                if let Err(why) = self.handle(request).await {
-                    return End::Protocol(why);
-                }
+            let request = match self.out.door.request(frame) {
+                Ok(r) => r,
+                Err(why) => return End::Protocol(why),
+            };
+            if let Err(why) = self.handle(request).await {
+                return End::Protocol(why);
             }
         }
     }
@@ -677,8 +722,7 @@ impl<D: Door> Session<D> {
                 Ok(handle) => {
                     me.out.put("a producer's creation", |d, dst| d.producer_created(dst, request_id, &handle));
                     let (tx, rx) = local_channel::new_unbounded::<Receipt>();
-                    let task =
-                        write_receipts(producer_id, rx, me.out.clone(), me.inflight_bytes.clone(), me.drained.clone());
+                    let task = write_receipts(producer_id, rx, me.out.clone(), me.inflight.clone());
                     glommio::spawn_local(task).detach();
                     me.producers.borrow_mut().insert(producer_id, SessionProducer { handle, receipts: tx });
                 }
@@ -697,11 +741,11 @@ impl<D: Door> Session<D> {
         };
         magnetar_core::stage::mark("1_conn_send");
         let bytes = payload.len();
-        self.inflight_bytes.set(self.inflight_bytes.get() + bytes);
+        self.inflight.add(bytes);
         let fut = self.broker.send_checked(&p.handle, sequence_id, num_messages, payload, payload_crc);
         let receipt: Receipt = async move { (sequence_id, bytes, fut.await) }.boxed_local();
         if p.receipts.try_send(receipt).is_err() {
-            self.inflight_bytes.set(self.inflight_bytes.get() - bytes);
+            self.inflight.release(bytes);
         }
     }
 
@@ -766,4 +810,181 @@ impl<D: Door> Session<D> {
 
 fn consumer_not_found() -> CoreError {
     CoreError::new(ErrorCode::ConsumerNotFound, "no such consumer")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::channel::oneshot;
+    use std::collections::VecDeque;
+    use std::convert::Infallible;
+    use std::pin::{pin, Pin};
+    use std::task::{Context, Poll};
+
+    /// A door of text lines: a frame is one line, each answer a line naming
+    /// what was encoded.
+    struct Lines;
+
+    fn line(dst: &mut BytesMut, text: std::fmt::Arguments<'_>) -> Result<(), Infallible> {
+        dst.extend_from_slice(format!("{text}\n").as_bytes());
+        Ok(())
+    }
+
+    impl Door for Lines {
+        type Frame = Bytes;
+        type Decoder = ();
+        type Other = ();
+        type Error = Infallible;
+
+        fn decoder(&self, _: &ConnectionLimits) {}
+        fn decode(_: &mut (), buf: &mut BytesMut) -> Result<Option<Bytes>, String> {
+            Ok(buf.iter().position(|&b| b == b'\n').map(|i| buf.split_to(i + 1).freeze()))
+        }
+        fn next_frame_bytes(_: &(), _: &[u8]) -> Option<usize> {
+            None
+        }
+        fn handshake(_: &Session<Self>, _: Bytes) -> Handshake {
+            Handshake::Accepted(None)
+        }
+        fn request(&self, _: Bytes) -> Result<Request<()>, String> {
+            Ok(Request::Ping)
+        }
+        async fn other(_: &Rc<Session<Self>>, _: ()) -> Result<(), String> {
+            Ok(())
+        }
+        fn producer_created(&self, dst: &mut BytesMut, r: u64, _: &ProducerHandle) -> Result<(), Infallible> {
+            line(dst, format_args!("producer {r}"))
+        }
+        fn receipt(&self, dst: &mut BytesMut, p: u64, s: u64, id: MessageId) -> Result<(), Infallible> {
+            line(dst, format_args!("receipt {p} {s} {}", id.entry))
+        }
+        fn send_error(&self, dst: &mut BytesMut, p: u64, s: u64, e: CoreError) -> Result<(), Infallible> {
+            line(dst, format_args!("send error {p} {s} {}", e.message))
+        }
+        fn message(
+            &self,
+            dst: &mut BytesMut,
+            c: u64,
+            id: &MessageId,
+            _: u32,
+            _: Vec<u64>,
+            _: &[u8],
+        ) -> Result<(), Infallible> {
+            line(dst, format_args!("message {c} {}", id.entry))
+        }
+        fn run(&self, dst: &mut BytesMut, c: u64, id: &MessageId, _: u32, b: &[Bytes]) -> Result<(), Infallible> {
+            line(dst, format_args!("run {c} {} {}", id.entry, b.len()))
+        }
+        fn consumer_closed(&self, dst: &mut BytesMut, c: u64, _: ErrorCode, _: String) -> Result<(), Infallible> {
+            line(dst, format_args!("closed {c}"))
+        }
+        fn active_consumer(&self, dst: &mut BytesMut, c: u64, active: bool) -> Result<(), Infallible> {
+            line(dst, format_args!("active {c} {active}"))
+        }
+        fn success(&self, dst: &mut BytesMut, r: u64) -> Result<(), Infallible> {
+            line(dst, format_args!("success {r}"))
+        }
+        fn error(&self, dst: &mut BytesMut, r: u64, e: &CoreError) -> Result<(), Infallible> {
+            line(dst, format_args!("error {r} {}", e.message))
+        }
+        fn pong(&self, dst: &mut BytesMut) -> Result<(), Infallible> {
+            line(dst, format_args!("pong"))
+        }
+        fn protocol_error(&self, dst: &mut BytesMut, why: &str) -> Result<(), Infallible> {
+            line(dst, format_args!("protocol error {why}"))
+        }
+    }
+
+    fn written(out: &Outbox<Lines>) -> String {
+        String::from_utf8(out.buf.borrow().to_vec()).unwrap()
+    }
+
+    /// Goal: a producer's receipts go out in the order of its sends even
+    /// when the sends complete in another order, and its in-flight bytes are
+    /// freed as each receipt is written.
+    /// Method: three receipts queued for the writer, completed third,
+    /// second (an error), then first; the outbox is read after each step.
+    #[test]
+    fn receipts_are_written_in_send_order() {
+        let out = Rc::new(Outbox::new(Lines));
+        let inflight = Rc::new(InFlight::new(0));
+        let (tx, rx) = local_channel::new_unbounded::<Receipt>();
+        let mut done = Vec::new();
+        for sequence_id in 1..=3u64 {
+            let (answer, answered) = oneshot::channel::<Result<MessageId, CoreError>>();
+            inflight.add(10);
+            let receipt: Receipt = async move { (sequence_id, 10, answered.await.unwrap()) }.boxed_local();
+            assert!(tx.try_send(receipt).is_ok());
+            done.push(answer);
+        }
+        drop(tx);
+        let mut writer = pin!(write_receipts(7, rx, out.clone(), inflight.clone()));
+        assert!(writer.as_mut().now_or_never().is_none());
+        let [first, second, third] = <[_; 3]>::try_from(done).ok().unwrap();
+        third.send(Ok(MessageId::new(4, 12, -1, -1))).unwrap();
+        second.send(Err(CoreError::new(ErrorCode::PersistenceError, "disk full"))).unwrap();
+        assert!(writer.as_mut().now_or_never().is_none());
+        assert_eq!(written(&out), "", "a receipt went out before the first send's");
+        assert_eq!(inflight.bytes.get(), 30);
+        first.send(Ok(MessageId::new(4, 11, -1, -1))).unwrap();
+        assert!(writer.as_mut().now_or_never().is_some(), "the writer ends once its channel is closed and drained");
+        assert_eq!(written(&out), "receipt 7 1 11\nsend error 7 2 disk full\nreceipt 7 3 12\n");
+        assert_eq!(inflight.bytes.get(), 0);
+    }
+
+    /// A stream that hands out one chunk per read, then the end, and counts
+    /// the reads.
+    struct Chunks {
+        chunks: VecDeque<&'static [u8]>,
+        reads: Rc<Cell<usize>>,
+    }
+
+    impl AsyncRead for Chunks {
+        fn poll_read(mut self: Pin<&mut Self>, _: &mut Context<'_>, buf: &mut [u8]) -> Poll<std::io::Result<usize>> {
+            self.reads.set(self.reads.get() + 1);
+            let chunk = self.chunks.pop_front().unwrap_or_default();
+            buf[..chunk.len()].copy_from_slice(chunk);
+            Poll::Ready(Ok(chunk.len()))
+        }
+    }
+
+    /// Goal: reading pauses while the bytes in flight are above the limit
+    /// (frames already read are still handed out), resumes once they are
+    /// back within it, and stops once the outbox is closed.
+    /// Method: a stream of two chunks; after the first frame, bytes above
+    /// the limit are added, then released one step at a time; the stream's
+    /// read count shows whether the reader read.
+    #[test]
+    fn reading_pauses_while_bytes_are_in_flight() {
+        let reads = Rc::new(Cell::new(0));
+        let mut stream = Chunks { chunks: VecDeque::from([&b"a\nb\n"[..], b"c\n", b"d\n"]), reads: reads.clone() };
+        let out = Outbox::new(Lines);
+        let inflight = InFlight::new(100);
+        let mut reader = Reader::<Lines>::new(());
+        let mut next = |reader: &mut Reader<Lines>, inflight: &InFlight| {
+            let frame = pin!(reader.next(&mut stream, &out, inflight, true)).now_or_never();
+            frame.map(|f| f.map_err(|e| matches!(e, End::PeerClosed)))
+        };
+        assert_eq!(next(&mut reader, &inflight).unwrap().ok(), Some(Bytes::from_static(b"a\n")));
+        inflight.add(102);
+        assert_eq!(next(&mut reader, &inflight).unwrap().ok(), Some(Bytes::from_static(b"b\n")));
+        assert_eq!(reads.get(), 1);
+
+        {
+            let mut paused = pin!(reader.next(&mut stream, &out, &inflight, true));
+            assert!(paused.as_mut().now_or_never().is_none());
+            inflight.release(1);
+            assert!(paused.as_mut().now_or_never().is_none(), "read with bytes in flight above the limit");
+            assert_eq!(reads.get(), 1);
+            inflight.release(1);
+            let frame = paused.as_mut().now_or_never().unwrap().ok().unwrap();
+            assert_eq!(frame, Bytes::from_static(b"c\n"));
+            assert_eq!(reads.get(), 2);
+        }
+
+        out.close();
+        let closed = pin!(reader.next(&mut stream, &out, &inflight, true)).now_or_never().unwrap();
+        assert!(matches!(closed, Err(End::PeerClosed)));
+        assert_eq!(reads.get(), 2, "read after the outbox closed");
+    }
 }
