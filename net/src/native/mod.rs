@@ -65,6 +65,7 @@ pub(crate) enum NativeOther {
     Admin { request_id: u64, op: String, json: String },
 }
 
+/// Appends one frame of a command that carries no payload.
 fn push(dst: &mut BytesMut, command: &Command) -> Result<(), WireError> {
     encode_frame(command, &[], dst)
 }
