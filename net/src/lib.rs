@@ -1,8 +1,10 @@
 //! magnetar-net: listeners and connections.
 //!
 //! Every shard runs one acceptor on the same port (SO_REUSEPORT), so the
-//! kernel spreads connections over shards. A connection speaks the native
-//! protocol (frames from magnetar-wire) with the `Broker` handle of its own
+//! kernel spreads connections over shards. A connection is a session
+//! (`session`: producers, consumers, receipts, backpressure, the outbox)
+//! behind a door, the protocol it speaks: today the native one (`native`:
+//! frames from magnetar-wire). It calls the `Broker` handle of its own
 //! shard, which routes each request to the topic's owner shard.
 //!
 //! Each shard may also listen on a port of its own (`NetConfig::shard_addrs`,
@@ -13,14 +15,17 @@
 //!
 //! This crate knows nothing of files; core knows nothing of sockets.
 
-mod connection;
+mod native;
+mod session;
 
+use futures::io::AsyncReadExt;
+use glommio::net::TcpStream;
 use magnetar_core::Broker;
 use std::cell::Cell;
 use std::net::SocketAddr;
 use std::rc::Rc;
 
-pub use connection::ConnectionLimits;
+pub use session::ConnectionLimits;
 
 /// Network settings shared by all shards.
 #[derive(Debug, Clone)]
@@ -138,9 +143,20 @@ async fn accept_loop(
         let (broker, limits, open, shard_ports) =
             (broker.clone(), config.limits.clone(), open.clone(), shard_ports.clone());
         glommio::spawn_local(async move {
-            connection::run(broker, stream, limits, shard_ports).await;
+            serve_tcp(broker, stream, limits, shard_ports).await;
             open.set(open.get() - 1);
         })
         .detach();
     }
+}
+
+/// One plain TCP connection, speaking the native protocol.
+async fn serve_tcp(broker: Broker, stream: TcpStream, limits: ConnectionLimits, shard_ports: Rc<[u16]>) {
+    let _ = stream.set_nodelay(true);
+    let endpoints = session::Endpoints {
+        peer: stream.peer_addr().map(|a| a.to_string()).unwrap_or_default(),
+        local: stream.local_addr().ok().map(|a| a.to_string()),
+    };
+    let door = native::NativeDoor::new(shard_ports);
+    session::run(broker, door, stream.split(), endpoints, session::Principal::Anonymous, limits).await;
 }

@@ -1,0 +1,990 @@
+//! One client connection, whatever protocol it speaks: the state kept
+//! between requests and the tasks that serve it.
+//!
+//! A [`Door`] is a protocol: it decodes the bytes a client sends into
+//! [`Request`]s and encodes the answers. The session owns what every door
+//! needs alike: producers and consumers by the client's ids, receipts
+//! written in send order, the pause in reading while produce bytes await
+//! their receipts, the pump of consumer events, the outbox and its writer,
+//! and cleanup when the connection ends. It is generic over the door and
+//! over the byte stream's halves (static dispatch), so another protocol or
+//! a transport such as TLS slots in without changes here.
+//!
+//! Owned by the shard that accepted the connection; never crosses cores.
+//! Reading stops while the bytes of produce requests awaiting their
+//! receipts exceed `inflight_bytes_max`, so a fast producer cannot grow the
+//! broker's memory. Receipts of one producer are written in the order of
+//! its sends.
+
+use bytes::{Bytes, BytesMut};
+use futures::future::LocalBoxFuture;
+use futures::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use futures::FutureExt;
+use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
+use magnetar_core::signal::Signal;
+use magnetar_core::{Broker, ConsumerEvent, ConsumerHandle, CoreError, ProducerHandle, SeekTarget, SubscribeRequest};
+use magnetar_wire::{AckType, ErrorCode, MessageId, ProducerAccessMode};
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
+use std::fmt::Display;
+use std::rc::Rc;
+
+/// Bounds that protect the broker from one connection.
+#[derive(Debug, Clone)]
+pub struct ConnectionLimits {
+    /// Largest frame accepted (and announced in the handshake).
+    pub frame_bytes_max: u32,
+    /// Produce payload bytes awaiting receipts before reading pauses.
+    pub inflight_bytes_max: usize,
+    /// Producers and consumers per connection.
+    pub producers_max: usize,
+    pub consumers_max: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            frame_bytes_max: magnetar_wire::FRAME_BYTES_MAX_DEFAULT,
+            inflight_bytes_max: 16 * 1024 * 1024,
+            producers_max: 1024,
+            consumers_max: 1024,
+        }
+    }
+}
+
+/// Who the client is. Anonymous until authentication exists: a transport
+/// (a TLS certificate) or a door's handshake (credentials) will set it.
+/// Stands in for the core's caller identity, which the broker API will
+/// take once it has one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Principal {
+    #[default]
+    Anonymous,
+}
+
+/// A request of any protocol, in the session's terms: ids are the client's
+/// (unique per connection), answers go to `request_id`.
+#[derive(Debug)]
+pub(crate) enum Request<O> {
+    CreateProducer {
+        request_id: u64,
+        producer_id: u64,
+        topic: String,
+        producer_name: String,
+        access_mode: ProducerAccessMode,
+    },
+    /// One entry (`num_messages` > 1 for a batch). `payload_crc` is the
+    /// CRC-32 of `payload` when the door had it from checking the frame, so
+    /// the log need not hash the bytes again.
+    Send {
+        producer_id: u64,
+        sequence_id: u64,
+        num_messages: u32,
+        payload: Bytes,
+        payload_crc: Option<u32>,
+    },
+    CloseProducer {
+        request_id: u64,
+        producer_id: u64,
+    },
+    Subscribe {
+        request_id: u64,
+        request: SubscribeRequest,
+    },
+    Flow {
+        consumer_id: u64,
+        permits: u32,
+    },
+    /// `request_id` `None`: the client wants no answer, and the ack need not
+    /// be durable before one.
+    Ack {
+        request_id: Option<u64>,
+        consumer_id: u64,
+        ack_type: AckType,
+        message_ids: Vec<MessageId>,
+        batch_sizes: Vec<u32>,
+    },
+    Seek {
+        request_id: u64,
+        consumer_id: u64,
+        target: SeekTarget,
+    },
+    /// Empty `message_ids`: all of the consumer's unacknowledged messages.
+    Redeliver {
+        consumer_id: u64,
+        message_ids: Vec<MessageId>,
+    },
+    CloseConsumer {
+        request_id: u64,
+        consumer_id: u64,
+    },
+    Ping,
+    Pong,
+    /// What only this door has (admin, lookups); see [`Door::other`].
+    Other(O),
+}
+
+/// How a handshake went.
+pub(crate) enum Handshake {
+    /// The client may send requests. `Some`: the identity the handshake
+    /// proved; `None` keeps the transport's.
+    Accepted(Option<Principal>),
+    /// The door wrote its refusal; the connection closes quietly.
+    Refused,
+    /// A protocol violation; the connection closes with this reason.
+    Failed(String),
+}
+
+/// A protocol the broker speaks. One value per connection, reached by all
+/// of the connection's tasks through the outbox: what the handshake
+/// negotiates is kept in `Cell`s.
+///
+/// Encoding methods append whole frames to `dst`; on `Err` the caller logs
+/// and sends nothing more of that answer.
+pub(crate) trait Door: Sized + 'static {
+    /// One decoded unit of the protocol.
+    type Frame;
+    /// The reading state (frame limits, partial frames).
+    type Decoder;
+    /// Requests only this door has, handled by [`Door::other`].
+    type Other;
+    type Error: Display;
+
+    fn decoder(&self, limits: &ConnectionLimits) -> Self::Decoder;
+    /// Takes the next whole frame off the front of `buf`; `Ok(None)` until
+    /// it is all there. `Err` closes the connection with that reason.
+    fn decode(decoder: &mut Self::Decoder, buf: &mut BytesMut) -> Result<Option<Self::Frame>, String>;
+    /// Total bytes of the frame at the front of `buf`, once its length is
+    /// there: the reader reserves room for it.
+    fn next_frame_bytes(decoder: &Self::Decoder, buf: &[u8]) -> Option<usize>;
+    /// The client's first frame; the door writes its answer itself.
+    fn handshake(session: &Session<Self>, frame: Self::Frame) -> Handshake;
+    /// Any later frame. `Err` closes the connection with that reason.
+    fn request(&self, frame: Self::Frame) -> Result<Request<Self::Other>, String>;
+    /// Handles a door-specific request; `Err` closes the connection.
+    async fn other(session: &Rc<Session<Self>>, request: Self::Other) -> Result<(), String>;
+
+    fn producer_created(
+        &self,
+        dst: &mut BytesMut,
+        request_id: u64,
+        producer: &ProducerHandle,
+    ) -> Result<(), Self::Error>;
+    fn receipt(
+        &self,
+        dst: &mut BytesMut,
+        producer_id: u64,
+        sequence_id: u64,
+        message_id: MessageId,
+    ) -> Result<(), Self::Error>;
+    fn send_error(
+        &self,
+        dst: &mut BytesMut,
+        producer_id: u64,
+        sequence_id: u64,
+        error: CoreError,
+    ) -> Result<(), Self::Error>;
+    /// One delivery. `ack_set`: batch-index acks of a redelivered batch
+    /// (bit i set: message i is acknowledged), empty when none is.
+    fn message(
+        &self,
+        dst: &mut BytesMut,
+        consumer_id: u64,
+        message_id: &MessageId,
+        redelivery_count: u32,
+        ack_set: Vec<u64>,
+        blob: &[u8],
+    ) -> Result<(), Self::Error>;
+    /// Consecutive entries of one ledger: entry i has `first`'s entry
+    /// number plus i. Never empty.
+    fn run(
+        &self,
+        dst: &mut BytesMut,
+        consumer_id: u64,
+        first: &MessageId,
+        redelivery_count: u32,
+        blobs: &[Bytes],
+    ) -> Result<(), Self::Error>;
+    /// The broker closed the consumer; the client may subscribe again.
+    fn consumer_closed(
+        &self,
+        dst: &mut BytesMut,
+        consumer_id: u64,
+        code: ErrorCode,
+        message: String,
+    ) -> Result<(), Self::Error>;
+    fn active_consumer(&self, dst: &mut BytesMut, consumer_id: u64, is_active: bool) -> Result<(), Self::Error>;
+    fn success(&self, dst: &mut BytesMut, request_id: u64) -> Result<(), Self::Error>;
+    fn error(&self, dst: &mut BytesMut, request_id: u64, error: &CoreError) -> Result<(), Self::Error>;
+    fn pong(&self, dst: &mut BytesMut) -> Result<(), Self::Error>;
+    /// The last frame before the session closes a connection that broke
+    /// the protocol.
+    fn protocol_error(&self, dst: &mut BytesMut, why: &str) -> Result<(), Self::Error>;
+}
+
+/// Bytes asked of the stream per read.
+pub(crate) const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// Most bytes of a frame that has begun to arrive that the reader makes
+/// room for at once (frames above this grow their buffer as they come).
+pub(crate) const FRAME_RESERVE_AHEAD_MAX: usize = 1024 * 1024;
+/// The writer keeps its buffer's capacity between rounds up to this size;
+/// a larger one (after a burst) is given back.
+const WRITE_BUFFER_KEEP_BYTES_MAX: usize = 4 * 1024 * 1024;
+
+/// Frames waiting to be written, filled by many tasks, drained by the writer.
+pub(crate) struct Outbox<D> {
+    door: D,
+    buf: RefCell<BytesMut>,
+    signal: Signal,
+    closed: Cell<bool>,
+}
+
+impl<D: Door> Outbox<D> {
+    fn new(door: D) -> Self {
+        Self { door, buf: RefCell::new(BytesMut::new()), signal: Signal::new(), closed: Cell::new(false) }
+    }
+
+    pub(crate) fn door(&self) -> &D {
+        &self.door
+    }
+
+    /// Appends what `encode` writes (`what` names it in the log if it
+    /// fails) and wakes the writer; nothing once the connection closed.
+    pub(crate) fn put(&self, what: &str, encode: impl FnOnce(&D, &mut BytesMut) -> Result<(), D::Error>) {
+        if self.closed.get() {
+            return;
+        }
+        if let Err(e) = encode(&self.door, &mut self.buf.borrow_mut()) {
+            tracing::error!("cannot encode {what}: {e}");
+            return;
+        }
+        self.signal.notify();
+    }
+
+    pub(crate) fn error(&self, request_id: u64, e: &CoreError) {
+        self.put("an error", |d, dst| d.error(dst, request_id, e));
+    }
+
+    pub(crate) fn success(&self, request_id: u64) {
+        self.put("a success", |d, dst| d.success(dst, request_id));
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.get()
+    }
+
+    fn close(&self) {
+        self.closed.set(true);
+        self.signal.notify();
+    }
+}
+
+/// Writes the outbox to the stream until it is closed and drained.
+///
+/// Double buffering: the writer swaps its drained buffer with the outbox's
+/// full one, so both keep their capacity and frames are encoded into memory
+/// already mapped. (Splitting frozen chunks off the outbox would leave it
+/// sharing an allocation still being written, so each round of encoding
+/// would reallocate into fresh memory.)
+async fn write_loop<D: Door, W: AsyncWrite + Unpin>(out: Rc<Outbox<D>>, mut writer: W) {
+    let mut chunk = BytesMut::new();
+    loop {
+        {
+            let mut buf = out.buf.borrow_mut();
+            std::mem::swap(&mut *buf, &mut chunk);
+        }
+        if chunk.is_empty() {
+            if out.closed.get() {
+                break;
+            }
+            out.signal.wait().await;
+            continue;
+        }
+        magnetar_core::stage::mark("9_writer_woke");
+        let written = writer.write_all(&chunk).await;
+        magnetar_core::stage::mark("10_written");
+        if let Err(e) = written {
+            tracing::debug!("write failed: {e}");
+            out.closed.set(true);
+            break;
+        }
+        chunk.clear();
+        if chunk.capacity() > WRITE_BUFFER_KEEP_BYTES_MAX {
+            chunk = BytesMut::new();
+        }
+    }
+    let _ = writer.flush().await;
+    let _ = writer.close().await;
+}
+
+/// Produce payload bytes awaiting their receipts, and the reader's wait for
+/// them to drop to the limit.
+pub(crate) struct InFlight {
+    bytes: Cell<usize>,
+    max: usize,
+    drained: Signal,
+}
+
+impl InFlight {
+    pub(crate) fn new(max: usize) -> Self {
+        Self { bytes: Cell::new(0), max, drained: Signal::new() }
+    }
+
+    fn add(&self, bytes: usize) {
+        self.bytes.set(self.bytes.get() + bytes);
+    }
+
+    /// `bytes` added before are answered (or were never sent).
+    fn release(&self, bytes: usize) {
+        self.bytes.set(self.bytes.get() - bytes);
+        self.drained.notify();
+    }
+
+    /// Returns once the bytes in flight are within the limit.
+    async fn within_limit(&self) {
+        while self.bytes.get() > self.max {
+            self.drained.wait().await;
+        }
+    }
+}
+
+/// A send's answer to come: `(sequence_id, payload bytes, result)`.
+type Receipt = LocalBoxFuture<'static, (u64, usize, Result<MessageId, CoreError>)>;
+
+/// Writes the receipts of producer `producer_id` in send order: each is
+/// awaited in turn, whatever order the sends complete in. Frees the
+/// in-flight bytes of each and wakes a reader paused on them.
+async fn write_receipts<D: Door>(
+    producer_id: u64,
+    receipts: LocalReceiver<Receipt>,
+    out: Rc<Outbox<D>>,
+    inflight: Rc<InFlight>,
+) {
+    while let Some(receipt) = receipts.recv().await {
+        let (sequence_id, bytes, result) = receipt.await;
+        magnetar_core::stage::mark("8_conn_receipt");
+        match result {
+            Ok(message_id) => out.put("a receipt", |d, dst| d.receipt(dst, producer_id, sequence_id, message_id)),
+            Err(e) => out.put("a send error", |d, dst| d.send_error(dst, producer_id, sequence_id, e)),
+        }
+        inflight.release(bytes);
+    }
+}
+
+struct SessionProducer {
+    handle: ProducerHandle,
+    receipts: LocalSender<Receipt>,
+}
+
+/// The addresses of a connection, as text for logs and answers.
+pub(crate) struct Endpoints {
+    pub peer: String,
+    /// `host:port` the client reached (lookup answers name it).
+    pub local: Option<String>,
+}
+
+/// One connection's state; see the module doc.
+pub(crate) struct Session<D: Door> {
+    broker: Broker,
+    limits: ConnectionLimits,
+    out: Rc<Outbox<D>>,
+    producers: RefCell<HashMap<u64, SessionProducer>>,
+    consumers: RefCell<HashMap<u64, ConsumerHandle>>,
+    sink: Cell<Option<u64>>,
+    /// Producer ids whose creation is under way.
+    pending_producers: RefCell<HashSet<u64>>,
+    /// Set once cleanup ran: producers created after it are closed at once.
+    gone: Cell<bool>,
+    local_addr: Option<String>,
+    principal: RefCell<Principal>,
+    inflight: Rc<InFlight>,
+}
+
+/// Why the read loop ended.
+enum End {
+    PeerClosed,
+    Refused,
+    Protocol(String),
+    Io(std::io::Error),
+}
+
+/// Serves one connection until it ends: `reader` and `writer` are the
+/// halves of its byte stream, `principal` who the transport says the
+/// client is.
+pub(crate) async fn run<D, R, W>(
+    broker: Broker,
+    door: D,
+    (mut reader, writer): (R, W),
+    endpoints: Endpoints,
+    principal: Principal,
+    limits: ConnectionLimits,
+) where
+    D: Door,
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + 'static,
+{
+    let out = Rc::new(Outbox::new(door));
+    let inflight = Rc::new(InFlight::new(limits.inflight_bytes_max));
+    let writer_task = glommio::spawn_local(write_loop(out.clone(), writer));
+    let session = Rc::new(Session {
+        broker,
+        limits,
+        out: out.clone(),
+        producers: RefCell::new(HashMap::new()),
+        consumers: RefCell::new(HashMap::new()),
+        sink: Cell::new(None),
+        pending_producers: RefCell::new(HashSet::new()),
+        gone: Cell::new(false),
+        local_addr: endpoints.local,
+        principal: RefCell::new(principal),
+        inflight,
+    });
+    let peer = endpoints.peer;
+    let end = session.read_loop(&mut reader, &peer).await;
+    match &end {
+        End::PeerClosed => tracing::debug!(%peer, "connection closed by peer"),
+        End::Refused => tracing::debug!(%peer, "handshake refused"),
+        End::Protocol(why) => {
+            tracing::info!(%peer, "closing connection: {why}");
+            out.put("a protocol error", |d, dst| d.protocol_error(dst, why));
+        }
+        End::Io(e) => tracing::debug!(%peer, "connection read failed: {e}"),
+    }
+    session.cleanup().await;
+    out.close();
+    writer_task.await;
+}
+
+/// Makes room in `buf` for the rest of the frame at its front (`total`
+/// bytes, from the door; at most `FRAME_RESERVE_AHEAD_MAX` of them) plus one
+/// more read, so that the frame's bytes are copied once, from the read
+/// buffer, instead of moving to a larger allocation (copying what had
+/// arrived) each time the buffer grows.
+pub(crate) fn reserve_for_frame(total: Option<usize>, buf: &mut BytesMut) {
+    if let Some(total) = total {
+        let rest = total.saturating_sub(buf.len()).min(FRAME_RESERVE_AHEAD_MAX);
+        buf.reserve(rest.saturating_add(READ_CHUNK_BYTES));
+    }
+}
+
+/// The reading side of a connection: bytes from the stream, frames out.
+struct Reader<D: Door> {
+    decoder: D::Decoder,
+    /// Bytes read and not yet decoded; decoded frames keep slices of it.
+    buf: BytesMut,
+    /// Reads land here, zeroed once, and only the bytes read are copied
+    /// into `buf`. Reading straight into `buf` needs initialized memory (no
+    /// unsafe here), and zero-filling a fresh allocation per read (decoded
+    /// frames keep the old one alive) costs more than the copy.
+    scratch: Vec<u8>,
+}
+
+impl<D: Door> Reader<D> {
+    fn new(decoder: D::Decoder) -> Self {
+        Self { decoder, buf: BytesMut::with_capacity(READ_CHUNK_BYTES), scratch: vec![0u8; READ_CHUNK_BYTES] }
+    }
+
+    /// The next frame. Frames already read come first; reading more waits
+    /// while `inflight` is above its limit (backpressure), and stops once
+    /// `out` is closed. `reserve`: make room for a frame that has begun to
+    /// arrive (only for a peer past the handshake: the length of a frame
+    /// from anyone else reserves nothing).
+    async fn next<R: AsyncRead + Unpin>(
+        &mut self,
+        reader: &mut R,
+        out: &Outbox<D>,
+        inflight: &InFlight,
+        reserve: bool,
+    ) -> Result<D::Frame, End> {
+        loop {
+            match D::decode(&mut self.decoder, &mut self.buf) {
+                Ok(Some(frame)) => return Ok(frame),
+                Ok(None) if reserve => reserve_for_frame(D::next_frame_bytes(&self.decoder, &self.buf), &mut self.buf),
+                Ok(None) => {}
+                Err(why) => return Err(End::Protocol(why)),
+            }
+            inflight.within_limit().await;
+            if out.is_closed() {
+                return Err(End::PeerClosed);
+            }
+            let n = reader.read(&mut self.scratch).await.map_err(End::Io)?;
+            self.buf.extend_from_slice(&self.scratch[..n]);
+            if n == 0 {
+                return Err(if self.buf.is_empty() {
+                    End::PeerClosed
+                } else {
+                    End::Protocol("connection closed mid-frame".into())
+                });
+            }
+        }
+    }
+}
+
+impl<D: Door> Session<D> {
+    pub(crate) fn broker(&self) -> &Broker {
+        &self.broker
+    }
+
+    pub(crate) fn limits(&self) -> &ConnectionLimits {
+        &self.limits
+    }
+
+    pub(crate) fn out(&self) -> &Rc<Outbox<D>> {
+        &self.out
+    }
+
+    /// `host:port` the client reached, if known.
+    pub(crate) fn local_addr(&self) -> Option<&str> {
+        self.local_addr.as_deref()
+    }
+
+    async fn read_loop<R: AsyncRead + Unpin>(self: &Rc<Self>, reader: &mut R, peer: &str) -> End {
+        let mut frames = Reader::<D>::new(self.out.door.decoder(&self.limits));
+        let mut connected = false;
+        loop {
+            let frame = match frames.next(reader, &self.out, &self.inflight, connected).await {
+                Ok(frame) => frame,
+                Err(end) => return end,
+            };
+            if !connected {
+                match D::handshake(self, frame) {
+                    Handshake::Accepted(principal) => {
+                        connected = true;
+                        if let Some(p) = principal {
+                            *self.principal.borrow_mut() = p;
+                        }
+                        tracing::debug!(%peer, principal = ?self.principal.borrow(), "handshake done");
+                        continue;
+                    }
+                    Handshake::Refused => return End::Refused,
+                    Handshake::Failed(why) => return End::Protocol(why),
+                }
+            }
+            let request = match self.out.door.request(frame) {
+                Ok(r) => r,
+                Err(why) => return End::Protocol(why),
+            };
+            if let Err(why) = self.handle(request).await {
+                return End::Protocol(why);
+            }
+        }
+    }
+
+    /// Handles one request; `Err` closes the connection.
+    async fn handle(self: &Rc<Self>, request: Request<D::Other>) -> Result<(), String> {
+        match request {
+            Request::Send { producer_id, sequence_id, num_messages, payload, payload_crc } => {
+                self.on_send(producer_id, sequence_id, num_messages, payload, payload_crc);
+            }
+            Request::CreateProducer { request_id, producer_id, topic, producer_name, access_mode } => {
+                self.create_producer(request_id, producer_id, topic, producer_name, access_mode);
+            }
+            Request::CloseProducer { request_id, producer_id } => {
+                let p = self.producers.borrow_mut().remove(&producer_id);
+                match p {
+                    Some(p) => {
+                        // Receipts already queued are still written (the
+                        // writer task drains its channel), then it ends.
+                        drop(p.receipts);
+                        match self.broker.close_producer(&p.handle).await {
+                            Ok(()) => self.out.success(request_id),
+                            Err(e) => self.out.error(request_id, &e),
+                        }
+                    }
+                    None => {
+                        self.out.error(request_id, &CoreError::new(ErrorCode::ProducerNotFound, "no such producer"))
+                    }
+                }
+            }
+            Request::Subscribe { request_id, request } => {
+                if self.consumers.borrow().contains_key(&request.consumer_id) {
+                    self.out.error(request_id, &CoreError::new(ErrorCode::ConsumerBusy, "consumer id already in use"));
+                    return Ok(());
+                }
+                if self.consumers.borrow().len() >= self.limits.consumers_max {
+                    self.out.error(
+                        request_id,
+                        &CoreError::new(ErrorCode::TooManyRequests, "too many consumers on this connection"),
+                    );
+                    return Ok(());
+                }
+                let sink = self.sink();
+                let consumer_id = request.consumer_id;
+                match self.broker.subscribe(request, sink).await {
+                    Ok(handle) => {
+                        self.consumers.borrow_mut().insert(consumer_id, handle);
+                        self.out.success(request_id);
+                    }
+                    Err(e) => self.out.error(request_id, &e),
+                }
+            }
+            Request::Flow { consumer_id, permits } => {
+                if let Some(c) = self.consumers.borrow().get(&consumer_id) {
+                    self.broker.flow(c, permits);
+                }
+            }
+            Request::Ack { request_id, consumer_id, ack_type, message_ids, batch_sizes } => {
+                let Some(c) = self.consumer(consumer_id) else {
+                    if let Some(request_id) = request_id {
+                        self.out.error(request_id, &consumer_not_found());
+                    }
+                    return Ok(());
+                };
+                if message_ids.is_empty() || (ack_type == AckType::Cumulative && message_ids.len() != 1) {
+                    return Err("an ack carries at least one id, and a cumulative ack exactly one".into());
+                }
+                if !batch_sizes.is_empty() && batch_sizes.len() != message_ids.len() {
+                    return Err("an ack's batch sizes are one per id, or none".into());
+                }
+                let durable = request_id.is_some();
+                let fut = self.broker.ack_with_batch_sizes(&c, ack_type, message_ids, batch_sizes, durable);
+                let out = self.out.clone();
+                glommio::spawn_local(async move {
+                    match (fut.await, request_id) {
+                        (Ok(()), Some(request_id)) => out.success(request_id),
+                        (Ok(()), None) => {}
+                        (Err(e), Some(request_id)) => out.error(request_id, &e),
+                        (Err(e), None) => tracing::debug!("ack failed: {e}"),
+                    }
+                })
+                .detach();
+            }
+            Request::Seek { request_id, consumer_id, target } => {
+                let Some(c) = self.consumer(consumer_id) else {
+                    self.out.error(request_id, &consumer_not_found());
+                    return Ok(());
+                };
+                match self.broker.seek(&c, target).await {
+                    Ok(()) => self.out.success(request_id),
+                    Err(e) => self.out.error(request_id, &e),
+                }
+            }
+            Request::Redeliver { consumer_id, message_ids } => {
+                if let Some(c) = self.consumers.borrow().get(&consumer_id) {
+                    self.broker.redeliver_unacknowledged(c, message_ids);
+                }
+            }
+            Request::CloseConsumer { request_id, consumer_id } => {
+                let c = self.consumers.borrow_mut().remove(&consumer_id);
+                match c {
+                    Some(c) => match self.broker.close_consumer(&c).await {
+                        Ok(()) => self.out.success(request_id),
+                        Err(e) => self.out.error(request_id, &e),
+                    },
+                    None => self.out.error(request_id, &consumer_not_found()),
+                }
+            }
+            Request::Ping => self.out.put("a pong", |d, dst| d.pong(dst)),
+            Request::Pong => {}
+            Request::Other(other) => return D::other(self, other).await,
+        }
+        Ok(())
+    }
+
+    /// The consumer the client calls `consumer_id`, if it has one.
+    pub(crate) fn consumer(&self, consumer_id: u64) -> Option<ConsumerHandle> {
+        self.consumers.borrow().get(&consumer_id).cloned()
+    }
+
+    fn create_producer(
+        self: &Rc<Self>,
+        request_id: u64,
+        producer_id: u64,
+        topic: String,
+        producer_name: String,
+        access_mode: ProducerAccessMode,
+    ) {
+        if self.producers.borrow().contains_key(&producer_id) || self.pending_producers.borrow().contains(&producer_id)
+        {
+            self.out.error(request_id, &CoreError::new(ErrorCode::ProducerBusy, "producer id already in use"));
+            return;
+        }
+        if self.producers.borrow().len() >= self.limits.producers_max {
+            self.out.error(
+                request_id,
+                &CoreError::new(ErrorCode::TooManyRequests, "too many producers on this connection"),
+            );
+            return;
+        }
+        // Created in its own task: a WaitForExclusive producer may wait a
+        // long time, and must not stop this connection's other requests
+        // meanwhile.
+        self.pending_producers.borrow_mut().insert(producer_id);
+        let me = self.clone();
+        glommio::spawn_local(async move {
+            let created = me.broker.create_producer_with(&topic, &producer_name, access_mode).await;
+            me.pending_producers.borrow_mut().remove(&producer_id);
+            match created {
+                Ok(handle) if me.out.is_closed() || me.gone.get() => {
+                    // The connection ended while we waited.
+                    let _ = me.broker.close_producer(&handle).await;
+                }
+                Ok(handle) => {
+                    me.out.put("a producer's creation", |d, dst| d.producer_created(dst, request_id, &handle));
+                    let (tx, rx) = local_channel::new_unbounded::<Receipt>();
+                    let task = write_receipts(producer_id, rx, me.out.clone(), me.inflight.clone());
+                    glommio::spawn_local(task).detach();
+                    me.producers.borrow_mut().insert(producer_id, SessionProducer { handle, receipts: tx });
+                }
+                Err(e) => me.out.error(request_id, &e),
+            }
+        })
+        .detach();
+    }
+
+    fn on_send(&self, producer_id: u64, sequence_id: u64, num_messages: u32, payload: Bytes, payload_crc: Option<u32>) {
+        let producers = self.producers.borrow();
+        let Some(p) = producers.get(&producer_id) else {
+            let e = CoreError::new(ErrorCode::ProducerNotFound, "no such producer on this connection");
+            self.out.put("a send error", |d, dst| d.send_error(dst, producer_id, sequence_id, e));
+            return;
+        };
+        magnetar_core::stage::mark("1_conn_send");
+        let bytes = payload.len();
+        self.inflight.add(bytes);
+        let fut = self.broker.send_checked(&p.handle, sequence_id, num_messages, payload, payload_crc);
+        let receipt: Receipt = async move { (sequence_id, bytes, fut.await) }.boxed_local();
+        if p.receipts.try_send(receipt).is_err() {
+            self.inflight.release(bytes);
+        }
+    }
+
+    /// The sink of this connection's consumers, registered on first use; its
+    /// task writes the consumers' events through the door.
+    fn sink(self: &Rc<Self>) -> u64 {
+        if let Some(s) = self.sink.get() {
+            return s;
+        }
+        let (tx, rx) = local_channel::new_unbounded::<ConsumerEvent>();
+        let sink = self.broker.register_sink(tx);
+        self.sink.set(Some(sink));
+        let me = Rc::downgrade(self);
+        let out = self.out.clone();
+        glommio::spawn_local(async move {
+            while let Some(ev) = rx.recv().await {
+                match ev {
+                    ConsumerEvent::Message { consumer_id, message_id, redelivery_count, blob, ack_set } => {
+                        out.put("a delivery", |d, dst| {
+                            d.message(dst, consumer_id, &message_id, redelivery_count, ack_set, &blob)
+                        });
+                    }
+                    ConsumerEvent::Run { consumer_id, first, redelivery_count, blobs } => {
+                        out.put("a run of deliveries", |d, dst| {
+                            d.run(dst, consumer_id, &first, redelivery_count, &blobs)
+                        });
+                    }
+                    ConsumerEvent::Closed { consumer_id, code, message } => {
+                        if let Some(session) = me.upgrade() {
+                            session.consumers.borrow_mut().remove(&consumer_id);
+                        }
+                        out.put("a consumer's close", |d, dst| d.consumer_closed(dst, consumer_id, code, message));
+                    }
+                    ConsumerEvent::ActiveChange { consumer_id, is_active } => {
+                        out.put("an active consumer change", |d, dst| d.active_consumer(dst, consumer_id, is_active));
+                    }
+                }
+            }
+        })
+        .detach();
+        sink
+    }
+
+    /// Detaches everything this connection created: consumers' unacked
+    /// messages go back to their subscriptions, producer names are freed.
+    async fn cleanup(&self) {
+        self.gone.set(true);
+        let consumers: Vec<ConsumerHandle> = self.consumers.borrow_mut().drain().map(|(_, c)| c).collect();
+        for c in consumers {
+            let _ = self.broker.close_consumer(&c).await;
+        }
+        let producers: Vec<SessionProducer> = self.producers.borrow_mut().drain().map(|(_, p)| p).collect();
+        for p in producers {
+            drop(p.receipts);
+            let _ = self.broker.close_producer(&p.handle).await;
+        }
+        if let Some(sink) = self.sink.take() {
+            self.broker.unregister_sink(sink);
+        }
+    }
+}
+
+fn consumer_not_found() -> CoreError {
+    CoreError::new(ErrorCode::ConsumerNotFound, "no such consumer")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::channel::oneshot;
+    use std::collections::VecDeque;
+    use std::convert::Infallible;
+    use std::pin::{pin, Pin};
+    use std::task::{Context, Poll};
+
+    /// A door of text lines: a frame is one line, each answer a line naming
+    /// what was encoded.
+    struct Lines;
+
+    fn line(dst: &mut BytesMut, text: std::fmt::Arguments<'_>) -> Result<(), Infallible> {
+        dst.extend_from_slice(format!("{text}\n").as_bytes());
+        Ok(())
+    }
+
+    impl Door for Lines {
+        type Frame = Bytes;
+        type Decoder = ();
+        type Other = ();
+        type Error = Infallible;
+
+        fn decoder(&self, _: &ConnectionLimits) {}
+        fn decode(_: &mut (), buf: &mut BytesMut) -> Result<Option<Bytes>, String> {
+            Ok(buf.iter().position(|&b| b == b'\n').map(|i| buf.split_to(i + 1).freeze()))
+        }
+        fn next_frame_bytes(_: &(), _: &[u8]) -> Option<usize> {
+            None
+        }
+        fn handshake(_: &Session<Self>, _: Bytes) -> Handshake {
+            Handshake::Accepted(None)
+        }
+        fn request(&self, _: Bytes) -> Result<Request<()>, String> {
+            Ok(Request::Ping)
+        }
+        async fn other(_: &Rc<Session<Self>>, _: ()) -> Result<(), String> {
+            Ok(())
+        }
+        fn producer_created(&self, dst: &mut BytesMut, r: u64, _: &ProducerHandle) -> Result<(), Infallible> {
+            line(dst, format_args!("producer {r}"))
+        }
+        fn receipt(&self, dst: &mut BytesMut, p: u64, s: u64, id: MessageId) -> Result<(), Infallible> {
+            line(dst, format_args!("receipt {p} {s} {}", id.entry))
+        }
+        fn send_error(&self, dst: &mut BytesMut, p: u64, s: u64, e: CoreError) -> Result<(), Infallible> {
+            line(dst, format_args!("send error {p} {s} {}", e.message))
+        }
+        fn message(
+            &self,
+            dst: &mut BytesMut,
+            c: u64,
+            id: &MessageId,
+            _: u32,
+            _: Vec<u64>,
+            _: &[u8],
+        ) -> Result<(), Infallible> {
+            line(dst, format_args!("message {c} {}", id.entry))
+        }
+        fn run(&self, dst: &mut BytesMut, c: u64, id: &MessageId, _: u32, b: &[Bytes]) -> Result<(), Infallible> {
+            line(dst, format_args!("run {c} {} {}", id.entry, b.len()))
+        }
+        fn consumer_closed(&self, dst: &mut BytesMut, c: u64, _: ErrorCode, _: String) -> Result<(), Infallible> {
+            line(dst, format_args!("closed {c}"))
+        }
+        fn active_consumer(&self, dst: &mut BytesMut, c: u64, active: bool) -> Result<(), Infallible> {
+            line(dst, format_args!("active {c} {active}"))
+        }
+        fn success(&self, dst: &mut BytesMut, r: u64) -> Result<(), Infallible> {
+            line(dst, format_args!("success {r}"))
+        }
+        fn error(&self, dst: &mut BytesMut, r: u64, e: &CoreError) -> Result<(), Infallible> {
+            line(dst, format_args!("error {r} {}", e.message))
+        }
+        fn pong(&self, dst: &mut BytesMut) -> Result<(), Infallible> {
+            line(dst, format_args!("pong"))
+        }
+        fn protocol_error(&self, dst: &mut BytesMut, why: &str) -> Result<(), Infallible> {
+            line(dst, format_args!("protocol error {why}"))
+        }
+    }
+
+    fn written(out: &Outbox<Lines>) -> String {
+        String::from_utf8(out.buf.borrow().to_vec()).unwrap()
+    }
+
+    /// Goal: a producer's receipts go out in the order of its sends even
+    /// when the sends complete in another order, and its in-flight bytes are
+    /// freed as each receipt is written.
+    /// Method: three receipts queued for the writer, completed third,
+    /// second (an error), then first; the outbox is read after each step.
+    #[test]
+    fn receipts_are_written_in_send_order() {
+        let out = Rc::new(Outbox::new(Lines));
+        let inflight = Rc::new(InFlight::new(0));
+        let (tx, rx) = local_channel::new_unbounded::<Receipt>();
+        let mut done = Vec::new();
+        for sequence_id in 1..=3u64 {
+            let (answer, answered) = oneshot::channel::<Result<MessageId, CoreError>>();
+            inflight.add(10);
+            let receipt: Receipt = async move { (sequence_id, 10, answered.await.unwrap()) }.boxed_local();
+            assert!(tx.try_send(receipt).is_ok());
+            done.push(answer);
+        }
+        drop(tx);
+        let mut writer = pin!(write_receipts(7, rx, out.clone(), inflight.clone()));
+        assert!(writer.as_mut().now_or_never().is_none());
+        let [first, second, third] = <[_; 3]>::try_from(done).ok().unwrap();
+        third.send(Ok(MessageId::new(4, 12, -1, -1))).unwrap();
+        second.send(Err(CoreError::new(ErrorCode::PersistenceError, "disk full"))).unwrap();
+        assert!(writer.as_mut().now_or_never().is_none());
+        assert_eq!(written(&out), "", "a receipt went out before the first send's");
+        assert_eq!(inflight.bytes.get(), 30);
+        first.send(Ok(MessageId::new(4, 11, -1, -1))).unwrap();
+        assert!(writer.as_mut().now_or_never().is_some(), "the writer ends once its channel is closed and drained");
+        assert_eq!(written(&out), "receipt 7 1 11\nsend error 7 2 disk full\nreceipt 7 3 12\n");
+        assert_eq!(inflight.bytes.get(), 0);
+    }
+
+    /// A stream that hands out one chunk per read, then the end, and counts
+    /// the reads.
+    struct Chunks {
+        chunks: VecDeque<&'static [u8]>,
+        reads: Rc<Cell<usize>>,
+    }
+
+    impl AsyncRead for Chunks {
+        fn poll_read(mut self: Pin<&mut Self>, _: &mut Context<'_>, buf: &mut [u8]) -> Poll<std::io::Result<usize>> {
+            self.reads.set(self.reads.get() + 1);
+            let chunk = self.chunks.pop_front().unwrap_or_default();
+            buf[..chunk.len()].copy_from_slice(chunk);
+            Poll::Ready(Ok(chunk.len()))
+        }
+    }
+
+    /// Goal: reading pauses while the bytes in flight are above the limit
+    /// (frames already read are still handed out), resumes once they are
+    /// back within it, and stops once the outbox is closed.
+    /// Method: a stream of two chunks; after the first frame, bytes above
+    /// the limit are added, then released one step at a time; the stream's
+    /// read count shows whether the reader read.
+    #[test]
+    fn reading_pauses_while_bytes_are_in_flight() {
+        let reads = Rc::new(Cell::new(0));
+        let mut stream = Chunks { chunks: VecDeque::from([&b"a\nb\n"[..], b"c\n", b"d\n"]), reads: reads.clone() };
+        let out = Outbox::new(Lines);
+        let inflight = InFlight::new(100);
+        let mut reader = Reader::<Lines>::new(());
+        let mut next = |reader: &mut Reader<Lines>, inflight: &InFlight| {
+            let frame = pin!(reader.next(&mut stream, &out, inflight, true)).now_or_never();
+            frame.map(|f| f.map_err(|e| matches!(e, End::PeerClosed)))
+        };
+        assert_eq!(next(&mut reader, &inflight).unwrap().ok(), Some(Bytes::from_static(b"a\n")));
+        inflight.add(102);
+        assert_eq!(next(&mut reader, &inflight).unwrap().ok(), Some(Bytes::from_static(b"b\n")));
+        assert_eq!(reads.get(), 1);
+
+        {
+            let mut paused = pin!(reader.next(&mut stream, &out, &inflight, true));
+            assert!(paused.as_mut().now_or_never().is_none());
+            inflight.release(1);
+            assert!(paused.as_mut().now_or_never().is_none(), "read with bytes in flight above the limit");
+            assert_eq!(reads.get(), 1);
+            inflight.release(1);
+            let frame = paused.as_mut().now_or_never().unwrap().ok().unwrap();
+            assert_eq!(frame, Bytes::from_static(b"c\n"));
+            assert_eq!(reads.get(), 2);
+        }
+
+        out.close();
+        let closed = pin!(reader.next(&mut stream, &out, &inflight, true)).now_or_never().unwrap();
+        assert!(matches!(closed, Err(End::PeerClosed)));
+        assert_eq!(reads.get(), 2, "read after the outbox closed");
+    }
+}
