@@ -158,5 +158,5 @@ async fn serve_tcp(broker: Broker, stream: TcpStream, limits: ConnectionLimits, 
         local: stream.local_addr().ok().map(|a| a.to_string()),
     };
     let door = native::NativeDoor::new(shard_ports);
-    session::run(broker, door, stream.split(), endpoints, session::Principal::Anonymous, limits).await;
+    session::run(broker, door, stream.split(), endpoints, magnetar_core::Principal::Anonymous, limits).await;
 }

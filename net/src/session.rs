@@ -22,6 +22,7 @@ use futures::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use futures::FutureExt;
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 use magnetar_core::signal::Signal;
+use magnetar_core::Principal;
 use magnetar_core::{Broker, ConsumerEvent, ConsumerHandle, CoreError, ProducerHandle, SeekTarget, SubscribeRequest};
 use magnetar_wire::{AckType, ErrorCode, MessageId, ProducerAccessMode};
 use std::cell::{Cell, RefCell};
@@ -50,16 +51,6 @@ impl Default for ConnectionLimits {
             consumers_max: 1024,
         }
     }
-}
-
-/// Who the client is. Anonymous until authentication exists: a transport
-/// (a TLS certificate) or a door's handshake (credentials) will set it.
-/// Stands in for the core's caller identity, which the broker API will
-/// take once it has one.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum Principal {
-    #[default]
-    Anonymous,
 }
 
 /// A request of any protocol, in the session's terms: ids are the client's
@@ -385,7 +376,9 @@ pub(crate) struct Endpoints {
 
 /// One connection's state; see the module doc.
 pub(crate) struct Session<D: Door> {
-    broker: Broker,
+    /// Replaced once, by the handshake, when it names the caller; the
+    /// handle carries the caller's identity to the broker API.
+    broker: RefCell<Broker>,
     limits: ConnectionLimits,
     out: Rc<Outbox<D>>,
     producers: RefCell<HashMap<u64, SessionProducer>>,
@@ -396,7 +389,6 @@ pub(crate) struct Session<D: Door> {
     /// Set once cleanup ran: producers created after it are closed at once.
     gone: Cell<bool>,
     local_addr: Option<String>,
-    principal: RefCell<Principal>,
     inflight: Rc<InFlight>,
 }
 
@@ -427,7 +419,7 @@ pub(crate) async fn run<D, R, W>(
     let inflight = Rc::new(InFlight::new(limits.inflight_bytes_max));
     let writer_task = glommio::spawn_local(write_loop(out.clone(), writer));
     let session = Rc::new(Session {
-        broker,
+        broker: RefCell::new(broker.with_principal(principal)),
         limits,
         out: out.clone(),
         producers: RefCell::new(HashMap::new()),
@@ -436,7 +428,6 @@ pub(crate) async fn run<D, R, W>(
         pending_producers: RefCell::new(HashSet::new()),
         gone: Cell::new(false),
         local_addr: endpoints.local,
-        principal: RefCell::new(principal),
         inflight,
     });
     let peer = endpoints.peer;
@@ -521,8 +512,18 @@ impl<D: Door> Reader<D> {
 }
 
 impl<D: Door> Session<D> {
-    pub(crate) fn broker(&self) -> &Broker {
-        &self.broker
+    /// The broker handle, acting for this connection's caller. Not held
+    /// across an await by callers that the handshake could race: the only
+    /// replacement happens while the first frame is handled, before any
+    /// request runs.
+    pub(crate) fn broker(&self) -> std::cell::Ref<'_, Broker> {
+        self.broker.borrow()
+    }
+
+    /// A clone of the handle, for a call that awaits (a `Ref` must not be
+    /// held across an await).
+    pub(crate) fn broker_handle(&self) -> Broker {
+        self.broker.borrow().clone()
     }
 
     pub(crate) fn limits(&self) -> &ConnectionLimits {
@@ -551,9 +552,10 @@ impl<D: Door> Session<D> {
                     Handshake::Accepted(principal) => {
                         connected = true;
                         if let Some(p) = principal {
-                            *self.principal.borrow_mut() = p;
+                            let named = self.broker().with_principal(p);
+                            *self.broker.borrow_mut() = named;
                         }
-                        tracing::debug!(%peer, principal = ?self.principal.borrow(), "handshake done");
+                        tracing::debug!(%peer, principal = ?self.broker().principal(), "handshake done");
                         continue;
                     }
                     Handshake::Refused => return End::Refused,
@@ -586,7 +588,7 @@ impl<D: Door> Session<D> {
                         // Receipts already queued are still written (the
                         // writer task drains its channel), then it ends.
                         drop(p.receipts);
-                        match self.broker.close_producer(&p.handle).await {
+                        match self.broker_handle().close_producer(&p.handle).await {
                             Ok(()) => self.out.success(request_id),
                             Err(e) => self.out.error(request_id, &e),
                         }
@@ -610,7 +612,7 @@ impl<D: Door> Session<D> {
                 }
                 let sink = self.sink();
                 let consumer_id = request.consumer_id;
-                match self.broker.subscribe(request, sink).await {
+                match self.broker_handle().subscribe(request, sink).await {
                     Ok(handle) => {
                         self.consumers.borrow_mut().insert(consumer_id, handle);
                         self.out.success(request_id);
@@ -620,7 +622,7 @@ impl<D: Door> Session<D> {
             }
             Request::Flow { consumer_id, permits } => {
                 if let Some(c) = self.consumers.borrow().get(&consumer_id) {
-                    self.broker.flow(c, permits);
+                    self.broker().flow(c, permits);
                 }
             }
             Request::Ack { request_id, consumer_id, ack_type, message_ids, batch_sizes } => {
@@ -637,7 +639,7 @@ impl<D: Door> Session<D> {
                     return Err("an ack's batch sizes are one per id, or none".into());
                 }
                 let durable = request_id.is_some();
-                let fut = self.broker.ack_with_batch_sizes(&c, ack_type, message_ids, batch_sizes, durable);
+                let fut = self.broker().ack_with_batch_sizes(&c, ack_type, message_ids, batch_sizes, durable);
                 let out = self.out.clone();
                 glommio::spawn_local(async move {
                     match (fut.await, request_id) {
@@ -654,20 +656,20 @@ impl<D: Door> Session<D> {
                     self.out.error(request_id, &consumer_not_found());
                     return Ok(());
                 };
-                match self.broker.seek(&c, target).await {
+                match self.broker_handle().seek(&c, target).await {
                     Ok(()) => self.out.success(request_id),
                     Err(e) => self.out.error(request_id, &e),
                 }
             }
             Request::Redeliver { consumer_id, message_ids } => {
                 if let Some(c) = self.consumers.borrow().get(&consumer_id) {
-                    self.broker.redeliver_unacknowledged(c, message_ids);
+                    self.broker().redeliver_unacknowledged(c, message_ids);
                 }
             }
             Request::CloseConsumer { request_id, consumer_id } => {
                 let c = self.consumers.borrow_mut().remove(&consumer_id);
                 match c {
-                    Some(c) => match self.broker.close_consumer(&c).await {
+                    Some(c) => match self.broker_handle().close_consumer(&c).await {
                         Ok(()) => self.out.success(request_id),
                         Err(e) => self.out.error(request_id, &e),
                     },
@@ -712,12 +714,12 @@ impl<D: Door> Session<D> {
         self.pending_producers.borrow_mut().insert(producer_id);
         let me = self.clone();
         glommio::spawn_local(async move {
-            let created = me.broker.create_producer_with(&topic, &producer_name, access_mode).await;
+            let created = me.broker_handle().create_producer_with(&topic, &producer_name, access_mode).await;
             me.pending_producers.borrow_mut().remove(&producer_id);
             match created {
                 Ok(handle) if me.out.is_closed() || me.gone.get() => {
                     // The connection ended while we waited.
-                    let _ = me.broker.close_producer(&handle).await;
+                    let _ = me.broker_handle().close_producer(&handle).await;
                 }
                 Ok(handle) => {
                     me.out.put("a producer's creation", |d, dst| d.producer_created(dst, request_id, &handle));
@@ -742,7 +744,7 @@ impl<D: Door> Session<D> {
         magnetar_core::stage::mark("1_conn_send");
         let bytes = payload.len();
         self.inflight.add(bytes);
-        let fut = self.broker.send_checked(&p.handle, sequence_id, num_messages, payload, payload_crc);
+        let fut = self.broker().send_checked(&p.handle, sequence_id, num_messages, payload, payload_crc);
         let receipt: Receipt = async move { (sequence_id, bytes, fut.await) }.boxed_local();
         if p.receipts.try_send(receipt).is_err() {
             self.inflight.release(bytes);
@@ -756,7 +758,7 @@ impl<D: Door> Session<D> {
             return s;
         }
         let (tx, rx) = local_channel::new_unbounded::<ConsumerEvent>();
-        let sink = self.broker.register_sink(tx);
+        let sink = self.broker().register_sink(tx);
         self.sink.set(Some(sink));
         let me = Rc::downgrade(self);
         let out = self.out.clone();
@@ -795,15 +797,15 @@ impl<D: Door> Session<D> {
         self.gone.set(true);
         let consumers: Vec<ConsumerHandle> = self.consumers.borrow_mut().drain().map(|(_, c)| c).collect();
         for c in consumers {
-            let _ = self.broker.close_consumer(&c).await;
+            let _ = self.broker_handle().close_consumer(&c).await;
         }
         let producers: Vec<SessionProducer> = self.producers.borrow_mut().drain().map(|(_, p)| p).collect();
         for p in producers {
             drop(p.receipts);
-            let _ = self.broker.close_producer(&p.handle).await;
+            let _ = self.broker_handle().close_producer(&p.handle).await;
         }
         if let Some(sink) = self.sink.take() {
-            self.broker.unregister_sink(sink);
+            self.broker().unregister_sink(sink);
         }
     }
 }

@@ -39,20 +39,33 @@ pub struct Broker {
     /// consumers of topics another shard owns are refused with `NotOwner`
     /// (the client looked up a stale owner), instead of crossing the mesh.
     owner_only: bool,
+    /// Who is calling; authorization will be decided from it here.
+    principal: Principal,
 }
 
 // ------------------------------------------------------------------ handle
 
 impl Broker {
     pub(crate) fn new(shard: Rc<Shard>) -> Self {
-        Self { shard, owner_only: false }
+        Self { shard, owner_only: false, principal: Principal::Anonymous }
     }
 
     /// A handle for the connections of this shard's own port: producers and
     /// consumers of topics owned by another shard are refused with
     /// `NotOwner` rather than routed over the mesh.
     pub fn owner_only(&self) -> Broker {
-        Broker { shard: self.shard.clone(), owner_only: true }
+        Broker { owner_only: true, ..self.clone() }
+    }
+
+    /// The same handle acting for `principal` (a door sets it from its
+    /// handshake, before the connection's first request).
+    pub fn with_principal(&self, principal: Principal) -> Broker {
+        Broker { principal, ..self.clone() }
+    }
+
+    /// Who this handle acts for.
+    pub fn principal(&self) -> &Principal {
+        &self.principal
     }
 
     pub fn shard_id(&self) -> u32 {

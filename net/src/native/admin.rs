@@ -9,7 +9,7 @@ use std::rc::Rc;
 /// Per-subscription statistics of `topic`, answered as JSON. Awaited
 /// before the connection's next request is read.
 pub(super) async fn topic_stats(session: &Rc<Session<NativeDoor>>, request_id: u64, topic: String) {
-    match session.broker().topic_stats(&topic).await {
+    match session.broker_handle().topic_stats(&topic).await {
         Ok(json) => {
             let stats = Command::TopicStats { request_id, topic, json };
             session.out().put("topic stats", |_, dst| super::push(dst, &stats));
@@ -23,7 +23,7 @@ pub(super) async fn topic_stats(session: &Rc<Session<NativeDoor>>, request_id: u
 pub(super) fn spawn_admin(session: &Rc<Session<NativeDoor>>, request_id: u64, op: String, json: String) {
     let session = session.clone();
     glommio::spawn_local(async move {
-        match session.broker().admin(&op, &json).await {
+        match session.broker_handle().admin(&op, &json).await {
             Ok(mut json) => {
                 if op == "topics.lookup" {
                     json = add_broker_address(&json, session.local_addr());
