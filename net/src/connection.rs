@@ -531,7 +531,10 @@ impl Conn {
             }
             Command::TopicStats { request_id, topic, .. } => {
                 match self.broker.topic_stats(&topic).await {
-                    Ok(json) => self.out.push(&Command::TopicStats { request_id, topic, json }, &[]),
+                    Ok(stats) => {
+                        let json = crate::native::admin::render_topic_stats(&stats);
+                        self.out.push(&Command::TopicStats { request_id, topic, json }, &[])
+                    }
                     Err(e) => self.out.error(request_id, &e),
                 }
                 Ok(())
@@ -562,13 +565,8 @@ impl Conn {
             Command::AdminRequest { request_id, op, json } => {
                 let me = self.clone();
                 glommio::spawn_local(async move {
-                    match me.broker.admin(&op, &json).await {
-                        Ok(mut json) => {
-                            if op == "topics.lookup" {
-                                json = add_broker_address(&json, me.local_addr.as_deref());
-                            }
-                            me.out.push(&Command::AdminResponse { request_id, json }, &[]);
-                        }
+                    match crate::native::admin::run(&me.broker, &op, &json, me.local_addr.as_deref()).await {
+                        Ok(json) => me.out.push(&Command::AdminResponse { request_id, json }, &[]),
                         Err(e) => me.out.error(request_id, &e),
                     }
                 })
@@ -700,17 +698,6 @@ fn reserve_for_frame(decoder: &FrameDecoder, buf: &mut BytesMut) {
     if let Ok(Some(total)) = decoder.next_frame_bytes(buf) {
         let rest = total.saturating_sub(buf.len()).min(FRAME_RESERVE_AHEAD_MAX);
         buf.reserve(rest.saturating_add(READ_CHUNK_BYTES));
-    }
-}
-
-/// Lookup answers name the broker that owns the topic: in a single-broker
-/// deployment, the address this connection reached.
-fn add_broker_address(json: &str, local: Option<&str>) -> String {
-    let Some(local) = local else { return json.to_string() };
-    let quoted = format!("{local:?}");
-    match json.strip_suffix('}') {
-        Some(head) if head.starts_with('{') => format!("{head},\"broker\":{quoted}}}"),
-        _ => json.to_string(),
     }
 }
 

@@ -14,6 +14,7 @@
 //! This crate knows nothing of files; core knows nothing of sockets.
 
 mod connection;
+mod native;
 
 use magnetar_core::Broker;
 use std::cell::Cell;

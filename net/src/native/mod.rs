@@ -1,0 +1,3 @@
+//! The native protocol's door: how its frames map onto the broker API.
+
+pub(crate) mod admin;
