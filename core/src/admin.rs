@@ -1,81 +1,25 @@
-//! Admin and lookup operations, executed on shard 0 (which owns the
-//! metadata store). Each operation is named (`op`) and takes a JSON object;
-//! it answers a JSON value. The native protocol carries them as
-//! `AdminRequest`/`AdminResponse`; the CLI's `magnetar admin …` and the
-//! client's `Admin` API are thin layers over this list:
-//!
-//! | op | arguments | answer |
-//! |---|---|---|
-//! | `tenants.list` | – | `["public", …]` |
-//! | `tenants.create` | `tenant`, optional `admin_roles`, `allowed_clusters` | `null` |
-//! | `tenants.get` | `tenant` | the tenant info |
-//! | `tenants.delete` | `tenant` (must have no namespaces) | `null` |
-//! | `namespaces.list` | `tenant` | `["public/default", …]` |
-//! | `namespaces.create` | `namespace`, optional `policies` (partial) | `null` |
-//! | `namespaces.delete` | `namespace` (must have no topics) | `null` |
-//! | `namespaces.policies` | `namespace` | the policies |
-//! | `namespaces.set-policies` | `namespace`, `policies` (partial: only the given fields change) | the new policies |
-//! | `topics.create` | `topic` | `null` |
-//! | `topics.create-partitioned` | `topic`, `partitions` | `null` |
-//! | `topics.update-partitioned` | `topic`, `partitions` (grow only) | `null` |
-//! | `topics.partitioned-metadata` | `topic` | `{"partitions": N}` (0: not partitioned) |
-//! | `topics.list` | `namespace` | full names, partitions included |
-//! | `topics.delete` | `topic` (a partitioned one deletes every partition) | `null` |
-//! | `topics.last-message-id` | `topic` | `{"id": "L:E:P:-1" or null}`; partitioned: `{"partitions": [{"id": …}, …]}` |
-//! | `topics.lookup` | `topic` | `{"topic", "partitions", "bundle", "shard", "shard_port"?, "partition_owners"}` (the net layer adds `broker`) |
-//! | `topics.owner` | `topic` (exactly this name; no side effects) | `{"topic", "bundle", "shard", "shard_port"?}` |
-//! | `broker.shard-stats` | – | `{"shards": [{"shard", "port"?, "cross_shard_requests", "cross_shard_events"}, …]}` |
-//! | `topics.{set,get,remove}-retention`, `topics.{set,get,remove}-message-ttl` | see [`crate::topic_policies`] | |
+//! Admin and lookup operations ([`AdminRequest`]), executed on shard 0
+//! (which owns the metadata store); requests about a topic's data go on to
+//! its owner. A door maps its own format onto [`AdminRequest`] and
+//! [`AdminReply`] (the native door's op names and JSON:
+//! `net/src/native/admin.rs`). Topic-level retention and TTL are in
+//! [`crate::topic_policies`].
 //!
 //! Runs on shard 0; never crosses cores.
 
+use crate::api::{AdminReply, AdminRequest, FoundMessages, LastMessageId, ShardStats, TopicLookup, TopicOwner};
 use crate::error::{CoreError, ErrorCode};
-use crate::metadata::{parse_namespace, Metadata, Policies, TenantInfo};
+use crate::metadata::{parse_namespace, Metadata, Policies};
 use crate::ownership;
 use crate::shard::{Op, Reply, Shard, TopicPolicy};
 use crate::topic_name::{Domain, TopicName};
-use serde_json::{json, Value};
 use std::rc::Rc;
-
-pub(crate) fn bad_args(op: &str, why: impl std::fmt::Display) -> CoreError {
-    CoreError::new(ErrorCode::ProtocolError, format!("admin {op}: {why}"))
-}
-
-fn str_arg<'a>(op: &str, args: &'a Value, name: &str) -> Result<&'a str, CoreError> {
-    args.get(name).and_then(Value::as_str).ok_or_else(|| bad_args(op, format!("missing string argument {name:?}")))
-}
-
-fn u32_arg(op: &str, args: &Value, name: &str) -> Result<u32, CoreError> {
-    args.get(name)
-        .and_then(Value::as_u64)
-        .and_then(|v| u32::try_from(v).ok())
-        .ok_or_else(|| bad_args(op, format!("missing integer argument {name:?}")))
-}
-
-pub(crate) fn topic_arg(op: &str, args: &Value) -> Result<TopicName, CoreError> {
-    let t = str_arg(op, args, "topic")?;
-    TopicName::parse(t).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))
-}
 
 pub(crate) fn metadata(shard: &Shard) -> Result<&Metadata, CoreError> {
     shard
         .metadata
         .as_ref()
         .ok_or_else(|| CoreError::new(ErrorCode::UnknownError, "internal: admin operation routed off shard 0"))
-}
-
-/// `over` applied field by field on top of `base` (both as JSON), decoded.
-fn merge_policies(op: &str, base: &Policies, over: Option<&Value>) -> Result<Policies, CoreError> {
-    let mut merged = serde_json::to_value(base).map_err(|e| bad_args(op, e))?;
-    if let Some(over) = over {
-        let Some(fields) = over.as_object() else {
-            return Err(bad_args(op, "policies must be a JSON object"));
-        };
-        for (k, v) in fields {
-            merged[k] = v.clone();
-        }
-    }
-    serde_json::from_value(merged).map_err(|e| CoreError::new(ErrorCode::NotAllowed, format!("admin {op}: {e}")))
 }
 
 pub(crate) async fn namespace_must_exist(md: &Metadata, tn: &TopicName) -> Result<Policies, CoreError> {
@@ -122,82 +66,71 @@ pub(crate) async fn topic_policy(shard: &Rc<Shard>, topic: &str) -> Result<Topic
     Ok(TopicPolicy { policies, in_partitioned })
 }
 
-/// Runs `op` with the JSON object `json`; answers JSON text.
-pub(crate) async fn execute(shard: Rc<Shard>, op: &str, json: &str) -> Result<String, CoreError> {
-    let args: Value = if json.trim().is_empty() {
-        Value::Object(Default::default())
-    } else {
-        serde_json::from_str(json).map_err(|e| bad_args(op, format!("arguments are not JSON: {e}")))?
-    };
-    let answer = run(&shard, op, &args).await?;
-    Ok(answer.to_string())
+fn not_found(what: &str, name: &str) -> CoreError {
+    CoreError::new(ErrorCode::TopicNotFound, format!("{what} {name:?} does not exist"))
 }
 
-async fn run(shard: &Rc<Shard>, op: &str, args: &Value) -> Result<Value, CoreError> {
+/// Partition `i` of the partitioned topic `tn`.
+fn partition(tn: &TopicName, i: u32) -> TopicName {
+    TopicName { local: format!("{}-partition-{i}", tn.local), ..tn.clone() }
+}
+
+fn unexpected(r: Reply) -> CoreError {
+    CoreError::new(ErrorCode::UnknownError, format!("internal: unexpected reply {r:?}"))
+}
+
+/// Runs `request`.
+pub(crate) async fn execute(shard: &Rc<Shard>, request: AdminRequest) -> Result<AdminReply, CoreError> {
     let md = metadata(shard)?;
-    match op {
-        op if crate::topic_policies::handles(op) => crate::topic_policies::run(shard, op, args).await,
-        "tenants.list" => Ok(json!(md.tenants().await?)),
-        "tenants.create" => {
-            let tenant = str_arg(op, args, "tenant")?;
-            let info: TenantInfo = serde_json::from_value(args.clone()).unwrap_or_default();
-            md.create_tenant(tenant, info).await?;
-            Ok(Value::Null)
+    match request {
+        AdminRequest::SetRetention { .. }
+        | AdminRequest::GetRetention { .. }
+        | AdminRequest::RemoveRetention { .. }
+        | AdminRequest::SetMessageTtl { .. }
+        | AdminRequest::GetMessageTtl { .. }
+        | AdminRequest::RemoveMessageTtl { .. } => crate::topic_policies::run(shard, request).await,
+        AdminRequest::ListTenants => Ok(AdminReply::Names(md.tenants().await?)),
+        AdminRequest::CreateTenant { tenant, info } => {
+            md.create_tenant(&tenant, info).await?;
+            Ok(AdminReply::Done)
         }
-        "tenants.get" => {
-            let tenant = str_arg(op, args, "tenant")?;
-            let info = md
-                .tenant(tenant)
-                .await?
-                .ok_or_else(|| CoreError::new(ErrorCode::TopicNotFound, format!("tenant {tenant:?} does not exist")))?;
-            Ok(json!(info))
+        AdminRequest::GetTenant { tenant } => {
+            let info = md.tenant(&tenant).await?.ok_or_else(|| not_found("tenant", &tenant))?;
+            Ok(AdminReply::Tenant(info))
         }
-        "tenants.delete" => {
-            md.delete_tenant(str_arg(op, args, "tenant")?).await?;
-            Ok(Value::Null)
+        AdminRequest::DeleteTenant { tenant } => {
+            md.delete_tenant(&tenant).await?;
+            Ok(AdminReply::Done)
         }
-        "namespaces.list" => {
-            let tenant = str_arg(op, args, "tenant")?;
-            if md.tenant(tenant).await?.is_none() {
-                return Err(CoreError::new(ErrorCode::TopicNotFound, format!("tenant {tenant:?} does not exist")));
+        AdminRequest::ListNamespaces { tenant } => {
+            if md.tenant(&tenant).await?.is_none() {
+                return Err(not_found("tenant", &tenant));
             }
-            Ok(json!(md.namespaces(tenant).await?))
+            Ok(AdminReply::Names(md.namespaces(&tenant).await?))
         }
-        "namespaces.create" => {
-            let ns = str_arg(op, args, "namespace")?;
+        AdminRequest::CreateNamespace { namespace, policies } => {
             let base = Policies { bundles: shard.config.bundles_per_namespace, ..Policies::default() };
-            let policies = merge_policies(op, &base, args.get("policies"))?;
-            md.create_namespace(ns, policies).await?;
-            Ok(Value::Null)
+            md.create_namespace(&namespace, policies.apply(base)).await?;
+            Ok(AdminReply::Done)
         }
-        "namespaces.delete" => {
-            let ns = str_arg(op, args, "namespace")?;
-            parse_namespace(ns)?;
-            let mut topics = list_topics(shard, ns).await?;
+        AdminRequest::DeleteNamespace { namespace } => {
+            parse_namespace(&namespace)?;
+            let mut topics = list_topics(shard, &namespace).await?;
             topics.truncate(10);
-            md.delete_namespace(ns, &topics).await?;
-            Ok(Value::Null)
+            md.delete_namespace(&namespace, &topics).await?;
+            Ok(AdminReply::Done)
         }
-        "namespaces.policies" => {
-            let ns = str_arg(op, args, "namespace")?;
-            let p = md
-                .policies(ns)
-                .await?
-                .ok_or_else(|| CoreError::new(ErrorCode::TopicNotFound, format!("namespace {ns:?} does not exist")))?;
-            Ok(json!(p))
+        AdminRequest::GetPolicies { namespace } => {
+            let p = md.policies(&namespace).await?.ok_or_else(|| not_found("namespace", &namespace))?;
+            Ok(AdminReply::Policies(p))
         }
-        "namespaces.set-policies" => {
-            let ns = str_arg(op, args, "namespace")?;
-            let old = md
-                .policies(ns)
-                .await?
-                .ok_or_else(|| CoreError::new(ErrorCode::TopicNotFound, format!("namespace {ns:?} does not exist")))?;
-            let new = merge_policies(op, &old, args.get("policies"))?;
-            md.set_policies(ns, new.clone()).await?;
-            Ok(json!(new))
+        AdminRequest::SetPolicies { namespace, policies } => {
+            let old = md.policies(&namespace).await?.ok_or_else(|| not_found("namespace", &namespace))?;
+            let new = policies.apply(old);
+            md.set_policies(&namespace, new.clone()).await?;
+            Ok(AdminReply::Policies(new))
         }
-        "topics.create" => {
-            let tn = topic_arg(op, args)?;
+        AdminRequest::CreateTopic { topic: tn } => {
             check_persistent(&tn)?;
             let topic = tn.to_string();
             let policies = namespace_must_exist(md, &tn).await?;
@@ -206,54 +139,33 @@ async fn run(shard: &Rc<Shard>, op: &str, args: &Value) -> Result<Value, CoreErr
             }
             let owner = ownership::shard_of(&tn, policies.bundles, shard.nshards);
             shard.call(owner, Op::CreateTopic { topic }).await?;
-            Ok(Value::Null)
+            Ok(AdminReply::Done)
         }
-        "topics.create-partitioned" | "topics.update-partitioned" => {
-            let tn = topic_arg(op, args)?;
-            check_persistent(&tn)?;
-            if tn.partition().is_some() {
-                return Err(CoreError::new(
-                    ErrorCode::InvalidTopicName,
-                    format!("a partitioned topic's name may not end in -partition-<i>: {tn}"),
-                ));
+        AdminRequest::CreatePartitionedTopic { topic: tn, partitions } => {
+            set_partitioned(shard, md, &tn, partitions, true).await?;
+            Ok(AdminReply::Done)
+        }
+        AdminRequest::UpdatePartitionedTopic { topic: tn, partitions } => {
+            set_partitioned(shard, md, &tn, partitions, false).await?;
+            Ok(AdminReply::Done)
+        }
+        AdminRequest::PartitionedMetadata { topic: tn } => {
+            Ok(AdminReply::Partitions(partitions_of(shard, md, &tn).await?))
+        }
+        AdminRequest::ListTopics { namespace } => {
+            parse_namespace(&namespace)?;
+            if md.policies(&namespace).await?.is_none() {
+                return Err(not_found("namespace", &namespace));
             }
-            let partitions = u32_arg(op, args, "partitions")?;
-            let topic = tn.to_string();
-            let policies = namespace_must_exist(md, &tn).await?;
-            let create = op == "topics.create-partitioned";
-            if create {
-                let owner = ownership::shard_of(&tn, policies.bundles, shard.nshards);
-                if topic_exists_on(shard, owner, &topic).await? {
-                    return Err(CoreError::new(
-                        ErrorCode::NotAllowed,
-                        format!("a non-partitioned topic {topic} already exists"),
-                    ));
-                }
-            }
-            md.set_partitioned(&topic, partitions, create).await?;
-            Ok(Value::Null)
+            Ok(AdminReply::Names(list_topics(shard, &namespace).await?))
         }
-        "topics.partitioned-metadata" => {
-            let tn = topic_arg(op, args)?;
-            let partitions = partitions_of(shard, md, &tn).await?;
-            Ok(json!({ "partitions": partitions }))
-        }
-        "topics.list" => {
-            let ns = str_arg(op, args, "namespace")?;
-            parse_namespace(ns)?;
-            if md.policies(ns).await?.is_none() {
-                return Err(CoreError::new(ErrorCode::TopicNotFound, format!("namespace {ns:?} does not exist")));
-            }
-            Ok(json!(list_topics(shard, ns).await?))
-        }
-        "topics.delete" => {
-            let tn = topic_arg(op, args)?;
+        AdminRequest::DeleteTopic { topic: tn } => {
             let topic = tn.to_string();
             let policies = namespace_must_exist(md, &tn).await?;
             match md.partitioned(&topic).await? {
                 Some(p) => {
                     for i in 0..p.partitions {
-                        let part = TopicName { local: format!("{}-partition-{i}", tn.local), ..tn.clone() };
+                        let part = partition(&tn, i);
                         let owner = ownership::shard_of(&part, policies.bundles, shard.nshards);
                         match shard.call(owner, Op::DeleteTopic { topic: part.to_string() }).await {
                             // A partition nobody used was never created.
@@ -271,147 +183,138 @@ async fn run(shard: &Rc<Shard>, op: &str, args: &Value) -> Result<Value, CoreErr
                 }
             }
             crate::topic_policies::forget(md, &topic).await?;
-            Ok(Value::Null)
+            Ok(AdminReply::Done)
         }
-        "topics.last-message-id" => {
-            let tn = topic_arg(op, args)?;
+        AdminRequest::LastMessageId { topic: tn } => {
             let policies = namespace_must_exist(md, &tn).await?;
-            let last = |part: TopicName| {
-                let owner = ownership::shard_of(&part, policies.bundles, shard.nshards);
-                shard.call(owner, Op::LastMessageId { topic: part.to_string() })
+            let last = |part: &TopicName| {
+                let owner = ownership::shard_of(part, policies.bundles, shard.nshards);
+                let call = shard.call(owner, Op::LastMessageId { topic: part.to_string() });
+                async move {
+                    match call.await? {
+                        Reply::LastMessageId(id) => Ok(id),
+                        other => Err(unexpected(other)),
+                    }
+                }
             };
-            let json_of = |r: Reply| match r {
-                Reply::Json(j) => serde_json::from_str::<Value>(&j).map_err(|e| bad_args(op, e)),
-                other => Err(CoreError::new(ErrorCode::UnknownError, format!("internal: unexpected reply {other:?}"))),
-            };
-            match md.partitioned(&tn.to_string()).await? {
-                None => json_of(last(tn).await?),
+            let id = match md.partitioned(&tn.to_string()).await? {
+                None => LastMessageId::Topic(last(&tn).await?),
                 Some(p) => {
                     let mut ids = Vec::new();
                     for i in 0..p.partitions {
-                        let part = TopicName { local: format!("{}-partition-{i}", tn.local), ..tn.clone() };
-                        match last(part).await {
-                            Ok(r) => ids.push(json_of(r)?),
+                        match last(&partition(&tn, i)).await {
+                            Ok(id) => ids.push(id),
                             // A partition nobody used was never created.
-                            Err(e) if e.code == ErrorCode::TopicNotFound => ids.push(json!({ "id": null })),
+                            Err(e) if e.code == ErrorCode::TopicNotFound => ids.push(None),
                             Err(e) => return Err(e),
                         }
                     }
-                    Ok(json!({ "partitions": ids }))
+                    LastMessageId::Partitioned(ids)
                 }
-            }
+            };
+            Ok(AdminReply::LastMessageId(id))
         }
-        "messages.find" => {
-            let tn = topic_arg(op, args)?;
+        AdminRequest::FindMessages { topic: tn, key, before_ms, limit } => {
             check_persistent(&tn)?;
-            let key = str_arg(op, args, "key")?.to_string();
-            let before_ms = match args.get("before_ms") {
-                None | Some(Value::Null) => None,
-                Some(v) => {
-                    Some(v.as_u64().ok_or_else(|| bad_args(op, "before_ms must be a non-negative integer (ms)"))?)
-                }
-            };
-            let limit = match args.get("limit") {
-                None | Some(Value::Null) => 10,
-                Some(_) => u32_arg(op, args, "limit")?,
-            };
             let policies = namespace_must_exist(md, &tn).await?;
-            let find = |part: TopicName| {
-                let owner = ownership::shard_of(&part, policies.bundles, shard.nshards);
-                shard.call(owner, Op::FindMessages { topic: part.to_string(), key: key.clone(), before_ms, limit })
-            };
-            let json_of = |r: Reply| match r {
-                Reply::Json(j) => serde_json::from_str::<Value>(&j).map_err(|e| bad_args(op, e)),
-                other => Err(CoreError::new(ErrorCode::UnknownError, format!("internal: unexpected reply {other:?}"))),
+            let find = |part: &TopicName| {
+                let owner = ownership::shard_of(part, policies.bundles, shard.nshards);
+                let op = Op::FindMessages { topic: part.to_string(), key: key.clone(), before_ms, limit };
+                let call = shard.call(owner, op);
+                async move {
+                    match call.await? {
+                        Reply::Found(found) => Ok(found),
+                        other => Err(unexpected(other)),
+                    }
+                }
             };
             // A partitioned topic: every partition, merged newest first.
-            match md.partitioned(&tn.to_string()).await? {
-                None => json_of(find(tn).await?),
+            let found = match md.partitioned(&tn.to_string()).await? {
+                None => find(&tn).await?,
                 Some(p) => {
-                    let mut answers = Vec::new();
+                    let mut answers: Vec<FoundMessages> = Vec::new();
                     for i in 0..p.partitions {
-                        let part = TopicName { local: format!("{}-partition-{i}", tn.local), ..tn.clone() };
-                        match find(part).await {
-                            Ok(r) => answers.push(json_of(r)?),
+                        match find(&partition(&tn, i)).await {
+                            Ok(found) => answers.push(found),
                             // A partition nobody used was never created.
                             Err(e) if e.code == ErrorCode::TopicNotFound => {}
                             Err(e) => return Err(e),
                         }
                     }
-                    Ok(crate::find::merge(answers, limit))
+                    crate::find::merge(answers, limit)
                 }
-            }
+            };
+            Ok(AdminReply::Found(found))
         }
-        "topics.lookup" => {
-            let tn = topic_arg(op, args)?;
+        AdminRequest::Lookup { topic: tn } => {
             let policies = namespace_must_exist(md, &tn).await?;
             let partitions = partitions_of(shard, md, &tn).await?;
-            let bundle = ownership::bundle_of(&tn, policies.bundles);
-            let owner = ownership::shard_of_bundle(bundle, shard.nshards);
-            let parts: Vec<Value> = (0..partitions)
-                .map(|i| {
-                    let part = TopicName { local: format!("{}-partition-{i}", tn.local), ..tn.clone() };
-                    let b = ownership::bundle_of(&part, policies.bundles);
-                    let s = ownership::shard_of_bundle(b, shard.nshards);
-                    with_shard_port(shard, s, json!({ "topic": part.to_string(), "bundle": b, "shard": s }))
-                })
-                .collect();
-            let answer = json!({
-                "topic": tn.to_string(),
-                "partitions": partitions,
-                "bundle": bundle,
-                "shard": owner,
-                "partition_owners": parts,
-            });
-            Ok(with_shard_port(shard, owner, answer))
+            let partition_owners =
+                (0..partitions).map(|i| owner_of(shard, &partition(&tn, i), policies.bundles)).collect();
+            let owner = owner_of(shard, &tn, policies.bundles);
+            Ok(AdminReply::Lookup(TopicLookup { owner, partitions, partition_owners, broker: None }))
         }
-        "topics.owner" => {
+        AdminRequest::Owner { topic: tn } => {
             // What a shard-aware client asks before creating a producer or
             // consumer: the owner of exactly this name, never creating
-            // anything (unlike `topics.lookup`, which may auto-create a
-            // partitioned topic's metadata).
-            let tn = topic_arg(op, args)?;
+            // anything (unlike `Lookup`, which may auto-create a partitioned
+            // topic's metadata).
             let policies = namespace_must_exist(md, &tn).await?;
-            let bundle = ownership::bundle_of(&tn, policies.bundles);
-            let owner = ownership::shard_of_bundle(bundle, shard.nshards);
-            Ok(with_shard_port(shard, owner, json!({ "topic": tn.to_string(), "bundle": bundle, "shard": owner })))
+            Ok(AdminReply::Owner(owner_of(shard, &tn, policies.bundles)))
         }
-        "broker.shard-stats" => {
+        AdminRequest::ShardStats => {
             let mut shards = Vec::new();
             for i in 0..shard.nshards {
-                let Reply::Traffic(t) = shard.call(i, Op::Traffic).await? else {
+                let Reply::Traffic(traffic) = shard.call(i, Op::Traffic).await? else {
                     return Err(CoreError::new(ErrorCode::UnknownError, "internal: unexpected reply to Traffic"));
                 };
-                let entry = json!({
-                    "shard": t.shard,
-                    "cross_shard_requests": t.cross_shard_requests,
-                    "cross_shard_events": t.cross_shard_events,
-                });
-                shards.push(match shard.config.shard_ports.get(i as usize) {
-                    Some(port) => with_key(entry, "port", json!(port)),
-                    None => entry,
-                });
+                shards.push(ShardStats { traffic, port: shard.config.shard_ports.get(i as usize).copied() });
             }
-            Ok(json!({ "shards": shards }))
+            Ok(AdminReply::ShardStats(shards))
         }
-        other => Err(CoreError::new(ErrorCode::NotAllowed, format!("unknown admin operation {other:?}"))),
     }
 }
 
-/// Adds `"shard_port"` (the port shard `owner` listens on by itself) to a
-/// lookup answer, when the broker has per-shard listeners.
-fn with_shard_port(shard: &Shard, owner: u32, answer: Value) -> Value {
-    match shard.config.shard_ports.get(owner as usize) {
-        Some(port) => with_key(answer, "shard_port", json!(port)),
-        None => answer,
+/// Creates (`create`) or grows the partitioned topic `tn`.
+async fn set_partitioned(
+    shard: &Rc<Shard>,
+    md: &Metadata,
+    tn: &TopicName,
+    partitions: u32,
+    create: bool,
+) -> Result<(), CoreError> {
+    check_persistent(tn)?;
+    if tn.partition().is_some() {
+        return Err(CoreError::new(
+            ErrorCode::InvalidTopicName,
+            format!("a partitioned topic's name may not end in -partition-<i>: {tn}"),
+        ));
     }
+    let topic = tn.to_string();
+    let policies = namespace_must_exist(md, tn).await?;
+    if create {
+        let owner = ownership::shard_of(tn, policies.bundles, shard.nshards);
+        if topic_exists_on(shard, owner, &topic).await? {
+            return Err(CoreError::new(
+                ErrorCode::NotAllowed,
+                format!("a non-partitioned topic {topic} already exists"),
+            ));
+        }
+    }
+    md.set_partitioned(&topic, partitions, create).await
 }
 
-fn with_key(mut object: Value, key: &str, value: Value) -> Value {
-    if let Value::Object(map) = &mut object {
-        map.insert(key.to_string(), value);
+/// The shard owning `tn` in a namespace of `bundles` bundles, and its own
+/// port when the broker has per-shard listeners.
+fn owner_of(shard: &Shard, tn: &TopicName, bundles: u32) -> TopicOwner {
+    let bundle = ownership::bundle_of(tn, bundles);
+    let owner = ownership::shard_of_bundle(bundle, shard.nshards);
+    TopicOwner {
+        topic: tn.to_string(),
+        bundle,
+        shard: owner,
+        shard_port: shard.config.shard_ports.get(owner as usize).copied(),
     }
-    object
 }
 
 fn check_persistent(tn: &TopicName) -> Result<(), CoreError> {

@@ -12,11 +12,10 @@
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use base64::Engine as _;
 use magnetar_storage::{key_hash, StorageError};
-use magnetar_wire::{decode_batch, decode_message, CompressionType, ErrorCode};
-use serde_json::{json, Value};
+use magnetar_wire::{decode_batch, decode_message, CompressionType, ErrorCode, MessageId};
 
+use crate::api::{CompressedBatch, FoundMessage, FoundMessages};
 use crate::error::CoreError;
 use crate::shard::Shard;
 use crate::topic_name::TopicName;
@@ -37,21 +36,20 @@ pub(crate) fn topic_ledgers(shard: &Shard, topic: &str) -> Option<Vec<u64>> {
 
 /// Finds up to `limit` messages of `topic` (one partition or a plain topic)
 /// with key `key`, published before `before_ms` if given, newest first.
-/// Answers `{"messages":[…],"truncated":bool}`.
 pub(crate) async fn find_messages(
     shard: &Rc<Shard>,
     topic: &str,
     key: &str,
     before_ms: Option<u64>,
     limit: u32,
-) -> Result<Value, CoreError> {
+) -> Result<FoundMessages, CoreError> {
     let tn = TopicName::parse(topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
     let partition = tn.partition().and_then(|p| i32::try_from(p).ok()).unwrap_or(-1);
     let ledgers = topic_ledgers(shard, topic)
         .ok_or_else(|| CoreError::new(ErrorCode::TopicNotFound, format!("topic {topic} does not exist")))?;
     let limit = limit.min(FIND_LIMIT_MAX) as usize;
     let hash = key_hash(key.as_bytes());
-    let mut out: Vec<Value> = Vec::new();
+    let mut out: Vec<FoundMessage> = Vec::new();
     let mut payload_bytes = 0usize;
     let mut truncated = false;
     let mut seen = 0usize;
@@ -67,22 +65,23 @@ pub(crate) async fn find_messages(
                 Err(e) => return Err(e.into()),
             };
             let Ok((meta, payload)) = decode_message(&blob) else { continue };
-            let id = |batch: i64| format!("{}:{}:{partition}:{batch}", hit.ledger, hit.entry);
-            let mut found: Vec<(String, BTreeMap<String, String>, bytes::Bytes)> = Vec::new();
+            let id = |batch: i32| MessageId::new(hit.ledger, hit.entry, partition, batch);
+            let mut found: Vec<(MessageId, BTreeMap<String, String>, bytes::Bytes)> = Vec::new();
             let mut compression = None;
             if meta.num_messages <= 1 || meta.compression != CompressionType::None {
                 if meta.partition_key.as_deref() == Some(key) {
                     let props = meta.properties.iter().cloned().collect();
                     found.push((id(-1), props, payload.clone()));
                     if meta.compression != CompressionType::None {
-                        compression = Some(format!("{:?}", meta.compression));
+                        compression =
+                            Some(CompressedBatch { compression: meta.compression, messages: meta.num_messages.max(1) });
                     }
                 }
             } else if let Ok(records) = decode_batch(&payload, meta.num_messages) {
                 // Newest first inside the batch too.
                 for (i, r) in records.iter().enumerate().rev() {
                     if r.partition_key.as_deref() == Some(key) {
-                        found.push((id(i as i64), r.properties.iter().cloned().collect(), r.payload.clone()));
+                        found.push((id(i as i32), r.properties.iter().cloned().collect(), r.payload.clone()));
                     }
                 }
             }
@@ -95,20 +94,15 @@ pub(crate) async fn find_messages(
                     break 'rounds;
                 }
                 payload_bytes += payload.len();
-                let mut m = json!({
-                    "id": id,
-                    "key": key,
-                    "properties": properties,
-                    "publish_time_ms": meta.publish_time_ms,
-                    "payload_size": payload.len(),
-                    "payload_base64": base64::engine::general_purpose::STANDARD.encode(&payload),
-                    "topic": topic,
+                out.push(FoundMessage {
+                    id,
+                    key: key.to_string(),
+                    properties,
+                    publish_time_ms: meta.publish_time_ms,
+                    payload,
+                    topic: topic.to_string(),
+                    compressed: compression,
                 });
-                if let Some(c) = &compression {
-                    m["compression"] = json!(c);
-                    m["batch_messages"] = json!(meta.num_messages.max(1));
-                }
-                out.push(m);
             }
         }
         if out.len() >= limit || hits.len() < want {
@@ -117,21 +111,19 @@ pub(crate) async fn find_messages(
         seen = hits.len();
         want *= 4;
     }
-    Ok(json!({ "messages": out, "truncated": truncated }))
+    Ok(FoundMessages { messages: out, truncated })
 }
 
 /// Merges the answers of several partitions: newest first, `limit` in all.
-pub(crate) fn merge(answers: Vec<Value>, limit: u32) -> Value {
-    let mut all: Vec<Value> = Vec::new();
+pub(crate) fn merge(answers: Vec<FoundMessages>, limit: u32) -> FoundMessages {
+    let mut all: Vec<FoundMessage> = Vec::new();
     let mut truncated = false;
     for a in answers {
-        truncated |= a["truncated"].as_bool().unwrap_or(false);
-        if let Some(ms) = a["messages"].as_array() {
-            all.extend(ms.iter().cloned());
-        }
+        truncated |= a.truncated;
+        all.extend(a.messages);
     }
     // Stable: within one partition the order (batch index) is kept.
-    all.sort_by_key(|m| std::cmp::Reverse(m["publish_time_ms"].as_u64().unwrap_or(0)));
+    all.sort_by_key(|m| std::cmp::Reverse(m.publish_time_ms));
     all.truncate(limit.min(FIND_LIMIT_MAX) as usize);
-    json!({ "messages": all, "truncated": truncated })
+    FoundMessages { messages: all, truncated }
 }

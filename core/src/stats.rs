@@ -1,8 +1,8 @@
-//! Per-subscription statistics of a topic, as a JSON object (the admin
-//! command `magnetar admin subscriptions stats TOPIC`). Built on the owner
-//! shard from its subscriptions; the core has no JSON library, and this is
-//! the only JSON it writes.
+//! Per-subscription statistics of a topic ([`TopicStats`], the admin
+//! command `magnetar admin subscriptions stats TOPIC`), taken on the owner
+//! shard from its subscriptions; and the meters and counters they read.
 
+use crate::api::{ConsumerStats, LedgerStats, SubscriptionStats, TopicStats};
 use crate::subscription::dispatcher::Policy;
 use crate::topic::Topic;
 use std::cell::Cell;
@@ -163,36 +163,24 @@ fn backlog_bytes_by(
     bytes
 }
 
-/// Layout: `{"topic":…,"next_entry":…,"ledgers":[{"ledger":…,"first":…,
-/// "entries":…,"bytes":…}],"subscriptions":{NAME:{"type":…,
-/// "ack_floor":…,"msg_backlog":…,"backlog_messages":…,"backlog_bytes":…,"unacked":…,
-/// "delayed":…,"replay":…,"msg_out_total":…,"msg_rate_in":…,
-/// "byte_rate_in":…,"msg_rate_out":…,"byte_rate_out":…,"durable":…,
-/// "filter_tag":…,"entries_read":…,"skipped_by_index":…,
-/// "partial_batches":…,"consumers":[{"name":…,"priority":…,"permits":…,
-/// "unacked":…,"active":…}]}}}`. `msg_backlog` counts entries not
-/// acknowledged (sent or not; a batch entry counts once), `backlog_messages`
-/// their messages (see `BatchSizes`), `backlog_bytes` their stored bytes; `unacked` counts entries delivered and not
-/// acknowledged; rates are per second over the last second or so (in:
-/// appended to the topic; out: sent to this subscription's consumers);
-/// `active` is meaningful for Failover/Exclusive. `next_entry`, `ack_floor`
-/// and `first` are topic positions (entries numbered across ledgers, see
-/// `ledgers.rs`); `ledgers` lists the stored ledgers, oldest first, the
-/// last one current.
-pub(crate) fn topic_stats_json(log: &magnetar_storage::EntryLog, t: &Topic) -> String {
+/// The statistics of `t` now (see [`TopicStats`] for what each figure
+/// means). `next_entry`, `ack_floor` and a ledger's `first` are topic
+/// positions (entries numbered across ledgers, see `ledgers.rs`).
+pub(crate) fn topic_stats(log: &magnetar_storage::EntryLog, t: &Topic) -> TopicStats {
     let now = crate::clock::now_ms();
-    let (msg_in, byte_in) = t.rate_in.rates(now);
-    let mut out = String::new();
-    out.push_str(&format!(
-        "{{\"topic\":{},\"next_entry\":{},\"ledgers\":{},\"subscriptions\":{{",
-        quote(&t.key),
-        t.next_entry.get(),
-        ledgers_json(&t.ledgers.borrow())
-    ));
+    let (msg_rate_in, byte_rate_in) = t.rate_in.rates(now);
+    let ledgers = t
+        .ledgers
+        .borrow()
+        .all()
+        .iter()
+        .map(|x| LedgerStats { ledger: x.id, first: x.first, entries: x.entries, bytes: x.bytes })
+        .collect();
     let subs = t.subs.borrow();
     let mut names: Vec<&String> = subs.keys().collect();
     names.sort();
-    for (i, name) in names.into_iter().enumerate() {
+    let mut subscriptions = Vec::with_capacity(names.len());
+    for name in names {
         let Some(s) = subs.get(name) else { continue };
         let cursor = s.cursor.borrow();
         let next = t.durable_next.get();
@@ -202,88 +190,59 @@ pub(crate) fn topic_stats_json(log: &magnetar_storage::EntryLog, t: &Topic) -> S
         let backlog_messages = (backlog
             + t.batch_sizes.extra_messages(cursor.ack_floor, next, |e| cursor.acked.contains(e)))
         .saturating_sub(partly_acked);
-        let active = match &*s.policy.borrow() {
+        let policy = s.policy.borrow();
+        let active = match &*policy {
             Policy::Single(a) => a.current,
             _ => None,
         };
-        if i > 0 {
-            out.push(',');
-        }
-        let (msg_out, byte_out) = s.counters.out.rates(now);
-        let filter = s.filter_tag.borrow().as_deref().map_or_else(|| "null".to_string(), quote);
-        out.push_str(&format!(
-            "{}:{{\"type\":\"{:?}\",\"ack_floor\":{},\"msg_backlog\":{},\"backlog_messages\":{},\"backlog_bytes\":{},\"unacked\":{},\"delayed\":{},\"replay\":{},\"msg_out_total\":{},\"msg_rate_in\":{:.1},\"byte_rate_in\":{:.1},\"msg_rate_out\":{:.1},\"byte_rate_out\":{:.1},\"durable\":{},\"filter_tag\":{},\"entries_read\":{},\"skipped_by_index\":{},\"partial_batches\":{},\"consumers\":[",
-            quote(name),
-            s.sub_type.get(),
-            cursor.ack_floor,
-            backlog,
+        let single = matches!(&*policy, Policy::Single(_));
+        let (msg_rate_out, byte_rate_out) = s.counters.out.rates(now);
+        let consumers = s
+            .consumers
+            .borrow()
+            .iter()
+            .map(|c| ConsumerStats {
+                name: c.name.clone(),
+                priority: c.priority,
+                permits: c.permits,
+                unacked: c.unacked,
+                active: active == Some(c.consumer) || !single,
+            })
+            .collect();
+        subscriptions.push(SubscriptionStats {
+            name: name.clone(),
+            sub_type: s.sub_type.get(),
+            ack_floor: cursor.ack_floor,
+            msg_backlog: backlog,
             backlog_messages,
-            backlog_bytes(log, t, &cursor),
-            s.pending.borrow().len(),
-            s.delayed.borrow().len(),
-            s.replay.borrow().len(),
-            s.delivered_total.get(),
-            msg_in,
-            byte_in,
-            msg_out,
-            byte_out,
-            s.durable,
-            filter,
-            s.counters.entries_read.get(),
-            s.counters.skipped_by_index.get(),
-            s.batch_acks.borrow().len(),
-        ));
-        for (j, c) in s.consumers.borrow().iter().enumerate() {
-            if j > 0 {
-                out.push(',');
-            }
-            let is_active = active == Some(c.consumer) || !matches!(&*s.policy.borrow(), Policy::Single(_));
-            out.push_str(&format!(
-                "{{\"name\":{},\"priority\":{},\"permits\":{},\"unacked\":{},\"active\":{}}}",
-                quote(&c.name),
-                c.priority,
-                c.permits,
-                c.unacked,
-                is_active
-            ));
-        }
-        out.push_str("]}");
+            backlog_bytes: backlog_bytes(log, t, &cursor),
+            unacked: s.pending.borrow().len() as u64,
+            delayed: s.delayed.borrow().len() as u64,
+            replay: s.replay.borrow().len() as u64,
+            msg_out_total: s.delivered_total.get(),
+            msg_rate_out,
+            byte_rate_out,
+            durable: s.durable,
+            filter_tag: s.filter_tag.borrow().clone(),
+            entries_read: s.counters.entries_read.get(),
+            skipped_by_index: s.counters.skipped_by_index.get(),
+            partial_batches: s.batch_acks.borrow().len() as u64,
+            consumers,
+        });
     }
-    out.push_str("}}");
-    out
-}
-
-/// The stored ledgers as a JSON array.
-fn ledgers_json(l: &crate::topic::ledgers::TopicLedgers) -> String {
-    let items: Vec<String> = l
-        .all()
-        .iter()
-        .map(|x| {
-            format!("{{\"ledger\":{},\"first\":{},\"entries\":{},\"bytes\":{}}}", x.id, x.first, x.entries, x.bytes)
-        })
-        .collect();
-    format!("[{}]", items.join(","))
-}
-
-/// A JSON string literal.
-fn quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for ch in s.chars() {
-        match ch {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
+    TopicStats {
+        topic: t.key.clone(),
+        next_entry: t.next_entry.get(),
+        ledgers,
+        msg_rate_in,
+        byte_rate_in,
+        subscriptions,
     }
-    out.push('"');
-    out
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{backlog_bytes_by, quote, BatchSizes, RateMeter, BATCH_SIZES_TRACKED_MAX, PRUNE_EVERY};
+    use super::{backlog_bytes_by, BatchSizes, RateMeter, BATCH_SIZES_TRACKED_MAX, PRUNE_EVERY};
 
     #[test]
     fn backlog_bytes_looks_up_a_bounded_number_of_entries() {
@@ -359,10 +318,5 @@ mod tests {
         assert_eq!(m.rates(11_900), (msgs, bytes), "still the last window");
         // Idle for long: the open window (nothing in it) is measured.
         assert_eq!(m.rates(15_000), (0.0, 0.0));
-    }
-
-    #[test]
-    fn quotes_escape() {
-        assert_eq!(quote("a\"b\\c\n"), "\"a\\\"b\\\\c\\u000a\"");
     }
 }

@@ -7,76 +7,52 @@
 //! policies (the retention task among them) gets them applied on top of the
 //! namespace's by [`crate::admin::topic_policy`].
 //!
-//! | op | arguments | answer |
-//! |---|---|---|
-//! | `topics.set-retention` | `topic`, `retention_minutes`, `retention_size_mb` (-1 = unbounded) | `null` |
-//! | `topics.get-retention` | `topic` | `{"retention_minutes", "retention_size_mb"}` or `null` (none set) |
-//! | `topics.remove-retention` | `topic` | `null` |
-//! | `topics.set-message-ttl` | `topic`, `message_ttl_seconds` (0 = no TTL) | `null` |
-//! | `topics.get-message-ttl` | `topic` | `{"message_ttl_seconds"}` or `null` (none set) |
-//! | `topics.remove-message-ttl` | `topic` | `null` |
+//! The requests are [`AdminRequest`]'s `SetRetention`, `GetRetention`,
+//! `RemoveRetention`, `SetMessageTtl`, `GetMessageTtl` and
+//! `RemoveMessageTtl`; a get answers `None` when no override is set.
 //!
 //! A partitioned topic's overrides are kept under its own name and apply to
 //! all its partitions (a partition's own record, if any, wins). Deleting a
 //! topic deletes its overrides. Runs on shard 0; never crosses cores.
 
-use crate::admin::{bad_args, metadata, namespace_must_exist, topic_arg, topic_exists_on};
+use crate::admin::{metadata, namespace_must_exist, topic_exists_on};
+use crate::api::{AdminReply, AdminRequest};
 use crate::error::{CoreError, ErrorCode};
-use crate::metadata::{Metadata, Policies, TopicOverrides, TopicRetention};
+use crate::metadata::{Metadata, Policies, TopicOverrides};
 use crate::ownership;
 use crate::shard::Shard;
 use crate::topic_name::TopicName;
-use serde_json::{json, Value};
 use std::rc::Rc;
 
-/// Whether `op` is one of this module's operations.
-pub(crate) fn handles(op: &str) -> bool {
-    matches!(
-        op,
-        "topics.set-retention"
-            | "topics.get-retention"
-            | "topics.remove-retention"
-            | "topics.set-message-ttl"
-            | "topics.get-message-ttl"
-            | "topics.remove-message-ttl"
-    )
-}
-
-fn i64_arg(op: &str, args: &Value, name: &str) -> Result<i64, CoreError> {
-    args.get(name).and_then(Value::as_i64).ok_or_else(|| bad_args(op, format!("missing integer argument {name:?}")))
-}
-
-pub(crate) async fn run(shard: &Rc<Shard>, op: &str, args: &Value) -> Result<Value, CoreError> {
+/// Runs one of this module's requests.
+pub(crate) async fn run(shard: &Rc<Shard>, request: AdminRequest) -> Result<AdminReply, CoreError> {
     let md = metadata(shard)?;
-    let tn = topic_arg(op, args)?;
+    let tn = match &request {
+        AdminRequest::SetRetention { topic, .. }
+        | AdminRequest::GetRetention { topic }
+        | AdminRequest::RemoveRetention { topic }
+        | AdminRequest::SetMessageTtl { topic, .. }
+        | AdminRequest::GetMessageTtl { topic }
+        | AdminRequest::RemoveMessageTtl { topic } => topic,
+        other => {
+            return Err(CoreError::new(ErrorCode::UnknownError, format!("internal: {other:?} is not a topic policy")))
+        }
+    };
     let topic = tn.to_string();
-    must_exist(shard, md, &tn).await?;
+    must_exist(shard, md, tn).await?;
     let mut o = md.topic_overrides(&topic).await?;
-    match op {
-        "topics.get-retention" => return Ok(o.retention.map_or(Value::Null, |r| json!(r))),
-        "topics.get-message-ttl" => {
-            return Ok(o.message_ttl_seconds.map_or(Value::Null, |s| json!({ "message_ttl_seconds": s })))
-        }
-        "topics.set-retention" => {
-            o.retention = Some(TopicRetention {
-                retention_minutes: i64_arg(op, args, "retention_minutes")?,
-                retention_size_mb: i64_arg(op, args, "retention_size_mb")?,
-            })
-        }
-        "topics.remove-retention" => o.retention = None,
-        "topics.set-message-ttl" => {
-            let s = args
-                .get("message_ttl_seconds")
-                .and_then(Value::as_u64)
-                .ok_or_else(|| bad_args(op, "missing integer argument \"message_ttl_seconds\" (>= 0)"))?;
-            o.message_ttl_seconds = Some(s);
-        }
-        "topics.remove-message-ttl" => o.message_ttl_seconds = None,
-        other => return Err(CoreError::new(ErrorCode::NotAllowed, format!("unknown admin operation {other:?}"))),
+    match request {
+        AdminRequest::GetRetention { .. } => return Ok(AdminReply::Retention(o.retention)),
+        AdminRequest::GetMessageTtl { .. } => return Ok(AdminReply::MessageTtl(o.message_ttl_seconds)),
+        AdminRequest::SetRetention { retention, .. } => o.retention = Some(retention),
+        AdminRequest::RemoveRetention { .. } => o.retention = None,
+        AdminRequest::SetMessageTtl { seconds, .. } => o.message_ttl_seconds = Some(seconds),
+        // RemoveMessageTtl: the others were refused above.
+        _ => o.message_ttl_seconds = None,
     }
     md.set_topic_overrides(&topic, &o).await?;
     tracing::info!(topic, overrides = ?o, "topic policies changed");
-    Ok(Value::Null)
+    Ok(AdminReply::Done)
 }
 
 /// Refuses overrides for a topic that does not exist (as Pulsar does): a

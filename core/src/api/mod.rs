@@ -5,8 +5,12 @@
 //! on and calls its typed methods; the handle routes each request to the
 //! topic's owner shard. Owned by one shard; never crosses cores.
 
+mod admin;
+mod stats;
 mod types;
 
+pub use admin::*;
+pub use stats::*;
 pub use types::*;
 
 use crate::config::BrokerConfig;
@@ -126,10 +130,11 @@ impl Broker {
         Ok(resolved)
     }
 
-    /// Runs an admin operation (on shard 0) and returns its JSON answer.
-    pub async fn admin(&self, op: &str, json: &str) -> Result<String, CoreError> {
-        match self.shard.call(0, Op::Admin { op: op.to_string(), json: json.to_string() }).await? {
-            Reply::Json(j) => Ok(j),
+    /// Runs an admin operation (on shard 0); [`AdminRequest`] says which
+    /// [`AdminReply`] each one answers.
+    pub async fn admin(&self, request: AdminRequest) -> Result<AdminReply, CoreError> {
+        match self.shard.call(0, Op::Admin(request)).await? {
+            Reply::Admin(reply) => Ok(reply),
             other => Err(unexpected(other)),
         }
     }
@@ -285,12 +290,12 @@ impl Broker {
         self.shard.call(c.owner, op).await.map(|_| ())
     }
 
-    /// Per-subscription statistics of `topic` as a JSON object.
-    pub async fn topic_stats(&self, topic: &str) -> Result<String, CoreError> {
+    /// Per-subscription statistics of `topic`.
+    pub async fn topic_stats(&self, topic: &str) -> Result<TopicStats, CoreError> {
         // The owner comes from the namespace's bundle count (shard 0 knows it).
         let (topic, owner, _) = self.resolve_topic(topic).await?;
         match self.shard.call(owner, Op::TopicStats { topic }).await? {
-            Reply::Stats(json) => Ok(json),
+            Reply::TopicStats(stats) => Ok(stats),
             other => Err(unexpected(other)),
         }
     }

@@ -5,7 +5,10 @@
 use super::mesh::MeshMsg;
 use super::valid_subscription_name;
 use super::Shard;
-use crate::api::{ConsumerEvent, ConsumerRef, SeekTarget, ShardTraffic, SubscribeRequest};
+use crate::api::{
+    AdminReply, AdminRequest, ConsumerEvent, ConsumerRef, FoundMessages, SeekTarget, ShardTraffic, SubscribeRequest,
+    TopicStats,
+};
 use crate::error::{CoreError, ErrorCode};
 use crate::metadata::Policies;
 use crate::subscription::Subscription;
@@ -91,10 +94,7 @@ pub(crate) enum Op {
         topic: String,
     },
     /// On shard 0: an admin operation (see `admin.rs`).
-    Admin {
-        op: String,
-        json: String,
-    },
+    Admin(AdminRequest),
     /// On shard 0: the namespace policies that govern `topic`.
     TopicPolicy {
         topic: String,
@@ -131,11 +131,13 @@ pub(crate) enum Reply {
     Producer { name: String, last_sequence_id: i64 },
     Sent(MessageId),
     Done,
-    Json(String),
+    Admin(AdminReply),
     Policy(TopicPolicy),
     Topics(Vec<String>),
-    Stats(String),
+    TopicStats(TopicStats),
     Traffic(ShardTraffic),
+    LastMessageId(Option<MessageId>),
+    Found(FoundMessages),
 }
 
 pub(crate) type OpResult = Result<Reply, CoreError>;
@@ -238,9 +240,9 @@ impl Shard {
                 let me = self.clone();
                 async move { me.handle_subscribe(req, consumer, policy).await }.boxed_local()
             }
-            Op::Admin { op, json } => {
+            Op::Admin(request) => {
                 let me = self.clone();
-                async move { crate::admin::execute(me, &op, &json).await.map(Reply::Json) }.boxed_local()
+                async move { crate::admin::execute(&me, request).await.map(Reply::Admin) }.boxed_local()
             }
             Op::TopicPolicy { topic } => {
                 let me = self.clone();
@@ -271,18 +273,13 @@ impl Shard {
                 let me = self.clone();
                 async move { me.handle_delete_topic(&topic).await }.boxed_local()
             }
-            Op::LastMessageId { topic } => futures::future::ready(self.last_message_id(&topic).map(|id| match id {
-                Some(id) => Reply::Json(format!("{{\"id\":\"{id}\"}}")),
-                None => Reply::Json("{\"id\":null}".to_string()),
-            }))
-            .boxed_local(),
+            Op::LastMessageId { topic } => {
+                futures::future::ready(self.last_message_id(&topic).map(Reply::LastMessageId)).boxed_local()
+            }
             Op::FindMessages { topic, key, before_ms, limit } => {
                 let me = self.clone();
-                async move {
-                    let v = crate::find::find_messages(&me, &topic, &key, before_ms, limit).await?;
-                    Ok(Reply::Json(v.to_string()))
-                }
-                .boxed_local()
+                async move { crate::find::find_messages(&me, &topic, &key, before_ms, limit).await.map(Reply::Found) }
+                    .boxed_local()
             }
             Op::Flow { topic, subscription, consumer, permits } => {
                 if let Some(sub) = self.subscription(&topic, &subscription) {
@@ -334,7 +331,7 @@ impl Shard {
                         return Err(CoreError::new(ErrorCode::TopicNotFound, format!("no topic {topic}")));
                     }
                     let (t, _) = self.get_or_create_topic(&tn)?;
-                    Ok(Reply::Stats(crate::stats::topic_stats_json(&self.log, &t)))
+                    Ok(Reply::TopicStats(crate::stats::topic_stats(&self.log, &t)))
                 })();
                 futures::future::ready(r).boxed_local()
             }

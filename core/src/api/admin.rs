@@ -1,0 +1,262 @@
+//! Admin operations and their replies, as values: what a door asks
+//! [`Broker::admin`](super::Broker::admin) for and what it gets back. A door
+//! maps its own format onto these (the native door: op names with JSON
+//! arguments, `net/src/native/admin.rs`); nothing here is JSON.
+//!
+//! Every request runs on shard 0, which owns the metadata store; requests
+//! about a topic's data go on from there to the topic's owner.
+
+use crate::metadata::{Policies, TenantInfo, TopicRetention};
+use crate::topic_name::TopicName;
+use bytes::Bytes;
+use magnetar_wire::{CompressionType, MessageId};
+use std::collections::BTreeMap;
+
+/// One admin operation with its arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AdminRequest {
+    /// Answers [`AdminReply::Names`].
+    ListTenants,
+    CreateTenant {
+        tenant: String,
+        info: TenantInfo,
+    },
+    /// Answers [`AdminReply::Tenant`].
+    GetTenant {
+        tenant: String,
+    },
+    /// The tenant must have no namespaces.
+    DeleteTenant {
+        tenant: String,
+    },
+    /// Answers [`AdminReply::Names`] (`tenant/ns`).
+    ListNamespaces {
+        tenant: String,
+    },
+    /// `policies` apply on top of the defaults.
+    CreateNamespace {
+        namespace: String,
+        policies: PolicyChange,
+    },
+    /// The namespace must have no topics.
+    DeleteNamespace {
+        namespace: String,
+    },
+    /// Answers [`AdminReply::Policies`].
+    GetPolicies {
+        namespace: String,
+    },
+    /// Only the given fields change; answers the new [`AdminReply::Policies`].
+    SetPolicies {
+        namespace: String,
+        policies: PolicyChange,
+    },
+    /// A non-partitioned topic.
+    CreateTopic {
+        topic: TopicName,
+    },
+    CreatePartitionedTopic {
+        topic: TopicName,
+        partitions: u32,
+    },
+    /// Grow only.
+    UpdatePartitionedTopic {
+        topic: TopicName,
+        partitions: u32,
+    },
+    /// Answers [`AdminReply::Partitions`] (0: not partitioned).
+    PartitionedMetadata {
+        topic: TopicName,
+    },
+    /// Answers [`AdminReply::Names`]: full names, partitions included, sorted.
+    ListTopics {
+        namespace: String,
+    },
+    /// A partitioned topic deletes every partition.
+    DeleteTopic {
+        topic: TopicName,
+    },
+    /// Answers [`AdminReply::LastMessageId`].
+    LastMessageId {
+        topic: TopicName,
+    },
+    /// Answers [`AdminReply::Found`]: up to `limit` messages with key `key`,
+    /// published before `before_ms` if given, newest first (all partitions
+    /// of a partitioned topic).
+    FindMessages {
+        topic: TopicName,
+        key: String,
+        before_ms: Option<u64>,
+        limit: u32,
+    },
+    /// Answers [`AdminReply::Lookup`]; may auto-create a partitioned topic's
+    /// metadata, as in Pulsar.
+    Lookup {
+        topic: TopicName,
+    },
+    /// Answers [`AdminReply::Owner`]: the owner of exactly this name, with
+    /// no side effects.
+    Owner {
+        topic: TopicName,
+    },
+    /// Answers [`AdminReply::ShardStats`].
+    ShardStats,
+    /// Topic-level overrides of the namespace's retention and TTL (see
+    /// `topic_policies.rs`): the topic must exist.
+    SetRetention {
+        topic: TopicName,
+        retention: TopicRetention,
+    },
+    /// Answers [`AdminReply::Retention`].
+    GetRetention {
+        topic: TopicName,
+    },
+    RemoveRetention {
+        topic: TopicName,
+    },
+    /// 0 = no TTL for this topic, whatever the namespace says.
+    SetMessageTtl {
+        topic: TopicName,
+        seconds: u64,
+    },
+    /// Answers [`AdminReply::MessageTtl`].
+    GetMessageTtl {
+        topic: TopicName,
+    },
+    RemoveMessageTtl {
+        topic: TopicName,
+    },
+}
+
+/// What an admin operation answers; which variant goes with which request
+/// is said on [`AdminRequest`]. Operations that only change something
+/// answer [`AdminReply::Done`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum AdminReply {
+    Done,
+    /// Tenants, namespaces or topics, sorted.
+    Names(Vec<String>),
+    Tenant(TenantInfo),
+    Policies(Policies),
+    Partitions(u32),
+    LastMessageId(LastMessageId),
+    Found(FoundMessages),
+    Lookup(TopicLookup),
+    Owner(TopicOwner),
+    /// One per shard, in shard order.
+    ShardStats(Vec<ShardStats>),
+    /// `None`: the topic has no override; its namespace's applies.
+    Retention(Option<TopicRetention>),
+    /// `None`: the topic has no override; its namespace's applies.
+    MessageTtl(Option<u64>),
+}
+
+/// Some of a namespace's [`Policies`]: the fields that are set replace the
+/// ones they are applied to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PolicyChange {
+    pub retention_minutes: Option<i64>,
+    pub retention_size_mb: Option<i64>,
+    pub message_ttl_seconds: Option<u64>,
+    pub deduplication: Option<bool>,
+    pub max_producers_per_topic: Option<u32>,
+    pub max_consumers_per_topic: Option<u32>,
+    pub auto_topic_creation: Option<bool>,
+    pub default_partitions: Option<u32>,
+    pub bundles: Option<u32>,
+}
+
+impl PolicyChange {
+    /// `base` with the set fields replaced.
+    pub fn apply(&self, mut base: Policies) -> Policies {
+        fn set<T: Copy>(field: &mut T, to: Option<T>) {
+            if let Some(v) = to {
+                *field = v;
+            }
+        }
+        set(&mut base.retention_minutes, self.retention_minutes);
+        set(&mut base.retention_size_mb, self.retention_size_mb);
+        set(&mut base.message_ttl_seconds, self.message_ttl_seconds);
+        set(&mut base.deduplication, self.deduplication);
+        set(&mut base.max_producers_per_topic, self.max_producers_per_topic);
+        set(&mut base.max_consumers_per_topic, self.max_consumers_per_topic);
+        set(&mut base.auto_topic_creation, self.auto_topic_creation);
+        set(&mut base.default_partitions, self.default_partitions);
+        set(&mut base.bundles, self.bundles);
+        base
+    }
+}
+
+/// The id of a topic's last stored entry (batch index -1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LastMessageId {
+    /// A non-partitioned topic (or one partition); `None`: nothing stored.
+    Topic(Option<MessageId>),
+    /// A partitioned topic: per partition, in order (`None` also for a
+    /// partition nobody used yet).
+    Partitioned(Vec<Option<MessageId>>),
+}
+
+/// Messages found by key, newest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FoundMessages {
+    pub messages: Vec<FoundMessage>,
+    /// Messages were left out to keep the answer under its payload bound.
+    pub truncated: bool,
+}
+
+/// One message found by key: a message, one message of an uncompressed
+/// batch, or a whole compressed batch (the broker never decompresses).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoundMessage {
+    /// Batch index -1 for a message that is not in a batch, or a
+    /// compressed batch.
+    pub id: MessageId,
+    pub key: String,
+    pub properties: BTreeMap<String, String>,
+    pub publish_time_ms: u64,
+    pub payload: Bytes,
+    /// The topic (partition) it was found in.
+    pub topic: String,
+    /// Set when `payload` is a compressed batch.
+    pub compressed: Option<CompressedBatch>,
+}
+
+/// A compressed batch returned whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompressedBatch {
+    pub compression: CompressionType,
+    /// Messages in the batch (at least 1).
+    pub messages: u32,
+}
+
+/// Where a topic lives, and its partitions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicLookup {
+    pub owner: TopicOwner,
+    /// 0: not partitioned.
+    pub partitions: u32,
+    /// Where each partition lives, in order.
+    pub partition_owners: Vec<TopicOwner>,
+    /// The broker's address, as the door's client reached it: set by the
+    /// door (the core does not know it).
+    pub broker: Option<String>,
+}
+
+/// The shard owning a topic name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicOwner {
+    pub topic: String,
+    pub bundle: u32,
+    pub shard: u32,
+    /// The port the shard listens on by itself, when the broker has
+    /// per-shard listeners.
+    pub shard_port: Option<u16>,
+}
+
+/// One shard's mesh traffic and own port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardStats {
+    pub traffic: super::ShardTraffic,
+    pub port: Option<u16>,
+}
