@@ -354,7 +354,7 @@ pub enum Command {
         json: String,
     },
     /// An admin or lookup operation: `op` names it, `json` is a JSON object
-    /// with its arguments (see `docs/architecture.md`, "Admin").
+    /// with its arguments (see `docs/internals.md`, "Admin and lookup").
     AdminRequest {
         request_id: u64,
         op: String,

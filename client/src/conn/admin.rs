@@ -1,7 +1,7 @@
 //! Admin and lookup over the native protocol: tenants, namespaces and their
 //! policies, partitioned topics. Each call is one `AdminRequest` naming an
-//! operation with JSON arguments (the list is in `core/src/admin.rs` and
-//! `docs/architecture.md`); [`Admin::call`] is the generic form, the other
+//! operation with JSON arguments (the list is in `net/src/native/admin.rs` and
+//! `docs/internals.md`); [`Admin::call`] is the generic form, the other
 //! methods are typed shortcuts.
 
 use super::Connection;
