@@ -36,6 +36,7 @@ pub use error::{CoreError, StartError};
 pub use magnetar_storage::stage;
 pub use shard::launch;
 pub use shard::launch::{launch, Running};
+pub use shard::metrics;
 pub use shard::{LEDGER_ID_SHARD_STRIDE, SHARDS_MAX};
 pub use store::decode_topic_meta;
 pub use subscription::{cursor, sub_state};

@@ -140,11 +140,16 @@ async fn accept_loop(
             continue;
         }
         open.set(open.get() + 1);
+        broker.metrics().connections_opened.add(1);
         let (broker, limits, open, shard_ports) =
             (broker.clone(), config.limits.clone(), open.clone(), shard_ports.clone());
         glommio::spawn_local(async move {
+            let metrics = broker.metrics().clone();
             serve_tcp(broker, stream, limits, shard_ports).await;
+            // Each accepted connection is counted open once and closed once.
+            assert!(open.get() > 0, "more connections closed than opened");
             open.set(open.get() - 1);
+            metrics.connections_closed.add(1);
         })
         .detach();
     }

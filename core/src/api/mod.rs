@@ -82,6 +82,17 @@ impl Broker {
         self.shard.traffic()
     }
 
+    /// This shard's metrics, to write (doors count their connections) or
+    /// to keep for reading from another thread.
+    pub fn metrics(&self) -> &std::sync::Arc<crate::shard::metrics::ShardMetrics> {
+        &self.shard.metrics
+    }
+
+    /// This shard's metrics and its log's figures, now (on the shard).
+    pub fn metrics_snapshot(&self) -> crate::shard::metrics::ShardMetricsSnapshot {
+        self.shard.metrics_snapshot()
+    }
+
     pub fn shards(&self) -> u32 {
         self.shard.nshards
     }

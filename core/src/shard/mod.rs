@@ -13,6 +13,7 @@
 
 pub mod launch;
 pub(crate) mod mesh;
+pub mod metrics;
 mod owner;
 pub(crate) mod routing;
 pub(crate) mod start_gate;
@@ -32,6 +33,7 @@ use futures::channel::oneshot;
 use glommio::channels::local_channel::LocalSender;
 use magnetar_storage::EntryLog;
 use mesh::Mesh;
+use metrics::{ShardMetrics, ShardMetricsSnapshot, StorageFigures};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -88,13 +90,9 @@ pub(crate) struct Shard {
     /// shares than the default queue, where the log's flusher (the fsync
     /// path of every receipt) runs.
     pub(crate) dispatch_tq: glommio::TaskQueueHandle,
-    /// Producer and consumer requests this shard sent over the mesh to a
-    /// topic's owner (a client connected to the wrong shard), and consumer
-    /// events (deliveries, closes) it sent to a consumer's connection on
-    /// another shard: what shard-aware clients avoid. Admin, lookup and
-    /// policy requests are not counted (they go to shard 0 by design).
-    pub(crate) cross_shard_requests: Cell<u64>,
-    pub(crate) cross_shard_events: Cell<u64>,
+    /// Counters and histograms, written where the work happens and read
+    /// by exporters on any thread (`metrics.rs`).
+    pub(crate) metrics: Arc<ShardMetrics>,
 }
 
 impl Shard {
@@ -156,16 +154,15 @@ impl Shard {
                 glommio::Latency::NotImportant,
                 "dispatch",
             ),
-            cross_shard_requests: Cell::new(0),
-            cross_shard_events: Cell::new(0),
+            metrics: ShardMetrics::new(),
         })
     }
 
     pub(crate) fn traffic(&self) -> ShardTraffic {
         ShardTraffic {
             shard: self.id,
-            cross_shard_requests: self.cross_shard_requests.get(),
-            cross_shard_events: self.cross_shard_events.get(),
+            cross_shard_requests: self.metrics.cross_shard_requests.get(),
+            cross_shard_events: self.metrics.cross_shard_events.get(),
         }
     }
 
@@ -173,6 +170,18 @@ impl Shard {
     /// topics (it runs until the shard closes or the subscription goes).
     pub(crate) fn spawn_dispatcher(self: &Rc<Self>, topic: Rc<Topic>, sub: Rc<Subscription>) {
         crate::subscription::dispatcher::task::spawn(self.clone(), topic, sub);
+    }
+
+    /// The shard's metrics with its log's figures, now.
+    pub(crate) fn metrics_snapshot(&self) -> ShardMetricsSnapshot {
+        let storage = StorageFigures {
+            durable_lsn: self.log.durable_lsn(),
+            pending_bytes: self.log.pending_bytes(),
+            lone_batches: self.log.lone_batches(),
+            disk_used_pct: self.disk_pct.get(),
+            storage_full: self.storage_full.get(),
+        };
+        self.metrics.snapshot(self.id, storage)
     }
 
     pub(crate) fn is_closed(&self) -> bool {

@@ -153,7 +153,7 @@ impl Shard {
             return self.handle_op(op);
         }
         if is_client_op(&op) {
-            self.cross_shard_requests.set(self.cross_shard_requests.get() + 1);
+            self.metrics.cross_shard_requests.add(1);
         }
         let req_id = self.next_req.get();
         self.next_req.set(req_id + 1);
@@ -199,7 +199,7 @@ impl Shard {
                 ConsumerEvent::Run { blobs, .. } => blobs.len() as u64,
                 _ => 1,
             };
-            self.cross_shard_events.set(self.cross_shard_events.get() + n);
+            self.metrics.cross_shard_events.add(n);
             self.mesh.send(to.shard, MeshMsg::Event { sink: to.sink, event });
         }
     }
