@@ -3,7 +3,7 @@
 //! shard that owns the topic; never crosses cores.
 
 use super::routing::{OpResult, Reply};
-use super::{persist_each, Shard, TopicPolicy, LEDGER_ID_SHARD_STRIDE};
+use super::{Shard, TopicPolicy, LEDGER_ID_SHARD_STRIDE};
 use crate::api::{ConsumerRef, SeekTarget, SubscribeRequest};
 use crate::clock::now_ms;
 use crate::error::{CoreError, ErrorCode};
@@ -695,88 +695,22 @@ impl Shard {
         Ok(Some(sub.persisted_lsn.get()))
     }
 
-    /// Writes the cursor record, and the state record when it changed
-    /// (the state first: a crash between them leaves bits for entries the
-    /// cursor does not yet acknowledge, never the other way round).
-    /// On failure the subscription is queued again (both records marked
-    /// changed), so the next flush retries it: a write error delays a
-    /// cursor, never drops it.
+    /// Writes `sub`'s cursor record (and its state record when changed) now;
+    /// see [`CursorWriter::persist`](crate::subscription::persist::CursorWriter::persist).
     pub(crate) fn persist_cursor(&self, topic: &Rc<Topic>, sub: &Rc<Subscription>) -> Result<u64, CoreError> {
-        let state_dirty = sub.state_dirty.replace(false);
-        sub.dirty.set(false);
-        let written = self.write_cursor_records(topic, sub, state_dirty);
-        if written.is_ok() && state_dirty {
-            // The state record carries every redelivery count.
-            sub.counts_dirty.set(false);
-            sub.state_written_ms.set(now_ms());
-        }
-        if written.is_err() {
-            if state_dirty {
-                sub.state_dirty.set(true);
-            }
-            self.mark_cursor_dirty(topic, sub);
-        }
-        written
+        self.cursors.persist(topic, sub)
     }
 
-    pub(super) fn write_cursor_records(
-        &self,
-        topic: &Topic,
-        sub: &Subscription,
-        state_dirty: bool,
-    ) -> Result<u64, CoreError> {
-        if state_dirty {
-            let state = crate::subscription::sub_state::encode(sub, &topic.ledgers.borrow());
-            self.store.put_sub_state(&topic.key, &sub.name, Bytes::from(state))?;
-        }
-        let bytes = sub.cursor.borrow().to_record(&topic.ledgers.borrow()).encode();
-        let lsn = self.store.put_cursor(&topic.key, &sub.name, Bytes::from(bytes))?;
-        sub.persisted_lsn.set(lsn);
-        Ok(lsn)
-    }
-
+    /// Queues `sub`'s cursor record for the next flush.
     pub(crate) fn mark_cursor_dirty(&self, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
-        if !sub.dirty.replace(true) {
-            self.dirty_cursors.borrow_mut().push((topic.clone(), sub.clone()));
-        }
+        self.cursors.dirty.mark_cursor(topic, sub);
     }
 
-    /// Notes that a redelivery count of `sub` changed. Unlike an ack, this
-    /// does not queue a write at once: the state record carrying the counts
-    /// can be ~1.5 MB (10,000 partly acked batches' bits and 10,000 counts),
-    /// and under constant redelivery rewriting it on every cursor flush
-    /// (10 times a second) is write amplification for a figure that only
-    /// needs to be roughly right after a crash (docs/semantics.md states the
-    /// lag).
+    /// Notes that a redelivery count of `sub` changed (see
+    /// [`Dirty::mark_counts`](crate::subscription::persist::Dirty::mark_counts)).
+    #[allow(dead_code)]
     pub(crate) fn mark_counts_dirty(&self, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
-        if !sub.counts_dirty.replace(true) {
-            self.dirty_counts.borrow_mut().push((topic.clone(), sub.clone()));
-        }
-    }
-
-    /// Writes the state record of subscriptions whose redelivery counts
-    /// changed and whose state record is at least
-    /// `REDELIVERY_COUNTS_PERSIST_INTERVAL_MS` old (all of them if `force`);
-    /// the others wait in the queue.
-    pub(super) fn flush_counts(&self, force: bool) -> Result<Option<u64>, CoreError> {
-        let now = now_ms();
-        let batch = std::mem::take(&mut *self.dirty_counts.borrow_mut());
-        persist_each(batch, |(t, s)| {
-            if !s.counts_dirty.get() {
-                // Written meanwhile along with another change.
-                return Ok(None);
-            }
-            if !s.durable || s.removed.get() {
-                s.counts_dirty.set(false);
-                return Ok(None);
-            }
-            if !force && !crate::subscription::sub_state::counts_write_due(now, s.state_written_ms.get()) {
-                self.dirty_counts.borrow_mut().push((t.clone(), s.clone()));
-                return Ok(None);
-            }
-            s.state_dirty.set(true);
-            self.persist_cursor(t, s).map(Some)
-        })
+        self.cursors.dirty.mark_counts(topic, sub);
     }
 
     /// Writes every changed cursor to the log. Returns the last position written.
@@ -786,18 +720,6 @@ impl Shard {
 
     pub(super) fn flush_cursors_and_counts(&self, force_counts: bool) -> Result<Option<u64>, CoreError> {
         let dedup = self.flush_dedup()?;
-        let dirty = std::mem::take(&mut *self.dirty_cursors.borrow_mut());
-        // Every subscription taken is written or (by `persist_cursor`)
-        // queued again: stopping at the first error would leave the rest
-        // marked dirty but in no queue, never persisted again.
-        let last = persist_each(dirty, |(t, s)| {
-            if !(s.dirty.get() && s.durable) {
-                s.dirty.set(false);
-                return Ok(None);
-            }
-            self.persist_cursor(t, s).map(Some)
-        });
-        let counts = self.flush_counts(force_counts);
-        Ok(counts?.or(last?).or(dedup))
+        Ok(self.cursors.flush(force_counts)?.or(dedup))
     }
 }

@@ -10,16 +10,17 @@ pub mod cursor;
 pub(crate) mod delayed;
 pub(crate) mod dispatcher;
 pub(crate) mod pending;
+pub(crate) mod persist;
 pub mod sub_state;
 
 use crate::api::{ConsumerEvent, ConsumerRef};
 use crate::error::{CoreError, ErrorCode};
-use crate::shard::Shard;
 use crate::signal::Signal;
 use crate::topic::ledgers::TopicLedgers;
 use crate::topic::Topic;
 use cursor::Cursor;
 use delayed::DelayedIndex;
+use dispatcher::context::DeliverySink;
 use dispatcher::{failover, ConsumerState, Policy};
 use magnetar_wire::{AckType, MessageId, SubscriptionType};
 use pending::PendingMap;
@@ -167,7 +168,7 @@ impl Subscription {
     /// Attaches a consumer. Exclusive refuses a second one; a subscription
     /// with consumers refuses one of another type; an idle subscription
     /// takes the type (and tag filter) of its new consumer.
-    pub(crate) fn add_consumer(&self, shard: &Shard, new: NewConsumer) -> Result<(), CoreError> {
+    pub(crate) fn add_consumer(&self, sink: &impl DeliverySink, new: NewConsumer) -> Result<(), CoreError> {
         let c = new.consumer;
         if self.has_consumer(c) {
             return Ok(());
@@ -218,10 +219,10 @@ impl Subscription {
                 let change = active.choose(&consumers, self.partition);
                 drop(consumers);
                 match change {
-                    Some((old, now)) => self.active_changed(shard, old, now),
+                    Some((old, now)) => self.active_changed(sink, old, now),
                     // Not the active one: say so, so it knows it is a standby.
                     None if self.sub_type.get() == SubscriptionType::Failover => {
-                        shard.deliver(c, ConsumerEvent::ActiveChange { consumer_id: c.consumer_id, is_active: false })
+                        sink.deliver(c, ConsumerEvent::ActiveChange { consumer_id: c.consumer_id, is_active: false })
                     }
                     None => {}
                 }
@@ -241,14 +242,14 @@ impl Subscription {
     /// The active consumer of a Failover/Exclusive subscription changed:
     /// whatever the old one held goes back for the new one, in log order,
     /// and both are told.
-    fn active_changed(&self, shard: &Shard, old: Option<ConsumerRef>, now: Option<ConsumerRef>) {
+    fn active_changed(&self, sink: &impl DeliverySink, old: Option<ConsumerRef>, now: Option<ConsumerRef>) {
         self.take_back(|_, _| true);
         let failover = self.sub_type.get() == SubscriptionType::Failover;
         if let Some(o) = old.filter(|o| failover && self.has_consumer(*o)) {
-            shard.deliver(o, ConsumerEvent::ActiveChange { consumer_id: o.consumer_id, is_active: false });
+            sink.deliver(o, ConsumerEvent::ActiveChange { consumer_id: o.consumer_id, is_active: false });
         }
         if let Some(n) = now.filter(|_| failover) {
-            shard.deliver(n, ConsumerEvent::ActiveChange { consumer_id: n.consumer_id, is_active: true });
+            sink.deliver(n, ConsumerEvent::ActiveChange { consumer_id: n.consumer_id, is_active: true });
         }
     }
 
@@ -272,7 +273,7 @@ impl Subscription {
         taken.len()
     }
 
-    pub(crate) fn remove_consumer(&self, shard: &Shard, c: ConsumerRef) {
+    pub(crate) fn remove_consumer(&self, sink: &impl DeliverySink, c: ConsumerRef) {
         if !self.has_consumer(c) {
             return;
         }
@@ -288,7 +289,7 @@ impl Subscription {
             }
         };
         if let Some((old, now)) = change {
-            self.active_changed(shard, old, now);
+            self.active_changed(sink, old, now);
         }
         self.wake.notify();
     }

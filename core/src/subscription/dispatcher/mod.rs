@@ -11,6 +11,7 @@
 //! reads fresh durable entries from `read_pos`. Everything here is owned by
 //! the topic's shard and never crosses cores.
 
+pub(crate) mod context;
 pub(crate) mod failover;
 pub(crate) mod filter;
 pub(crate) mod key_shared;
