@@ -17,7 +17,7 @@ mod owner;
 pub(crate) mod routing;
 pub(crate) mod start_gate;
 
-pub(crate) use owner::valid_subscription_name;
+pub(crate) use crate::subscription::requests::valid_subscription_name;
 pub(crate) use routing::{Op, OpResult, Reply, TopicPolicy};
 
 use crate::api::{ConsumerEvent, ShardTraffic};

@@ -305,17 +305,9 @@ impl Shard {
                 .boxed_local()
             }
             Op::CloseConsumer { topic, subscription, consumer } => {
-                if let Some(sub) = self.subscription(&topic, &subscription) {
-                    sub.remove_consumer(self, consumer);
-                    // A non-durable subscription (a reader) lives only as long
-                    // as its consumer: nothing of it is kept.
-                    if !sub.durable && sub.consumer_count() == 0 {
-                        if let Some(t) = self.topics.borrow().get(&topic) {
-                            t.subs.borrow_mut().remove(&subscription);
-                        }
-                        sub.removed.set(true);
-                        sub.wake.notify();
-                    }
+                let t = self.topics.borrow().get(&topic).cloned();
+                if let (Some(t), Some(sub)) = (t, self.subscription(&topic, &subscription)) {
+                    crate::subscription::requests::close_consumer(&t, &sub, self, consumer);
                 }
                 futures::future::ready(Ok(Reply::Done)).boxed_local()
             }
@@ -342,12 +334,7 @@ impl Shard {
                 if let (Some(t), Some(sub)) =
                     (self.topics.borrow().get(&topic).cloned(), self.subscription(&topic, &subscription))
                 {
-                    let entries: Vec<u64> = ids.iter().filter_map(|id| t.position_of(id).ok().flatten()).collect();
-                    // Ids of another ledger are none of ours: nothing to do
-                    // for them, but an all-foreign list must not mean "all".
-                    if ids.is_empty() || !entries.is_empty() {
-                        sub.redeliver(consumer, &entries);
-                    }
+                    crate::subscription::requests::redeliver(&t, &sub, consumer, &ids);
                 }
                 futures::future::ready(Ok(Reply::Done)).boxed_local()
             }

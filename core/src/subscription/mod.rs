@@ -11,6 +11,7 @@ pub(crate) mod delayed;
 pub(crate) mod dispatcher;
 pub(crate) mod pending;
 pub(crate) mod persist;
+pub(crate) mod requests;
 pub mod sub_state;
 
 use crate::api::{ConsumerEvent, ConsumerRef};
