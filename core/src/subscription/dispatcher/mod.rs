@@ -37,6 +37,21 @@ pub(crate) struct ConsumerState {
     pub(crate) joined_at: Option<u64>,
 }
 
+impl ConsumerState {
+    /// Its pending entry `entry` left it (acknowledged or taken back).
+    /// `unacked` counts exactly the pending entries it holds: each delivery
+    /// adds one, each entry leaving it takes one, so an underflow means an
+    /// entry was released twice or never counted.
+    pub(crate) fn take_back_one(&mut self, entry: u64) {
+        assert!(
+            self.unacked > 0,
+            "consumer {:?} releases entry {entry} but holds no unacknowledged entry",
+            self.consumer
+        );
+        self.unacked -= 1;
+    }
+}
+
 /// What the policy decided for one entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pick {

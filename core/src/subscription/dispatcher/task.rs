@@ -47,8 +47,8 @@ async fn run<S: DeliverySink, L: LogReader>(ctx: DispatchCtx<S, L>, topic: Rc<To
             }
             None => sub.wake.wait().await,
         }
-        // A deleted topic, or a non-durable subscription whose consumer left
-        // (issue #5), stops its dispatcher.
+        // A deleted topic, or a non-durable subscription whose consumer
+        // left, stops its dispatcher.
         if ctx.is_closed() || topic.deleted.get() || sub.removed.get() {
             return;
         }
@@ -120,8 +120,9 @@ fn open<S: DeliverySink, L: LogReader>(ctx: &DispatchCtx<S, L>, sub: &Subscripti
 }
 
 /// The wall clock for the delivery counters, read once per
-/// `CLOCK_READS_EVERY` deliveries: a clock read per delivered entry was ~2 %
-/// of broker CPU in a catch-up, and the counters' rates are per second.
+/// `CLOCK_READS_EVERY` deliveries: the counters' rates are per second, so
+/// a clock read per delivered entry would be cost on the hot path for no
+/// precision anyone sees.
 struct CoarseClock {
     now_ms: u64,
     left: u32,
@@ -462,7 +463,11 @@ fn run_len(limits: &DispatchLimits, topic: &Topic, sub: &Subscription, pos: u64)
         .filter(|c| c.permits > 0 && c.unacked < per_consumer)
         .map(|c| c.permits.min(u64::from(per_consumer - c.unacked)))
         .sum();
-    let room = (limits.unacked_per_subscription_max as usize).saturating_sub(sub.pending.borrow().len());
+    // Deliveries happen only while fewer than the limit are pending (`open`).
+    let pending = sub.pending.borrow().len();
+    let max = limits.unacked_per_subscription_max as usize;
+    assert!(pending <= max, "{pending} entries pending, over the subscription's limit of {max}");
+    let room = max - pending;
     let durable = topic.durable_next.get().saturating_sub(pos);
     usize::try_from(takers.min(durable)).unwrap_or(usize::MAX).min(room).min(RUN_ENTRIES_MAX)
 }
@@ -592,9 +597,9 @@ fn fail_read<S: DeliverySink, L: LogReader>(
     }
 }
 
-/// `num_messages` comes from the caller's peek of `blob`: each peek runs
-/// the flatbuffers verifier over the metadata, and a second one here was
-/// ~2 % of broker CPU per message (perf, issue #6).
+/// `num_messages` comes from the caller's peek of `blob`: a peek reads the
+/// metadata, and reading it a second time here would cost on every
+/// delivered message for nothing new.
 #[allow(clippy::too_many_arguments)]
 fn deliver<S: DeliverySink, L: LogReader>(
     ctx: &DispatchCtx<S, L>,
@@ -625,6 +630,8 @@ fn deliver<S: DeliverySink, L: LogReader>(
         let mut consumers = sub.consumers.borrow_mut();
         let c = &mut consumers[i];
         assert!(c.permits > 0, "dispatch without a permit");
+        // `Ask::can_take` and `open` hold these: the limits bound memory.
+        assert!(c.unacked < ctx.limits.unacked_per_consumer_max, "dispatch past the consumer's unacked limit");
         // Permits count messages: a batch takes as many as it hands out (it
         // goes out whole, even past the consumer's last permits).
         c.permits = c.permits.saturating_sub(u64::from(num_messages - acked));
@@ -652,6 +659,10 @@ fn deliver<S: DeliverySink, L: LogReader>(
     }
     let previous = sub.pending.borrow_mut().insert(entry, Pending { consumer, key_hash, num_messages, deliveries });
     assert!(previous.is_none(), "entry {entry} delivered while another consumer holds it");
+    assert!(
+        sub.pending.borrow().len() <= ctx.limits.unacked_per_subscription_max as usize,
+        "dispatch past the subscription's unacked limit"
+    );
     if ack_set.is_empty() {
         out.push(&ctx.sink, consumer, message_id, redelivery_count, blob);
     } else {
