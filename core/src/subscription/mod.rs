@@ -13,6 +13,8 @@ pub(crate) mod pending;
 pub(crate) mod persist;
 pub(crate) mod requests;
 pub mod sub_state;
+#[cfg(test)]
+mod tests;
 
 use crate::api::{ConsumerEvent, ConsumerRef};
 use crate::error::{CoreError, ErrorCode};
