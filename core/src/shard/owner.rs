@@ -632,6 +632,8 @@ impl Shard {
 
     /// Notes that a redelivery count of `sub` changed (see
     /// [`Dirty::mark_counts`](crate::subscription::persist::Dirty::mark_counts)).
+    /// The entry point for code outside the dispatcher (which marks through
+    /// its context); none calls it yet.
     #[allow(dead_code)]
     pub(crate) fn mark_counts_dirty(&self, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
         self.cursors.dirty.mark_counts(topic, sub);

@@ -452,13 +452,8 @@ impl Shard {
         subscription: &str,
         consumer: ConsumerRef,
     ) -> Result<(Rc<Topic>, Rc<Subscription>), CoreError> {
-        let not_found = |why: &str| CoreError::new(ErrorCode::ConsumerNotFound, why);
-        let t = self.topics.borrow().get(topic).cloned().ok_or_else(|| not_found("topic not loaded"))?;
-        let sub = t.subs.borrow().get(subscription).cloned().ok_or_else(|| not_found("no such subscription"))?;
-        if !sub.has_consumer(consumer) {
-            return Err(not_found("consumer is not attached"));
-        }
-        Ok((t, sub))
+        let t = self.topics.borrow().get(topic).cloned();
+        crate::subscription::requests::attached(t, subscription, consumer)
     }
 
     pub(super) fn subscription(&self, topic: &str, sub: &str) -> Option<Rc<Subscription>> {

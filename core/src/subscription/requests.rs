@@ -18,6 +18,22 @@ pub(crate) fn valid_subscription_name(s: &str) -> bool {
     !s.is_empty() && s.len() <= 256 && s.chars().all(|c| !c.is_control())
 }
 
+/// `t`'s subscription `subscription`, if `consumer` is attached to it (a
+/// request of a consumer that is not is refused, whatever it asks).
+pub(crate) fn attached(
+    t: Option<Rc<Topic>>,
+    subscription: &str,
+    consumer: ConsumerRef,
+) -> Result<(Rc<Topic>, Rc<Subscription>), CoreError> {
+    let not_found = |why: &str| CoreError::new(ErrorCode::ConsumerNotFound, why);
+    let t = t.ok_or_else(|| not_found("topic not loaded"))?;
+    let sub = t.subs.borrow().get(subscription).cloned().ok_or_else(|| not_found("no such subscription"))?;
+    if !sub.has_consumer(consumer) {
+        return Err(not_found("consumer is not attached"));
+    }
+    Ok((t, sub))
+}
+
 /// Refuses a subscribe request whose subscription part is malformed (name,
 /// tag filter, sticky ranges), before anything is created.
 pub(crate) fn check_subscribe(req: &SubscribeRequest) -> Result<(), CoreError> {
