@@ -18,7 +18,7 @@ mod owner;
 pub(crate) mod routing;
 pub(crate) mod start_gate;
 
-pub(crate) use owner::valid_subscription_name;
+pub(crate) use crate::subscription::requests::valid_subscription_name;
 pub(crate) use routing::{Op, OpResult, Reply, TopicPolicy};
 
 use crate::api::{ConsumerEvent, ShardTraffic};
@@ -27,6 +27,8 @@ use crate::config::BrokerConfig;
 use crate::metadata::Metadata;
 use crate::signal::Signal;
 use crate::store::Store;
+use crate::subscription::dispatcher::context::{DeliverySink, DispatchCtx, DispatchLimits, EntryLogReader};
+use crate::subscription::persist::CursorWriter;
 use crate::subscription::Subscription;
 use crate::topic::Topic;
 use futures::channel::oneshot;
@@ -44,6 +46,14 @@ use std::time::Duration;
 pub const LEDGER_ID_SHARD_STRIDE: u64 = 1024;
 /// Most shards a broker may run (ledger ids reserve room for this many).
 pub const SHARDS_MAX: u32 = LEDGER_ID_SHARD_STRIDE as u32;
+
+/// The dispatchers' sink: the shard routes each event to its consumer's
+/// connection, here or through the mesh.
+impl DeliverySink for Shard {
+    fn deliver(&self, to: crate::api::ConsumerRef, event: ConsumerEvent) {
+        Shard::deliver(self, to, event)
+    }
+}
 
 /// Shares of the dispatchers' task queue; the default queue (flusher,
 /// produce path) has 1000.
@@ -75,11 +85,10 @@ pub(crate) struct Shard {
     /// Appends on this shard not yet durable (shutdown waits for them).
     pub(crate) inflight: Cell<u64>,
     pub(crate) draining: Cell<bool>,
-    pub(crate) closed: Cell<bool>,
-    pub(crate) dirty_cursors: RefCell<Vec<(Rc<Topic>, Rc<Subscription>)>>,
-    /// Subscriptions whose redelivery counts changed, written at most once
-    /// per `REDELIVERY_COUNTS_PERSIST_INTERVAL_MS` (see `flush_counts`).
-    pub(crate) dirty_counts: RefCell<Vec<(Rc<Topic>, Rc<Subscription>)>>,
+    /// Shared with the dispatchers (their context), which stop when it is set.
+    pub(crate) closed: Rc<Cell<bool>>,
+    /// Changed cursors and redelivery counts, and their writer.
+    pub(crate) cursors: CursorWriter,
     pub(crate) cursor_flush: Signal,
     pub(crate) started_ms: u64,
     /// Data disk usage in percent at the last check, and whether produce is
@@ -128,7 +137,7 @@ impl Shard {
             nshards,
             config,
             log,
-            store,
+            store: store.clone(),
             metadata,
             topics: RefCell::new(HashMap::new()),
             np_topics: RefCell::new(HashMap::new()),
@@ -142,9 +151,8 @@ impl Shard {
             next_producer: Cell::new(0),
             inflight: Cell::new(0),
             draining: Cell::new(false),
-            closed: Cell::new(false),
-            dirty_cursors: RefCell::new(Vec::new()),
-            dirty_counts: RefCell::new(Vec::new()),
+            closed: Rc::new(Cell::new(false)),
+            cursors: CursorWriter::new(store),
             cursor_flush: Signal::new(),
             started_ms: now_ms(),
             disk_pct: Cell::new(0),
@@ -169,7 +177,17 @@ impl Shard {
     /// Starts the dispatcher task of a subscription of one of this shard's
     /// topics (it runs until the shard closes or the subscription goes).
     pub(crate) fn spawn_dispatcher(self: &Rc<Self>, topic: Rc<Topic>, sub: Rc<Subscription>) {
-        crate::subscription::dispatcher::task::spawn(self.clone(), topic, sub);
+        let ctx = DispatchCtx {
+            sink: self.clone(),
+            log: EntryLogReader { log: self.log.clone(), tq: self.dispatch_tq },
+            limits: DispatchLimits {
+                unacked_per_consumer_max: self.config.unacked_per_consumer_max,
+                unacked_per_subscription_max: self.config.unacked_per_subscription_max,
+            },
+            dirty: self.cursors.dirty.clone(),
+            closed: self.closed.clone(),
+        };
+        crate::subscription::dispatcher::task::spawn(ctx, self.dispatch_tq, topic, sub);
     }
 
     /// The shard's metrics with its log's figures, now.
@@ -279,49 +297,5 @@ impl Shard {
             Ok(()) => tracing::info!(shard = self.id, "log closed cleanly"),
             Err(e) => tracing::error!(shard = self.id, "closing the log failed: {e}"),
         }
-    }
-}
-
-/// Runs `persist` on every item of `batch`, whatever fails: returns the last
-/// position written, or the first error once all were tried.
-fn persist_each<T, E>(batch: Vec<T>, mut persist: impl FnMut(&T) -> Result<Option<u64>, E>) -> Result<Option<u64>, E> {
-    let (mut last, mut first_err) = (None, None);
-    for item in &batch {
-        match persist(item) {
-            Ok(Some(lsn)) => last = Some(lsn),
-            Ok(None) => {}
-            Err(e) => {
-                first_err.get_or_insert(e);
-            }
-        }
-    }
-    match first_err {
-        Some(e) => Err(e),
-        None => Ok(last),
-    }
-}
-
-#[cfg(test)]
-mod flush_tests {
-    use super::persist_each;
-
-    #[test]
-    fn a_failed_write_does_not_skip_the_rest_of_the_batch() {
-        // Goal: one subscription whose record cannot be written (e.g. a
-        // state record over the entry size limit) must not stop the others
-        // in the same flush from being written. Method: fail the second of
-        // five; all five must be tried and the error still reported.
-        let mut tried = Vec::new();
-        let r = persist_each(vec![1u64, 2, 3, 4, 5], |&i| {
-            tried.push(i);
-            if i == 2 {
-                Err("too large")
-            } else {
-                Ok(Some(i * 10))
-            }
-        });
-        assert_eq!(tried, vec![1, 2, 3, 4, 5]);
-        assert_eq!(r, Err("too large"));
-        assert_eq!(persist_each(vec![1u64, 2], |&i| Ok::<_, ()>((i == 1).then_some(7))), Ok(Some(7)));
     }
 }

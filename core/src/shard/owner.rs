@@ -3,26 +3,22 @@
 //! shard that owns the topic; never crosses cores.
 
 use super::routing::{OpResult, Reply};
-use super::{persist_each, Shard, TopicPolicy, LEDGER_ID_SHARD_STRIDE};
+use super::{Shard, TopicPolicy, LEDGER_ID_SHARD_STRIDE};
 use crate::api::{ConsumerRef, SeekTarget, SubscribeRequest};
 use crate::clock::now_ms;
 use crate::error::{CoreError, ErrorCode};
 use crate::subscription::sub_state::SubState;
-use crate::subscription::{NewConsumer, Subscription};
-use crate::topic::ledgers::{LedgerInfo, Lookup, TopicLedgers};
+use crate::subscription::{requests, Subscription};
+use crate::topic::ledgers::{LedgerInfo, TopicLedgers};
 use crate::topic::producers::Admission;
 use crate::topic::Topic;
 use crate::topic_name::{Domain, TopicName};
 use bytes::Bytes;
 use futures::future::LocalBoxFuture;
 use futures::FutureExt;
-use magnetar_wire::{AckType, InitialPosition, MessageId, ProducerAccessMode, SubscriptionType};
+use magnetar_wire::{AckType, MessageId, ProducerAccessMode, SubscriptionType};
 use std::rc::Rc;
 use std::time::Duration;
-
-pub(crate) fn valid_subscription_name(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 256 && s.chars().all(|c| !c.is_control())
-}
 
 impl Shard {
     pub(super) fn handle_send(
@@ -397,14 +393,7 @@ impl Shard {
         let tn =
             TopicName::parse(&req.topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
         self.check_auto_creation(&tn, &policy)?;
-        if !valid_subscription_name(&req.subscription) {
-            return Err(CoreError::new(
-                ErrorCode::NotAllowed,
-                "subscription names must be 1 to 256 characters without control characters",
-            ));
-        }
-        crate::subscription::sub_state::check_filter_tag(&req.filter_tag)?;
-        crate::subscription::dispatcher::key_shared::check_sticky_ranges(req.sub_type, &req.key_shared_ranges)?;
+        requests::check_subscribe(&req)?;
         let (t, created_lsn) = self.get_or_create_topic(&tn)?;
         let max = policy.policies.max_consumers_per_topic;
         let attached: usize = t.subs.borrow().values().map(|s| s.consumer_count()).sum();
@@ -414,48 +403,15 @@ impl Shard {
                 format!("topic {} reached the namespace's max_consumers_per_topic ({max})", t.key),
             ));
         }
-        let existing = t.subs.borrow().get(&req.subscription).cloned();
-        let (sub, sub_lsn) = match existing {
-            Some(sub) => (sub, None),
-            None => {
-                let floor = match req.initial_position {
-                    InitialPosition::Earliest => t.ledgers.borrow().start(),
-                    InitialPosition::Latest => t.next_entry.get(),
-                };
-                let cursor = crate::subscription::cursor::Cursor::new(floor);
-                let sub = Subscription::new(
-                    req.subscription.clone(),
-                    req.sub_type,
-                    req.durable,
-                    cursor,
-                    t.partition,
-                    self.config.delayed_index_max as usize,
-                );
-                t.subs.borrow_mut().insert(req.subscription.clone(), sub.clone());
-                self.spawn_dispatcher(t.clone(), sub.clone());
-                let lsn = if req.durable { Some(self.persist_cursor(&t, &sub)?) } else { None };
-                (sub, lsn)
+        let (sub, created) = requests::get_or_create(&t, &req, self.config.delayed_index_max as usize);
+        let mut sub_lsn = None;
+        if created {
+            self.spawn_dispatcher(t.clone(), sub.clone());
+            if req.durable {
+                sub_lsn = Some(self.persist_cursor(&t, &sub)?);
             }
-        };
-        let name = if req.consumer_name.is_empty() {
-            format!("consumer-{}-{}-{}", consumer.shard, consumer.sink, consumer.consumer_id)
-        } else {
-            req.consumer_name.clone()
-        };
-        sub.add_consumer(
-            &self,
-            NewConsumer {
-                consumer,
-                sub_type: req.sub_type,
-                name,
-                priority: req.priority_level,
-                filter_tag: req.filter_tag.clone(),
-                key_shared_ranges: req.key_shared_ranges.clone(),
-            },
-        )?;
-        if sub.state_dirty.get() {
-            self.mark_cursor_dirty(&t, &sub);
         }
+        requests::attach(&t, &sub, &self, &self.cursors.dirty, &req, consumer)?;
         for lsn in [created_lsn, sub_lsn].into_iter().flatten() {
             if let Err(e) = self.log.wait_durable(lsn).await {
                 sub.remove_consumer(&self, consumer);
@@ -612,22 +568,11 @@ impl Shard {
         target: SeekTarget,
     ) -> OpResult {
         let (t, sub) = self.attached(topic, subscription, consumer)?;
-        let lookup = match target {
-            SeekTarget::Id(id) => Some(t.ledgers.borrow().lookup(id.ledger, id.entry)),
-            SeekTarget::PublishTime(_) => None,
+        let entry = match requests::seek_to(&t, target)? {
+            requests::SeekTo::Entry(entry) => entry,
+            requests::SeekTo::PublishedAt(ms) => self.first_entry_published_at(&t, ms).await?,
         };
-        let entry = match (target, lookup) {
-            (_, Some(Lookup::At(p))) => p.min(t.durable_next.get()),
-            // Deleted by retention: the oldest message kept is next.
-            (_, Some(Lookup::Trimmed)) => t.ledgers.borrow().start(),
-            (SeekTarget::Id(id), _) => {
-                return Err(CoreError::new(ErrorCode::NotAllowed, format!("seek to {id}: not a message of {topic}")))
-            }
-            (SeekTarget::PublishTime(ms), _) => self.first_entry_published_at(&t, ms).await?,
-        };
-        sub.reset_to(entry, consumer);
-        if sub.durable {
-            let lsn = self.persist_cursor(&t, &sub)?;
+        if let Some(lsn) = requests::seek(&self.cursors, &t, &sub, entry, consumer)? {
             self.log.wait_durable(lsn).await?;
         }
         tracing::info!(topic, subscription, entry, ?target, "seek");
@@ -660,123 +605,38 @@ impl Shard {
         Ok(lo)
     }
 
-    /// Applies an ack. With `persist_now` the cursor record is written at once
-    /// and its log position returned; otherwise the periodic flusher writes it.
+    /// Applies an ack (see [`requests::ack`]).
     pub(super) fn handle_ack(
         self: &Rc<Self>,
         topic: &str,
         subscription: &str,
         consumer: ConsumerRef,
         ack_type: AckType,
-        (ids, batch_sizes): (&[MessageId], &[u32]),
+        ids: (&[MessageId], &[u32]),
         persist_now: bool,
     ) -> Result<Option<u64>, CoreError> {
         let (t, sub) = self.attached(topic, subscription, consumer)?;
-        if ack_type == AckType::Cumulative && ids.len() != 1 {
-            return Err(CoreError::new(ErrorCode::ProtocolError, "a cumulative ack carries exactly one id"));
-        }
-        if !batch_sizes.is_empty() && batch_sizes.len() != ids.len() {
-            return Err(CoreError::new(ErrorCode::ProtocolError, "an ack's batch sizes must be one per id, or none"));
-        }
-        let acked = sub.ack(&t, ack_type, ids, batch_sizes);
-        // A refused ack may have applied the ids before the refused one.
-        if acked.as_ref().map_or(true, |changed| *changed) {
-            self.mark_cursor_dirty(&t, &sub);
-        }
-        acked?;
-        if !(persist_now && sub.durable) {
-            return Ok(None);
-        }
-        if sub.dirty.get() {
-            return Ok(Some(self.persist_cursor(&t, &sub)?));
-        }
-        // Nothing new, but the last cursor record may not be on disk yet:
-        // the answer waits for it all the same.
-        Ok(Some(sub.persisted_lsn.get()))
+        requests::ack(&self.cursors, &t, &sub, ack_type, ids, persist_now)
     }
 
-    /// Writes the cursor record, and the state record when it changed
-    /// (the state first: a crash between them leaves bits for entries the
-    /// cursor does not yet acknowledge, never the other way round).
-    /// On failure the subscription is queued again (both records marked
-    /// changed), so the next flush retries it: a write error delays a
-    /// cursor, never drops it.
+    /// Writes `sub`'s cursor record (and its state record when changed) now;
+    /// see [`CursorWriter::persist`](crate::subscription::persist::CursorWriter::persist).
     pub(crate) fn persist_cursor(&self, topic: &Rc<Topic>, sub: &Rc<Subscription>) -> Result<u64, CoreError> {
-        let state_dirty = sub.state_dirty.replace(false);
-        sub.dirty.set(false);
-        let written = self.write_cursor_records(topic, sub, state_dirty);
-        if written.is_ok() && state_dirty {
-            // The state record carries every redelivery count.
-            sub.counts_dirty.set(false);
-            sub.state_written_ms.set(now_ms());
-        }
-        if written.is_err() {
-            if state_dirty {
-                sub.state_dirty.set(true);
-            }
-            self.mark_cursor_dirty(topic, sub);
-        }
-        written
+        self.cursors.persist(topic, sub)
     }
 
-    pub(super) fn write_cursor_records(
-        &self,
-        topic: &Topic,
-        sub: &Subscription,
-        state_dirty: bool,
-    ) -> Result<u64, CoreError> {
-        if state_dirty {
-            let state = crate::subscription::sub_state::encode(sub, &topic.ledgers.borrow());
-            self.store.put_sub_state(&topic.key, &sub.name, Bytes::from(state))?;
-        }
-        let bytes = sub.cursor.borrow().to_record(&topic.ledgers.borrow()).encode();
-        let lsn = self.store.put_cursor(&topic.key, &sub.name, Bytes::from(bytes))?;
-        sub.persisted_lsn.set(lsn);
-        Ok(lsn)
-    }
-
+    /// Queues `sub`'s cursor record for the next flush.
     pub(crate) fn mark_cursor_dirty(&self, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
-        if !sub.dirty.replace(true) {
-            self.dirty_cursors.borrow_mut().push((topic.clone(), sub.clone()));
-        }
+        self.cursors.dirty.mark_cursor(topic, sub);
     }
 
-    /// Notes that a redelivery count of `sub` changed. Unlike an ack, this
-    /// does not queue a write at once: the state record carrying the counts
-    /// can be ~1.5 MB (10,000 partly acked batches' bits and 10,000 counts),
-    /// and under constant redelivery rewriting it on every cursor flush
-    /// (10 times a second) is write amplification for a figure that only
-    /// needs to be roughly right after a crash (docs/semantics.md states the
-    /// lag).
+    /// Notes that a redelivery count of `sub` changed (see
+    /// [`Dirty::mark_counts`](crate::subscription::persist::Dirty::mark_counts)).
+    /// The entry point for code outside the dispatcher (which marks through
+    /// its context); none calls it yet.
+    #[allow(dead_code)]
     pub(crate) fn mark_counts_dirty(&self, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
-        if !sub.counts_dirty.replace(true) {
-            self.dirty_counts.borrow_mut().push((topic.clone(), sub.clone()));
-        }
-    }
-
-    /// Writes the state record of subscriptions whose redelivery counts
-    /// changed and whose state record is at least
-    /// `REDELIVERY_COUNTS_PERSIST_INTERVAL_MS` old (all of them if `force`);
-    /// the others wait in the queue.
-    pub(super) fn flush_counts(&self, force: bool) -> Result<Option<u64>, CoreError> {
-        let now = now_ms();
-        let batch = std::mem::take(&mut *self.dirty_counts.borrow_mut());
-        persist_each(batch, |(t, s)| {
-            if !s.counts_dirty.get() {
-                // Written meanwhile along with another change.
-                return Ok(None);
-            }
-            if !s.durable || s.removed.get() {
-                s.counts_dirty.set(false);
-                return Ok(None);
-            }
-            if !force && !crate::subscription::sub_state::counts_write_due(now, s.state_written_ms.get()) {
-                self.dirty_counts.borrow_mut().push((t.clone(), s.clone()));
-                return Ok(None);
-            }
-            s.state_dirty.set(true);
-            self.persist_cursor(t, s).map(Some)
-        })
+        self.cursors.dirty.mark_counts(topic, sub);
     }
 
     /// Writes every changed cursor to the log. Returns the last position written.
@@ -786,18 +646,6 @@ impl Shard {
 
     pub(super) fn flush_cursors_and_counts(&self, force_counts: bool) -> Result<Option<u64>, CoreError> {
         let dedup = self.flush_dedup()?;
-        let dirty = std::mem::take(&mut *self.dirty_cursors.borrow_mut());
-        // Every subscription taken is written or (by `persist_cursor`)
-        // queued again: stopping at the first error would leave the rest
-        // marked dirty but in no queue, never persisted again.
-        let last = persist_each(dirty, |(t, s)| {
-            if !(s.dirty.get() && s.durable) {
-                s.dirty.set(false);
-                return Ok(None);
-            }
-            self.persist_cursor(t, s).map(Some)
-        });
-        let counts = self.flush_counts(force_counts);
-        Ok(counts?.or(last?).or(dedup))
+        Ok(self.cursors.flush(force_counts)?.or(dedup))
     }
 }

@@ -302,17 +302,9 @@ impl Shard {
                 .boxed_local()
             }
             Op::CloseConsumer { topic, subscription, consumer } => {
-                if let Some(sub) = self.subscription(&topic, &subscription) {
-                    sub.remove_consumer(self, consumer);
-                    // A non-durable subscription (a reader) lives only as long
-                    // as its consumer: nothing of it is kept.
-                    if !sub.durable && sub.consumer_count() == 0 {
-                        if let Some(t) = self.topics.borrow().get(&topic) {
-                            t.subs.borrow_mut().remove(&subscription);
-                        }
-                        sub.removed.set(true);
-                        sub.wake.notify();
-                    }
+                let t = self.topics.borrow().get(&topic).cloned();
+                if let (Some(t), Some(sub)) = (t, self.subscription(&topic, &subscription)) {
+                    crate::subscription::requests::close_consumer(&t, &sub, self, consumer);
                 }
                 futures::future::ready(Ok(Reply::Done)).boxed_local()
             }
@@ -339,12 +331,7 @@ impl Shard {
                 if let (Some(t), Some(sub)) =
                     (self.topics.borrow().get(&topic).cloned(), self.subscription(&topic, &subscription))
                 {
-                    let entries: Vec<u64> = ids.iter().filter_map(|id| t.position_of(id).ok().flatten()).collect();
-                    // Ids of another ledger are none of ours: nothing to do
-                    // for them, but an all-foreign list must not mean "all".
-                    if ids.is_empty() || !entries.is_empty() {
-                        sub.redeliver(consumer, &entries);
-                    }
+                    crate::subscription::requests::redeliver(&t, &sub, consumer, &ids);
                 }
                 futures::future::ready(Ok(Reply::Done)).boxed_local()
             }
@@ -462,13 +449,8 @@ impl Shard {
         subscription: &str,
         consumer: ConsumerRef,
     ) -> Result<(Rc<Topic>, Rc<Subscription>), CoreError> {
-        let not_found = |why: &str| CoreError::new(ErrorCode::ConsumerNotFound, why);
-        let t = self.topics.borrow().get(topic).cloned().ok_or_else(|| not_found("topic not loaded"))?;
-        let sub = t.subs.borrow().get(subscription).cloned().ok_or_else(|| not_found("no such subscription"))?;
-        if !sub.has_consumer(consumer) {
-            return Err(not_found("consumer is not attached"));
-        }
-        Ok((t, sub))
+        let t = self.topics.borrow().get(topic).cloned();
+        crate::subscription::requests::attached(t, subscription, consumer)
     }
 
     pub(super) fn subscription(&self, topic: &str, sub: &str) -> Option<Rc<Subscription>> {

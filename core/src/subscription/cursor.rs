@@ -69,8 +69,8 @@ impl Cursor {
             // In order (a consumer acknowledging what it received): the
             // floor moves, and the set is touched only if it holds
             // something. Inserting the position and compacting it away
-            // allocated and freed a bitmap block and split the set's map
-            // per ack (~7 % of broker CPU in a catch-up, issue #6).
+            // would allocate and free a bitmap block and split the set's map
+            // on every ack.
             self.ack_floor = pos + 1;
             if !self.acked.is_empty() {
                 self.compact();

@@ -10,16 +10,20 @@ pub mod cursor;
 pub(crate) mod delayed;
 pub(crate) mod dispatcher;
 pub(crate) mod pending;
+pub(crate) mod persist;
+pub(crate) mod requests;
 pub mod sub_state;
+#[cfg(test)]
+mod tests;
 
 use crate::api::{ConsumerEvent, ConsumerRef};
 use crate::error::{CoreError, ErrorCode};
-use crate::shard::Shard;
 use crate::signal::Signal;
 use crate::topic::ledgers::TopicLedgers;
 use crate::topic::Topic;
 use cursor::Cursor;
 use delayed::DelayedIndex;
+use dispatcher::context::DeliverySink;
 use dispatcher::{failover, ConsumerState, Policy};
 use magnetar_wire::{AckType, MessageId, SubscriptionType};
 use pending::PendingMap;
@@ -58,9 +62,9 @@ pub(crate) struct Subscription {
     /// Times delivered, for the redelivery count, of entries not
     /// acknowledged and held by no consumer now (taken back from one, or
     /// restored from the state record). An entry a consumer holds keeps its
-    /// count in `Pending::deliveries`, so a first delivery touches no map
-    /// here (inserting every delivered entry, and removing it on its ack,
-    /// was ~7 % of broker CPU in a catch-up: cache misses in the table).
+    /// count in `Pending::deliveries`, so a first delivery and its ack touch
+    /// no map here: on a catch-up every delivered entry would otherwise cost
+    /// a table insert and remove, with their cache misses.
     pub(crate) deliveries: RefCell<HashMap<u64, u32>>,
     /// Only entries with this tag are delivered; others count as acknowledged.
     pub(crate) filter_tag: RefCell<Option<String>>,
@@ -167,7 +171,7 @@ impl Subscription {
     /// Attaches a consumer. Exclusive refuses a second one; a subscription
     /// with consumers refuses one of another type; an idle subscription
     /// takes the type (and tag filter) of its new consumer.
-    pub(crate) fn add_consumer(&self, shard: &Shard, new: NewConsumer) -> Result<(), CoreError> {
+    pub(crate) fn add_consumer(&self, sink: &impl DeliverySink, new: NewConsumer) -> Result<(), CoreError> {
         let c = new.consumer;
         if self.has_consumer(c) {
             return Ok(());
@@ -218,10 +222,10 @@ impl Subscription {
                 let change = active.choose(&consumers, self.partition);
                 drop(consumers);
                 match change {
-                    Some((old, now)) => self.active_changed(shard, old, now),
+                    Some((old, now)) => self.active_changed(sink, old, now),
                     // Not the active one: say so, so it knows it is a standby.
                     None if self.sub_type.get() == SubscriptionType::Failover => {
-                        shard.deliver(c, ConsumerEvent::ActiveChange { consumer_id: c.consumer_id, is_active: false })
+                        sink.deliver(c, ConsumerEvent::ActiveChange { consumer_id: c.consumer_id, is_active: false })
                     }
                     None => {}
                 }
@@ -241,14 +245,14 @@ impl Subscription {
     /// The active consumer of a Failover/Exclusive subscription changed:
     /// whatever the old one held goes back for the new one, in log order,
     /// and both are told.
-    fn active_changed(&self, shard: &Shard, old: Option<ConsumerRef>, now: Option<ConsumerRef>) {
+    fn active_changed(&self, sink: &impl DeliverySink, old: Option<ConsumerRef>, now: Option<ConsumerRef>) {
         self.take_back(|_, _| true);
         let failover = self.sub_type.get() == SubscriptionType::Failover;
         if let Some(o) = old.filter(|o| failover && self.has_consumer(*o)) {
-            shard.deliver(o, ConsumerEvent::ActiveChange { consumer_id: o.consumer_id, is_active: false });
+            sink.deliver(o, ConsumerEvent::ActiveChange { consumer_id: o.consumer_id, is_active: false });
         }
         if let Some(n) = now.filter(|_| failover) {
-            shard.deliver(n, ConsumerEvent::ActiveChange { consumer_id: n.consumer_id, is_active: true });
+            sink.deliver(n, ConsumerEvent::ActiveChange { consumer_id: n.consumer_id, is_active: true });
         }
     }
 
@@ -265,14 +269,14 @@ impl Subscription {
                 replay.insert(*e, p.key_hash);
                 deliveries.insert(*e, p.deliveries);
                 if let Some(c) = consumers.iter_mut().find(|c| c.consumer == p.consumer) {
-                    c.unacked = c.unacked.saturating_sub(1);
+                    c.take_back_one(*e);
                 }
             }
         }
         taken.len()
     }
 
-    pub(crate) fn remove_consumer(&self, shard: &Shard, c: ConsumerRef) {
+    pub(crate) fn remove_consumer(&self, sink: &impl DeliverySink, c: ConsumerRef) {
         if !self.has_consumer(c) {
             return;
         }
@@ -288,7 +292,7 @@ impl Subscription {
             }
         };
         if let Some((old, now)) = change {
-            self.active_changed(shard, old, now);
+            self.active_changed(sink, old, now);
         }
         self.wake.notify();
     }
@@ -444,7 +448,7 @@ impl Subscription {
             let mut unhold = |e: u64, pending: &mut PendingMap| {
                 if let Some(p) = pending.remove(e) {
                     if let Some(c) = consumers.iter_mut().find(|c| c.consumer == p.consumer) {
-                        c.unacked = c.unacked.saturating_sub(1);
+                        c.take_back_one(e);
                     }
                 }
             };

@@ -7,18 +7,18 @@
 //! before the field existed, hash 0) mean "read it and compare the tag
 //! itself". Owned by the topic's shard; never crosses cores.
 
-use crate::shard::Shard;
+use super::context::LogReader;
 use crate::subscription::Subscription;
 
 /// Whether `entry` of `ledger` certainly does not match `sub`'s filter,
 /// judged from the index without reading the entry.
-pub(crate) fn unmatched_by_index(shard: &Shard, sub: &Subscription, ledger: u64, entry: u64) -> bool {
+pub(crate) fn unmatched_by_index(log: &impl LogReader, sub: &Subscription, ledger: u64, entry: u64) -> bool {
     let want = match sub.filter_tag.borrow().as_deref() {
         Some(tag) => magnetar_storage::tag_hash(Some(tag.as_bytes())),
         None => return false,
     };
-    match shard.log.index_entry(ledger, entry) {
-        Some(e) => e.extras.tag_hash != 0 && e.extras.tag_hash != want,
+    match log.tag_hash(ledger, entry) {
+        Some(hash) => hash != 0 && hash != want,
         // Not laid out yet (dispatch reads only durable entries, which are):
         // decide on the entry itself.
         None => false,

@@ -11,6 +11,7 @@
 //! reads fresh durable entries from `read_pos`. Everything here is owned by
 //! the topic's shard and never crosses cores.
 
+pub(crate) mod context;
 pub(crate) mod failover;
 pub(crate) mod filter;
 pub(crate) mod key_shared;
@@ -34,6 +35,21 @@ pub(crate) struct ConsumerState {
     /// outstanding (so a key moved to it keeps its order). Not the ack floor:
     /// a delayed message not yet due must not hold a newcomer back.
     pub(crate) joined_at: Option<u64>,
+}
+
+impl ConsumerState {
+    /// Its pending entry `entry` left it (acknowledged or taken back).
+    /// `unacked` counts exactly the pending entries it holds: each delivery
+    /// adds one, each entry leaving it takes one, so an underflow means an
+    /// entry was released twice or never counted.
+    pub(crate) fn take_back_one(&mut self, entry: u64) {
+        assert!(
+            self.unacked > 0,
+            "consumer {:?} releases entry {entry} but holds no unacknowledged entry",
+            self.consumer
+        );
+        self.unacked -= 1;
+    }
 }
 
 /// What the policy decided for one entry.

@@ -2,11 +2,11 @@
 //! within permits and the unacked limits, with delayed entries held back
 //! until their time. Owned by the topic's shard; never crosses cores.
 
+use super::context::{DeliverySink, DispatchCtx, DispatchLimits, LogReader};
 use super::{key_hash, Ask, Pick};
 use crate::api::{ConsumerEvent, ConsumerRef};
 use crate::clock::now_ms;
 use crate::error::ErrorCode;
-use crate::shard::Shard;
 use crate::subscription::{Pending, Subscription};
 use crate::topic::Topic;
 use bytes::Bytes;
@@ -16,12 +16,16 @@ use std::rc::Rc;
 use std::time::Duration;
 
 /// Starts the dispatcher of `sub`: it runs until the shard closes, in the
-/// shard's dispatch task queue (fewer shares than the default queue, where
-/// the log's flusher runs), so catch-up reads from disk do not slow the
-/// fsync path of receipts.
-pub(crate) fn spawn(shard: Rc<Shard>, topic: Rc<Topic>, sub: Rc<Subscription>) {
-    let tq = shard.dispatch_tq;
-    match glommio::spawn_local_into(async move { run(shard, topic, sub).await }, tq) {
+/// task queue `tq` (the shard's dispatch queue, with fewer shares than the
+/// default queue where the log's flusher runs, so catch-up reads from disk
+/// do not slow the fsync path of receipts).
+pub(crate) fn spawn<S: DeliverySink + 'static, L: LogReader + 'static>(
+    ctx: DispatchCtx<S, L>,
+    tq: glommio::TaskQueueHandle,
+    topic: Rc<Topic>,
+    sub: Rc<Subscription>,
+) {
+    match glommio::spawn_local_into(async move { run(ctx, topic, sub).await }, tq) {
         Ok(t) => {
             t.detach();
         }
@@ -30,7 +34,7 @@ pub(crate) fn spawn(shard: Rc<Shard>, topic: Rc<Topic>, sub: Rc<Subscription>) {
     }
 }
 
-async fn run(shard: Rc<Shard>, topic: Rc<Topic>, sub: Rc<Subscription>) {
+async fn run<S: DeliverySink, L: LogReader>(ctx: DispatchCtx<S, L>, topic: Rc<Topic>, sub: Rc<Subscription>) {
     loop {
         let next_due = sub.delayed.borrow().next_due_ms();
         match next_due {
@@ -43,9 +47,9 @@ async fn run(shard: Rc<Shard>, topic: Rc<Topic>, sub: Rc<Subscription>) {
             }
             None => sub.wake.wait().await,
         }
-        // A deleted topic, or a non-durable subscription whose consumer left
-        // (issue #5), stops its dispatcher.
-        if shard.is_closed() || topic.deleted.get() || sub.removed.get() {
+        // A deleted topic, or a non-durable subscription whose consumer
+        // left, stops its dispatcher.
+        if ctx.is_closed() || topic.deleted.get() || sub.removed.get() {
             return;
         }
         for (entry, hash) in sub.delayed.borrow_mut().take_due(now_ms()) {
@@ -58,7 +62,7 @@ async fn run(shard: Rc<Shard>, topic: Rc<Topic>, sub: Rc<Subscription>) {
         if let Some(from) = reread {
             sub.read_pos.set(sub.read_pos.get().min(from));
         }
-        pass(&shard, &topic, &sub).await;
+        pass(&ctx, &topic, &sub).await;
     }
 }
 
@@ -88,7 +92,13 @@ fn peek(sub: &Subscription, blob: &Bytes) -> Peeked {
     }
 }
 
-fn ask<'a>(shard: &Shard, sub: &Subscription, entry: u64, key_hash: u16, blocked: &'a HashSet<ConsumerRef>) -> Ask<'a> {
+fn ask<'a>(
+    limits: &DispatchLimits,
+    sub: &Subscription,
+    entry: u64,
+    key_hash: u16,
+    blocked: &'a HashSet<ConsumerRef>,
+) -> Ask<'a> {
     Ask {
         entry,
         key_hash,
@@ -97,21 +107,22 @@ fn ask<'a>(shard: &Shard, sub: &Subscription, entry: u64, key_hash: u16, blocked
             .flatten()
             .min()
             .unwrap_or(u64::MAX),
-        unacked_per_consumer_max: shard.config.unacked_per_consumer_max,
+        unacked_per_consumer_max: limits.unacked_per_consumer_max,
         blocked,
     }
 }
 
 /// Whether the subscription may hand out anything at all right now.
-fn open(shard: &Shard, sub: &Subscription) -> bool {
-    !shard.is_closed()
-        && sub.pending.borrow().len() < shard.config.unacked_per_subscription_max as usize
-        && sub.consumers.borrow().iter().any(|c| c.permits > 0 && c.unacked < shard.config.unacked_per_consumer_max)
+fn open<S: DeliverySink, L: LogReader>(ctx: &DispatchCtx<S, L>, sub: &Subscription) -> bool {
+    !ctx.is_closed()
+        && sub.pending.borrow().len() < ctx.limits.unacked_per_subscription_max as usize
+        && sub.consumers.borrow().iter().any(|c| c.permits > 0 && c.unacked < ctx.limits.unacked_per_consumer_max)
 }
 
 /// The wall clock for the delivery counters, read once per
-/// `CLOCK_READS_EVERY` deliveries: a clock read per delivered entry was ~2 %
-/// of broker CPU in a catch-up, and the counters' rates are per second.
+/// `CLOCK_READS_EVERY` deliveries: the counters' rates are per second, so
+/// a clock read per delivered entry would be cost on the hot path for no
+/// precision anyone sees.
 struct CoarseClock {
     now_ms: u64,
     left: u32,
@@ -167,7 +178,7 @@ impl RunOut {
 
     fn push(
         &mut self,
-        shard: &Shard,
+        sink: &impl DeliverySink,
         consumer: ConsumerRef,
         id: magnetar_wire::MessageId,
         redelivery_count: u32,
@@ -182,7 +193,7 @@ impl RunOut {
             && self.blobs.len() < RUN_OUT_ENTRIES_MAX
             && self.bytes.saturating_add(blob.len()) <= RUN_OUT_BYTES_MAX;
         if !extends {
-            self.flush(shard);
+            self.flush(sink);
             self.consumer = Some(consumer);
             self.first = id;
             self.redelivery_count = redelivery_count;
@@ -191,7 +202,7 @@ impl RunOut {
         self.blobs.push(blob);
     }
 
-    fn flush(&mut self, shard: &Shard) {
+    fn flush(&mut self, sink: &impl DeliverySink) {
         let Some(consumer) = self.consumer.take() else { return };
         self.bytes = 0;
         let event = if self.blobs.len() == 1 {
@@ -211,31 +222,45 @@ impl RunOut {
                 blobs: std::mem::replace(&mut self.blobs, Vec::with_capacity(RUN_OUT_ENTRIES_MAX.min(64))),
             }
         };
-        shard.deliver(consumer, event);
+        sink.deliver(consumer, event);
     }
 }
 
-async fn pass(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
+/// One dispatch pass: hands out what the consumers can take now.
+pub(crate) async fn pass<S: DeliverySink, L: LogReader>(
+    ctx: &DispatchCtx<S, L>,
+    topic: &Rc<Topic>,
+    sub: &Rc<Subscription>,
+) {
     let mut out = RunOut::new();
-    pass_into(shard, topic, sub, &mut out).await;
-    out.flush(shard);
+    pass_into(ctx, topic, sub, &mut out).await;
+    out.flush(&ctx.sink);
 }
 
 /// Awaits `read`; when it cannot finish at once (the disk, a background
 /// read), what `out` gathered goes out first: a consumer removed or made
 /// inactive during the wait must not get it afterwards.
-async fn flush_if_waiting<T>(shard: &Shard, out: &mut RunOut, read: impl std::future::Future<Output = T>) -> T {
+async fn flush_if_waiting<T>(
+    sink: &impl DeliverySink,
+    out: &mut RunOut,
+    read: impl std::future::Future<Output = T>,
+) -> T {
     let mut read = std::pin::pin!(read);
     match futures::poll!(read.as_mut()) {
         std::task::Poll::Ready(r) => r,
         std::task::Poll::Pending => {
-            out.flush(shard);
+            out.flush(sink);
             read.await
         }
     }
 }
 
-async fn pass_into(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>, out: &mut RunOut) {
+async fn pass_into<S: DeliverySink, L: LogReader>(
+    ctx: &DispatchCtx<S, L>,
+    topic: &Rc<Topic>,
+    sub: &Rc<Subscription>,
+    out: &mut RunOut,
+) {
     let mut clock = CoarseClock::new();
     // Consumers that had to pass an entry by in this pass: nothing later
     // goes to them in this pass, so their keys keep log order.
@@ -244,7 +269,7 @@ async fn pass_into(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>,
     // 1. Replay, in log order.
     let mut from = 0u64;
     loop {
-        if !open(shard, sub) {
+        if !open(ctx, sub) {
             return;
         }
         let next = sub.replay.borrow().range(from..).next().map(|(e, h)| (*e, *h));
@@ -254,7 +279,7 @@ async fn pass_into(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>,
             sub.replay.borrow_mut().remove(&entry);
             continue;
         }
-        let pick = sub.policy.borrow().pick(&sub.consumers.borrow(), &ask(shard, sub, entry, hash, &blocked));
+        let pick = sub.policy.borrow().pick(&sub.consumers.borrow(), &ask(&ctx.limits, sub, entry, hash, &blocked));
         match pick {
             Pick::Stop => return,
             Pick::SetAside(c) => {
@@ -265,12 +290,12 @@ async fn pass_into(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>,
             Pick::Deliver(_) => {}
         }
         // Replayed entries are mostly in the log's caches.
-        let Some(blob) = flush_if_waiting(shard, out, read(shard, topic, sub, entry)).await else { return };
+        let Some(blob) = flush_if_waiting(&ctx.sink, out, read(ctx, topic, sub, entry)).await else { return };
         // The read awaited: decide again on the current state.
         if !sub.replay.borrow().contains_key(&entry) || sub.cursor.borrow().is_acked(entry) {
             continue;
         }
-        let pick = sub.policy.borrow().pick(&sub.consumers.borrow(), &ask(shard, sub, entry, hash, &blocked));
+        let pick = sub.policy.borrow().pick(&sub.consumers.borrow(), &ask(&ctx.limits, sub, entry, hash, &blocked));
         match pick {
             Pick::Stop => return,
             Pick::SetAside(c) => {
@@ -280,14 +305,14 @@ async fn pass_into(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>,
             Pick::Deliver(i) => {
                 sub.replay.borrow_mut().remove(&entry);
                 let messages = peek(sub, &blob).messages;
-                deliver(shard, topic, sub, out, i, entry, hash, messages, blob, clock.now_ms());
+                deliver(ctx, topic, sub, out, i, entry, hash, messages, blob, clock.now_ms());
             }
         }
     }
 
     // 2. Fresh entries, in log order.
     loop {
-        if !open(shard, sub) {
+        if !open(ctx, sub) {
             return;
         }
         let pos = sub.read_pos.get();
@@ -310,21 +335,21 @@ async fn pass_into(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>,
             continue;
         }
         let located = topic.ledgers.borrow().locate(pos);
-        if located.is_some_and(|(l, e)| super::filter::unmatched_by_index(shard, sub, l, e)) {
+        if located.is_some_and(|(l, e)| super::filter::unmatched_by_index(&ctx.log, sub, l, e)) {
             // Filtered out without reading the entry: it counts as
             // acknowledged for this subscription.
             sub.counters.skipped_by_index.set(sub.counters.skipped_by_index.get() + 1);
             sub.read_pos.set(pos + 1);
             if sub.cursor.borrow_mut().ack(pos) {
-                shard.mark_cursor_dirty(topic, sub);
+                ctx.dirty.mark_cursor(topic, sub);
             }
             continue;
         }
         // Entries set aside are bounded like the unacked ones.
-        if sub.replay.borrow().len() >= shard.config.unacked_per_subscription_max as usize {
+        if sub.replay.borrow().len() >= ctx.limits.unacked_per_subscription_max as usize {
             return;
         }
-        let Some(blob) = flush_if_waiting(shard, out, read_fresh(shard, topic, sub, pos)).await else { return };
+        let Some(blob) = flush_if_waiting(&ctx.sink, out, read_fresh(ctx, topic, sub, pos)).await else { return };
         if sub.read_pos.get() != pos || sub.cursor.borrow().is_acked(pos) {
             continue;
         }
@@ -333,7 +358,7 @@ async fn pass_into(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>,
             // Filtered out: it counts as acknowledged for this subscription.
             sub.read_pos.set(pos + 1);
             if sub.cursor.borrow_mut().ack(pos) {
-                shard.mark_cursor_dirty(topic, sub);
+                ctx.dirty.mark_cursor(topic, sub);
             }
             continue;
         }
@@ -345,7 +370,8 @@ async fn pass_into(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>,
             tracing::trace!(topic = %topic.key, sub = %sub.name, entry = pos, delayed = delayed.len(), "delayed");
             continue;
         }
-        let pick = sub.policy.borrow().pick(&sub.consumers.borrow(), &ask(shard, sub, pos, peeked.key_hash, &blocked));
+        let pick =
+            sub.policy.borrow().pick(&sub.consumers.borrow(), &ask(&ctx.limits, sub, pos, peeked.key_hash, &blocked));
         match pick {
             Pick::Stop => return,
             Pick::SetAside(c) => {
@@ -359,7 +385,7 @@ async fn pass_into(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>,
             }
             Pick::Deliver(i) => {
                 sub.read_pos.set(pos + 1);
-                deliver(shard, topic, sub, out, i, pos, peeked.key_hash, peeked.messages, blob, clock.now_ms());
+                deliver(ctx, topic, sub, out, i, pos, peeked.key_hash, peeked.messages, blob, clock.now_ms());
             }
         }
     }
@@ -428,8 +454,8 @@ impl ReadAhead {
 /// How many fresh entries from `pos` the consumers can take now: their
 /// permits (each entry takes at least one), within the unacked limits and
 /// what is durable.
-fn run_len(shard: &Shard, topic: &Topic, sub: &Subscription, pos: u64) -> usize {
-    let per_consumer = shard.config.unacked_per_consumer_max;
+fn run_len(limits: &DispatchLimits, topic: &Topic, sub: &Subscription, pos: u64) -> usize {
+    let per_consumer = limits.unacked_per_consumer_max;
     let takers: u64 = sub
         .consumers
         .borrow()
@@ -437,21 +463,30 @@ fn run_len(shard: &Shard, topic: &Topic, sub: &Subscription, pos: u64) -> usize 
         .filter(|c| c.permits > 0 && c.unacked < per_consumer)
         .map(|c| c.permits.min(u64::from(per_consumer - c.unacked)))
         .sum();
-    let room = (shard.config.unacked_per_subscription_max as usize).saturating_sub(sub.pending.borrow().len());
+    // Deliveries happen only while fewer than the limit are pending (`open`).
+    let pending = sub.pending.borrow().len();
+    let max = limits.unacked_per_subscription_max as usize;
+    assert!(pending <= max, "{pending} entries pending, over the subscription's limit of {max}");
+    let room = max - pending;
     let durable = topic.durable_next.get().saturating_sub(pos);
     usize::try_from(takers.min(durable)).unwrap_or(usize::MAX).min(room).min(RUN_ENTRIES_MAX)
 }
 
 /// Reads one fresh entry: from the subscription's current run, else by
 /// reading a new run from the log (see [`read`] for errors).
-async fn read_fresh(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>, pos: u64) -> Option<Bytes> {
+async fn read_fresh<S: DeliverySink, L: LogReader>(
+    ctx: &DispatchCtx<S, L>,
+    topic: &Rc<Topic>,
+    sub: &Rc<Subscription>,
+    pos: u64,
+) -> Option<Bytes> {
     let Some((ledger, e)) = topic.ledgers.borrow().locate(pos) else {
-        return read(shard, topic, sub, pos).await;
+        return read(ctx, topic, sub, pos).await;
     };
     let taken = sub.ahead.borrow_mut().take(pos, ledger, e);
     if let Some(b) = taken {
         sub.counters.entries_read.set(sub.counters.entries_read.get() + 1);
-        start_next_run(shard, topic, sub);
+        start_next_run(ctx, topic, sub);
         return Some(b);
     }
     // The run read in the background, if it starts here (a failed one is
@@ -464,15 +499,15 @@ async fn read_fresh(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>
     let run = match prefetched.filter(|r| !r.is_empty()) {
         Some(run) => run,
         None => {
-            let want = run_len(shard, topic, sub, pos);
+            let want = run_len(&ctx.limits, topic, sub, pos);
             if want < RUN_ENTRIES_MIN {
-                return read(shard, topic, sub, pos).await;
+                return read(ctx, topic, sub, pos).await;
             }
-            match shard.log.read_run(ledger, e, want, RUN_BYTES_MAX).await {
+            match ctx.log.read_run(ledger, e, want, RUN_BYTES_MAX).await {
                 Ok(run) => run,
                 Err(err) => {
                     sub.counters.entries_read.set(sub.counters.entries_read.get() + 1);
-                    fail_read(shard, topic, sub, pos, err);
+                    fail_read(ctx, topic, sub, pos, err);
                     return None;
                 }
             }
@@ -489,14 +524,14 @@ async fn read_fresh(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>
         let next = a.next.take();
         *a = ReadAhead { first: pos + 1, ledger, first_entry: e + 1, entries: run, run_len, next };
     }
-    start_next_run(shard, topic, sub);
+    start_next_run(ctx, topic, sub);
     first
 }
 
 /// Once the current run is half used, starts reading the next one in the
 /// background (in the dispatch task queue), sized by the permits the
 /// consumers have now: the disk reads it while the dispatcher delivers.
-fn start_next_run(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) {
+fn start_next_run<S: DeliverySink, L: LogReader>(ctx: &DispatchCtx<S, L>, topic: &Topic, sub: &Subscription) {
     let (pos, left) = {
         let a = sub.ahead.borrow();
         if a.next.is_some() || a.entries.len() * 2 > a.run_len {
@@ -506,47 +541,43 @@ fn start_next_run(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>) 
     };
     let Some((ledger, entry)) = topic.ledgers.borrow().locate(pos) else { return };
     // The entries still in this run take permits first.
-    let want = run_len(shard, topic, sub, pos).saturating_sub(left);
+    let want = run_len(&ctx.limits, topic, sub, pos).saturating_sub(left);
     if want < RUN_ENTRIES_MIN {
         return;
     }
-    let (tx, rx) = futures::channel::oneshot::channel();
-    let log = shard.log.clone();
-    let read = async move {
-        let _ = tx.send(log.read_run(ledger, entry, want, RUN_BYTES_MAX).await);
-    };
-    match glommio::spawn_local_into(read, shard.dispatch_tq) {
-        Ok(t) => {
-            t.detach();
-            sub.ahead.borrow_mut().next = Some(NextRun { pos, ledger, entry, rx });
-        }
-        Err(e) => tracing::debug!("cannot start a background read: {e}"),
+    if let Some(rx) = ctx.log.read_run_ahead(ledger, entry, want, RUN_BYTES_MAX) {
+        sub.ahead.borrow_mut().next = Some(NextRun { pos, ledger, entry, rx });
     }
 }
 
 /// Reads one entry. Unreadable data (failed checksum, I/O error) is never
 /// served: every consumer is closed with the reason and `None` returned.
-async fn read(shard: &Rc<Shard>, topic: &Rc<Topic>, sub: &Rc<Subscription>, entry: u64) -> Option<Bytes> {
+async fn read<S: DeliverySink, L: LogReader>(
+    ctx: &DispatchCtx<S, L>,
+    topic: &Rc<Topic>,
+    sub: &Rc<Subscription>,
+    entry: u64,
+) -> Option<Bytes> {
     sub.counters.entries_read.set(sub.counters.entries_read.get() + 1);
     let located = topic.ledgers.borrow().locate(entry);
     let result = match located {
-        Some((ledger, e)) => shard.log.read(ledger, e).await,
+        Some((ledger, e)) => ctx.log.read(ledger, e).await,
         None => Err(magnetar_storage::StorageError::NoSuchEntry { ledger: u64::MAX, entry }),
     };
     match result {
         Ok(b) => Some(b),
         Err(e) => {
-            fail_read(shard, topic, sub, entry, e);
+            fail_read(ctx, topic, sub, entry, e);
             None
         }
     }
 }
 
 /// Closes every consumer of `sub` with the reason `entry` cannot be read.
-fn fail_read(
-    shard: &Rc<Shard>,
-    topic: &Rc<Topic>,
-    sub: &Rc<Subscription>,
+fn fail_read<S: DeliverySink, L: LogReader>(
+    ctx: &DispatchCtx<S, L>,
+    topic: &Topic,
+    sub: &Subscription,
     entry: u64,
     e: magnetar_storage::StorageError,
 ) {
@@ -554,8 +585,8 @@ fn fail_read(
     sub.ahead.borrow_mut().entries.clear();
     let consumers: Vec<ConsumerRef> = sub.consumers.borrow().iter().map(|c| c.consumer).collect();
     for c in consumers {
-        sub.remove_consumer(shard, c);
-        shard.deliver(
+        sub.remove_consumer(&ctx.sink, c);
+        ctx.sink.deliver(
             c,
             ConsumerEvent::Closed {
                 consumer_id: c.consumer_id,
@@ -566,12 +597,12 @@ fn fail_read(
     }
 }
 
-/// `num_messages` comes from the caller's peek of `blob`: each peek runs
-/// the flatbuffers verifier over the metadata, and a second one here was
-/// ~2 % of broker CPU per message (perf, issue #6).
+/// `num_messages` comes from the caller's peek of `blob`: a peek reads the
+/// metadata, and reading it a second time here would cost on every
+/// delivered message for nothing new.
 #[allow(clippy::too_many_arguments)]
-fn deliver(
-    shard: &Rc<Shard>,
+fn deliver<S: DeliverySink, L: LogReader>(
+    ctx: &DispatchCtx<S, L>,
     topic: &Rc<Topic>,
     sub: &Rc<Subscription>,
     out: &mut RunOut,
@@ -599,6 +630,8 @@ fn deliver(
         let mut consumers = sub.consumers.borrow_mut();
         let c = &mut consumers[i];
         assert!(c.permits > 0, "dispatch without a permit");
+        // `Ask::can_take` and `open` hold these: the limits bound memory.
+        assert!(c.unacked < ctx.limits.unacked_per_consumer_max, "dispatch past the consumer's unacked limit");
         // Permits count messages: a batch takes as many as it hands out (it
         // goes out whole, even past the consumer's last permits).
         c.permits = c.permits.saturating_sub(u64::from(num_messages - acked));
@@ -622,16 +655,20 @@ fn deliver(
     if redelivery_count > 0 {
         // Redelivery counts persist (bounded, and rate-limited) so they go
         // on after a restart.
-        shard.mark_counts_dirty(topic, sub);
+        ctx.dirty.mark_counts(topic, sub);
     }
     let previous = sub.pending.borrow_mut().insert(entry, Pending { consumer, key_hash, num_messages, deliveries });
     assert!(previous.is_none(), "entry {entry} delivered while another consumer holds it");
+    assert!(
+        sub.pending.borrow().len() <= ctx.limits.unacked_per_subscription_max as usize,
+        "dispatch past the subscription's unacked limit"
+    );
     if ack_set.is_empty() {
-        out.push(shard, consumer, message_id, redelivery_count, blob);
+        out.push(&ctx.sink, consumer, message_id, redelivery_count, blob);
     } else {
         // Per consumer, events keep delivery order.
-        out.flush(shard);
-        shard.deliver(
+        out.flush(&ctx.sink);
+        ctx.sink.deliver(
             consumer,
             ConsumerEvent::Message { consumer_id: consumer.consumer_id, message_id, redelivery_count, blob, ack_set },
         );
