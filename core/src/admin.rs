@@ -54,7 +54,7 @@ fn u32_arg(op: &str, args: &Value, name: &str) -> Result<u32, CoreError> {
 
 pub(crate) fn topic_arg(op: &str, args: &Value) -> Result<TopicName, CoreError> {
     let t = str_arg(op, args, "topic")?;
-    TopicName::parse(t).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))
+    TopicName::parse(t).map_err(CoreError::from)
 }
 
 pub(crate) fn metadata(shard: &Shard) -> Result<&Metadata, CoreError> {
@@ -90,7 +90,7 @@ pub(crate) async fn namespace_must_exist(md: &Metadata, tn: &TopicName) -> Resul
 /// partitioned topic (whose data lives in its partitions).
 pub(crate) async fn topic_policy(shard: &Rc<Shard>, topic: &str) -> Result<TopicPolicy, CoreError> {
     let md = metadata(shard)?;
-    let tn = TopicName::parse(topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+    let tn = TopicName::parse(topic)?;
     let policies = namespace_must_exist(md, &tn).await?;
     if let Some(p) = md.partitioned(topic).await? {
         return Err(CoreError::new(

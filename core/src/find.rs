@@ -45,7 +45,7 @@ pub(crate) async fn find_messages(
     before_ms: Option<u64>,
     limit: u32,
 ) -> Result<Value, CoreError> {
-    let tn = TopicName::parse(topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+    let tn = TopicName::parse(topic)?;
     let partition = tn.partition().and_then(|p| i32::try_from(p).ok()).unwrap_or(-1);
     let ledgers = topic_ledgers(shard, topic)
         .ok_or_else(|| CoreError::new(ErrorCode::TopicNotFound, format!("topic {topic} does not exist")))?;

@@ -356,7 +356,7 @@ impl Shard {
         mode: ProducerAccessMode,
         policy: TopicPolicy,
     ) -> OpResult {
-        let tn = TopicName::parse(topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+        let tn = TopicName::parse(topic)?;
         self.check_auto_creation(&tn, &policy)?;
         let (t, lsn) = self.get_or_create_topic(&tn)?;
         let name = if name.is_empty() {
@@ -394,8 +394,7 @@ impl Shard {
         consumer: ConsumerRef,
         policy: TopicPolicy,
     ) -> OpResult {
-        let tn =
-            TopicName::parse(&req.topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+        let tn = TopicName::parse(&req.topic)?;
         self.check_auto_creation(&tn, &policy)?;
         if !valid_subscription_name(&req.subscription) {
             return Err(CoreError::new(
@@ -545,7 +544,7 @@ impl Shard {
     /// The last durable entry of `topic` as `L:E:P:-1` (a batch's last
     /// message is not singled out), `None` when the topic has no entry.
     pub(super) fn last_message_id(&self, topic: &str) -> Result<Option<MessageId>, CoreError> {
-        let tn = TopicName::parse(topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+        let tn = TopicName::parse(topic)?;
         let partition = tn.partition().and_then(|p| i32::try_from(p).ok()).unwrap_or(-1);
         let (ledgers, next) = match self.topics.borrow().get(topic) {
             Some(t) => (t.ledgers.borrow().clone(), t.durable_next.get()),

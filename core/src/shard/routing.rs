@@ -254,8 +254,7 @@ impl Shard {
             Op::CreateTopic { topic } => {
                 let me = self.clone();
                 async move {
-                    let tn = TopicName::parse(&topic)
-                        .map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+                    let tn = TopicName::parse(&topic)?;
                     let (_, lsn) = me.get_or_create_topic(&tn)?;
                     match lsn {
                         Some(lsn) => me.log.wait_durable(lsn).await?,
@@ -325,8 +324,7 @@ impl Shard {
             }
             Op::TopicStats { topic } => {
                 let r = (|| {
-                    let tn = TopicName::parse(&topic)
-                        .map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+                    let tn = TopicName::parse(&topic)?;
                     // Loaded, or known from its metadata record (then loading
                     // it creates nothing); an unknown topic is not created.
                     let known = self.topics.borrow().contains_key(&topic) || self.store.topic_recorded(&topic);
