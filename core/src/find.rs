@@ -14,7 +14,7 @@ use std::rc::Rc;
 
 use base64::Engine as _;
 use magnetar_storage::{key_hash, StorageError};
-use magnetar_wire::{decode_batch, decode_message, CompressionType, ErrorCode};
+use magnetar_wire::ErrorCode;
 use serde_json::{json, Value};
 
 use crate::error::CoreError;
@@ -66,26 +66,13 @@ pub(crate) async fn find_messages(
                 Err(StorageError::NoSuchEntry { .. }) => continue,
                 Err(e) => return Err(e.into()),
             };
-            let Ok((meta, payload)) = decode_message(&blob) else { continue };
+            let Ok(meta) = crate::entry::with_key(&blob, key) else { continue };
             let id = |batch: i64| format!("{}:{}:{partition}:{batch}", hit.ledger, hit.entry);
-            let mut found: Vec<(String, BTreeMap<String, String>, bytes::Bytes)> = Vec::new();
-            let mut compression = None;
-            if meta.num_messages <= 1 || meta.compression != CompressionType::None {
-                if meta.partition_key.as_deref() == Some(key) {
-                    let props = meta.properties.iter().cloned().collect();
-                    found.push((id(-1), props, payload.clone()));
-                    if meta.compression != CompressionType::None {
-                        compression = Some(format!("{:?}", meta.compression));
-                    }
-                }
-            } else if let Ok(records) = decode_batch(&payload, meta.num_messages) {
-                // Newest first inside the batch too.
-                for (i, r) in records.iter().enumerate().rev() {
-                    if r.partition_key.as_deref() == Some(key) {
-                        found.push((id(i as i64), r.properties.iter().cloned().collect(), r.payload.clone()));
-                    }
-                }
-            }
+            let compression = meta.compression.map(|c| format!("{c:?}"));
+            let found = meta.messages.into_iter().map(|m| {
+                let properties: BTreeMap<String, String> = m.properties.into_iter().collect();
+                (id(m.batch_index), properties, m.payload)
+            });
             for (id, properties, payload) in found {
                 if out.len() >= limit {
                     break 'rounds;

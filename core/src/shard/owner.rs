@@ -64,34 +64,12 @@ impl Shard {
                     format!("message of {} bytes exceeds the limit of {}", blob.len(), self.config.message_bytes_max),
                 ));
             }
-            if num_messages == 0 {
-                return Err(CoreError::new(ErrorCode::ProtocolError, "send with num_messages 0"));
-            }
-            // A batch no consumer could split (`decode_batch` refuses it)
-            // would be stored and then undeliverable; its count would also
-            // inflate the backlog and rate figures.
-            if num_messages > magnetar_wire::BATCH_MESSAGES_MAX {
-                return Err(CoreError::new(
-                    ErrorCode::ProtocolError,
-                    format!(
-                        "send says {num_messages} messages; a batch holds at most {}",
-                        magnetar_wire::BATCH_MESSAGES_MAX
-                    ),
-                ));
-            }
             // Validate the metadata now so that no consumer is ever handed an
             // entry it cannot decode.
-            let peek = magnetar_wire::peek_message(&blob)
-                .map_err(|e| CoreError::new(ErrorCode::ProtocolError, format!("bad message blob: {e}")))?;
-            if peek.num_messages != 0 && peek.num_messages != num_messages {
-                return Err(CoreError::new(
-                    ErrorCode::ProtocolError,
-                    format!("send says {num_messages} messages, its metadata {}", peek.num_messages),
-                ));
-            }
+            let peek = crate::entry::check_send(&blob, num_messages)?;
             let tracked = t.dedup.loaded.get() || t.dedup.loading.get();
             let seq = peek.sequence_id;
-            let chunk = peek.chunk.map_or(0, |(id, _)| id);
+            let chunk = peek.chunk_id();
             if t.dedup.enabled.get() {
                 if peek.producer_name != producer {
                     return Err(CoreError::new(
@@ -103,13 +81,7 @@ impl Shard {
                     return Ok(Err((t, original)));
                 }
             }
-            // The index keeps publish time and key hash beside the position,
-            // for seek by time and lookup by key without reading payloads.
-            let extras = magnetar_storage::IndexExtras {
-                publish_time_ms: peek.publish_time_ms,
-                key_hash: peek.partition_key.map_or(0, |k| magnetar_storage::key_hash(k.as_bytes())),
-                tag_hash: magnetar_storage::tag_hash(peek.tag.map(str::as_bytes)),
-            };
+            let extras = peek.index_extras();
             self.maybe_roll(&t);
             let (ledger, first) = {
                 let l = t.ledgers.borrow();
@@ -491,11 +463,8 @@ impl Shard {
             for entry in from..end {
                 let Some((ledger, e)) = t.ledgers.borrow().locate(entry) else { continue };
                 match self.log.read(ledger, e).await {
-                    Ok(blob) => match magnetar_wire::peek_message(&blob) {
-                        Ok(p) => {
-                            let chunk = p.chunk.map_or(0, |(id, _)| id);
-                            t.dedup.record(p.producer_name, p.sequence_id, chunk, p.num_messages, entry, 0)
-                        }
+                    Ok(blob) => match crate::entry::read(&blob) {
+                        Ok(m) => t.dedup.record(m.producer_name, m.sequence_id, m.chunk_id(), m.num_messages, entry, 0),
                         Err(e) => tracing::warn!(topic = %t.key, entry, "dedup replay: undecodable entry: {e}"),
                     },
                     // Gone (retention) or unreadable: nothing to learn from it.
@@ -647,7 +616,7 @@ impl Shard {
                 continue;
             };
             let blob = self.log.read(ledger, entry).await?;
-            let published = magnetar_wire::peek_message(&blob)
+            let published = crate::entry::read(&blob)
                 .map_err(|e| CoreError::new(ErrorCode::PersistenceError, format!("entry {mid}: {e}")))?
                 .publish_time_ms;
             if published < ms {

@@ -390,8 +390,7 @@ impl Shard {
                         ),
                     ));
                 }
-                magnetar_wire::peek_message(&blob)
-                    .map_err(|e| CoreError::new(ErrorCode::ProtocolError, format!("bad message blob: {e}")))?;
+                crate::entry::check(&blob)?;
                 let (id, events) = t.publish(blob, num_messages);
                 for (to, ev) in events {
                     self.deliver(to, ev);

@@ -207,5 +207,5 @@ async fn publish_time(shard: &Shard, t: &Topic, pos: u64) -> Option<u64> {
         }
     }
     let blob = shard.log.read(ledger, entry).await.ok()?;
-    magnetar_wire::peek_message(&blob).ok().map(|p| p.publish_time_ms)
+    crate::entry::read(&blob).ok().map(|m| m.publish_time_ms)
 }
