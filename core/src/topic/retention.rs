@@ -34,15 +34,14 @@ use magnetar_storage::{EntryLog, StorageError};
 use std::rc::Rc;
 
 impl Topic {
-    /// Deletes the ledgers of `t` that retention no longer keeps. Returns the
+    /// Deletes the ledgers that retention no longer keeps. Returns the
     /// log position of the new topic record when something was deleted.
     pub(crate) fn trim(&self, ctx: &TopicCtx<'_>, retention: Retention, now: u64) -> Result<Option<u64>, CoreError> {
-        let t = self;
-        let subs: Vec<Rc<Subscription>> = t.subs.borrow().values().cloned().collect();
+        let subs: Vec<Rc<Subscription>> = self.subs.borrow().values().cloned().collect();
         let floor = subs.iter().filter(|s| s.durable).map(|s| s.cursor.borrow().ack_floor).min();
-        let floor = floor.unwrap_or(t.next_entry.get());
+        let floor = floor.unwrap_or(self.next_entry.get());
         let victims = {
-            let l = t.ledgers.borrow();
+            let l = self.ledgers.borrow();
             let n = ledgers_to_delete(l.all(), floor, now, retention);
             l.all()[..n].to_vec()
         };
@@ -57,7 +56,7 @@ impl Topic {
             }
             done += 1;
             tracing::info!(
-                topic = %t.key,
+                topic = %self.key,
                 ledger = v.id,
                 entries = v.entries,
                 bytes = v.bytes,
@@ -70,44 +69,43 @@ impl Topic {
         if done == 0 {
             return Ok(None);
         }
-        t.ledgers.borrow_mut().trim_front(done);
-        let start = t.ledgers.borrow().start();
+        self.ledgers.borrow_mut().trim_front(done);
+        let start = self.ledgers.borrow().start();
         // Durable subscriptions are past `start` already; a reader behind it
         // moves on to the oldest entry kept.
         for s in &subs {
-            s.ack_below(&t.ledgers.borrow(), start);
+            s.ack_below(&self.ledgers.borrow(), start);
         }
-        Ok(Some(t.persist_record(ctx.store)?))
+        Ok(Some(self.persist_record(ctx.store)?))
     }
 
-    /// Moves every durable subscription of `t` past the entries published more
+    /// Moves every durable subscription past the entries published more
     /// than `ttl_ms` ago. Returns those whose cursor moved (their records are
     /// to be written).
     pub(crate) async fn expire(&self, log: &EntryLog, ttl_ms: u64) -> Vec<Rc<Subscription>> {
-        let t = self;
         let mut moved = Vec::new();
         let cutoff = now_ms().saturating_sub(ttl_ms);
-        let subs: Vec<Rc<Subscription>> = t.subs.borrow().values().filter(|s| s.durable).cloned().collect();
+        let subs: Vec<Rc<Subscription>> = self.subs.borrow().values().filter(|s| s.durable).cloned().collect();
         let Some(lowest) = subs.iter().map(|s| s.cursor.borrow().ack_floor).min() else { return moved };
-        let end = t.durable_next.get();
+        let end = self.durable_next.get();
         if lowest >= end {
             return moved;
         }
-        let live = t.first_published_at_or_after(log, cutoff, lowest, end).await;
+        let live = self.first_published_at_or_after(log, cutoff, lowest, end).await;
         for s in subs {
             let (floor, acked_above) = {
                 let c = s.cursor.borrow();
                 (c.ack_floor, c.acked.count_in(c.ack_floor, live))
             };
-            if live <= floor || t.deleted.get() {
+            if live <= floor || self.deleted.get() {
                 continue;
             }
-            if s.ack_below(&t.ledgers.borrow(), live) {
+            if s.ack_below(&self.ledgers.borrow(), live) {
                 tracing::info!(
-                    topic = %t.key,
+                    topic = %self.key,
                     subscription = %s.name,
                     expired = live - floor - acked_above,
-                    through = ?live.checked_sub(1).and_then(|p| t.message_id(p)),
+                    through = ?live.checked_sub(1).and_then(|p| self.message_id(p)),
                     ttl_s = ttl_ms / 1000,
                     "TTL: expired unacknowledged messages"
                 );
