@@ -34,7 +34,7 @@ pub(crate) async fn namespace_must_exist(md: &Metadata, tn: &TopicName) -> Resul
 /// partitioned topic (whose data lives in its partitions).
 pub(crate) async fn topic_policy(shard: &Rc<Shard>, topic: &str) -> Result<TopicPolicy, CoreError> {
     let md = metadata(shard)?;
-    let tn = TopicName::parse(topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+    let tn = TopicName::parse(topic)?;
     let policies = namespace_must_exist(md, &tn).await?;
     if let Some(p) = md.partitioned(topic).await? {
         return Err(CoreError::new(

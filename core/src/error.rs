@@ -17,6 +17,13 @@ impl CoreError {
     }
 }
 
+/// A topic name a request carried that does not parse.
+impl From<crate::topic_name::TopicNameError> for CoreError {
+    fn from(e: crate::topic_name::TopicNameError) -> Self {
+        CoreError::new(ErrorCode::InvalidTopicName, e.to_string())
+    }
+}
+
 impl From<magnetar_storage::StorageError> for CoreError {
     fn from(e: magnetar_storage::StorageError) -> Self {
         CoreError::new(ErrorCode::PersistenceError, e.to_string())

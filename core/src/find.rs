@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use magnetar_storage::{key_hash, StorageError};
-use magnetar_wire::{decode_batch, decode_message, CompressionType, ErrorCode, MessageId};
+use magnetar_wire::{ErrorCode, MessageId};
 
 use crate::api::{CompressedBatch, FoundMessage, FoundMessages};
 use crate::error::CoreError;
@@ -43,7 +43,7 @@ pub(crate) async fn find_messages(
     before_ms: Option<u64>,
     limit: u32,
 ) -> Result<FoundMessages, CoreError> {
-    let tn = TopicName::parse(topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+    let tn = TopicName::parse(topic)?;
     let partition = tn.partition().and_then(|p| i32::try_from(p).ok()).unwrap_or(-1);
     let ledgers = topic_ledgers(shard, topic)
         .ok_or_else(|| CoreError::new(ErrorCode::TopicNotFound, format!("topic {topic} does not exist")))?;
@@ -64,27 +64,14 @@ pub(crate) async fn find_messages(
                 Err(StorageError::NoSuchEntry { .. }) => continue,
                 Err(e) => return Err(e.into()),
             };
-            let Ok((meta, payload)) = decode_message(&blob) else { continue };
-            let id = |batch: i32| MessageId::new(hit.ledger, hit.entry, partition, batch);
-            let mut found: Vec<(MessageId, BTreeMap<String, String>, bytes::Bytes)> = Vec::new();
-            let mut compression = None;
-            if meta.num_messages <= 1 || meta.compression != CompressionType::None {
-                if meta.partition_key.as_deref() == Some(key) {
-                    let props = meta.properties.iter().cloned().collect();
-                    found.push((id(-1), props, payload.clone()));
-                    if meta.compression != CompressionType::None {
-                        compression =
-                            Some(CompressedBatch { compression: meta.compression, messages: meta.num_messages.max(1) });
-                    }
-                }
-            } else if let Ok(records) = decode_batch(&payload, meta.num_messages) {
-                // Newest first inside the batch too.
-                for (i, r) in records.iter().enumerate().rev() {
-                    if r.partition_key.as_deref() == Some(key) {
-                        found.push((id(i as i32), r.properties.iter().cloned().collect(), r.payload.clone()));
-                    }
-                }
-            }
+            let Ok(meta) = crate::entry::with_key(&blob, key) else { continue };
+            let compression =
+                meta.compression.map(|compression| CompressedBatch { compression, messages: meta.num_messages.max(1) });
+            let found = meta.messages.into_iter().map(|m| {
+                let id = MessageId::new(hit.ledger, hit.entry, partition, m.batch_index as i32);
+                let properties: BTreeMap<String, String> = m.properties.into_iter().collect();
+                (id, properties, m.payload)
+            });
             for (id, properties, payload) in found {
                 if out.len() >= limit {
                     break 'rounds;

@@ -12,6 +12,7 @@ mod atomics;
 mod clock;
 pub mod config;
 pub mod disk_watch;
+mod entry;
 pub mod error;
 mod find;
 pub mod metadata;

@@ -14,7 +14,11 @@
 use crate::topic::ledgers::{decode_topic_record, LedgerInfo, TopicLedgers};
 use bytes::Bytes;
 use magnetar_storage::{EntryLog, StorageError};
+use std::cell::Cell;
 use std::collections::HashSet;
+
+/// Ledger ids are unique across shards: `seq * LEDGER_ID_SHARD_STRIDE + shard`.
+pub const LEDGER_ID_SHARD_STRIDE: u64 = 1024;
 
 const META_TOPIC_PREFIX: &[u8] = b"t/";
 const META_CURSOR_PREFIX: &[u8] = b"c/";
@@ -182,5 +186,55 @@ impl Store {
             self.log.put_meta(&dedup_meta_key(topic), Bytes::new())?;
         }
         self.log.put_meta(&topic_meta_key(topic), Bytes::new())
+    }
+}
+
+/// The ledger ids of one shard: unique across shards, and each larger than
+/// every id the shard used before, in this run or an earlier one (a reused
+/// id would mix a deleted topic's entries into a new one). Owned by one
+/// shard; never crosses cores.
+pub(crate) struct LedgerIds {
+    shard: u32,
+    next_seq: Cell<u64>,
+    /// Ledgers the log held when the shard started (deleted ones excluded):
+    /// a closed ledger of a topic record missing here was deleted by
+    /// retention before the record was rewritten (a crash in between).
+    at_start: HashSet<u64>,
+}
+
+impl LedgerIds {
+    /// Ids already used come from the topic records (every ledger they
+    /// list), the deleted topics' records and the log.
+    pub(crate) fn new(shard: u32, store: &Store) -> Self {
+        let at_start: HashSet<u64> = store.log.ledgers().into_iter().map(|(l, _)| l).collect();
+        let seq = store
+            .recorded_ledger_ids()
+            .into_iter()
+            .chain(at_start.iter().copied())
+            .map(|l| l / LEDGER_ID_SHARD_STRIDE + 1)
+            .max()
+            .unwrap_or(0);
+        Self { shard, next_seq: Cell::new(seq), at_start }
+    }
+
+    pub(crate) fn shard(&self) -> u32 {
+        self.shard
+    }
+
+    /// A new ledger id.
+    pub(crate) fn allocate(&self) -> u64 {
+        let seq = self.next_seq.get();
+        self.next_seq.set(seq + 1);
+        seq * LEDGER_ID_SHARD_STRIDE + u64::from(self.shard)
+    }
+
+    /// Whether the log held ledger `id` when the shard started.
+    pub(crate) fn existed_at_start(&self, id: u64) -> bool {
+        self.at_start.contains(&id)
+    }
+
+    /// Every ledger the log held when the shard started.
+    pub(crate) fn at_start(&self) -> &HashSet<u64> {
+        &self.at_start
     }
 }

@@ -115,7 +115,7 @@ impl Broker {
     /// partitioned topic's own name) and finds its owner with the
     /// namespace's bundle count.
     async fn resolve_topic(&self, topic: &str) -> Result<(String, u32, TopicPolicy), CoreError> {
-        let tn = TopicName::parse(topic).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+        let tn = TopicName::parse(topic)?;
         let key = tn.to_string();
         let policy = match self.shard.call(0, Op::TopicPolicy { topic: key.clone() }).await? {
             Reply::Policy(p) => p,

@@ -8,13 +8,16 @@
 //! never crosses cores; only `MeshMsg` values travel between shards.
 //!
 //! - `routing.rs`: the mesh protocol (`Op`/`Reply`) and where each request runs.
-//! - `owner.rs`: the owner side of topic and subscription requests.
+//! - `owner.rs`: the owner side of topic and subscription requests: thin
+//!   handlers over the registry that call the topic's behaviour (`topic/`).
+//! - `retention.rs`: the task applying retention and TTL to every topic.
 //! - `launch.rs`, `start_gate.rs`, `mesh.rs`: executors, the start gate, the channels.
 
 pub mod launch;
 pub(crate) mod mesh;
 pub mod metrics;
 mod owner;
+pub(crate) mod retention;
 pub(crate) mod routing;
 pub(crate) mod start_gate;
 
@@ -26,11 +29,12 @@ use crate::clock::now_ms;
 use crate::config::BrokerConfig;
 use crate::metadata::Metadata;
 use crate::signal::Signal;
-use crate::store::Store;
+use crate::store::{LedgerIds, Store};
 use crate::subscription::dispatcher::context::{DeliverySink, DispatchCtx, DispatchLimits, EntryLogReader};
 use crate::subscription::persist::CursorWriter;
 use crate::subscription::Subscription;
-use crate::topic::Topic;
+use crate::topic::producers::ProducerNames;
+use crate::topic::{Topic, TopicCtx};
 use futures::channel::oneshot;
 use glommio::channels::local_channel::LocalSender;
 use magnetar_storage::EntryLog;
@@ -42,8 +46,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Ledger ids are unique across shards: `seq * LEDGER_ID_SHARD_STRIDE + shard`.
-pub const LEDGER_ID_SHARD_STRIDE: u64 = 1024;
+pub use crate::store::LEDGER_ID_SHARD_STRIDE;
 /// Most shards a broker may run (ledger ids reserve room for this many).
 pub const SHARDS_MAX: u32 = LEDGER_ID_SHARD_STRIDE as u32;
 
@@ -71,17 +74,13 @@ pub(crate) struct Shard {
     pub(crate) topics: RefCell<HashMap<String, Rc<Topic>>>,
     /// Non-persistent topics with producers or consumers attached.
     pub(crate) np_topics: RefCell<HashMap<String, Rc<crate::nonpersistent::NpTopic>>>,
-    pub(crate) next_ledger_seq: Cell<u64>,
-    /// Ledgers the log held when the shard started (deleted ones excluded):
-    /// a closed ledger of a topic record missing here was deleted by
-    /// retention before the record was rewritten (a crash in between).
-    pub(crate) ledgers_at_start: std::collections::HashSet<u64>,
+    pub(crate) ledger_ids: LedgerIds,
     pub(crate) mesh: Mesh,
     pub(crate) pending: RefCell<HashMap<u64, oneshot::Sender<OpResult>>>,
     pub(crate) next_req: Cell<u64>,
     pub(crate) sinks: RefCell<HashMap<u64, LocalSender<ConsumerEvent>>>,
     pub(crate) next_sink: Cell<u64>,
-    pub(crate) next_producer: Cell<u64>,
+    pub(crate) producer_names: ProducerNames,
     /// Appends on this shard not yet durable (shutdown waits for them).
     pub(crate) inflight: Cell<u64>,
     pub(crate) draining: Cell<bool>,
@@ -90,7 +89,6 @@ pub(crate) struct Shard {
     /// Changed cursors and redelivery counts, and their writer.
     pub(crate) cursors: CursorWriter,
     pub(crate) cursor_flush: Signal,
-    pub(crate) started_ms: u64,
     /// Data disk usage in percent at the last check, and whether produce is
     /// refused because it reached the refusal watermark.
     pub(crate) disk_pct: Cell<u8>,
@@ -106,18 +104,9 @@ pub(crate) struct Shard {
 
 impl Shard {
     pub(crate) fn new(id: u32, nshards: u32, config: Arc<BrokerConfig>, log: EntryLog, mesh: Mesh) -> Rc<Self> {
-        // Ledger ids already used on this shard come from the topic records
-        // (every ledger they list), the deleted topics' records and the log.
         let store = Store::new(log.clone());
-        let ledgers_at_start: std::collections::HashSet<u64> = log.ledgers().into_iter().map(|(l, _)| l).collect();
-        let seq = store
-            .recorded_ledger_ids()
-            .into_iter()
-            .chain(ledgers_at_start.iter().copied())
-            .map(|l| l / LEDGER_ID_SHARD_STRIDE + 1)
-            .max()
-            .unwrap_or(0);
-        for l in store.orphan_ledgers(&ledgers_at_start) {
+        let ledger_ids = LedgerIds::new(id, &store);
+        for l in store.orphan_ledgers(ledger_ids.at_start()) {
             match log.delete_ledger(l) {
                 Ok(_) => tracing::info!(
                     shard = id,
@@ -141,20 +130,18 @@ impl Shard {
             metadata,
             topics: RefCell::new(HashMap::new()),
             np_topics: RefCell::new(HashMap::new()),
-            next_ledger_seq: Cell::new(seq),
-            ledgers_at_start,
+            ledger_ids,
             mesh,
             pending: RefCell::new(HashMap::new()),
             next_req: Cell::new(1),
             sinks: RefCell::new(HashMap::new()),
             next_sink: Cell::new(1),
-            next_producer: Cell::new(0),
+            producer_names: ProducerNames::new(id, now_ms()),
             inflight: Cell::new(0),
             draining: Cell::new(false),
             closed: Rc::new(Cell::new(false)),
             cursors: CursorWriter::new(store),
             cursor_flush: Signal::new(),
-            started_ms: now_ms(),
             disk_pct: Cell::new(0),
             storage_full: Cell::new(false),
             dispatch_tq: glommio::executor().create_task_queue(
@@ -164,6 +151,17 @@ impl Shard {
             ),
             metrics: ShardMetrics::new(),
         })
+    }
+
+    /// What a topic's operations need of this shard.
+    pub(crate) fn topic_ctx(&self) -> TopicCtx<'_> {
+        TopicCtx {
+            log: &self.log,
+            store: &self.store,
+            config: &self.config,
+            ledger_ids: &self.ledger_ids,
+            closed: &self.closed,
+        }
     }
 
     pub(crate) fn traffic(&self) -> ShardTraffic {

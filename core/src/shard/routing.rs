@@ -42,6 +42,10 @@ pub(crate) enum Op {
     Send {
         topic: String,
         producer: String,
+        /// The door's sequence id, for the op's `Debug` form only: the
+        /// topic reads the one in the blob's metadata (what is stored and
+        /// what deduplication compares).
+        #[allow(dead_code)]
         sequence_id: u64,
         num_messages: u32,
         blob: Bytes,
@@ -223,8 +227,8 @@ impl Shard {
             return futures::future::ready(self.handle_non_persistent(op)).boxed_local();
         }
         match op {
-            Op::Send { topic, producer, sequence_id, num_messages, blob, blob_crc } => {
-                self.handle_send(&topic, &producer, sequence_id, num_messages, blob, blob_crc)
+            Op::Send { topic, producer, sequence_id: _, num_messages, blob, blob_crc } => {
+                self.handle_send(&topic, &producer, num_messages, blob, blob_crc)
             }
             Op::CreateProducer { topic, name, mode, policy } => {
                 let me = self.clone();
@@ -256,8 +260,7 @@ impl Shard {
             Op::CreateTopic { topic } => {
                 let me = self.clone();
                 async move {
-                    let tn = TopicName::parse(&topic)
-                        .map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+                    let tn = TopicName::parse(&topic)?;
                     let (_, lsn) = me.get_or_create_topic(&tn)?;
                     match lsn {
                         Some(lsn) => me.log.wait_durable(lsn).await?,
@@ -314,8 +317,7 @@ impl Shard {
             }
             Op::TopicStats { topic } => {
                 let r = (|| {
-                    let tn = TopicName::parse(&topic)
-                        .map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
+                    let tn = TopicName::parse(&topic)?;
                     // Loaded, or known from its metadata record (then loading
                     // it creates nothing); an unknown topic is not created.
                     let known = self.topics.borrow().contains_key(&topic) || self.store.topic_recorded(&topic);
@@ -353,31 +355,15 @@ impl Shard {
                     ));
                 }
                 let t = self.np_topic(&topic);
-                let name = if name.is_empty() {
-                    let n = self.next_producer.get();
-                    self.next_producer.set(n + 1);
-                    format!("magnetar-{}-{}-{}", self.id, self.started_ms, n)
-                } else {
-                    name
-                };
+                let name = self.producer_names.or_generate(name);
                 let added = t.producers.borrow_mut().add(&topic, &name, mode, policy.policies.max_producers_per_topic);
                 added.map(|_| Reply::Producer { name, last_sequence_id: -1 })
             }
             Op::Send { topic, producer, num_messages, blob, .. } => {
                 let t = np(&topic).ok_or_else(not_loaded)?;
                 t.producers.borrow().check_send(&topic, &producer)?;
-                if blob.len() > self.config.message_bytes_max as usize {
-                    return Err(CoreError::new(
-                        ErrorCode::MessageTooLarge,
-                        format!(
-                            "message of {} bytes exceeds the limit of {}",
-                            blob.len(),
-                            self.config.message_bytes_max
-                        ),
-                    ));
-                }
-                magnetar_wire::peek_message(&blob)
-                    .map_err(|e| CoreError::new(ErrorCode::ProtocolError, format!("bad message blob: {e}")))?;
+                crate::topic::publish::check_message_size(&self.config, blob.len())?;
+                crate::entry::check(&blob)?;
                 let (id, events) = t.publish(blob, num_messages);
                 for (to, ev) in events {
                     self.deliver(to, ev);

@@ -25,9 +25,11 @@
 //!
 //! Owned by the topic's shard; never crosses cores.
 
+use crate::error::{CoreError, ErrorCode};
 use serde::{Deserialize, Serialize};
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::Duration;
 
 /// Entries remembered per producer for answering resends with their
 /// original message id.
@@ -162,6 +164,69 @@ impl Dedup {
                 self.record(name, *seq, 0, 1, *entry, 0);
             }
         }
+    }
+}
+
+impl super::Topic {
+    /// Rebuilds the topic's dedup state: snapshot, then a replay of the
+    /// durable entries after it. Appends made meanwhile are tracked live.
+    pub(crate) async fn ensure_dedup_loaded(&self, ctx: &super::TopicCtx<'_>) -> Result<(), CoreError> {
+        while self.dedup.loading.get() {
+            glommio::timer::sleep(Duration::from_millis(2)).await;
+        }
+        if self.dedup.loaded.get() {
+            return Ok(());
+        }
+        self.dedup.loading.set(true);
+        let result = self.replay_dedup(ctx).await;
+        self.dedup.loading.set(false);
+        if result.is_ok() {
+            self.dedup.loaded.set(true);
+        }
+        result
+    }
+
+    async fn replay_dedup(&self, ctx: &super::TopicCtx<'_>) -> Result<(), CoreError> {
+        let snap: Snapshot = match ctx.store.dedup_snapshot(&self.key) {
+            Some(v) => serde_json::from_slice(&v).map_err(|e| {
+                CoreError::new(ErrorCode::PersistenceError, format!("unreadable dedup snapshot of {}: {e}", self.key))
+            })?,
+            None => Snapshot::default(),
+        };
+        self.dedup.restore(&snap);
+        // Appends in flight are tracked live; the replay waits until they
+        // are durable so that it reads every entry below them.
+        let end = self.next_entry.get();
+        while self.durable_next.get() < end && !ctx.closed.get() {
+            glommio::timer::sleep(Duration::from_millis(2)).await;
+        }
+        // Positions count across ledgers; those retention deleted teach nothing.
+        let from = snap.next_entry.max(self.ledgers.borrow().start());
+        for entry in from..end {
+            let Some((ledger, e)) = self.ledgers.borrow().locate(entry) else { continue };
+            match ctx.log.read(ledger, e).await {
+                Ok(blob) => match crate::entry::read(&blob) {
+                    Ok(m) => self.dedup.record(m.producer_name, m.sequence_id, m.chunk_id(), m.num_messages, entry, 0),
+                    Err(e) => tracing::warn!(topic = %self.key, entry, "dedup replay: undecodable entry: {e}"),
+                },
+                // Gone (retention) or unreadable: nothing to learn from it.
+                Err(e) => tracing::warn!(topic = %self.key, entry, "dedup replay: cannot read entry: {e}"),
+            }
+        }
+        tracing::info!(topic = %self.key, from = snap.next_entry, to = end, "dedup state restored");
+        Ok(())
+    }
+
+    /// Writes the dedup snapshot if the state changed since the last one.
+    /// Returns its log position when written.
+    pub(crate) fn flush_dedup(&self, store: &crate::store::Store) -> Result<Option<u64>, CoreError> {
+        if !self.dedup.loaded.get() || self.dedup.loading.get() || !self.dedup.dirty.replace(false) {
+            return Ok(None);
+        }
+        let snap = self.dedup.snapshot(self.next_entry.get());
+        let bytes = serde_json::to_vec(&snap)
+            .map_err(|e| CoreError::new(ErrorCode::UnknownError, format!("encoding a dedup snapshot: {e}")))?;
+        Ok(Some(store.put_dedup_snapshot(&self.key, bytes::Bytes::from(bytes))?))
     }
 }
 

@@ -148,7 +148,8 @@ pub fn decode_topic_record(v: &[u8]) -> Option<Vec<LedgerInfo>> {
 /// deleted. Missing ledgers after a present one are not dropped: they are
 /// damage, and reading them reports it.
 pub fn deleted_prefix(list: &[LedgerInfo], in_log: impl Fn(u64) -> bool) -> usize {
-    let closed = list.len().saturating_sub(1);
+    assert!(!list.is_empty(), "a topic record lists a ledger");
+    let closed = list.len() - 1;
     list[..closed].iter().take_while(|l| !in_log(l.id)).count()
 }
 
@@ -358,7 +359,8 @@ impl Retention {
 /// stops at the first ledger that must stay, so only a prefix goes.
 /// Unbounded time and size keep everything; 0 and 0 delete as soon as acked.
 pub fn ledgers_to_delete(ledgers: &[LedgerInfo], ack_floor: u64, now_ms: u64, retention: Retention) -> usize {
-    let closed = ledgers.len().saturating_sub(1);
+    assert!(!ledgers.is_empty(), "a topic has a current ledger");
+    let closed = ledgers.len() - 1;
     let acked: Vec<&LedgerInfo> = ledgers[..closed].iter().take_while(|l| l.end() <= ack_floor).collect();
     let acked_bytes: u64 = acked.iter().map(|l| l.bytes).sum();
     let mut deleted_bytes = 0u64;

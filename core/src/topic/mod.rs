@@ -5,20 +5,43 @@
 //! `retention.rs`). Everything here counts in topic positions (numbering
 //! the topic's entries across ledgers); message ids are made from them at
 //! the edges. Owned by the topic's shard; never crosses cores.
+//!
+//! The topic's behaviour (publish and rollover in `publish.rs`; loading,
+//! creating, deleting and the last id in `load.rs`; deduplication's
+//! loading in `dedup.rs`; producers in `producers.rs`; retention's
+//! decisions in `retention.rs`) takes what it needs of its shard as a
+//! [`TopicCtx`]. The shard keeps the registry of topics and the routing.
 
 pub mod dedup;
 pub mod ledgers;
+pub(crate) mod load;
 pub(crate) mod producers;
+pub(crate) mod publish;
 pub(crate) mod retention;
 
+use crate::config::BrokerConfig;
 use crate::error::{CoreError, ErrorCode};
+use crate::store::{LedgerIds, Store};
 use crate::subscription::Subscription;
 use crate::topic_name::TopicName;
 use ledgers::{Lookup, TopicLedgers};
+use magnetar_storage::EntryLog;
 use magnetar_wire::MessageId;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
+
+/// What a topic's operations use of the shard that owns it: its log, its
+/// records, its configuration and its ledger ids. Borrowed for one call.
+#[derive(Clone, Copy)]
+pub(crate) struct TopicCtx<'a> {
+    pub(crate) log: &'a EntryLog,
+    pub(crate) store: &'a Store,
+    pub(crate) config: &'a BrokerConfig,
+    pub(crate) ledger_ids: &'a LedgerIds,
+    /// Set when the shard shut down: waits for appends in flight end.
+    pub(crate) closed: &'a Cell<bool>,
+}
 
 pub(crate) struct Topic {
     #[allow(dead_code)]
@@ -87,6 +110,20 @@ impl Topic {
             let floor = self.subs.borrow().values().map(|s| s.cursor.borrow().ack_floor).min();
             floor.unwrap_or(self.next_entry.get())
         });
+    }
+
+    /// Marks the topic deleted: its dispatchers stop at their next wake-up.
+    pub(crate) fn mark_deleted(&self) {
+        self.deleted.set(true);
+        for s in self.subs.borrow().values() {
+            s.wake.notify();
+        }
+    }
+
+    /// Producers and consumers attached.
+    pub(crate) fn attached(&self) -> (usize, usize) {
+        let consumers = self.subs.borrow().values().map(|s| s.consumer_count()).sum();
+        (self.producers.borrow().len(), consumers)
     }
 
     /// Called when `entry` became durable: wake the dispatchers.

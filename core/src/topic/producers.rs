@@ -4,8 +4,10 @@
 //! Owned by the topic's shard; never crosses cores.
 
 use crate::error::{CoreError, ErrorCode};
+use crate::metadata::Policies;
 use futures::channel::oneshot;
 use magnetar_wire::ProducerAccessMode;
+use std::cell::Cell;
 use std::collections::{HashMap, HashSet, VecDeque};
 
 /// Most producers waiting for exclusive access to one topic.
@@ -131,6 +133,65 @@ impl TopicProducers {
             ));
         }
         Err(CoreError::new(ErrorCode::ProducerNotFound, format!("producer {name:?} is not attached to {topic}")))
+    }
+}
+
+/// Names for producers that asked for none, unique in the cluster's
+/// lifetime: the shard, when it started, and a counter.
+pub(crate) struct ProducerNames {
+    shard: u32,
+    started_ms: u64,
+    next: Cell<u64>,
+}
+
+impl ProducerNames {
+    pub(crate) fn new(shard: u32, started_ms: u64) -> Self {
+        Self { shard, started_ms, next: Cell::new(0) }
+    }
+
+    /// `requested`, or a new name when it is empty.
+    pub(crate) fn or_generate(&self, requested: String) -> String {
+        if !requested.is_empty() {
+            return requested;
+        }
+        let n = self.next.get();
+        self.next.set(n + 1);
+        format!("magnetar-{}-{}-{}", self.shard, self.started_ms, n)
+    }
+}
+
+impl super::Topic {
+    /// Attaches producer `name` with `mode` under the namespace's
+    /// `policies` (deduplication state loaded first when it is on), waiting
+    /// for exclusive access under `WaitForExclusive` and for the topic's
+    /// creation record (`created_lsn`) to be durable. Returns the
+    /// producer's last durable sequence id under deduplication, else -1.
+    pub(crate) async fn add_producer(
+        &self,
+        ctx: &super::TopicCtx<'_>,
+        name: &str,
+        mode: ProducerAccessMode,
+        policies: &Policies,
+        created_lsn: Option<u64>,
+    ) -> Result<i64, CoreError> {
+        if policies.deduplication {
+            self.ensure_dedup_loaded(ctx).await?;
+        }
+        self.dedup.enabled.set(policies.deduplication);
+        let admission = self.producers.borrow_mut().add(&self.key, name, mode, policies.max_producers_per_topic)?;
+        if let Admission::Wait(rx) = admission {
+            // WaitForExclusive: the topic attaches us when the holder leaves.
+            if rx.await.is_err() {
+                return Err(CoreError::new(ErrorCode::ServiceNotReady, "topic unloaded while waiting"));
+            }
+        }
+        if let Some(lsn) = created_lsn {
+            if let Err(e) = ctx.log.wait_durable(lsn).await {
+                self.producers.borrow_mut().remove(name);
+                return Err(e.into());
+            }
+        }
+        Ok(if self.dedup.enabled.get() { self.dedup.last_persisted(name, ctx.log.durable_lsn()) } else { -1 })
     }
 }
 

@@ -79,7 +79,7 @@ struct Peeked {
 /// vouches for their bytes since: the bounds-checked delivery peek reads
 /// the few fields needed without running the verifier again.
 fn peek(sub: &Subscription, blob: &Bytes) -> Peeked {
-    match magnetar_wire::peek_for_delivery(blob) {
+    match crate::entry::for_delivery(blob) {
         Ok(p) => Peeked {
             key_hash: key_hash(p.ordering_key, p.partition_key),
             deliver_at_ms: p.deliver_at_ms,
