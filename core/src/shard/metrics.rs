@@ -93,10 +93,9 @@ pub struct ShardMetrics {
     /// Microseconds from a send reaching its owner shard to its entry
     /// being durable (what the receipt waits for on the broker).
     pub publish_latency_us: Histogram,
-    /// Entries per group commit is storage's; entries handed to consumers
-    /// (a run counts each entry) and their messages and bytes.
+    /// Entries handed to consumers (a run counts each entry; a batch is one
+    /// entry) and their bytes, on the topic's owner shard.
     pub entries_out: Counter,
-    pub messages_out: Counter,
     pub bytes_out: Counter,
     /// Ack requests applied (one per request, whatever its id count).
     pub acks: Counter,
@@ -118,7 +117,6 @@ pub struct ShardMetricsSnapshot {
     pub bytes_in: u64,
     pub publish_latency_us: HistogramSnapshot,
     pub entries_out: u64,
-    pub messages_out: u64,
     pub bytes_out: u64,
     pub acks: u64,
     pub cross_shard_requests: u64,
@@ -157,7 +155,6 @@ impl ShardMetrics {
             bytes_in: self.bytes_in.get(),
             publish_latency_us: self.publish_latency_us.snapshot(),
             entries_out: self.entries_out.get(),
-            messages_out: self.messages_out.get(),
             bytes_out: self.bytes_out.get(),
             acks: self.acks.get(),
             cross_shard_requests: self.cross_shard_requests.get(),

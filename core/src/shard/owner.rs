@@ -34,6 +34,7 @@ impl Shard {
         blob_crc: Option<u32>,
     ) -> LocalBoxFuture<'static, OpResult> {
         crate::stage::mark("2_owner_send");
+        let (arrived, bytes) = (std::time::Instant::now(), blob.len() as u64);
         let published = self.admit_send(topic).and_then(|t| {
             let p = t.publish(&self.topic_ctx(), producer, num_messages, blob, blob_crc)?;
             Ok((t, p))
@@ -46,12 +47,15 @@ impl Shard {
             }
             Ok((t, Published::Appended { id, pos, lsn })) => {
                 self.inflight.set(self.inflight.get() + 1);
+                self.metrics.messages_in.add(u64::from(num_messages));
+                self.metrics.bytes_in.add(bytes);
                 let me = self.clone();
                 async move {
                     let r = me.log.wait_durable(lsn).await;
                     crate::stage::mark("7_owner_durable");
                     me.inflight.set(me.inflight.get() - 1);
                     r?;
+                    me.metrics.publish_latency_us.record(arrived.elapsed().as_micros() as u64);
                     t.on_durable(pos);
                     Ok(Reply::Sent(id))
                 }

@@ -195,6 +195,17 @@ impl Shard {
 
     /// Sends an event to a consumer's sink, wherever it lives.
     pub(crate) fn deliver(&self, to: ConsumerRef, event: ConsumerEvent) {
+        match &event {
+            ConsumerEvent::Message { blob, .. } => {
+                self.metrics.entries_out.add(1);
+                self.metrics.bytes_out.add(blob.len() as u64);
+            }
+            ConsumerEvent::Run { blobs, .. } => {
+                self.metrics.entries_out.add(blobs.len() as u64);
+                self.metrics.bytes_out.add(blobs.iter().map(|b| b.len() as u64).sum());
+            }
+            ConsumerEvent::Closed { .. } | ConsumerEvent::ActiveChange { .. } => {}
+        }
         if to.shard == self.id {
             self.deliver_local(to.sink, event);
         } else {
@@ -291,6 +302,7 @@ impl Shard {
                 futures::future::ready(Ok(Reply::Done)).boxed_local()
             }
             Op::Ack { topic, subscription, consumer, ack_type, ids, durable, batch_sizes } => {
+                self.metrics.acks.add(1);
                 let me = self.clone();
                 let result = self.handle_ack(&topic, &subscription, consumer, ack_type, (&ids, &batch_sizes), durable);
                 async move {
