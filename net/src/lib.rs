@@ -88,7 +88,7 @@ pub async fn serve(broker: Broker, addr: SocketAddr, config: NetConfig) {
     let own = match config.shard_addrs.get(broker.shard_id() as usize) {
         Some(&own) => match glommio::net::TcpListener::bind(own) {
             Ok(l) => {
-                tracing::debug!(shard = broker.shard_id(), addr = %own, "listening on the shard's own port");
+                tracing::info!(shard = broker.shard_id(), addr = %own, "accepting connections on the shard's own port");
                 Some(l)
             }
             Err(e) => {
@@ -110,7 +110,7 @@ pub async fn serve(broker: Broker, addr: SocketAddr, config: NetConfig) {
             return;
         }
     };
-    tracing::debug!(shard = broker.shard_id(), %addr, "listening");
+    tracing::info!(shard = broker.shard_id(), %addr, "accepting connections on the shared port");
     accept_loop(listener, broker, config, open, shard_ports).await;
 }
 
