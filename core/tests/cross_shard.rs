@@ -89,7 +89,7 @@ fn produce_consume_ack_across_shards_and_restart() {
                 assert!(broker.create_producer(topic, "p").await.is_err());
                 let mut receipts = Vec::new();
                 for seq in 0..20 {
-                    receipts.push(broker.send(&p, seq, 1, blob("p", seq)));
+                    receipts.push(broker.send(&p, 1, blob("p", seq)));
                 }
                 let mut last = None;
                 for (seq, r) in receipts.into_iter().enumerate() {
@@ -148,7 +148,7 @@ fn produce_consume_ack_across_shards_and_restart() {
                 }
                 // The producer name is free again after restart.
                 let p = broker.create_producer(topic, "p").await.unwrap();
-                let id = broker.send(&p, 20, 1, blob("p", 20)).await.unwrap();
+                let id = broker.send(&p, 1, blob("p", 20)).await.unwrap();
                 assert_eq!(id.entry, 20);
                 let (id2, _, _) = next_message(&rx).await;
                 assert_eq!(id2, id);

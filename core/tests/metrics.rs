@@ -51,7 +51,7 @@ fn metrics_count_publish_delivery_acks_and_hops() {
             // A batch of 3 messages counts 3.
             let b = blob(seq, 3);
             bytes += b.len() as u64;
-            broker.send(&producer, seq, 3, b).await.unwrap();
+            broker.send(&producer, 3, b).await.unwrap();
         }
         let (tx, rx) = local_channel::new_unbounded::<ConsumerEvent>();
         let sink = broker.register_sink(tx);
@@ -78,7 +78,7 @@ fn metrics_count_publish_delivery_acks_and_hops() {
 
         // A producer of shard 1's topic crosses the mesh: create and send.
         let far = broker.create_producer(&there, "p").await.unwrap();
-        broker.send(&far, 0, 1, blob(0, 1)).await.unwrap();
+        broker.send(&far, 1, blob(0, 1)).await.unwrap();
         let after = broker.metrics_snapshot();
         assert_eq!(after.cross_shard_requests - mid.cross_shard_requests, 2, "{after:?}");
         // The append happened on shard 1: shard 0's publish figures did not move.

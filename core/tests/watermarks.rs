@@ -48,11 +48,11 @@ fn produce_refused_at_the_watermark_while_consumers_read() {
             let topic = "persistent://public/default/wm";
             let p = broker.create_producer(topic, "p").await.unwrap();
             for seq in 0..3 {
-                broker.send(&p, seq, 1, blob(seq)).await.unwrap();
+                broker.send(&p, 1, blob(seq)).await.unwrap();
             }
             used_pct.store(92, Ordering::SeqCst);
             glommio::timer::sleep(Duration::from_millis(100)).await;
-            let e = broker.send(&p, 3, 1, blob(3)).await.unwrap_err();
+            let e = broker.send(&p, 1, blob(3)).await.unwrap_err();
             assert_eq!(e.code, ErrorCode::StorageFull, "{e}");
             assert!(e.code.is_retriable());
             // Consumers keep reading.
@@ -76,7 +76,7 @@ fn produce_refused_at_the_watermark_while_consumers_read() {
             // Space freed: produce resumes without a restart.
             used_pct.store(80, Ordering::SeqCst);
             glommio::timer::sleep(Duration::from_millis(100)).await;
-            let id = broker.send(&p, 3, 1, blob(3)).await.unwrap();
+            let id = broker.send(&p, 1, blob(3)).await.unwrap();
             assert_eq!(id.entry, 3);
         }
     });
@@ -147,7 +147,7 @@ fn retention_frees_space_and_produce_resumes_by_itself() {
         let mut last = None;
         let mut refused = false;
         for seq in 0..2000u64 {
-            match broker.send(&p, seq, 1, fill(seq)).await {
+            match broker.send(&p, 1, fill(seq)).await {
                 Ok(id) => last = Some(id),
                 Err(e) if e.code == ErrorCode::StorageFull => {
                     refused = true;
@@ -163,7 +163,7 @@ fn retention_frees_space_and_produce_resumes_by_itself() {
         let mut resumed = false;
         for _ in 0..200 {
             glommio::timer::sleep(Duration::from_millis(50)).await;
-            if broker.send(&p, 9999, 1, fill(9999)).await.is_ok() {
+            if broker.send(&p, 1, fill(9999)).await.is_ok() {
                 resumed = true;
                 break;
             }

@@ -744,7 +744,7 @@ impl<D: Door> Session<D> {
         magnetar_core::stage::mark("1_conn_send");
         let bytes = payload.len();
         self.inflight.add(bytes);
-        let fut = self.broker().send_checked(&p.handle, sequence_id, num_messages, payload, payload_crc);
+        let fut = self.broker().send_checked(&p.handle, num_messages, payload, payload_crc);
         let receipt: Receipt = async move { (sequence_id, bytes, fut.await) }.boxed_local();
         if p.receipts.try_send(receipt).is_err() {
             self.inflight.release(bytes);

@@ -185,15 +185,15 @@ impl Broker {
     }
 
     /// Publishes one entry. The append is queued (in order) before this
-    /// returns; the future resolves when the entry is durable.
+    /// returns; the future resolves when the entry is durable. The producer
+    /// sequence id the broker keeps (dedup) is the one in the blob's metadata.
     pub fn send(
         &self,
         producer: &ProducerHandle,
-        sequence_id: u64,
         num_messages: u32,
         blob: Bytes,
     ) -> LocalBoxFuture<'static, Result<MessageId, CoreError>> {
-        self.send_checked(producer, sequence_id, num_messages, blob, None)
+        self.send_checked(producer, num_messages, blob, None)
     }
 
     /// [`send`](Self::send) of a blob whose CRC-32 the caller has, computed
@@ -203,7 +203,6 @@ impl Broker {
     pub fn send_checked(
         &self,
         producer: &ProducerHandle,
-        sequence_id: u64,
         num_messages: u32,
         blob: Bytes,
         blob_crc: Option<u32>,
@@ -211,7 +210,6 @@ impl Broker {
         let op = Op::Send {
             topic: producer.topic.clone(),
             producer: producer.producer_name.clone(),
-            sequence_id,
             num_messages,
             blob,
             blob_crc,

@@ -42,11 +42,6 @@ pub(crate) enum Op {
     Send {
         topic: String,
         producer: String,
-        /// The door's sequence id, for the op's `Debug` form only: the
-        /// topic reads the one in the blob's metadata (what is stored and
-        /// what deduplication compares).
-        #[allow(dead_code)]
-        sequence_id: u64,
         num_messages: u32,
         blob: Bytes,
         /// The blob's CRC-32 when the connection had it (see `send_checked`).
@@ -238,7 +233,7 @@ impl Shard {
             return futures::future::ready(self.handle_non_persistent(op)).boxed_local();
         }
         match op {
-            Op::Send { topic, producer, sequence_id: _, num_messages, blob, blob_crc } => {
+            Op::Send { topic, producer, num_messages, blob, blob_crc } => {
                 self.handle_send(&topic, &producer, num_messages, blob, blob_crc)
             }
             Op::CreateProducer { topic, name, mode, policy } => {
