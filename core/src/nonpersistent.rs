@@ -21,6 +21,9 @@ use std::collections::HashMap;
 struct Attached {
     consumer: ConsumerRef,
     permits: u64,
+    /// Its connection has too much unwritten output: it misses messages
+    /// (as one without permits does) until it has room again.
+    paused: bool,
 }
 
 pub(crate) struct NpTopic {
@@ -66,7 +69,7 @@ impl NpTopic {
                 format!("topic {} reached the namespace's max_consumers_per_topic ({max})", self.key),
             ));
         }
-        subs.insert(sub.to_string(), Attached { consumer, permits: 0 });
+        subs.insert(sub.to_string(), Attached { consumer, permits: 0, paused: false });
         Ok(())
     }
 
@@ -74,6 +77,14 @@ impl NpTopic {
         if let Some(a) = self.subs.borrow_mut().get_mut(sub) {
             if a.consumer == consumer {
                 a.permits = a.permits.saturating_add(u64::from(permits));
+            }
+        }
+    }
+
+    pub(crate) fn pause(&self, sub: &str, consumer: ConsumerRef, paused: bool) {
+        if let Some(a) = self.subs.borrow_mut().get_mut(sub) {
+            if a.consumer == consumer {
+                a.paused = paused;
             }
         }
     }
@@ -97,7 +108,7 @@ impl NpTopic {
         let message_id = MessageId::new(0, n, self.partition, -1);
         let mut out = Vec::new();
         for a in self.subs.borrow_mut().values_mut() {
-            if a.permits == 0 {
+            if a.permits == 0 || a.paused {
                 self.dropped.set(self.dropped.get() + 1);
                 continue;
             }

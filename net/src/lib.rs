@@ -17,11 +17,11 @@
 
 mod native;
 mod session;
+mod slots;
 
 use futures::io::AsyncReadExt;
 use glommio::net::TcpStream;
 use magnetar_core::Broker;
-use std::cell::Cell;
 use std::net::SocketAddr;
 use std::rc::Rc;
 
@@ -31,9 +31,21 @@ pub use session::ConnectionLimits;
 #[derive(Debug, Clone)]
 pub struct NetConfig {
     pub limits: ConnectionLimits,
-    /// Most connections one shard accepts (both its ports together); more
-    /// are closed at once.
+    /// Most connections one shard accepts (both its ports together); past
+    /// it a new connection evicts one (see `connections_reserve`) or is
+    /// closed at once.
     pub connections_per_shard_max: usize,
+    /// When fewer slots than this are free, a new connection first evicts
+    /// the oldest connection still in its handshake, so connections that
+    /// never complete one cannot hold the last slots.
+    pub connections_reserve: usize,
+    /// Most connections of one shard from one peer address; more are
+    /// closed at once.
+    pub connections_per_peer_max: usize,
+    /// Bytes one shard holds for all its clients (unwritten output and
+    /// incomplete inbound frames) above which no connection of the shard
+    /// is read and deliveries pause.
+    pub shard_buffered_bytes_max: usize,
     /// The address shard `i` listens on by itself (ports resolved, e.g. by a
     /// [`PortReservation`] each); empty: no per-shard listeners.
     pub shard_addrs: Vec<SocketAddr>,
@@ -41,7 +53,14 @@ pub struct NetConfig {
 
 impl Default for NetConfig {
     fn default() -> Self {
-        Self { limits: ConnectionLimits::default(), connections_per_shard_max: 10_000, shard_addrs: Vec::new() }
+        Self {
+            limits: ConnectionLimits::default(),
+            connections_per_shard_max: 10_000,
+            connections_reserve: 100,
+            connections_per_peer_max: 1_000,
+            shard_buffered_bytes_max: 512 * 1024 * 1024,
+            shard_addrs: Vec::new(),
+        }
     }
 }
 
@@ -83,7 +102,13 @@ impl PortReservation {
 /// port when `config.shard_addrs` names one. Runs until the future is
 /// dropped (the core drops it at shutdown).
 pub async fn serve(broker: Broker, addr: SocketAddr, config: NetConfig) {
-    let open = Rc::new(Cell::new(0usize));
+    let slot_limits = slots::SlotLimits {
+        connections_max: config.connections_per_shard_max,
+        reserve: config.connections_reserve.min(config.connections_per_shard_max),
+        per_peer_max: config.connections_per_peer_max,
+    };
+    let buffers = Rc::new(slots::Buffers::new(config.shard_buffered_bytes_max));
+    let open = Rc::new(slots::Slots::new(slot_limits, buffers));
     let shard_ports: Rc<[u16]> = config.shard_ports().into();
     let own = match config.shard_addrs.get(broker.shard_id() as usize) {
         Some(&own) => match glommio::net::TcpListener::bind(own) {
@@ -118,7 +143,7 @@ async fn accept_loop(
     listener: glommio::net::TcpListener,
     broker: Broker,
     config: NetConfig,
-    open: Rc<Cell<usize>>,
+    open: Rc<slots::Slots>,
     shard_ports: Rc<[u16]>,
 ) {
     loop {
@@ -135,20 +160,20 @@ async fn accept_loop(
         if broker.is_draining() {
             continue;
         }
-        if open.get() >= config.connections_per_shard_max {
-            tracing::warn!(shard = broker.shard_id(), "connection limit reached; closing a new connection");
-            continue;
-        }
-        open.set(open.get() + 1);
+        let slot = match open.admit(stream.peer_addr().ok()) {
+            Ok(slot) => slot,
+            Err(why) => {
+                tracing::warn!(shard = broker.shard_id(), peer = ?stream.peer_addr().ok(), "refusing a connection: {why}");
+                continue;
+            }
+        };
         broker.metrics().connections_opened.add(1);
-        let (broker, limits, open, shard_ports) =
-            (broker.clone(), config.limits.clone(), open.clone(), shard_ports.clone());
+        let (broker, limits, shard_ports) = (broker.clone(), config.limits.clone(), shard_ports.clone());
         glommio::spawn_local(async move {
             let metrics = broker.metrics().clone();
-            serve_tcp(broker, stream, limits, shard_ports).await;
-            // Each accepted connection is counted open once and closed once.
-            assert!(open.get() > 0, "more connections closed than opened");
-            open.set(open.get() - 1);
+            serve_tcp(broker, stream, limits, shard_ports, slot.control.clone()).await;
+            // The slot is freed here, or was when the connection was evicted.
+            drop(slot);
             metrics.connections_closed.add(1);
         })
         .detach();
@@ -156,12 +181,18 @@ async fn accept_loop(
 }
 
 /// One plain TCP connection, speaking the native protocol.
-async fn serve_tcp(broker: Broker, stream: TcpStream, limits: ConnectionLimits, shard_ports: Rc<[u16]>) {
+async fn serve_tcp(
+    broker: Broker,
+    stream: TcpStream,
+    limits: ConnectionLimits,
+    shard_ports: Rc<[u16]>,
+    control: Rc<slots::Control>,
+) {
     let _ = stream.set_nodelay(true);
     let endpoints = session::Endpoints {
         peer: stream.peer_addr().map(|a| a.to_string()).unwrap_or_default(),
         local: stream.local_addr().ok().map(|a| a.to_string()),
     };
     let door = native::NativeDoor::new(shard_ports);
-    session::run(broker, door, stream.split(), endpoints, magnetar_core::Principal::Anonymous, limits).await;
+    session::run(broker, door, stream.split(), endpoints, magnetar_core::Principal::Anonymous, limits, control).await;
 }

@@ -28,9 +28,14 @@ use magnetar_wire::{AckType, ErrorCode, MessageId, ProducerAccessMode};
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::fmt::Display;
+use std::future::Future;
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
-/// Bounds that protect the broker from one connection.
+use crate::slots::Control;
+
+/// Bounds that protect the broker from one connection, whatever protocol
+/// it speaks (docs/reliability.md says what happens past each).
 #[derive(Debug, Clone)]
 pub struct ConnectionLimits {
     /// Largest frame accepted (and announced in the handshake).
@@ -40,6 +45,22 @@ pub struct ConnectionLimits {
     /// Producers and consumers per connection.
     pub producers_max: usize,
     pub consumers_max: usize,
+    /// Output not yet written to the client (deliveries, receipts, pongs,
+    /// replies) above which the connection's consumers are paused (the
+    /// broker reads no entries for them) and its requests are not read.
+    pub outbox_bytes_max: usize,
+    /// Bytes a client may send before its handshake completes; more closes
+    /// the connection.
+    pub handshake_bytes_max: usize,
+    /// No completed handshake this long after connecting: closed.
+    pub handshake_timeout: Duration,
+    /// A frame that stays incomplete this long: closed.
+    pub partial_frame_timeout: Duration,
+    /// No request but pings and pongs for this long, on a connection with
+    /// no producer and no consumer: closed.
+    pub idle_timeout: Duration,
+    /// Output waiting and the client read none of it for this long: closed.
+    pub unread_output_timeout: Duration,
 }
 
 impl Default for ConnectionLimits {
@@ -49,6 +70,12 @@ impl Default for ConnectionLimits {
             inflight_bytes_max: 16 * 1024 * 1024,
             producers_max: 1024,
             consumers_max: 1024,
+            outbox_bytes_max: 8 * 1024 * 1024,
+            handshake_bytes_max: 64 * 1024,
+            handshake_timeout: Duration::from_secs(10),
+            partial_frame_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(600),
+            unread_output_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -228,11 +255,60 @@ pub(crate) struct Outbox<D> {
     buf: RefCell<BytesMut>,
     signal: Signal,
     closed: Cell<bool>,
+    /// Bytes put and not yet written to the stream (in `buf` or in the
+    /// writer's chunk); counted in the shard's buffered bytes too.
+    pending: Cell<usize>,
+    /// `ConnectionLimits::outbox_bytes_max`.
+    max: usize,
+    control: Rc<Control>,
+    /// Wakes the task that pauses deliveries when output piles up.
+    pacer: Signal,
 }
 
 impl<D: Door> Outbox<D> {
-    fn new(door: D) -> Self {
-        Self { door, buf: RefCell::new(BytesMut::new()), signal: Signal::new(), closed: Cell::new(false) }
+    fn new(door: D, control: Rc<Control>, max: usize) -> Self {
+        Self {
+            door,
+            buf: RefCell::new(BytesMut::new()),
+            signal: Signal::new(),
+            closed: Cell::new(false),
+            pending: Cell::new(0),
+            max,
+            control,
+            pacer: Signal::new(),
+        }
+    }
+
+    /// Room for more output: at most `outbox_bytes_max` unwritten.
+    fn has_room(&self) -> bool {
+        self.pending.get() <= self.max
+    }
+
+    /// Deliveries to this connection should stop: its own output, or the
+    /// shard's buffered bytes, are above their bound.
+    fn over(&self) -> bool {
+        !self.has_room() || self.control.buffers.over()
+    }
+
+    /// Deliveries may resume: the output is down to half its bound and the
+    /// shard within its own (the gap keeps pause and resume from
+    /// alternating on every frame).
+    fn drained_enough(&self) -> bool {
+        self.pending.get() <= self.max / 2 && !self.control.buffers.over()
+    }
+
+    /// `n` bytes of output reached the stream.
+    fn wrote(&self, n: usize) {
+        self.pending.set(self.pending.get() - n);
+        self.control.buffers.release(n);
+        if self.has_room() {
+            self.control.wake.notify();
+        }
+    }
+
+    /// Forgets output that will never be written (the connection ended).
+    fn release_all(&self) {
+        self.control.buffers.release(self.pending.replace(0));
     }
 
     pub(crate) fn door(&self) -> &D {
@@ -245,9 +321,23 @@ impl<D: Door> Outbox<D> {
         if self.closed.get() {
             return;
         }
-        if let Err(e) = encode(&self.door, &mut self.buf.borrow_mut()) {
-            tracing::error!("cannot encode {what}: {e}");
-            return;
+        let added = {
+            let mut buf = self.buf.borrow_mut();
+            let before = buf.len();
+            let encoded = encode(&self.door, &mut buf);
+            let added = buf.len() - before;
+            if let Err(e) = encoded {
+                // Whatever the encoder appended before failing is dropped.
+                buf.truncate(before);
+                tracing::error!("cannot encode {what}: {e}");
+                return;
+            }
+            added
+        };
+        self.pending.set(self.pending.get() + added);
+        self.control.buffers.add(added);
+        if self.over() {
+            self.pacer.notify();
         }
         self.signal.notify();
     }
@@ -267,6 +357,7 @@ impl<D: Door> Outbox<D> {
     fn close(&self) {
         self.closed.set(true);
         self.signal.notify();
+        self.pacer.notify();
     }
 }
 
@@ -277,7 +368,14 @@ impl<D: Door> Outbox<D> {
 /// already mapped. (Splitting frozen chunks off the outbox would leave it
 /// sharing an allocation still being written, so each round of encoding
 /// would reallocate into fresh memory.)
-async fn write_loop<D: Door, W: AsyncWrite + Unpin>(out: Rc<Outbox<D>>, mut writer: W) {
+///
+/// A write that makes no progress for `unread_output_timeout` (the client
+/// reads nothing) ends the connection.
+async fn write_loop<D: Door, W: AsyncWrite + Unpin>(
+    out: Rc<Outbox<D>>,
+    mut writer: W,
+    unread_output_timeout: Duration,
+) {
     let mut chunk = BytesMut::new();
     loop {
         {
@@ -292,13 +390,35 @@ async fn write_loop<D: Door, W: AsyncWrite + Unpin>(out: Rc<Outbox<D>>, mut writ
             continue;
         }
         magnetar_core::stage::mark("9_writer_woke");
-        let written = writer.write_all(&chunk).await;
-        magnetar_core::stage::mark("10_written");
-        if let Err(e) = written {
-            tracing::debug!("write failed: {e}");
-            out.closed.set(true);
-            break;
+        let mut at = 0;
+        while at < chunk.len() {
+            match write_some(&mut writer, &chunk[at..], unread_output_timeout).await {
+                Ok(Some(n)) => {
+                    at += n;
+                    out.wrote(n);
+                }
+                Ok(None) => {
+                    let reason = format!(
+                        "the client read none of its output for {} s (unread_output_timeout): {} bytes waiting \
+                         (outbox_bytes_max {})",
+                        unread_output_timeout.as_secs_f64(),
+                        out.pending.get(),
+                        out.max
+                    );
+                    out.closed.set(true);
+                    out.control.kill(reason);
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(peer = %out.control.peer, "write failed: {e}");
+                    out.closed.set(true);
+                    // The reader may be paused on this output: wake it.
+                    out.control.wake.notify();
+                    return;
+                }
+            }
         }
+        magnetar_core::stage::mark("10_written");
         chunk.clear();
         if chunk.capacity() > WRITE_BUFFER_KEEP_BYTES_MAX {
             chunk = BytesMut::new();
@@ -306,6 +426,33 @@ async fn write_loop<D: Door, W: AsyncWrite + Unpin>(out: Rc<Outbox<D>>, mut writ
     }
     let _ = writer.flush().await;
     let _ = writer.close().await;
+}
+
+/// One write of (part of) `bytes`: `Ok(Some(n))` once `n` > 0 bytes went
+/// out, `Ok(None)` when none could for `timeout`. The timer is armed only
+/// when the write has to wait.
+async fn write_some<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    bytes: &[u8],
+    timeout: Duration,
+) -> std::io::Result<Option<usize>> {
+    let mut write = std::pin::pin!(writer.write(bytes));
+    let mut timer: Option<std::pin::Pin<Box<glommio::timer::Timer>>> = None;
+    std::future::poll_fn(|cx| {
+        if let std::task::Poll::Ready(r) = write.as_mut().poll(cx) {
+            return std::task::Poll::Ready(match r {
+                Ok(0) => Err(std::io::Error::new(std::io::ErrorKind::WriteZero, "the stream took no bytes")),
+                Ok(n) => Ok(Some(n)),
+                Err(e) => Err(e),
+            });
+        }
+        let t = timer.get_or_insert_with(|| Box::pin(glommio::timer::Timer::new(timeout)));
+        match t.as_mut().poll(cx) {
+            std::task::Poll::Ready(_) => std::task::Poll::Ready(Ok(None)),
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    })
+    .await
 }
 
 /// Produce payload bytes awaiting their receipts, and the reader's wait for
@@ -331,11 +478,8 @@ impl InFlight {
         self.drained.notify();
     }
 
-    /// Returns once the bytes in flight are within the limit.
-    async fn within_limit(&self) {
-        while self.bytes.get() > self.max {
-            self.drained.wait().await;
-        }
+    fn has_room(&self) -> bool {
+        self.bytes.get() <= self.max
     }
 }
 
@@ -390,6 +534,11 @@ pub(crate) struct Session<D: Door> {
     gone: Cell<bool>,
     local_addr: Option<String>,
     inflight: Rc<InFlight>,
+    /// This connection in its shard's slots: eviction, kill, activity.
+    control: Rc<Control>,
+    /// Deliveries to this connection's consumers are paused (its output is
+    /// above its bound): consumers subscribed meanwhile are paused too.
+    delivery_paused: Cell<bool>,
 }
 
 /// Why the read loop ended.
@@ -398,11 +547,15 @@ enum End {
     Refused,
     Protocol(String),
     Io(std::io::Error),
+    /// A timeout of `ConnectionLimits`; the client is told why.
+    Timeout(String),
+    /// Ended from outside the read loop (evicted, output unread).
+    Killed(String),
 }
 
 /// Serves one connection until it ends: `reader` and `writer` are the
 /// halves of its byte stream, `principal` who the transport says the
-/// client is.
+/// client is, `control` its place in the shard's slots.
 pub(crate) async fn run<D, R, W>(
     broker: Broker,
     door: D,
@@ -410,14 +563,15 @@ pub(crate) async fn run<D, R, W>(
     endpoints: Endpoints,
     principal: Principal,
     limits: ConnectionLimits,
+    control: Rc<Control>,
 ) where
     D: Door,
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + 'static,
 {
-    let out = Rc::new(Outbox::new(door));
+    let out = Rc::new(Outbox::new(door, control.clone(), limits.outbox_bytes_max));
     let inflight = Rc::new(InFlight::new(limits.inflight_bytes_max));
-    let writer_task = glommio::spawn_local(write_loop(out.clone(), writer));
+    let writer_task = glommio::spawn_local(write_loop(out.clone(), writer, limits.unread_output_timeout));
     let session = Rc::new(Session {
         broker: RefCell::new(broker.with_principal(principal)),
         limits,
@@ -429,9 +583,12 @@ pub(crate) async fn run<D, R, W>(
         gone: Cell::new(false),
         local_addr: endpoints.local,
         inflight,
+        control,
+        delivery_paused: Cell::new(false),
     });
     let peer = endpoints.peer;
     let end = session.read_loop(&mut reader, &peer).await;
+    let killed = matches!(end, End::Killed(_));
     match &end {
         End::PeerClosed => tracing::debug!(%peer, "connection closed by peer"),
         End::Refused => tracing::debug!(%peer, "handshake refused"),
@@ -440,10 +597,22 @@ pub(crate) async fn run<D, R, W>(
             out.put("a protocol error", |d, dst| d.protocol_error(dst, why));
         }
         End::Io(e) => tracing::debug!(%peer, "connection read failed: {e}"),
+        End::Timeout(why) => {
+            tracing::warn!(%peer, "closing connection: {why}");
+            out.put("a protocol error", |d, dst| d.protocol_error(dst, why));
+        }
+        End::Killed(why) => tracing::warn!(%peer, "closing connection: {why}"),
     }
     session.cleanup().await;
     out.close();
-    writer_task.await;
+    if killed {
+        // The client is not reading, or must go at once: whatever is left
+        // unwritten is dropped with the writer (the stream closes).
+        drop(writer_task);
+    } else {
+        writer_task.await;
+    }
+    out.release_all();
 }
 
 /// Makes room in `buf` for the rest of the frame at its front (`total`
@@ -458,6 +627,21 @@ pub(crate) fn reserve_for_frame(total: Option<usize>, buf: &mut BytesMut) {
     }
 }
 
+/// What the reader checks besides the stream: the bounds that pause it
+/// and the deadlines that end the connection.
+struct Watch<'a, D: Door> {
+    out: &'a Outbox<D>,
+    inflight: &'a InFlight,
+    control: &'a Control,
+    limits: &'a ConnectionLimits,
+    /// The handshake is done (frames may reserve room; no handshake
+    /// deadline).
+    connected: bool,
+    /// The connection has no producer and no consumer (the idle timeout
+    /// applies).
+    idle: &'a dyn Fn() -> bool,
+}
+
 /// The reading side of a connection: bytes from the stream, frames out.
 struct Reader<D: Door> {
     decoder: D::Decoder,
@@ -468,38 +652,80 @@ struct Reader<D: Door> {
     /// unsafe here), and zero-filling a fresh allocation per read (decoded
     /// frames keep the old one alive) costs more than the copy.
     scratch: Vec<u8>,
+    /// When the incomplete frame at the front of `buf` began to arrive
+    /// (time spent paused on the connection's own produce bytes in flight
+    /// not counted).
+    partial_since: Option<Instant>,
+    /// `buf`'s bytes as counted in the shard's buffered bytes (see `count`).
+    counted: usize,
 }
 
 impl<D: Door> Reader<D> {
     fn new(decoder: D::Decoder) -> Self {
-        Self { decoder, buf: BytesMut::with_capacity(READ_CHUNK_BYTES), scratch: vec![0u8; READ_CHUNK_BYTES] }
+        Self {
+            decoder,
+            buf: BytesMut::with_capacity(READ_CHUNK_BYTES),
+            scratch: vec![0u8; READ_CHUNK_BYTES],
+            partial_since: None,
+            counted: 0,
+        }
+    }
+
+    /// Brings the shard's count of buffered bytes up to date with `buf`:
+    /// what it holds, or what it has allocated beyond one read's worth (the
+    /// room reserved for a frame that has begun), whichever is more.
+    fn count(&mut self, control: &Control) {
+        let now = self.buf.len().max(self.buf.capacity().saturating_sub(READ_CHUNK_BYTES));
+        if now > self.counted {
+            control.buffers.add(now - self.counted);
+        } else {
+            control.buffers.release(self.counted - now);
+        }
+        self.counted = now;
+    }
+
+    /// Gives the shard back what this reader's buffer counted.
+    fn uncount(&mut self, control: &Control) {
+        control.buffers.release(self.counted);
+        self.counted = 0;
     }
 
     /// The next frame. Frames already read come first; reading more waits
-    /// while `inflight` is above its limit (backpressure), and stops once
-    /// `out` is closed. `reserve`: make room for a frame that has begun to
-    /// arrive (only for a peer past the handshake: the length of a frame
-    /// from anyone else reserves nothing).
-    async fn next<R: AsyncRead + Unpin>(
-        &mut self,
-        reader: &mut R,
-        out: &Outbox<D>,
-        inflight: &InFlight,
-        reserve: bool,
-    ) -> Result<D::Frame, End> {
+    /// while the connection's produce bytes in flight, its unwritten
+    /// output or the shard's buffered bytes are above their bounds
+    /// (backpressure), and stops once the outbox is closed. Only a peer
+    /// past the handshake gets room reserved for a frame that has begun to
+    /// arrive (the length of a frame from anyone else reserves nothing).
+    async fn next<R: AsyncRead + Unpin>(&mut self, reader: &mut R, w: &Watch<'_, D>) -> Result<D::Frame, End> {
         loop {
             match D::decode(&mut self.decoder, &mut self.buf) {
-                Ok(Some(frame)) => return Ok(frame),
-                Ok(None) if reserve => reserve_for_frame(D::next_frame_bytes(&self.decoder, &self.buf), &mut self.buf),
+                Ok(Some(frame)) => {
+                    self.partial_since = None;
+                    self.count(w.control);
+                    return Ok(frame);
+                }
+                Ok(None) if w.connected => {
+                    reserve_for_frame(D::next_frame_bytes(&self.decoder, &self.buf), &mut self.buf)
+                }
                 Ok(None) => {}
                 Err(why) => return Err(End::Protocol(why)),
             }
-            inflight.within_limit().await;
-            if out.is_closed() {
-                return Err(End::PeerClosed);
+            if self.buf.is_empty() {
+                self.partial_since = None;
+            } else if self.partial_since.is_none() {
+                self.partial_since = Some(Instant::now());
             }
-            let n = reader.read(&mut self.scratch).await.map_err(End::Io)?;
+            self.count(w.control);
+            if !w.connected && self.buf.len() > w.limits.handshake_bytes_max {
+                return Err(End::Protocol(format!(
+                    "{} bytes sent before the handshake completed (handshake_bytes_max {})",
+                    self.buf.len(),
+                    w.limits.handshake_bytes_max
+                )));
+            }
+            let n = self.read_some(reader, w).await?;
             self.buf.extend_from_slice(&self.scratch[..n]);
+            self.count(w.control);
             if n == 0 {
                 return Err(if self.buf.is_empty() {
                     End::PeerClosed
@@ -509,7 +735,114 @@ impl<D: Door> Reader<D> {
             }
         }
     }
+
+    /// Reads once from the stream when there is room, racing the
+    /// connection's deadlines and a kill; returns the bytes read (0 at the
+    /// end of the stream).
+    async fn read_some<R: AsyncRead + Unpin>(&mut self, reader: &mut R, w: &Watch<'_, D>) -> Result<usize, End> {
+        use std::task::Poll;
+        let Self { decoder, buf, scratch, partial_since, .. } = self;
+        let mut read: Option<std::pin::Pin<Box<dyn Future<Output = std::io::Result<usize>> + '_>>> = None;
+        let mut reading = Some((reader, scratch));
+        loop {
+            if let Some(why) = w.control.killed() {
+                return Err(End::Killed(why));
+            }
+            if w.out.is_closed() {
+                return Err(End::PeerClosed);
+            }
+            let own_pause = !w.inflight.has_room();
+            let shard_full = w.control.buffers.over();
+            let room = !own_pause && w.out.has_room() && !shard_full;
+            if room {
+                if let Some((reader, scratch)) = reading.take() {
+                    read = Some(Box::pin(reader.read(scratch)));
+                }
+            }
+            let now = Instant::now();
+            let deadline = deadline::<D>(*partial_since, decoder, buf, w);
+            if let Some((at, why)) = &deadline {
+                if *at <= now {
+                    return Err(End::Timeout(why.clone()));
+                }
+            }
+            // A pause on the shard's bytes has no signal: look again soon.
+            let wait = match (&deadline, shard_full && read.is_none()) {
+                (Some((at, _)), true) => Some((*at - now).min(SHARD_FULL_RECHECK)),
+                (Some((at, _)), false) => Some(*at - now),
+                (None, true) => Some(SHARD_FULL_RECHECK),
+                (None, false) => None,
+            };
+            let mut timer = wait.map(|d| Box::pin(glommio::timer::Timer::new(d)));
+            let mut woken = std::pin::pin!(w.control.wake.wait());
+            let mut drained = std::pin::pin!(w.inflight.drained.wait());
+            let paused_at = own_pause.then_some(now);
+            let outcome = std::future::poll_fn(|cx| {
+                if let Some(r) = read.as_mut() {
+                    if let Poll::Ready(r) = r.as_mut().poll(cx) {
+                        return Poll::Ready(Some(r));
+                    }
+                }
+                let fired = timer.as_mut().is_some_and(|t| t.as_mut().poll(cx).is_ready());
+                if fired || woken.as_mut().poll(cx).is_ready() || drained.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(None);
+                }
+                Poll::Pending
+            })
+            .await;
+            if let (Some(at), Some(since)) = (paused_at, partial_since.as_mut()) {
+                // Waiting for the connection's own sends to be stored does
+                // not count against its partial frame.
+                *since += at.elapsed();
+            }
+            if let Some(r) = outcome {
+                return r.map_err(End::Io);
+            }
+        }
+    }
 }
+
+/// The deadline that ends the connection first, if any: no handshake, a
+/// frame incomplete since `partial_since` (the front of `buf`), or idle;
+/// with the reason it would be closed for.
+fn deadline<D: Door>(
+    partial_since: Option<Instant>,
+    decoder: &D::Decoder,
+    buf: &[u8],
+    w: &Watch<'_, D>,
+) -> Option<(Instant, String)> {
+    let l = w.limits;
+    let mut first: Option<(Instant, String)> = None;
+    let mut consider = |at: Instant, why: &dyn Fn() -> String| {
+        if first.as_ref().is_none_or(|(f, _)| at < *f) {
+            first = Some((at, why()));
+        }
+    };
+    if !w.connected {
+        consider(w.control.opened_at + l.handshake_timeout, &|| {
+            format!("no handshake within {} s of connecting (handshake_timeout)", l.handshake_timeout.as_secs_f64())
+        });
+    }
+    if let Some(since) = partial_since {
+        let declared = D::next_frame_bytes(decoder, buf);
+        consider(since + l.partial_frame_timeout, &|| {
+            let of = declared.map(|d| format!(" of {d}")).unwrap_or_default();
+            format!(
+                "a frame stayed incomplete for {} s (partial_frame_timeout): {}{of} bytes arrived",
+                l.partial_frame_timeout.as_secs_f64(),
+                buf.len()
+            )
+        });
+    } else if w.connected && (w.idle)() {
+        consider(w.control.last_request() + l.idle_timeout, &|| {
+            format!("no request for {} s and no producer or consumer (idle_timeout)", l.idle_timeout.as_secs_f64())
+        });
+    }
+    first
+}
+
+/// How often a reader paused on the shard's buffered bytes looks again.
+const SHARD_FULL_RECHECK: Duration = Duration::from_millis(10);
 
 impl<D: Door> Session<D> {
     /// The broker handle, acting for this connection's caller. Not held
@@ -541,9 +874,42 @@ impl<D: Door> Session<D> {
 
     async fn read_loop<R: AsyncRead + Unpin>(self: &Rc<Self>, reader: &mut R, peer: &str) -> End {
         let mut frames = Reader::<D>::new(self.out.door.decoder(&self.limits));
+        let end = self.read_frames(&mut frames, reader, peer).await;
+        frames.uncount(&self.control);
+        end
+    }
+
+    /// Whether the connection has no producer and no consumer (nor one
+    /// being created): what the idle timeout and eviction look at.
+    fn is_idle(&self) -> bool {
+        self.producers.borrow().is_empty()
+            && self.consumers.borrow().is_empty()
+            && self.pending_producers.borrow().is_empty()
+    }
+
+    /// Tells the shard's slots whether this connection may be evicted.
+    fn note_busy(&self) {
+        self.control.set_busy(!self.is_idle());
+    }
+
+    async fn read_frames<R: AsyncRead + Unpin>(
+        self: &Rc<Self>,
+        frames: &mut Reader<D>,
+        reader: &mut R,
+        peer: &str,
+    ) -> End {
         let mut connected = false;
+        let idle = || self.is_idle();
         loop {
-            let frame = match frames.next(reader, &self.out, &self.inflight, connected).await {
+            let watch = Watch {
+                out: &self.out,
+                inflight: &self.inflight,
+                control: &self.control,
+                limits: &self.limits,
+                connected,
+                idle: &idle,
+            };
+            let frame = match frames.next(reader, &watch).await {
                 Ok(frame) => frame,
                 Err(end) => return end,
             };
@@ -551,6 +917,8 @@ impl<D: Door> Session<D> {
                 match D::handshake(self, frame) {
                     Handshake::Accepted(principal) => {
                         connected = true;
+                        self.control.handshake_done();
+                        self.control.note_request();
                         if let Some(p) = principal {
                             let named = self.broker().with_principal(p);
                             *self.broker.borrow_mut() = named;
@@ -566,7 +934,12 @@ impl<D: Door> Session<D> {
                 Ok(r) => r,
                 Err(why) => return End::Protocol(why),
             };
-            if let Err(why) = self.handle(request).await {
+            if !matches!(request, Request::Ping | Request::Pong) {
+                self.control.note_request();
+            }
+            let handled = self.handle(request).await;
+            self.note_busy();
+            if let Err(why) = handled {
                 return End::Protocol(why);
             }
         }
@@ -614,6 +987,9 @@ impl<D: Door> Session<D> {
                 let consumer_id = request.consumer_id;
                 match self.broker_handle().subscribe(request, sink).await {
                     Ok(handle) => {
+                        if self.delivery_paused.get() {
+                            self.broker().pause_delivery(&handle, true);
+                        }
                         self.consumers.borrow_mut().insert(consumer_id, handle);
                         self.out.success(request_id);
                     }
@@ -730,6 +1106,7 @@ impl<D: Door> Session<D> {
                 }
                 Err(e) => me.out.error(request_id, &e),
             }
+            me.note_busy();
         })
         .detach();
     }
@@ -760,6 +1137,7 @@ impl<D: Door> Session<D> {
         let (tx, rx) = local_channel::new_unbounded::<ConsumerEvent>();
         let sink = self.broker().register_sink(tx);
         self.sink.set(Some(sink));
+        glommio::spawn_local(pace_deliveries(Rc::downgrade(self), self.out.clone())).detach();
         let me = Rc::downgrade(self);
         let out = self.out.clone();
         glommio::spawn_local(async move {
@@ -778,6 +1156,7 @@ impl<D: Door> Session<D> {
                     ConsumerEvent::Closed { consumer_id, code, message } => {
                         if let Some(session) = me.upgrade() {
                             session.consumers.borrow_mut().remove(&consumer_id);
+                            session.note_busy();
                         }
                         out.put("a consumer's close", |d, dst| d.consumer_closed(dst, consumer_id, code, message));
                     }
@@ -809,6 +1188,51 @@ impl<D: Door> Session<D> {
         }
     }
 }
+
+/// Pauses deliveries to the connection's consumers while its output (or
+/// the shard's buffered bytes) is above its bound, and resumes them once
+/// it has drained to half; ends with the connection.
+async fn pace_deliveries<D: Door>(session: std::rc::Weak<Session<D>>, out: Rc<Outbox<D>>) {
+    loop {
+        if out.is_closed() {
+            return;
+        }
+        let Some(s) = session.upgrade() else { return };
+        let paused = s.delivery_paused.get();
+        let change = if !paused && out.over() {
+            Some(true)
+        } else if paused && out.drained_enough() {
+            Some(false)
+        } else {
+            None
+        };
+        if let Some(pause) = change {
+            s.delivery_paused.set(pause);
+            let consumers: Vec<ConsumerHandle> = s.consumers.borrow().values().cloned().collect();
+            for c in &consumers {
+                s.broker().pause_delivery(c, pause);
+            }
+            tracing::debug!(
+                peer = %out.control.peer,
+                outbox_bytes = out.pending.get(),
+                shard_buffered_bytes = out.control.buffers.bytes(),
+                "deliveries {}",
+                if pause { "paused" } else { "resumed" }
+            );
+        }
+        let paused = s.delivery_paused.get();
+        drop(s);
+        if paused {
+            // Draining has no signal of its own here: look again soon.
+            glommio::timer::sleep(PACE_RECHECK).await;
+        } else {
+            out.pacer.wait().await;
+        }
+    }
+}
+
+/// How often paused deliveries look whether they may resume.
+const PACE_RECHECK: Duration = Duration::from_millis(10);
 
 fn consumer_not_found() -> CoreError {
     CoreError::new(ErrorCode::ConsumerNotFound, "no such consumer")
@@ -908,7 +1332,7 @@ mod tests {
     /// second (an error), then first; the outbox is read after each step.
     #[test]
     fn receipts_are_written_in_send_order() {
-        let out = Rc::new(Outbox::new(Lines));
+        let out = Rc::new(Outbox::new(Lines, Control::detached(usize::MAX), usize::MAX));
         let inflight = Rc::new(InFlight::new(0));
         let (tx, rx) = local_channel::new_unbounded::<Receipt>();
         let mut done = Vec::new();
@@ -960,11 +1384,21 @@ mod tests {
     fn reading_pauses_while_bytes_are_in_flight() {
         let reads = Rc::new(Cell::new(0));
         let mut stream = Chunks { chunks: VecDeque::from([&b"a\nb\n"[..], b"c\n", b"d\n"]), reads: reads.clone() };
-        let out = Outbox::new(Lines);
+        let control = Control::detached(usize::MAX);
+        let out = Outbox::new(Lines, control.clone(), usize::MAX);
         let inflight = InFlight::new(100);
+        let limits = ConnectionLimits::default();
         let mut reader = Reader::<Lines>::new(());
-        let mut next = |reader: &mut Reader<Lines>, inflight: &InFlight| {
-            let frame = pin!(reader.next(&mut stream, &out, inflight, true)).now_or_never();
+        let watch = Watch {
+            out: &out,
+            inflight: &inflight,
+            control: &control,
+            limits: &limits,
+            connected: true,
+            idle: &|| false,
+        };
+        let mut next = |reader: &mut Reader<Lines>, _: &InFlight| {
+            let frame = pin!(reader.next(&mut stream, &watch)).now_or_never();
             frame.map(|f| f.map_err(|e| matches!(e, End::PeerClosed)))
         };
         assert_eq!(next(&mut reader, &inflight).unwrap().ok(), Some(Bytes::from_static(b"a\n")));
@@ -973,7 +1407,7 @@ mod tests {
         assert_eq!(reads.get(), 1);
 
         {
-            let mut paused = pin!(reader.next(&mut stream, &out, &inflight, true));
+            let mut paused = pin!(reader.next(&mut stream, &watch));
             assert!(paused.as_mut().now_or_never().is_none());
             inflight.release(1);
             assert!(paused.as_mut().now_or_never().is_none(), "read with bytes in flight above the limit");
@@ -985,8 +1419,79 @@ mod tests {
         }
 
         out.close();
-        let closed = pin!(reader.next(&mut stream, &out, &inflight, true)).now_or_never().unwrap();
+        let closed = pin!(reader.next(&mut stream, &watch)).now_or_never().unwrap();
         assert!(matches!(closed, Err(End::PeerClosed)));
         assert_eq!(reads.get(), 2, "read after the outbox closed");
+    }
+
+    /// Goal: reading pauses while the connection's unwritten output is
+    /// above `outbox_bytes_max` (a client that sends requests and reads no
+    /// answers gets no more of them read), and resumes once it is written.
+    /// Method: an outbox bound of 10 bytes; pongs put until it is over, then
+    /// written away; the stream's read count shows whether the reader read.
+    #[test]
+    fn reading_pauses_while_output_waits_unwritten() {
+        let reads = Rc::new(Cell::new(0));
+        let mut stream = Chunks { chunks: VecDeque::from([&b"a\n"[..], b"b\n"]), reads: reads.clone() };
+        let control = Control::detached(usize::MAX);
+        let out = Outbox::new(Lines, control.clone(), 10);
+        let inflight = InFlight::new(100);
+        let limits = ConnectionLimits::default();
+        let watch = Watch {
+            out: &out,
+            inflight: &inflight,
+            control: &control,
+            limits: &limits,
+            connected: true,
+            idle: &|| false,
+        };
+        let mut reader = Reader::<Lines>::new(());
+        let first = pin!(reader.next(&mut stream, &watch)).now_or_never().unwrap().ok().unwrap();
+        assert_eq!(first, Bytes::from_static(b"a\n"));
+        for _ in 0..3 {
+            out.put("a pong", |d, dst| d.pong(dst));
+        }
+        assert_eq!(out.pending.get(), 15);
+        assert_eq!(control.buffers.bytes(), 15, "the shard counts the outbox");
+        {
+            let mut paused = pin!(reader.next(&mut stream, &watch));
+            assert!(paused.as_mut().now_or_never().is_none());
+            assert_eq!(reads.get(), 1, "read with the output above its bound");
+            out.wrote(5);
+            let frame = paused.as_mut().now_or_never().unwrap().ok().unwrap();
+            assert_eq!(frame, Bytes::from_static(b"b\n"));
+        }
+        out.release_all();
+        assert_eq!(control.buffers.bytes(), 0);
+    }
+
+    /// Goal: a peer that sends more than `handshake_bytes_max` before its
+    /// handshake (e.g. the start of a huge frame) is closed, and the bytes
+    /// it held are given back to the shard's count.
+    #[test]
+    fn bytes_before_the_handshake_are_bounded() {
+        static BIG: [u8; 100] = [b'x'; 100];
+        let reads = Rc::new(Cell::new(0));
+        let mut stream = Chunks { chunks: VecDeque::from([&BIG[..]]), reads };
+        let control = Control::detached(usize::MAX);
+        let out = Outbox::new(Lines, control.clone(), usize::MAX);
+        let inflight = InFlight::new(100);
+        let limits = ConnectionLimits { handshake_bytes_max: 64, ..ConnectionLimits::default() };
+        let watch = Watch {
+            out: &out,
+            inflight: &inflight,
+            control: &control,
+            limits: &limits,
+            connected: false,
+            idle: &|| false,
+        };
+        let mut reader = Reader::<Lines>::new(());
+        // The handshake deadline needs a timer, which needs an executor.
+        let ex = glommio::LocalExecutorBuilder::default().make().unwrap();
+        let end = ex.run(async { reader.next(&mut stream, &watch).await });
+        assert!(matches!(&end, Err(End::Protocol(why)) if why.contains("handshake_bytes_max")));
+        assert_eq!(control.buffers.bytes(), 100);
+        reader.uncount(&control);
+        assert_eq!(control.buffers.bytes(), 0);
     }
 }

@@ -1,11 +1,12 @@
 //! `magnetar standalone`: a broker with an embedded default configuration.
 
 use magnetar_core::BrokerConfig;
-use magnetar_net::{NetConfig, PortReservation};
+use magnetar_net::{ConnectionLimits, NetConfig, PortReservation};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(clap::Args, Debug)]
 pub struct StandaloneArgs {
@@ -105,6 +106,64 @@ pub struct StandaloneArgs {
     /// How often each shard enforces retention and TTL (seconds).
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
     pub retention_check_interval_s: u64,
+    /// Most connections one shard holds (docs/reliability.md).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub connections_per_shard_max: u64,
+    /// When fewer slots than this are free on a shard, a new connection
+    /// first evicts the oldest one still in its handshake.
+    #[arg(long, default_value_t = 100)]
+    pub connections_reserve: u64,
+    /// Most connections one peer address holds on one shard.
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub connections_per_peer_max: u64,
+    /// Seconds a connection may take to complete its handshake.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub handshake_timeout_s: u64,
+    /// Seconds a connection with no producer and no consumer may go without
+    /// a request (pings and pongs do not count) before it is closed.
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
+    pub idle_timeout_s: u64,
+    /// Seconds a frame may stay incomplete before its connection is closed.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub partial_frame_timeout_s: u64,
+    /// Seconds a client may read none of its waiting output before its
+    /// connection is closed.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub unread_output_timeout_s: u64,
+    /// Unwritten output of one connection above which its consumers are
+    /// paused and its requests are not read.
+    #[arg(long, default_value_t = 8 << 20, value_parser = clap::value_parser!(u64).range(64 * 1024..))]
+    pub outbox_bytes_max: u64,
+    /// Bytes one shard holds for all its clients (unwritten output and
+    /// incomplete inbound frames) above which it reads no connection and
+    /// pauses deliveries.
+    #[arg(long, default_value_t = 512 << 20, value_parser = clap::value_parser!(u64).range(1 << 20..))]
+    pub shard_buffered_bytes_max: u64,
+}
+
+impl StandaloneArgs {
+    /// The network settings these flags give (shard ports aside).
+    fn net_config(&self) -> NetConfig {
+        let defaults = NetConfig::default();
+        let size = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+        let limits = ConnectionLimits {
+            outbox_bytes_max: size(self.outbox_bytes_max),
+            handshake_timeout: Duration::from_secs(self.handshake_timeout_s),
+            partial_frame_timeout: Duration::from_secs(self.partial_frame_timeout_s),
+            idle_timeout: Duration::from_secs(self.idle_timeout_s),
+            unread_output_timeout: Duration::from_secs(self.unread_output_timeout_s),
+            ..defaults.limits.clone()
+        };
+        let connections_per_shard_max = size(self.connections_per_shard_max);
+        NetConfig {
+            limits,
+            connections_per_shard_max,
+            connections_reserve: size(self.connections_reserve).min(connections_per_shard_max),
+            connections_per_peer_max: size(self.connections_per_peer_max),
+            shard_buffered_bytes_max: size(self.shard_buffered_bytes_max),
+            ..defaults
+        }
+    }
 }
 
 /// Kernel-picked shard ports tried before giving up on a collision.
@@ -184,7 +243,7 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     // ready"; each shard's own share is its "recovered entry log" line.
     let started = std::time::Instant::now();
     tracing::info!(data_dir = %args.data_dir.display(), shards, %addr, ?shard_addrs, "starting standalone broker");
-    let net = NetConfig { shard_addrs, ..NetConfig::default() };
+    let net = NetConfig { shard_addrs, ..args.net_config() };
     let running =
         magnetar_core::launch(config, shutdown.clone(), move |broker| magnetar_net::serve(broker, addr, net.clone()))?;
     // One line on stdout that scripts and tests wait for (the port matters

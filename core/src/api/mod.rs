@@ -247,6 +247,19 @@ impl Broker {
         glommio::spawn_local(fut).detach();
     }
 
+    /// Stops (`paused`) or resumes delivery to the consumer without touching
+    /// its permits: a connection calls it when the output it has not yet
+    /// written to the client passes its bound, so the broker stops reading
+    /// entries for a client that does not read them. Permits granted while
+    /// paused count once it resumes. On a non-persistent topic a paused
+    /// consumer misses messages, as one without permits does.
+    pub fn pause_delivery(&self, c: &ConsumerHandle, paused: bool) {
+        let op =
+            Op::Pause { topic: c.topic.clone(), subscription: c.subscription.clone(), consumer: c.consumer, paused };
+        let fut = self.shard.call(c.owner, op);
+        glommio::spawn_local(fut).detach();
+    }
+
     /// Acknowledges; with `durable`, resolves only once the cursor is on disk.
     pub fn ack(
         &self,

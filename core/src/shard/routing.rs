@@ -62,6 +62,14 @@ pub(crate) enum Op {
         consumer: ConsumerRef,
         permits: u32,
     },
+    /// The consumer's connection has too much unwritten output (`true`) or
+    /// has room again (`false`); see `Broker::pause_delivery`.
+    Pause {
+        topic: String,
+        subscription: String,
+        consumer: ConsumerRef,
+        paused: bool,
+    },
     Ack {
         topic: String,
         subscription: String,
@@ -296,6 +304,12 @@ impl Shard {
                 }
                 futures::future::ready(Ok(Reply::Done)).boxed_local()
             }
+            Op::Pause { topic, subscription, consumer, paused } => {
+                if let Some(sub) = self.subscription(&topic, &subscription) {
+                    sub.pause(consumer, paused);
+                }
+                futures::future::ready(Ok(Reply::Done)).boxed_local()
+            }
             Op::Ack { topic, subscription, consumer, ack_type, ids, durable, batch_sizes } => {
                 self.metrics.acks.add(1);
                 let me = self.clone();
@@ -401,6 +415,12 @@ impl Shard {
                 }
                 Ok(Reply::Done)
             }
+            Op::Pause { topic, subscription, consumer, paused } => {
+                if let Some(t) = np(&topic) {
+                    t.pause(&subscription, consumer, paused);
+                }
+                Ok(Reply::Done)
+            }
             Op::Ack { topic, subscription, consumer, .. } => {
                 // Nothing is kept, so there is nothing to acknowledge.
                 match np(&topic) {
@@ -459,6 +479,7 @@ fn is_non_persistent(op: &Op) -> bool {
         | Op::Send { topic, .. }
         | Op::CloseProducer { topic, .. }
         | Op::Flow { topic, .. }
+        | Op::Pause { topic, .. }
         | Op::Ack { topic, .. }
         | Op::CloseConsumer { topic, .. } => topic.starts_with(NP),
         Op::Subscribe { req, .. } => req.topic.starts_with(NP),
@@ -476,6 +497,7 @@ fn is_client_op(op: &Op) -> bool {
             | Op::CloseProducer { .. }
             | Op::Subscribe { .. }
             | Op::Flow { .. }
+            | Op::Pause { .. }
             | Op::Ack { .. }
             | Op::CloseConsumer { .. }
             | Op::Redeliver { .. }

@@ -98,6 +98,10 @@ pub(crate) struct Subscription {
     pub(crate) counters: crate::stats::SubCounters,
     /// Fresh entries read from disk in one run and not yet looked at.
     pub(crate) ahead: RefCell<crate::subscription::dispatcher::task::ReadAhead>,
+    /// Consumers whose connection has too much unwritten output, with the
+    /// permits set aside while they are paused: a paused consumer has no
+    /// permits, so the dispatcher reads nothing for it and skips it.
+    pub(crate) paused: RefCell<HashMap<ConsumerRef, u64>>,
 }
 
 pub(crate) fn policy_for(t: SubscriptionType) -> Policy {
@@ -136,6 +140,7 @@ impl Subscription {
             cursor: RefCell::new(cursor),
             read_pos: Cell::new(read_pos),
             consumers: RefCell::new(Vec::new()),
+            paused: RefCell::new(HashMap::new()),
             policy: RefCell::new(policy_for(sub_type)),
             pending: RefCell::new(PendingMap::default()),
             replay: RefCell::new(BTreeMap::new()),
@@ -283,6 +288,7 @@ impl Subscription {
         // Its unacknowledged entries go to the others (or the next consumer).
         self.take_back(|_, p| p.consumer == c);
         self.consumers.borrow_mut().retain(|s| s.consumer != c);
+        self.paused.borrow_mut().remove(&c);
         let change = match &mut *self.policy.borrow_mut() {
             Policy::Single(active) => active.choose(&self.consumers.borrow(), self.partition),
             Policy::Shared(_) => None,
@@ -298,8 +304,27 @@ impl Subscription {
     }
 
     pub(crate) fn flow(&self, c: ConsumerRef, permits: u32) {
+        if let Some(held) = self.paused.borrow_mut().get_mut(&c) {
+            *held = held.saturating_add(u64::from(permits));
+            return;
+        }
         if let Some(s) = self.consumers.borrow_mut().iter_mut().find(|s| s.consumer == c) {
             s.permits = s.permits.saturating_add(u64::from(permits));
+            self.wake.notify();
+        }
+    }
+
+    /// Pauses delivery to `c` (its permits set aside, so the dispatcher
+    /// neither reads for it nor picks it) or resumes it with those permits
+    /// and any granted meanwhile. Entries it already holds stay its own.
+    pub(crate) fn pause(&self, c: ConsumerRef, paused: bool) {
+        let mut consumers = self.consumers.borrow_mut();
+        let Some(s) = consumers.iter_mut().find(|s| s.consumer == c) else { return };
+        let mut set_aside = self.paused.borrow_mut();
+        if paused {
+            set_aside.entry(c).or_insert_with(|| std::mem::take(&mut s.permits));
+        } else if let Some(held) = set_aside.remove(&c) {
+            s.permits = s.permits.saturating_add(held);
             self.wake.notify();
         }
     }
@@ -339,6 +364,9 @@ impl Subscription {
             c.unacked = 0;
             if c.consumer == seeker {
                 c.permits = 0;
+                if let Some(held) = self.paused.borrow_mut().get_mut(&seeker) {
+                    *held = 0;
+                }
             }
             // Key_Shared: nothing is outstanding any more, so nobody waits.
             c.joined_at = None;

@@ -381,3 +381,30 @@ fn redelivery_counts() {
     assert_eq!(bed.take().0, vec![(2, 0, 2), (2, 1, 3), (2, 3, 3), (2, 4, 2), (2, 5, 2)]);
     assert!(bed.sub.deliveries.borrow().is_empty(), "held entries keep their count in pending");
 }
+
+/// Goal: a paused consumer (its connection has too much unwritten output)
+/// gets nothing while paused, even with permits, and permits granted
+/// meanwhile count once it resumes; another consumer is not held up.
+/// Method: Shared, two consumers with 2 permits each over 8 entries; one
+/// is paused, granted 3 more, passes run, then it resumes.
+#[test]
+fn a_paused_consumer_gets_nothing_until_it_resumes() {
+    let keys = [""; 8];
+    let bed = Bed::new(SubscriptionType::Shared, &keys, 8, 100);
+    let slow = bed.join(1, "slow", SubscriptionType::Shared, 2);
+    let other = bed.join(2, "other", SubscriptionType::Shared, 2);
+    bed.sub.pause(slow, true);
+    bed.sub.flow(slow, 3);
+    assert_eq!(bed.permits(slow), 0, "a paused consumer keeps its permits aside");
+    bed.pass();
+    let (delivered, _) = bed.take();
+    assert_eq!(delivered.iter().filter(|d| d.0 == 1).count(), 0, "delivered to a paused consumer: {delivered:?}");
+    assert_eq!(delivered.iter().filter(|d| d.0 == 2).count(), 2, "{delivered:?}");
+    bed.sub.pause(slow, true);
+    bed.sub.pause(slow, false);
+    assert_eq!(bed.permits(slow), 5, "the permits set aside and those granted while paused");
+    bed.pass();
+    let (delivered, _) = bed.take();
+    assert_eq!(delivered.iter().filter(|d| d.0 == 1).count(), 5, "{delivered:?}");
+    assert_eq!(bed.permits(other), 0);
+}
