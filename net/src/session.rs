@@ -13,8 +13,13 @@
 //! Owned by the shard that accepted the connection; never crosses cores.
 //! Reading stops while the bytes of produce requests awaiting their
 //! receipts exceed `inflight_bytes_max`, so a fast producer cannot grow the
-//! broker's memory. Receipts of one producer are written in the order of
-//! its sends.
+//! broker's memory. Reading also stops, and deliveries to the connection's
+//! consumers pause, while its unwritten output exceeds `outbox_bytes_max`
+//! or the shard's buffered bytes exceed theirs; timeouts close a
+//! connection that does not complete its handshake, leaves a frame
+//! incomplete, idles with nothing attached, or reads none of its output
+//! (docs/reliability.md). Receipts of one producer are written in the
+//! order of its sends.
 
 use bytes::{Bytes, BytesMut};
 use futures::future::LocalBoxFuture;
