@@ -747,7 +747,9 @@ impl<D: Door> Reader<D> {
     async fn read_some<R: AsyncRead + Unpin>(&mut self, reader: &mut R, w: &Watch<'_, D>) -> Result<usize, End> {
         use std::task::Poll;
         let Self { decoder, buf, scratch, partial_since, .. } = self;
-        let mut read: Option<std::pin::Pin<Box<dyn Future<Output = std::io::Result<usize>> + '_>>> = None;
+        // Started once there is room, then kept across wake-ups (dropping
+        // a read under way could lose what it read).
+        let mut read = std::pin::pin!(None);
         let mut reading = Some((reader, scratch));
         loop {
             if let Some(why) = w.control.killed() {
@@ -761,35 +763,32 @@ impl<D: Door> Reader<D> {
             let room = !own_pause && w.out.has_room() && !shard_full;
             if room {
                 if let Some((reader, scratch)) = reading.take() {
-                    read = Some(Box::pin(reader.read(scratch)));
+                    read.set(Some(reader.read(scratch)));
                 }
             }
             let now = Instant::now();
-            let deadline = deadline::<D>(*partial_since, decoder, buf, w);
-            if let Some((at, why)) = &deadline {
-                if *at <= now {
-                    return Err(End::Timeout(why.clone()));
+            let deadline = deadline::<D>(*partial_since, w);
+            if let Some((at, which)) = deadline {
+                if at <= now {
+                    return Err(End::Timeout(which.reason::<D>(w.limits, decoder, buf)));
                 }
             }
-            // A pause on the shard's bytes has no signal: look again soon.
-            let wait = match (&deadline, shard_full && read.is_none()) {
-                (Some((at, _)), true) => Some((*at - now).min(SHARD_FULL_RECHECK)),
-                (Some((at, _)), false) => Some(*at - now),
-                (None, true) => Some(SHARD_FULL_RECHECK),
-                (None, false) => None,
-            };
-            let mut timer = wait.map(|d| Box::pin(glommio::timer::Timer::new(d)));
+            let mut timer = deadline.map(|(at, _)| Box::pin(glommio::timer::Timer::new(at - now)));
             let mut woken = std::pin::pin!(w.control.wake.wait());
             let mut drained = std::pin::pin!(w.inflight.drained.wait());
             let paused_at = own_pause.then_some(now);
             let outcome = std::future::poll_fn(|cx| {
-                if let Some(r) = read.as_mut() {
-                    if let Poll::Ready(r) = r.as_mut().poll(cx) {
+                if let Some(r) = read.as_mut().as_pin_mut() {
+                    if let Poll::Ready(r) = r.poll(cx) {
                         return Poll::Ready(Some(r));
                     }
                 }
                 let fired = timer.as_mut().is_some_and(|t| t.as_mut().poll(cx).is_ready());
-                if fired || woken.as_mut().poll(cx).is_ready() || drained.as_mut().poll(cx).is_ready() {
+                if fired
+                    || woken.as_mut().poll(cx).is_ready()
+                    || drained.as_mut().poll(cx).is_ready()
+                    || (shard_full && w.control.buffers.poll_room(cx).is_ready())
+                {
                     return Poll::Ready(None);
                 }
                 Poll::Pending
@@ -807,47 +806,51 @@ impl<D: Door> Reader<D> {
     }
 }
 
-/// The deadline that ends the connection first, if any: no handshake, a
-/// frame incomplete since `partial_since` (the front of `buf`), or idle;
-/// with the reason it would be closed for.
-fn deadline<D: Door>(
-    partial_since: Option<Instant>,
-    decoder: &D::Decoder,
-    buf: &[u8],
-    w: &Watch<'_, D>,
-) -> Option<(Instant, String)> {
-    let l = w.limits;
-    let mut first: Option<(Instant, String)> = None;
-    let mut consider = |at: Instant, why: &dyn Fn() -> String| {
-        if first.as_ref().is_none_or(|(f, _)| at < *f) {
-            first = Some((at, why()));
-        }
-    };
-    if !w.connected {
-        consider(w.control.opened_at + l.handshake_timeout, &|| {
-            format!("no handshake within {} s of connecting (handshake_timeout)", l.handshake_timeout.as_secs_f64())
-        });
-    }
-    if let Some(since) = partial_since {
-        let declared = D::next_frame_bytes(decoder, buf);
-        consider(since + l.partial_frame_timeout, &|| {
-            let of = declared.map(|d| format!(" of {d}")).unwrap_or_default();
-            format!(
-                "a frame stayed incomplete for {} s (partial_frame_timeout): {}{of} bytes arrived",
-                l.partial_frame_timeout.as_secs_f64(),
-                buf.len()
-            )
-        });
-    } else if w.connected && (w.idle)() {
-        consider(w.control.last_request() + l.idle_timeout, &|| {
-            format!("no request for {} s and no producer or consumer (idle_timeout)", l.idle_timeout.as_secs_f64())
-        });
-    }
-    first
+/// Which timeout would end the connection.
+#[derive(Debug, Clone, Copy)]
+enum Deadline {
+    Handshake,
+    PartialFrame,
+    Idle,
 }
 
-/// How often a reader paused on the shard's buffered bytes looks again.
-const SHARD_FULL_RECHECK: Duration = Duration::from_millis(10);
+impl Deadline {
+    /// Why the connection is closed, with the figures.
+    fn reason<D: Door>(self, l: &ConnectionLimits, decoder: &D::Decoder, buf: &[u8]) -> String {
+        match self {
+            Self::Handshake => {
+                format!("no handshake within {} s of connecting (handshake_timeout)", l.handshake_timeout.as_secs_f64())
+            }
+            Self::PartialFrame => {
+                let of = D::next_frame_bytes(decoder, buf).map(|d| format!(" of {d}")).unwrap_or_default();
+                format!(
+                    "a frame stayed incomplete for {} s (partial_frame_timeout): {}{of} bytes arrived",
+                    l.partial_frame_timeout.as_secs_f64(),
+                    buf.len()
+                )
+            }
+            Self::Idle => {
+                format!("no request for {} s and no producer or consumer (idle_timeout)", l.idle_timeout.as_secs_f64())
+            }
+        }
+    }
+}
+
+/// The deadline that ends the connection first, if any: no handshake, a
+/// frame incomplete since `partial_since`, or idle.
+fn deadline<D: Door>(partial_since: Option<Instant>, w: &Watch<'_, D>) -> Option<(Instant, Deadline)> {
+    let l = w.limits;
+    let handshake = (!w.connected).then(|| (w.control.opened_at + l.handshake_timeout, Deadline::Handshake));
+    let other = match partial_since {
+        Some(since) => Some((since + l.partial_frame_timeout, Deadline::PartialFrame)),
+        None if w.connected && (w.idle)() => Some((w.control.last_request() + l.idle_timeout, Deadline::Idle)),
+        None => None,
+    };
+    match (handshake, other) {
+        (Some(h), Some(o)) => Some(if o.0 < h.0 { o } else { h }),
+        (h, o) => h.or(o),
+    }
+}
 
 impl<D: Door> Session<D> {
     /// The broker handle, acting for this connection's caller. Not held

@@ -25,11 +25,25 @@ use std::time::Instant;
 pub(crate) struct Buffers {
     bytes: Cell<usize>,
     max: usize,
+    /// Readers paused on this bound, woken together when it is met again.
+    waiting: RefCell<Vec<std::task::Waker>>,
 }
 
 impl Buffers {
     pub(crate) fn new(max: usize) -> Self {
-        Self { bytes: Cell::new(0), max }
+        Self { bytes: Cell::new(0), max, waiting: RefCell::new(Vec::new()) }
+    }
+
+    /// Ready while within the bound; otherwise the task is woken once it is.
+    pub(crate) fn poll_room(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        if !self.over() {
+            return std::task::Poll::Ready(());
+        }
+        let mut waiting = self.waiting.borrow_mut();
+        if !waiting.iter().any(|w| w.will_wake(cx.waker())) {
+            waiting.push(cx.waker().clone());
+        }
+        std::task::Poll::Pending
     }
 
     pub(crate) fn add(&self, bytes: usize) {
