@@ -125,8 +125,7 @@ impl BrokerProcess {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child =
-            ChildGuard::spawn(&mut cmd).unwrap_or_else(|e| panic!("spawning {}: {e}", magnetar_bin().display()));
+        let mut child = ChildGuard::spawn(cmd).unwrap_or_else(|e| panic!("spawning {}: {e}", magnetar_bin().display()));
         let label = format!("broker-{}", child.pid());
         let log = LogBuffer::default();
         let stderr = child.child_mut().stderr.take().expect("piped stderr");
