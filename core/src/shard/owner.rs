@@ -87,6 +87,16 @@ impl Shard {
                 ),
             ));
         }
+        if self.log.space_short() {
+            // Exact, unlike the sampled percentage: the log could not
+            // reserve its next segment, so what is accepted now might have
+            // to wait for space. Retriable: the log retries the reservation
+            // and produce resumes by itself once it succeeds.
+            return Err(CoreError::new(
+                ErrorCode::StorageFull,
+                "no space on the data disk for the log's next segment; produce is refused until space is freed",
+            ));
+        }
         Ok(t)
     }
 
