@@ -110,9 +110,12 @@ pub(crate) enum Request<O> {
         request_id: u64,
         producer_id: u64,
     },
+    /// `start`: where a new subscription begins, when not at its initial
+    /// position (a Pulsar reader's start message id).
     Subscribe {
         request_id: u64,
         request: SubscribeRequest,
+        start: Option<SeekTarget>,
     },
     Flow {
         consumer_id: u64,
@@ -236,6 +239,20 @@ pub(crate) trait Door: Sized + 'static {
         code: ErrorCode,
         message: String,
     ) -> Result<(), Self::Error>;
+    /// The broker closed the consumer for a reason its application must
+    /// see, about `entry` if given (a damaged entry). A door whose protocol
+    /// has no such close keeps the default: a plain close.
+    fn consumer_failed(
+        &self,
+        dst: &mut BytesMut,
+        consumer_id: u64,
+        code: ErrorCode,
+        message: String,
+        entry: Option<&MessageId>,
+    ) -> Result<(), Self::Error> {
+        let _ = entry;
+        self.consumer_closed(dst, consumer_id, code, message)
+    }
     fn active_consumer(&self, dst: &mut BytesMut, consumer_id: u64, is_active: bool) -> Result<(), Self::Error>;
     fn success(&self, dst: &mut BytesMut, request_id: u64) -> Result<(), Self::Error>;
     fn error(&self, dst: &mut BytesMut, request_id: u64, error: &CoreError) -> Result<(), Self::Error>;
@@ -806,6 +823,42 @@ impl<D: Door> Reader<D> {
     }
 }
 
+/// Awaits `fut`, a read of the first bytes before any door runs (the
+/// protocol sniff), within the connection's handshake timeout; `Err` says
+/// why the connection ends instead (the timeout, or an eviction).
+pub(crate) async fn within_handshake<F: Future>(
+    fut: F,
+    control: &Control,
+    limits: &ConnectionLimits,
+) -> Result<F::Output, String> {
+    use std::task::Poll;
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if let Some(why) = control.killed() {
+            return Err(why);
+        }
+        let left = (control.opened_at + limits.handshake_timeout).saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Deadline::reason_without_frame(limits));
+        }
+        let mut timer = std::pin::pin!(glommio::timer::Timer::new(left));
+        let mut woken = std::pin::pin!(control.wake.wait());
+        let outcome = std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = fut.as_mut().poll(cx) {
+                return Poll::Ready(Some(r));
+            }
+            if timer.as_mut().poll(cx).is_ready() || woken.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(None);
+            }
+            Poll::Pending
+        })
+        .await;
+        if let Some(r) = outcome {
+            return Ok(r);
+        }
+    }
+}
+
 /// Which timeout would end the connection.
 #[derive(Debug, Clone, Copy)]
 enum Deadline {
@@ -815,12 +868,15 @@ enum Deadline {
 }
 
 impl Deadline {
+    /// The handshake timeout's reason (no frame involved).
+    fn reason_without_frame(l: &ConnectionLimits) -> String {
+        format!("no handshake within {} s of connecting (handshake_timeout)", l.handshake_timeout.as_secs_f64())
+    }
+
     /// Why the connection is closed, with the figures.
     fn reason<D: Door>(self, l: &ConnectionLimits, decoder: &D::Decoder, buf: &[u8]) -> String {
         match self {
-            Self::Handshake => {
-                format!("no handshake within {} s of connecting (handshake_timeout)", l.handshake_timeout.as_secs_f64())
-            }
+            Self::Handshake => Self::reason_without_frame(l),
             Self::PartialFrame => {
                 let of = D::next_frame_bytes(decoder, buf).map(|d| format!(" of {d}")).unwrap_or_default();
                 format!(
@@ -979,7 +1035,7 @@ impl<D: Door> Session<D> {
                     }
                 }
             }
-            Request::Subscribe { request_id, request } => {
+            Request::Subscribe { request_id, request, start } => {
                 if self.consumers.borrow().contains_key(&request.consumer_id) {
                     self.out.error(request_id, &CoreError::new(ErrorCode::ConsumerBusy, "consumer id already in use"));
                     return Ok(());
@@ -995,6 +1051,13 @@ impl<D: Door> Session<D> {
                 let consumer_id = request.consumer_id;
                 match self.broker_handle().subscribe(request, sink).await {
                     Ok(handle) => {
+                        if let Some(target) = start {
+                            if let Err(e) = self.broker_handle().seek(&handle, target).await {
+                                let _ = self.broker_handle().close_consumer(&handle).await;
+                                self.out.error(request_id, &e);
+                                return Ok(());
+                            }
+                        }
                         if self.delivery_paused.get() {
                             self.broker().pause_delivery(&handle, true);
                         }
@@ -1065,6 +1128,20 @@ impl<D: Door> Session<D> {
             Request::Other(other) => return D::other(self, other).await,
         }
         Ok(())
+    }
+
+    /// Closes the consumer the client calls `consumer_id` on the broker's
+    /// initiative (its unacknowledged messages go back to the
+    /// subscription); false if there is none. The door tells the client.
+    pub(crate) async fn detach_consumer(&self, consumer_id: u64) -> bool {
+        let c = self.consumers.borrow_mut().remove(&consumer_id);
+        match c {
+            Some(c) => {
+                let _ = self.broker_handle().close_consumer(&c).await;
+                true
+            }
+            None => false,
+        }
     }
 
     /// The consumer the client calls `consumer_id`, if it has one.
@@ -1161,12 +1238,14 @@ impl<D: Door> Session<D> {
                             d.run(dst, consumer_id, &first, redelivery_count, &blobs)
                         });
                     }
-                    ConsumerEvent::Closed { consumer_id, code, message } => {
+                    ConsumerEvent::Closed { consumer_id, code, message, entry } => {
                         if let Some(session) = me.upgrade() {
                             session.consumers.borrow_mut().remove(&consumer_id);
                             session.note_busy();
                         }
-                        out.put("a consumer's close", |d, dst| d.consumer_closed(dst, consumer_id, code, message));
+                        out.put("a consumer's close", |d, dst| {
+                            d.consumer_failed(dst, consumer_id, code, message, entry.as_ref())
+                        });
                     }
                     ConsumerEvent::ActiveChange { consumer_id, is_active } => {
                         out.put("an active consumer change", |d, dst| d.active_consumer(dst, consumer_id, is_active));

@@ -211,19 +211,20 @@ fn pings_whose_pongs_are_never_read_are_bounded_and_closed() {
     });
 }
 
-/// (c) 40 connections each complete the handshake, send 4 MiB of a 6 MiB
-/// frame and stall (160 MiB in all): the shard reads no more once its
+/// (c) 24 connections each complete the handshake, then all send 4 MiB of a
+/// 6 MiB frame and stall (96 MiB in all): the shard reads no more once its
 /// connections hold `--shard-buffered-bytes-max` (32 MiB), and
-/// `--partial-frame-timeout-s` (3 s) closes them. The rise must stay under
-/// 64 MiB; afterwards a well-behaved client produces.
+/// `--partial-frame-timeout-s` (2 s) closes them, a few at a time as the
+/// shard reads the next ones. The rise must stay under 64 MiB; afterwards a
+/// well-behaved client produces.
 #[test]
 fn stalled_partial_frames_are_bounded_and_time_out() {
-    const CONNECTIONS: usize = 40;
+    const CONNECTIONS: usize = 24;
     const BOUND_MIB: u64 = 64;
     run_async_with_timeout(Duration::from_secs(90), || async {
         let dir = test_dir("hostile-partial-frames");
         let broker =
-            broker_with(dir.path(), 1, &["--shard-buffered-bytes-max", "33554432", "--partial-frame-timeout-s", "3"]);
+            broker_with(dir.path(), 1, &["--shard-buffered-bytes-max", "33554432", "--partial-frame-timeout-s", "2"]);
         let pid = broker.pid();
         let addr = broker.addr();
         let baseline = rss_kib(pid);
@@ -231,12 +232,19 @@ fn stalled_partial_frames_are_bounded_and_time_out() {
         let frame = frame_bytes(&Command::Send { producer_id: 1, sequence_id: 1, num_messages: 1 }, &[7u8; 6 << 20]);
         let part = Arc::new(frame[..4 << 20].to_vec());
         let started = Instant::now();
-        let senders: Vec<_> = (0..CONNECTIONS)
+        // Handshakes first: once the shard holds its bound, it reads nobody.
+        let connected: Vec<RawConnection> = (0..CONNECTIONS)
             .map(|_| {
+                let mut raw = RawConnection::connect(addr);
+                raw.handshake();
+                raw
+            })
+            .collect();
+        let senders: Vec<_> = connected
+            .into_iter()
+            .map(|mut raw| {
                 let part = part.clone();
                 std::thread::spawn(move || {
-                    let mut raw = RawConnection::connect(addr);
-                    raw.handshake();
                     raw.stream.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
                     let _ = raw.stream.write_all(&part);
                     raw

@@ -102,6 +102,10 @@ pub(crate) struct Subscription {
     /// permits set aside while they are paused: a paused consumer has no
     /// permits, so the dispatcher reads nothing for it and skips it.
     pub(crate) paused: RefCell<HashMap<ConsumerRef, u64>>,
+    /// The position of the entry the dispatcher last found damaged on disk
+    /// (failed verification), which it never serves; the subscription waits
+    /// at it until `skip_damaged` moves past it.
+    pub(crate) damaged: Cell<Option<u64>>,
 }
 
 pub(crate) fn policy_for(t: SubscriptionType) -> Policy {
@@ -161,6 +165,7 @@ impl Subscription {
             type_held_until_ms: Cell::new(0),
             counters: Default::default(),
             ahead: RefCell::new(Default::default()),
+            damaged: Cell::new(None),
         })
     }
 
