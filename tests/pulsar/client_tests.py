@@ -298,20 +298,6 @@ def test_partitioned(url, topic):
     c.close()
 
 
-def test_dedup_resend(url, topic):
-    """A producer with a name resumes its sequence ids after reconnecting
-    (last_sequence_id), and a resend of a stored sequence id is answered
-    without storing it again."""
-    c = client(url)
-    p = c.create_producer(topic, producer_name="dedup-p", batching_enabled=False)
-    for i in range(3):
-        p.send(f"{i}".encode(), sequence_id=i)
-    p.close()
-    p = c.create_producer(topic, producer_name="dedup-p", batching_enabled=False)
-    print("last sequence id after reconnect:", p.last_sequence_id())
-    c.close()
-
-
 def test_cross_consume(url, topic):
     """Hands what it receives to the Rust side (native produce → Pulsar
     consume): count from argv[4]."""
@@ -368,6 +354,130 @@ def test_too_big(url, topic):
         raise AssertionError("an over-size message was sent")
     except pulsar.MessageTooBig:
         pass
+    c.close()
+
+
+def test_compression(url, topic):
+    """Every codec, batched and not: the broker stores and serves the
+    compressed bytes as sent; the consumer decompresses."""
+    c = client(url)
+    s = c.subscribe(topic, "sub", initial_position=InitialPosition.Earliest)
+    codecs = [pulsar.CompressionType.LZ4, pulsar.CompressionType.ZLib, pulsar.CompressionType.ZSTD,
+              pulsar.CompressionType.SNAPPY]
+    expected = []
+    for codec in codecs:
+        for batching in (False, True):
+            p = c.create_producer(topic, compression_type=codec, batching_enabled=batching,
+                                  batching_max_messages=5, batching_max_publish_delay_ms=1000)
+            for i in range(5):
+                data = f"{codec}-{batching}-{i}-".encode() * 50
+                expected.append(data)
+                p.send_async(data, None)
+            p.flush()
+            p.close()
+    got = [s.receive(RECEIVE_MS).data() for _ in expected]
+    assert got == expected
+    c.close()
+
+
+def test_chunking(url, topic):
+    """A message over the broker's max message size goes in chunks when the
+    producer chunks, and arrives whole."""
+    c = client(url)
+    s = c.subscribe(topic, "sub", initial_position=InitialPosition.Earliest)
+    p = c.create_producer(topic, batching_enabled=False, chunking_enabled=True)
+    big = bytes(range(256)) * (7 * 1024 * 1024 // 256)
+    p.send(big)
+    p.send(b"after")
+    m = s.receive(RECEIVE_MS * 3)
+    assert m.data() == big, len(m.data())
+    s.acknowledge(m)
+    assert s.receive(RECEIVE_MS).data() == b"after"
+    c.close()
+
+
+def test_delayed_delivery(url, topic):
+    """deliver_after on a Shared subscription: the message waits."""
+    c = client(url)
+    s = c.subscribe(topic, "sub", consumer_type=ConsumerType.Shared)
+    p = c.create_producer(topic, batching_enabled=False)
+    start = time.time()
+    p.send(b"later", deliver_after=__import__("datetime").timedelta(seconds=2))
+    p.send(b"now")
+    assert s.receive(RECEIVE_MS).data() == b"now"
+    m = s.receive(RECEIVE_MS)
+    assert m.data() == b"later"
+    assert time.time() - start >= 1.9, time.time() - start
+    c.close()
+
+
+def test_dead_letter(url, topic):
+    """The client's dead-letter policy: after max redeliveries the message
+    goes to the DLQ topic (auto-created) and a consumer of it gets it."""
+    c = client(url)
+    dlq = topic + "-DLQ"
+    d = c.subscribe(dlq, "dlq-sub", initial_position=InitialPosition.Earliest)
+    s = c.subscribe(topic, "sub", consumer_type=ConsumerType.Shared, negative_ack_redelivery_delay_ms=100,
+                    dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=2,
+                                                                       dead_letter_topic=dlq))
+    p = c.create_producer(topic, batching_enabled=False)
+    p.send(b"poison", properties={"x": "y"})
+    for _ in range(3):
+        m = s.receive(RECEIVE_MS)
+        assert m.data() == b"poison"
+        s.negative_acknowledge(m)
+    m = d.receive(RECEIVE_MS * 2)
+    assert m.data() == b"poison", m.data()
+    assert m.properties().get("x") == "y", m.properties()
+    expect_nothing(s, 1000)
+    c.close()
+
+
+def test_batch_index_ack(url, topic):
+    """With batch-index acks, acknowledging some messages of a batch and
+    reconnecting redelivers only the others."""
+    c = client(url)
+    s = c.subscribe(topic, "sub", initial_position=InitialPosition.Earliest, batch_index_ack_enabled=True)
+    p = c.create_producer(topic, batching_enabled=True, batching_max_messages=10,
+                          batching_max_publish_delay_ms=1000)
+    for i in range(10):
+        p.send_async(f"{i}".encode(), None)
+    p.flush()
+    msgs = [s.receive(RECEIVE_MS) for _ in range(10)]
+    assert all(m.message_id().batch_index() >= 0 for m in msgs)
+    for m in msgs[::2]:
+        s.acknowledge(m)
+    time.sleep(0.5)
+    s.close()
+    s = c.subscribe(topic, "sub", batch_index_ack_enabled=True)
+    got = []
+    while True:
+        try:
+            m = s.receive(1000)
+        except pulsar.Timeout:
+            break
+        got.append(m.data())
+    assert got == [f"{i}".encode() for i in range(1, 10, 2)], got
+    c.close()
+
+
+def test_dedup(url, topic):
+    """A named producer learns its last sequence id on reconnecting; a
+    resend of a stored sequence id is answered, not stored again (the
+    namespace has deduplication on: set by the Rust side)."""
+    c = client(url)
+    p = c.create_producer(topic, producer_name="dedup-p", batching_enabled=False)
+    for i in range(3):
+        p.send(f"{i}".encode(), sequence_id=i)
+    p.close()
+    p = c.create_producer(topic, producer_name="dedup-p", batching_enabled=False)
+    assert p.last_sequence_id() == 2, p.last_sequence_id()
+    p.send(b"dup", sequence_id=1)
+    p.send(b"3", sequence_id=3)
+    s = c.subscribe(topic, "sub", initial_position=InitialPosition.Earliest)
+    got = [s.receive(RECEIVE_MS).data() for _ in range(4)]
+    assert got == [b"0", b"1", b"2", b"3"], got
+    expect_nothing(s)
     c.close()
 
 

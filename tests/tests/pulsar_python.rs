@@ -95,6 +95,43 @@ fn pulsar_too_big() {
     py("too_big");
 }
 
+#[test]
+fn pulsar_compression() {
+    py("compression");
+}
+
+#[test]
+fn pulsar_chunking() {
+    py("chunking");
+}
+
+#[test]
+fn pulsar_delayed_delivery() {
+    py("delayed_delivery");
+}
+
+#[test]
+fn pulsar_dead_letter() {
+    py("dead_letter");
+}
+
+#[test]
+fn pulsar_batch_index_ack() {
+    py("batch_index_ack");
+}
+
+/// Dedup on for the namespace (native admin CLI), then a named Pulsar
+/// producer's resend is answered without being stored again.
+#[test]
+fn pulsar_dedup() {
+    let (_dir, mut b) = broker("pulsar-dedup");
+    let url = b.url();
+    run_cli(["admin", "namespaces", "set-deduplication", "public/default", "on", "--url", url.as_str()], CLI_TIMEOUT)
+        .assert_success();
+    run_pulsar_test(&pulsar_url(&b), "dedup", "persistent://public/default/dedup", &[], PY_TIMEOUT);
+    b.assert_running();
+}
+
 /// A partitioned topic made with the native admin CLI is used by the
 /// Pulsar client through PARTITIONED_METADATA and per-partition lookups.
 #[test]
