@@ -481,6 +481,49 @@ def test_dedup(url, topic):
     c.close()
 
 
+def test_connection_loss(url, topic):
+    """A client process killed with SIGKILL: its exclusive subscription is
+    released and its unacknowledged message is delivered again."""
+    import subprocess
+    import signal
+    c = client(url)
+    p = c.create_producer(topic, batching_enabled=False)
+    p.send(b"unacked")
+    child = subprocess.Popen([sys.executable, __file__, url, "hold_unacked", topic],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        # The client logs to stdout too: wait for the helper's own line.
+        while True:
+            line = child.stdout.readline()
+            assert line, "the helper ended before holding its message"
+            if line.strip() == "holding":
+                break
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    deadline = time.time() + 20
+    while True:
+        try:
+            s = c.subscribe(topic, "sub", consumer_type=ConsumerType.Exclusive)
+            break
+        except pulsar.ConsumerBusy:
+            assert time.time() < deadline, "the dead client's exclusive consumer was never released"
+            time.sleep(0.2)
+    m = s.receive(RECEIVE_MS)
+    assert m.data() == b"unacked"
+    c.close()
+
+
+def test_hold_unacked(url, topic):
+    """Helper of connection_loss: receives one message without acking it and
+    waits to be killed."""
+    c = client(url)
+    s = c.subscribe(topic, "sub", consumer_type=ConsumerType.Exclusive, initial_position=InitialPosition.Earliest)
+    s.receive(RECEIVE_MS)
+    print("holding", flush=True)
+    time.sleep(600)
+
+
 TESTS = {name[len("test_"):]: f for name, f in globals().items() if name.startswith("test_")}
 
 if __name__ == "__main__":

@@ -96,6 +96,11 @@ fn pulsar_too_big() {
 }
 
 #[test]
+fn pulsar_connection_loss() {
+    py("connection_loss");
+}
+
+#[test]
 fn pulsar_compression() {
     py("compression");
 }
