@@ -207,6 +207,20 @@ pub(crate) trait Door: Sized + 'static {
         code: ErrorCode,
         message: String,
     ) -> Result<(), Self::Error>;
+    /// The broker closed the consumer for a reason its application must
+    /// see, about `entry` if given (a damaged entry). A door whose protocol
+    /// has no such close keeps the default: a plain close.
+    fn consumer_failed(
+        &self,
+        dst: &mut BytesMut,
+        consumer_id: u64,
+        code: ErrorCode,
+        message: String,
+        entry: Option<&MessageId>,
+    ) -> Result<(), Self::Error> {
+        let _ = entry;
+        self.consumer_closed(dst, consumer_id, code, message)
+    }
     fn active_consumer(&self, dst: &mut BytesMut, consumer_id: u64, is_active: bool) -> Result<(), Self::Error>;
     fn success(&self, dst: &mut BytesMut, request_id: u64) -> Result<(), Self::Error>;
     fn error(&self, dst: &mut BytesMut, request_id: u64, error: &CoreError) -> Result<(), Self::Error>;
@@ -799,11 +813,13 @@ impl<D: Door> Session<D> {
                             d.run(dst, consumer_id, &first, redelivery_count, &blobs)
                         });
                     }
-                    ConsumerEvent::Closed { consumer_id, code, message } => {
+                    ConsumerEvent::Closed { consumer_id, code, message, entry } => {
                         if let Some(session) = me.upgrade() {
                             session.consumers.borrow_mut().remove(&consumer_id);
                         }
-                        out.put("a consumer's close", |d, dst| d.consumer_closed(dst, consumer_id, code, message));
+                        out.put("a consumer's close", |d, dst| {
+                            d.consumer_failed(dst, consumer_id, code, message, entry.as_ref())
+                        });
                     }
                     ConsumerEvent::ActiveChange { consumer_id, is_active } => {
                         out.put("an active consumer change", |d, dst| d.active_consumer(dst, consumer_id, is_active));

@@ -329,6 +329,17 @@ impl Door for NativeDoor {
         push(dst, &Command::Error { request_id: 0, code, message })
     }
 
+    fn consumer_failed(
+        &self,
+        dst: &mut BytesMut,
+        consumer_id: u64,
+        code: ErrorCode,
+        message: String,
+        entry: Option<&MessageId>,
+    ) -> Result<(), WireError> {
+        push(dst, &Command::ConsumerClosed { consumer_id, code, message, entry: entry.copied() })
+    }
+
     fn active_consumer(&self, dst: &mut BytesMut, consumer_id: u64, is_active: bool) -> Result<(), WireError> {
         push(dst, &Command::ActiveConsumerChange { consumer_id, is_active })
     }

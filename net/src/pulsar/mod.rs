@@ -154,6 +154,9 @@ pub(crate) fn server_error(code: ErrorCode) -> pb::ServerError {
         ErrorCode::ChecksumError => S::ChecksumError,
         ErrorCode::MessageTooLarge => S::NotAllowedError,
         ErrorCode::ProducerFenced => S::ProducerFenced,
+        // Not retriable: the subscription waits at the entry until an
+        // operator skips it, so a client retrying would only loop.
+        ErrorCode::DamagedEntry => S::UnknownError,
     }
 }
 
