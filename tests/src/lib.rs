@@ -12,6 +12,8 @@
 //!   [`check_topic_log`], [`connect_on_shard`]: data helpers.
 //! - [`consume`]: `receive` within a deadline, `assert_quiet`, `produce_one_batch`.
 //! - [`RawConnection`]: a blocking raw-protocol connection for exact frames.
+//! - [`run_pulsar_test`]: a test of the official Pulsar Python client
+//!   (`tests/pulsar/`), in a venv made on first use ([`pulsar_python`]).
 //!
 //! See `README.md` for how it works and how to run one test.
 
@@ -20,6 +22,7 @@ mod cli;
 pub mod consume;
 mod data;
 mod process;
+mod pulsar;
 mod raw;
 mod scope;
 
@@ -30,6 +33,7 @@ pub use data::{
     LogCheck, ProducedRun, TestDir, BUNDLES_PER_NAMESPACE,
 };
 pub use process::{magnetar_bin, ChildGuard, LogBuffer};
+pub use pulsar::{pulsar_python, pulsar_tests_dir, run_pulsar_test, PulsarRun};
 pub use raw::{connect_frame, connect_frame_of, frame_bytes, Ending, RawConnection, RawFrame, RAW_TIMEOUT};
 pub use scope::{run_async_with_timeout, run_with_timeout, Scope};
 

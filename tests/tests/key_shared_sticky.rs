@@ -7,7 +7,7 @@
 //! per-key order, to the next owner of its ranges.
 //!
 //! Method: a 2-shard broker process; consumers on connections of both
-//! shards. Keys are fixed strings, so their hashes (CRC-32 % 65536, as the
+//! shards. Keys are fixed strings, so their hashes (Pulsar's Murmur3 % 65536, as the
 //! broker computes them) are fixed too; the test checks its own premise
 //! that every range gets keys.
 
@@ -31,7 +31,7 @@ const MID: (u16, u16) = (32768, 49999);
 const HIGH: (u16, u16) = (50000, 65535);
 
 fn hash(key: &str) -> u16 {
-    (crc32fast::hash(key.as_bytes()) % 65536) as u16
+    (magnetar_pulsar_wire::pulsar_key_hash(key.as_bytes()) % 65536) as u16
 }
 
 fn key_of(seq: usize) -> String {

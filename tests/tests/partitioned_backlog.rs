@@ -24,9 +24,11 @@ fn batched_backlog_on_a_partitioned_topic_is_consumed() {
             Duration::from_secs(30),
         )
         .assert_success();
+        // 16 keys: with Pulsar's Murmur3 routing k0..k15 reach all 4
+        // partitions (k0..k7 reach only 3).
         let mut produce = ProduceCmd::new(&url, topic, "p", 10_000, 512);
         produce.extra_args =
-            ["--keys", "8", "--batch-max-messages", "100", "--batch-max-delay-ms", "5"].map(String::from).to_vec();
+            ["--keys", "16", "--batch-max-messages", "100", "--batch-max-delay-ms", "5"].map(String::from).to_vec();
         let receipts = produce.run(Duration::from_secs(60));
         assert_eq!(receipts.len(), 10_000);
 

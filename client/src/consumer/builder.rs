@@ -105,8 +105,8 @@ impl ConsumerBuilder {
 
     /// Key_Shared sticky mode (Pulsar's `KeySharedPolicySticky`): this
     /// consumer owns exactly these key hash ranges, each `(start, end)`
-    /// inclusive within `0..=65535` (the hash is CRC-32 of the ordering
-    /// key, else the key, modulo 65536). Empty (the default) = auto split.
+    /// inclusive within `0..=65535` (the hash is Pulsar's Murmur3 of the
+    /// ordering key, else the key, modulo 65536). Empty (the default) = auto split.
     ///
     /// The broker refuses the subscribe (`ConsumerBusy`) when a range
     /// overlaps one of another consumer of the subscription, or when the

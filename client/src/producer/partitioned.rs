@@ -53,14 +53,11 @@ impl std::fmt::Debug for RoutingMode {
     }
 }
 
-/// Partition of `key` among `partitions` (FNV-1a; stable across versions).
+/// Partition of `key` among `partitions`: the Java client's default
+/// (`Murmur3_32Hash` of the key, sign bit cleared, modulo the partitions), so
+/// one key lands in one partition whichever client sent it.
 pub fn key_partition(key: &str, partitions: u32) -> u32 {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in key.bytes() {
-        h ^= u32::from(b);
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    h % partitions.max(1)
+    magnetar_pulsar_wire::pulsar_key_hash(key.as_bytes()) % partitions.max(1)
 }
 
 /// How often the partition count is checked again for growth.

@@ -56,6 +56,18 @@ impl Default for PulsarConfig {
     }
 }
 
+/// Bytes a stored Pulsar message has beyond its payload at most: the
+/// stored marker and checksummed header (14) and the metadata, which Pulsar
+/// bounds by its frame padding.
+const STORED_OVERHEAD_BYTES_MAX: u32 = 14 + magnetar_pulsar_wire::FRAME_PADDING_BYTES;
+
+/// The `max_message_size` announced to clients: the configured size, but
+/// small enough that a message of that payload (a client's chunk, too) with
+/// its metadata fits the broker's limit on a stored message.
+fn announced_max_message_bytes(configured: u32, stored_max: u32) -> u32 {
+    configured.min(stored_max.saturating_sub(STORED_OVERHEAD_BYTES_MAX)).max(1)
+}
+
 /// One connection's Pulsar protocol state.
 pub(crate) struct PulsarDoor {
     config: Rc<PulsarConfig>,
@@ -63,11 +75,26 @@ pub(crate) struct PulsarDoor {
     client_version: Cell<i32>,
     /// Ack request ids awaiting an answer, with their consumer.
     pending_acks: RefCell<HashMap<u64, u64>>,
+    /// Messages in each batch entry delivered on this connection, by
+    /// `(ledger, entry)`: a batch-index ACK carries the batch's ack set but
+    /// not its size (the C++ client), which the broker needs. Dropped when
+    /// the entry is acknowledged whole; at most `BATCH_SIZES_MAX`.
+    batch_sizes: RefCell<HashMap<(u64, u64), u32>>,
 }
+
+/// Batch entries whose size a connection remembers (see
+/// `PulsarDoor::batch_sizes`); past this a batch-index ack of an entry
+/// not remembered is not applied (the messages come again: at least once).
+const BATCH_SIZES_MAX: usize = 100_000;
 
 impl PulsarDoor {
     pub(crate) fn new(config: Rc<PulsarConfig>) -> Self {
-        Self { config, client_version: Cell::new(0), pending_acks: RefCell::new(HashMap::new()) }
+        Self {
+            config,
+            client_version: Cell::new(0),
+            pending_acks: RefCell::new(HashMap::new()),
+            batch_sizes: RefCell::new(HashMap::new()),
+        }
     }
 }
 
@@ -224,7 +251,10 @@ impl Door for PulsarDoor {
             c.connected = Some(pb::CommandConnected {
                 server_version: concat!("magnetar/", env!("CARGO_PKG_VERSION")).to_string(),
                 protocol_version: Some(version),
-                max_message_size: Some(door.config.max_message_bytes as i32),
+                max_message_size: Some(announced_max_message_bytes(
+                    door.config.max_message_bytes,
+                    session.broker().config().message_bytes_max,
+                ) as i32),
                 feature_flags: Some(pb::FeatureFlags::default()),
             })
         });
@@ -336,7 +366,7 @@ impl Door for PulsarDoor {
             Type::Ack => {
                 let a = c.ack.ok_or_else(missing)?;
                 let ack_type = if a.ack_type == 1 { AckType::Cumulative } else { AckType::Individual };
-                let (message_ids, batch_sizes) = ack_ids(&a.message_id);
+                let (message_ids, batch_sizes) = ack_ids(&a.message_id, &mut self.batch_sizes.borrow_mut());
                 if let Some(r) = a.request_id {
                     let mut pending = self.pending_acks.borrow_mut();
                     if pending.len() < PENDING_ACKS_MAX {
@@ -650,9 +680,23 @@ impl Door for PulsarDoor {
             })
         });
         match magnetar_pulsar_wire::metadata::split_stored(blob) {
-            Ok((checksummed, _, _)) => encode_stored_payload_command(&c, checksummed, dst),
+            Ok((checksummed, metadata, _)) => {
+                if let Some(n) =
+                    magnetar_pulsar_wire::peek_metadata(metadata).ok().and_then(|m| m.num_messages_in_batch)
+                {
+                    self.remember_batch(id, n);
+                }
+                encode_stored_payload_command(&c, checksummed, dst)
+            }
             Err(_) => match convert::native_to_pulsar(blob) {
-                Ok((metadata, payload)) => magnetar_pulsar_wire::encode_payload_command(&c, &metadata, &payload, dst),
+                Ok((metadata, payload)) => {
+                    if let Some(n) =
+                        magnetar_pulsar_wire::peek_metadata(&metadata).ok().and_then(|m| m.num_messages_in_batch)
+                    {
+                        self.remember_batch(id, n);
+                    }
+                    magnetar_pulsar_wire::encode_payload_command(&c, &metadata, &payload, dst)
+                }
                 Err(why) => {
                     // Not expected (stored blobs were checked when they
                     // were appended); the others of a run still go.
@@ -742,6 +786,13 @@ impl Door for PulsarDoor {
 }
 
 impl PulsarDoor {
+    fn remember_batch(&self, id: &MessageId, n: u32) {
+        let mut known = self.batch_sizes.borrow_mut();
+        if known.len() < BATCH_SIZES_MAX {
+            known.insert((id.ledger, id.entry), n);
+        }
+    }
+
     /// The consumer of a pending ack request, when its answer should be an
     /// ACK_RESPONSE (the client announced it understands one).
     fn take_pending_ack(&self, request_id: u64) -> Option<u64> {
@@ -753,15 +804,27 @@ impl PulsarDoor {
 /// The ids of an ACK and the batch size of each (0: the whole entry). An
 /// id with an `ack_set` (batch-index ack: bit i set means message i is
 /// still unacknowledged) becomes one id per acknowledged index.
-fn ack_ids(ids: &[pb::MessageIdData]) -> (Vec<MessageId>, Vec<u32>) {
+fn ack_ids(ids: &[pb::MessageIdData], known: &mut HashMap<(u64, u64), u32>) -> (Vec<MessageId>, Vec<u32>) {
     let mut out = Vec::with_capacity(ids.len());
     let mut sizes = Vec::with_capacity(ids.len());
     for d in ids {
         let id = message_id(d);
-        let size = d.batch_size.unwrap_or(0).max(0) as u32;
-        if d.ack_set.is_empty() || size <= 1 {
+        let remembered = known.get(&(id.ledger, id.entry)).copied();
+        if d.ack_set.is_empty() {
+            known.remove(&(id.ledger, id.entry));
+            let size = d.batch_size.unwrap_or(0).max(0) as u32;
             out.push(id);
             sizes.push(if id.batch_index >= 0 { size } else { 0 });
+            continue;
+        }
+        let Some(size) = d.batch_size.map(|s| s.max(0) as u32).or(remembered) else {
+            // A batch-index ack of an entry of unknown size: not applied.
+            continue;
+        };
+        if size <= 1 {
+            known.remove(&(id.ledger, id.entry));
+            out.push(MessageId { batch_index: -1, ..id });
+            sizes.push(0);
             continue;
         }
         // Bounded by the batch size the client states, itself bounded by
@@ -833,7 +896,8 @@ mod tests {
     #[test]
     fn ack_sets_map_to_batch_indices() {
         let whole = pb::MessageIdData { ledger_id: 1, entry_id: 2, ..Default::default() };
-        let (ids, sizes) = ack_ids(&[whole]);
+        let mut known = HashMap::from([((1, 3), 4)]);
+        let (ids, sizes) = ack_ids(&[whole], &mut known);
         assert_eq!((ids, sizes), (vec![MessageId::new(1, 2, -1, -1)], vec![0]));
         let part = pb::MessageIdData {
             ledger_id: 1,
@@ -843,9 +907,14 @@ mod tests {
             ack_set: vec![0b1010],
             ..Default::default()
         };
-        let (ids, sizes) = ack_ids(&[part]);
+        let (ids, sizes) = ack_ids(std::slice::from_ref(&part), &mut known);
         assert_eq!(ids, vec![MessageId::new(1, 3, -1, 0), MessageId::new(1, 3, -1, 2)]);
         assert_eq!(sizes, vec![4, 4]);
+        // Without batch_size (the C++ client), the size delivered is used;
+        // unknown, the ack is not applied.
+        let no_size = pb::MessageIdData { batch_size: None, ..part };
+        assert_eq!(ack_ids(std::slice::from_ref(&no_size), &mut known).0.len(), 2);
+        assert!(ack_ids(&[no_size], &mut HashMap::new()).0.is_empty());
         assert_eq!(pulsar_ack_set(&[0b0101]), vec![!0b0101i64]);
     }
 

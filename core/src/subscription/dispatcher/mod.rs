@@ -114,9 +114,11 @@ impl Policy {
 
 /// Key hash of a message for Key_Shared: the ordering key if set, else the
 /// partition key, else the empty key (all keyless messages share one hash).
+/// Pulsar's (`Murmur3_32Hash` of the key modulo 65536), so that a key's range
+/// is the same for Pulsar clients' sticky ranges and the native client's.
 pub(crate) fn key_hash(ordering_key: Option<&[u8]>, partition_key: Option<&[u8]>) -> u16 {
     let bytes = ordering_key.or(partition_key).unwrap_or(&[]);
-    (crc32fast::hash(bytes) % key_shared::HASH_RANGE) as u16
+    (magnetar_pulsar_wire::pulsar_key_hash(bytes) % key_shared::HASH_RANGE) as u16
 }
 
 pub(crate) mod task;

@@ -1,0 +1,532 @@
+"""Tests of Magnetar's Pulsar door with the official Apache Pulsar Python
+client. Run by tests/tests/pulsar_python.rs: `python client_tests.py URL
+TEST TOPIC`, one test per process (the Rust side kills it after a timeout).
+A test prints what it checked and exits 0, or raises (exit 1). Tests that
+hand results to the Rust side print them as JSON lines prefixed `OUT `.
+"""
+
+import base64
+import json
+import sys
+import time
+
+import _pulsar
+import pulsar
+from pulsar import ConsumerType, InitialPosition, MessageId
+
+RECEIVE_MS = 10_000
+
+
+def client(url):
+    return pulsar.Client(url, operation_timeout_seconds=20, connection_timeout_ms=10_000)
+
+
+def expect_nothing(consumer, ms=500):
+    try:
+        m = consumer.receive(ms)
+    except pulsar.Timeout:
+        return
+    raise AssertionError(f"unexpected message {m.data()!r} {m.message_id()}")
+
+
+def test_round_trip(url, topic):
+    """Messages with keys and properties go through unbatched, in order,
+    with their fields; acknowledged ones are not delivered again."""
+    c = client(url)
+    p = c.create_producer(topic, batching_enabled=False)
+    assert p.producer_name(), "no generated producer name"
+    s = c.subscribe(topic, "sub", initial_position=InitialPosition.Earliest)
+    ids = []
+    for i in range(20):
+        ids.append(p.send(f"m{i}".encode(), properties={"i": str(i)}, partition_key=f"k{i % 3}",
+                          event_timestamp=1000 + i))
+    for i in range(20):
+        m = s.receive(RECEIVE_MS)
+        assert m.data() == f"m{i}".encode(), m.data()
+        assert m.properties() == {"i": str(i)}, m.properties()
+        assert m.partition_key() == f"k{i % 3}"
+        assert m.event_timestamp() == 1000 + i
+        assert m.publish_timestamp() > 0
+        assert str(m.message_id()) == str(ids[i]), (m.message_id(), ids[i])
+        assert m.redelivery_count() == 0
+        s.acknowledge(m)
+    s.close()
+    s = c.subscribe(topic, "sub")
+    expect_nothing(s)
+    c.close()
+
+
+def test_batching(url, topic):
+    """A batching producer's messages arrive as individual messages with
+    batch indexes; acknowledging all of them acknowledges the entries."""
+    c = client(url)
+    s = c.subscribe(topic, "sub", initial_position=InitialPosition.Earliest)
+    p = c.create_producer(topic, batching_enabled=True, batching_max_messages=10,
+                          batching_max_publish_delay_ms=50)
+    n = 100
+    for i in range(n):
+        p.send_async(f"b{i}".encode(), None, properties={"i": str(i)})
+    p.flush()
+    batched = 0
+    for i in range(n):
+        m = s.receive(RECEIVE_MS)
+        assert m.data() == f"b{i}".encode(), (i, m.data())
+        assert m.properties() == {"i": str(i)}
+        if m.message_id().batch_index() >= 0:
+            batched += 1
+        s.acknowledge(m)
+    assert batched > 0, "no message came in a batch"
+    s.close()
+    s = c.subscribe(topic, "sub")
+    expect_nothing(s)
+    c.close()
+    print(f"{batched} of {n} messages came in batches")
+
+
+def test_exclusive(url, topic):
+    c = client(url)
+    s = c.subscribe(topic, "sub", consumer_type=ConsumerType.Exclusive)
+    try:
+        c.subscribe(topic, "sub", consumer_type=ConsumerType.Exclusive)
+        raise AssertionError("a second exclusive consumer was accepted")
+    except pulsar.ConsumerBusy:
+        pass
+    s.close()
+    # Released: another may now subscribe.
+    c.subscribe(topic, "sub", consumer_type=ConsumerType.Exclusive).close()
+    c.close()
+
+
+def test_shared(url, topic):
+    """Two Shared consumers split the messages between them, each once."""
+    c = client(url)
+    a = c.subscribe(topic, "sub", consumer_type=ConsumerType.Shared, receiver_queue_size=5)
+    b = c.subscribe(topic, "sub", consumer_type=ConsumerType.Shared, receiver_queue_size=5)
+    p = c.create_producer(topic, batching_enabled=False)
+    n = 40
+    for i in range(n):
+        p.send(f"s{i}".encode())
+    got = {"a": [], "b": []}
+    deadline = time.time() + 20
+    while len(got["a"]) + len(got["b"]) < n and time.time() < deadline:
+        for name, cons in (("a", a), ("b", b)):
+            try:
+                m = cons.receive(100)
+            except pulsar.Timeout:
+                continue
+            got[name].append(m.data())
+            cons.acknowledge(m)
+    everything = sorted(got["a"] + got["b"])
+    assert everything == sorted(f"s{i}".encode() for i in range(n)), everything
+    assert got["a"] and got["b"], f"one consumer got nothing: {len(got['a'])}/{len(got['b'])}"
+    c.close()
+
+
+def test_failover(url, topic):
+    """Failover: one active consumer gets everything; when it goes, the
+    other takes over with the unacknowledged messages."""
+    c = client(url)
+    a = c.subscribe(topic, "sub", consumer_type=ConsumerType.Failover, consumer_name="a")
+    b = c.subscribe(topic, "sub", consumer_type=ConsumerType.Failover, consumer_name="b")
+    p = c.create_producer(topic, batching_enabled=False)
+    for i in range(10):
+        p.send(f"f{i}".encode())
+    got = {}
+    for name, cons in (("a", a), ("b", b)):
+        got[name] = []
+        while True:
+            try:
+                m = cons.receive(1000)
+            except pulsar.Timeout:
+                break
+            got[name].append(m.data())
+    active = "a" if got["a"] else "b"
+    other = "b" if active == "a" else "a"
+    assert len(got[active]) == 10 and not got[other], got
+    (a if active == "a" else b).close()
+    survivor = b if active == "a" else a
+    again = []
+    for _ in range(10):
+        again.append(survivor.receive(RECEIVE_MS).data())
+    assert again == got[active], again
+    c.close()
+
+
+def test_key_shared(url, topic):
+    """Key_Shared: every key goes to one consumer only, and all arrive."""
+    c = client(url)
+    a = c.subscribe(topic, "sub", consumer_type=ConsumerType.KeyShared)
+    b = c.subscribe(topic, "sub", consumer_type=ConsumerType.KeyShared)
+    p = c.create_producer(topic, batching_enabled=False)
+    n = 60
+    for i in range(n):
+        p.send(f"{i}".encode(), partition_key=f"key-{i % 12}")
+    owner = {}
+    count = 0
+    deadline = time.time() + 20
+    while count < n and time.time() < deadline:
+        for name, cons in (("a", a), ("b", b)):
+            try:
+                m = cons.receive(100)
+            except pulsar.Timeout:
+                continue
+            key = m.partition_key()
+            assert owner.setdefault(key, name) == name, f"{key} went to both consumers"
+            count += 1
+            cons.acknowledge(m)
+    assert count == n, count
+    c.close()
+    print(f"keys per consumer: {sorted(owner.items())}")
+
+
+def test_acks(url, topic):
+    """Individual and cumulative acks: after a cumulative ack of message 5
+    and an individual ack of 8, a new consumer gets 6, 7, 9."""
+    c = client(url)
+    s = c.subscribe(topic, "sub", initial_position=InitialPosition.Earliest)
+    p = c.create_producer(topic, batching_enabled=False)
+    for i in range(10):
+        p.send(f"{i}".encode())
+    msgs = [s.receive(RECEIVE_MS) for _ in range(10)]
+    s.acknowledge_cumulative(msgs[5])
+    s.acknowledge(msgs[8])
+    s.close()
+    time.sleep(0.2)
+    s = c.subscribe(topic, "sub")
+    got = [s.receive(RECEIVE_MS).data() for _ in range(3)]
+    assert got == [b"6", b"7", b"9"], got
+    expect_nothing(s)
+    c.close()
+
+
+def test_negative_ack(url, topic):
+    """A negatively acknowledged message comes back with redelivery count 1,
+    then 2."""
+    c = client(url)
+    s = c.subscribe(topic, "sub", consumer_type=ConsumerType.Shared, negative_ack_redelivery_delay_ms=100)
+    p = c.create_producer(topic, batching_enabled=False)
+    p.send(b"nack-me")
+    for count in range(3):
+        m = s.receive(RECEIVE_MS)
+        assert m.data() == b"nack-me"
+        assert m.redelivery_count() == count, (m.redelivery_count(), count)
+        if count < 2:
+            s.negative_acknowledge(m)
+        else:
+            s.acknowledge(m)
+    expect_nothing(s)
+    c.close()
+
+
+def test_seek(url, topic):
+    """Seek by message id and by publish time rewinds the subscription."""
+    c = client(url)
+    s = c.subscribe(topic, "sub", initial_position=InitialPosition.Earliest)
+    p = c.create_producer(topic, batching_enabled=False)
+    ids = [p.send(f"{i}".encode()) for i in range(10)]
+    for _ in range(10):
+        s.acknowledge(s.receive(RECEIVE_MS))
+    s.seek(ids[3])
+    # The broker delivers from message 3; the C++ client drops the seek
+    # position itself (its start id is not inclusive), as with Pulsar.
+    got = [s.receive(RECEIVE_MS).data() for _ in range(6)]
+    assert got == [f"{i}".encode() for i in range(4, 10)], got
+    expect_nothing(s)
+    s.close()
+    t = c.subscribe(topic, "by-time", initial_position=InitialPosition.Earliest)
+    for _ in range(10):
+        t.acknowledge(t.receive(RECEIVE_MS))
+    t.seek(0)  # publish time 0: everything again
+    got = [t.receive(RECEIVE_MS).data() for _ in range(10)]
+    assert got == [f"{i}".encode() for i in range(10)], got
+    c.close()
+
+
+def test_reader(url, topic):
+    """Readers from the earliest message and from an id;
+    has_message_available and get_last_message_id."""
+    c = client(url)
+    p = c.create_producer(topic, batching_enabled=False)
+    ids = [p.send(f"{i}".encode()) for i in range(5)]
+    r = c.create_reader(topic, MessageId.earliest)
+    got = []
+    while r.has_message_available():
+        got.append(r.read_next(RECEIVE_MS).data())
+    assert got == [f"{i}".encode() for i in range(5)], got
+    r.close()
+    r = c.create_reader(topic, ids[1])
+    # Not inclusive: the first read is the message after the start id.
+    assert r.read_next(RECEIVE_MS).data() == b"2"
+    r.close()
+    r = c.create_reader(topic, ids[1], start_message_id_inclusive=True)
+    assert r.read_next(RECEIVE_MS).data() == b"1"
+    r.close()
+    s = c.subscribe(topic, "last")
+    last = s.get_last_message_id()
+    assert (last.ledger_id(), last.entry_id()) == (ids[4].ledger_id(), ids[4].entry_id()), (last, ids[4])
+    c.close()
+
+
+def test_empty_topic_last_id(url, topic):
+    c = client(url)
+    r = c.create_reader(topic, MessageId.earliest)
+    assert not r.has_message_available()
+    c.close()
+
+
+def test_partitioned(url, topic):
+    """A partitioned topic (3 partitions, made by the Rust side): keyed
+    messages are spread over the partitions, each partition's id names it,
+    and one consumer gets them all."""
+    c = client(url)
+    assert len(c.get_topic_partitions(topic)) == 3, c.get_topic_partitions(topic)
+    s = c.subscribe(topic, "sub", initial_position=InitialPosition.Earliest)
+    p = c.create_producer(topic, batching_enabled=False)
+    partitions = set()
+    for i in range(30):
+        mid = p.send(f"{i}".encode(), partition_key=f"key-{i}")
+        partitions.add(mid.partition())
+    assert partitions == {0, 1, 2}, partitions
+    got = set()
+    for _ in range(30):
+        m = s.receive(RECEIVE_MS)
+        assert m.message_id().partition() in (0, 1, 2)
+        assert m.topic_name().startswith(topic + "-partition-"), m.topic_name()
+        got.add(m.data())
+        s.acknowledge(m)
+    assert got == {f"{i}".encode() for i in range(30)}
+    c.close()
+
+
+def test_cross_consume(url, topic):
+    """Hands what it receives to the Rust side (native produce → Pulsar
+    consume): count from argv[4]."""
+    n = int(sys.argv[4])
+    c = client(url)
+    s = c.subscribe(topic, "cross", initial_position=InitialPosition.Earliest)
+    for _ in range(n):
+        m = s.receive(RECEIVE_MS)
+        print("OUT " + json.dumps({
+            "payload": base64.b64encode(m.data()).decode(),
+            "key": m.partition_key() or None,
+            "properties": m.properties(),
+            "event_time": m.event_timestamp(),
+            "redelivery_count": m.redelivery_count(),
+            "id": [m.message_id().ledger_id(), m.message_id().entry_id(), m.message_id().batch_index()],
+        }))
+        s.acknowledge(m)
+    c.close()
+
+
+def test_cross_produce(url, topic):
+    """Produces for the Rust side to consume natively: 5 unbatched messages
+    then 5 in one batch, with binary payloads, keys and properties."""
+    c = client(url)
+    p = c.create_producer(topic, batching_enabled=False)
+    for i in range(5):
+        p.send(bytes([0, 255, i]) + b"single", partition_key=f"k{i}", properties={"n": str(i)})
+    p.close()
+    p = c.create_producer(topic, batching_enabled=True, batching_max_messages=5,
+                          batching_max_publish_delay_ms=1000)
+    for i in range(5):
+        p.send_async(bytes([1, 254, i]) + b"batched", None, partition_key=f"b{i}", properties={"n": str(i)})
+    p.flush()
+    c.close()
+
+
+def test_still_works(url, topic):
+    """After bad input on other connections: produce and consume still work."""
+    c = client(url)
+    s = c.subscribe(topic, "sub", initial_position=InitialPosition.Earliest)
+    p = c.create_producer(topic, batching_enabled=False)
+    p.send(b"alive")
+    assert s.receive(RECEIVE_MS).data() == b"alive"
+    c.close()
+
+
+def test_too_big(url, topic):
+    """A message over the broker's max_message_size (announced in CONNECTED)
+    fails in the client with MessageTooBig, unless chunked."""
+    c = client(url)
+    p = c.create_producer(topic, batching_enabled=False)
+    try:
+        p.send(b"x" * (6 * 1024 * 1024))
+        raise AssertionError("an over-size message was sent")
+    except pulsar.MessageTooBig:
+        pass
+    c.close()
+
+
+def test_compression(url, topic):
+    """Every codec, batched and not: the broker stores and serves the
+    compressed bytes as sent; the consumer decompresses."""
+    c = client(url)
+    s = c.subscribe(topic, "sub", initial_position=InitialPosition.Earliest)
+    codecs = [pulsar.CompressionType.LZ4, pulsar.CompressionType.ZLib, pulsar.CompressionType.ZSTD,
+              pulsar.CompressionType.SNAPPY]
+    expected = []
+    for codec in codecs:
+        for batching in (False, True):
+            p = c.create_producer(topic, compression_type=codec, batching_enabled=batching,
+                                  batching_max_messages=5, batching_max_publish_delay_ms=1000)
+            for i in range(5):
+                data = f"{codec}-{batching}-{i}-".encode() * 50
+                expected.append(data)
+                p.send_async(data, None)
+            p.flush()
+            p.close()
+    got = [s.receive(RECEIVE_MS).data() for _ in expected]
+    assert got == expected
+    c.close()
+
+
+def test_chunking(url, topic):
+    """A message over the broker's max message size goes in chunks when the
+    producer chunks, and arrives whole."""
+    c = client(url)
+    s = c.subscribe(topic, "sub", initial_position=InitialPosition.Earliest)
+    p = c.create_producer(topic, batching_enabled=False, chunking_enabled=True)
+    big = bytes(range(256)) * (7 * 1024 * 1024 // 256)
+    p.send(big)
+    p.send(b"after")
+    m = s.receive(RECEIVE_MS * 3)
+    assert m.data() == big, len(m.data())
+    s.acknowledge(m)
+    assert s.receive(RECEIVE_MS).data() == b"after"
+    c.close()
+
+
+def test_delayed_delivery(url, topic):
+    """deliver_after on a Shared subscription: the message waits."""
+    c = client(url)
+    s = c.subscribe(topic, "sub", consumer_type=ConsumerType.Shared)
+    p = c.create_producer(topic, batching_enabled=False)
+    start = time.time()
+    p.send(b"later", deliver_after=__import__("datetime").timedelta(seconds=2))
+    p.send(b"now")
+    assert s.receive(RECEIVE_MS).data() == b"now"
+    m = s.receive(RECEIVE_MS)
+    assert m.data() == b"later"
+    assert time.time() - start >= 1.9, time.time() - start
+    c.close()
+
+
+def test_dead_letter(url, topic):
+    """The client's dead-letter policy: after max redeliveries the message
+    goes to the DLQ topic (auto-created) and a consumer of it gets it."""
+    c = client(url)
+    dlq = topic + "-DLQ"
+    d = c.subscribe(dlq, "dlq-sub", initial_position=InitialPosition.Earliest)
+    s = c.subscribe(topic, "sub", consumer_type=ConsumerType.Shared, negative_ack_redelivery_delay_ms=100,
+                    dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=2,
+                                                                       dead_letter_topic=dlq))
+    p = c.create_producer(topic, batching_enabled=False)
+    p.send(b"poison", properties={"x": "y"})
+    for _ in range(3):
+        m = s.receive(RECEIVE_MS)
+        assert m.data() == b"poison"
+        s.negative_acknowledge(m)
+    m = d.receive(RECEIVE_MS * 2)
+    assert m.data() == b"poison", m.data()
+    assert m.properties().get("x") == "y", m.properties()
+    expect_nothing(s, 1000)
+    c.close()
+
+
+def test_batch_index_ack(url, topic):
+    """With batch-index acks, acknowledging some messages of a batch and
+    reconnecting redelivers only the others."""
+    c = client(url)
+    s = c.subscribe(topic, "sub", initial_position=InitialPosition.Earliest, batch_index_ack_enabled=True)
+    p = c.create_producer(topic, batching_enabled=True, batching_max_messages=10,
+                          batching_max_publish_delay_ms=1000)
+    for i in range(10):
+        p.send_async(f"{i}".encode(), None)
+    p.flush()
+    msgs = [s.receive(RECEIVE_MS) for _ in range(10)]
+    assert all(m.message_id().batch_index() >= 0 for m in msgs)
+    for m in msgs[::2]:
+        s.acknowledge(m)
+    time.sleep(0.5)
+    s.close()
+    s = c.subscribe(topic, "sub", batch_index_ack_enabled=True)
+    got = []
+    while True:
+        try:
+            m = s.receive(1000)
+        except pulsar.Timeout:
+            break
+        got.append(m.data())
+    assert got == [f"{i}".encode() for i in range(1, 10, 2)], got
+    c.close()
+
+
+def test_dedup(url, topic):
+    """A named producer learns its last sequence id on reconnecting; a
+    resend of a stored sequence id is answered, not stored again (the
+    namespace has deduplication on: set by the Rust side)."""
+    c = client(url)
+    p = c.create_producer(topic, producer_name="dedup-p", batching_enabled=False)
+    for i in range(3):
+        p.send(f"{i}".encode(), sequence_id=i)
+    p.close()
+    p = c.create_producer(topic, producer_name="dedup-p", batching_enabled=False)
+    assert p.last_sequence_id() == 2, p.last_sequence_id()
+    p.send(b"dup", sequence_id=1)
+    p.send(b"3", sequence_id=3)
+    s = c.subscribe(topic, "sub", initial_position=InitialPosition.Earliest)
+    got = [s.receive(RECEIVE_MS).data() for _ in range(4)]
+    assert got == [b"0", b"1", b"2", b"3"], got
+    expect_nothing(s)
+    c.close()
+
+
+def test_connection_loss(url, topic):
+    """A client process killed with SIGKILL: its exclusive subscription is
+    released and its unacknowledged message is delivered again."""
+    import subprocess
+    import signal
+    c = client(url)
+    p = c.create_producer(topic, batching_enabled=False)
+    p.send(b"unacked")
+    child = subprocess.Popen([sys.executable, __file__, url, "hold_unacked", topic],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        # The client logs to stdout too: wait for the helper's own line.
+        while True:
+            line = child.stdout.readline()
+            assert line, "the helper ended before holding its message"
+            if line.strip() == "holding":
+                break
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    deadline = time.time() + 20
+    while True:
+        try:
+            s = c.subscribe(topic, "sub", consumer_type=ConsumerType.Exclusive)
+            break
+        except pulsar.ConsumerBusy:
+            assert time.time() < deadline, "the dead client's exclusive consumer was never released"
+            time.sleep(0.2)
+    m = s.receive(RECEIVE_MS)
+    assert m.data() == b"unacked"
+    c.close()
+
+
+def test_hold_unacked(url, topic):
+    """Helper of connection_loss: receives one message without acking it and
+    waits to be killed."""
+    c = client(url)
+    s = c.subscribe(topic, "sub", consumer_type=ConsumerType.Exclusive, initial_position=InitialPosition.Earliest)
+    s.receive(RECEIVE_MS)
+    print("holding", flush=True)
+    time.sleep(600)
+
+
+TESTS = {name[len("test_"):]: f for name, f in globals().items() if name.startswith("test_")}
+
+if __name__ == "__main__":
+    url, name, topic = sys.argv[1], sys.argv[2], sys.argv[3]
+    TESTS[name](url, topic)
+    print(f"PASSED {name}")
