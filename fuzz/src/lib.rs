@@ -179,3 +179,24 @@ pub fn core_records(data: &[u8]) {
         assert!(again.is_ok(), "a decoded s/ record re-encodes to one that does not decode: {again:?}");
     }
 }
+
+/// Pulsar's binary protocol (`magnetar_pulsar_wire`), what a Pulsar client
+/// sends the Pulsar door: the bytes as a stream of frames (each command a
+/// protobuf, a payload command's checksum and metadata behind it); as the
+/// body of one frame with a correct length; and as message metadata and a
+/// stored message blob.
+pub fn pulsar_frame(data: &[u8]) {
+    // The door's limit: 5 MiB of message plus the frame's padding.
+    let max = (5u32 << 20).saturating_add(magnetar_pulsar_wire::FRAME_PADDING_BYTES);
+    let mut decoder = magnetar_pulsar_wire::FrameDecoder::new(max);
+    let mut src = BytesMut::from(data);
+    while let Ok(Some(_frame)) = decoder.decode(&mut src) {}
+
+    let mut framed = BytesMut::with_capacity(data.len() + 4);
+    framed.extend_from_slice(&u32::try_from(data.len()).unwrap_or(u32::MAX).to_be_bytes());
+    framed.extend_from_slice(data);
+    let _ = magnetar_pulsar_wire::FrameDecoder::new(max).decode(&mut framed);
+
+    let _ = magnetar_pulsar_wire::peek_metadata(data);
+    let _ = magnetar_pulsar_wire::metadata::split_stored(data);
+}

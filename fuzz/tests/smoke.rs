@@ -189,3 +189,21 @@ fn core_cursor_never_panics() {
     .encode();
     run("core_cursor", magnetar_fuzz::core_cursor, &[cursor], 300);
 }
+
+#[test]
+fn pulsar_frame_never_panics() {
+    use magnetar_pulsar_wire::proto::{base_command::Type, BaseCommand, CommandPing, CommandSend};
+    let send = BaseCommand {
+        r#type: Type::Send as i32,
+        send: Some(CommandSend { producer_id: 1, sequence_id: 2, num_messages: Some(3), ..Default::default() }),
+        ..Default::default()
+    };
+    let ping = BaseCommand { r#type: Type::Ping as i32, ping: Some(CommandPing {}), ..Default::default() };
+    let mut both = BytesMut::new();
+    magnetar_pulsar_wire::encode_command(&ping, &mut both).expect("encode");
+    let mut payload = BytesMut::new();
+    magnetar_pulsar_wire::encode_payload_command(&send, b"", b"payload", &mut payload).expect("encode");
+    both.extend_from_slice(&payload);
+    let stored = magnetar_pulsar_wire::metadata::stored_blob_from_parts(b"", b"payload").to_vec();
+    run("pulsar_frame", magnetar_fuzz::pulsar_frame, &[both.to_vec(), payload.to_vec(), stored], 512);
+}

@@ -233,7 +233,11 @@ impl CursorRecord {
                     }
                     let ranges = read_ranges(&mut r, left)?;
                     left -= ranges.len();
-                    let above_mark = |(a, _): &(u64, u64)| ledger > mark_delete_ledger || *a as i64 > mark_delete_entry;
+                    // Compared wide: an entry above i64::MAX (which a version 1
+                    // record may hold) is above any mark, not below it.
+                    let above_mark = |(a, _): &(u64, u64)| {
+                        ledger > mark_delete_ledger || i128::from(*a) > i128::from(mark_delete_entry)
+                    };
                     if ranges.is_empty() || !ranges.first().is_some_and(above_mark) {
                         return Err(CursorDecodeError("bad range"));
                     }
@@ -298,6 +302,23 @@ impl Reader<'_> {
 mod tests {
     use super::*;
     use crate::topic::ledgers::LedgerInfo;
+
+    /// Found by the `core_cursor` fuzz target: a version 1 record with a
+    /// range above i64::MAX decoded, but its version 2 encoding did not (the
+    /// check against the mark compared the entry cast to i64, negative).
+    #[test]
+    fn a_v1_record_with_entries_above_i64_max_round_trips() {
+        let mut v1 = vec![CURSOR_RECORD_V1];
+        v1.extend_from_slice(&7u64.to_le_bytes());
+        v1.extend_from_slice(&5u64.to_le_bytes());
+        v1.extend_from_slice(&1u32.to_le_bytes());
+        let a = u64::MAX - 1000;
+        v1.extend_from_slice(&a.to_le_bytes());
+        v1.extend_from_slice(&(a + 10).to_le_bytes());
+        let rec = CursorRecord::decode(&v1).expect("a valid version 1 record");
+        assert_eq!(rec.acked, vec![(7, vec![(a, a + 10)])]);
+        assert_eq!(CursorRecord::decode(&rec.encode()), Ok(rec));
+    }
 
     fn ledgers() -> TopicLedgers {
         let l = |id, first, entries| LedgerInfo { id, first, entries, bytes: 0, created_ms: 0, closed_ms: 0 };
