@@ -63,6 +63,11 @@ pub struct ConsumeArgs {
     #[arg(long, value_enum, default_value_t = Position::Latest)]
     pub initial_position: Position,
 
+    /// Once subscribed, move the subscription's cursor to the first message
+    /// published at or after this time (milliseconds since the Unix epoch).
+    #[arg(long)]
+    pub seek_time_ms: Option<u64>,
+
     /// Stop after this many seconds without a message (fractions allowed).
     #[arg(long)]
     pub timeout_s: Option<f64>,
@@ -252,6 +257,9 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
         }
         None => std::sync::Arc::new(builder.subscribe_partitioned().await?),
     };
+    if let Some(ms) = args.seek_time_ms {
+        consumer.seek_by_time(ms).await?;
+    }
 
     let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
     let ctrl_c = tokio::signal::ctrl_c();
