@@ -103,10 +103,10 @@ if [ "$TOPICS" = 0 ]; then
   echo "produced $PRODUCED entries of $SIZE B in $produce_s s; data $(du -sm "$D" | cut -f1) MiB"
   phase read
   t=$(now_ms)
-  "$M" consume scale -s catchup --initial-position earliest --count "$PRODUCED" --timeout-s 120 --output jsonl \
+  "$M" consume scale -s catchup --initial-position earliest --count "$PRODUCED" --timeout-s 120 --url "$BROKER_ADDR" --output jsonl \
     --receiver-queue-size 5000 2>"$OUT/catchup.err" | awk 'END { print NR }' > "$OUT/catchup.count" &
   C1=$!
-  "$M" consume scale -s seek --initial-position earliest --seek-time-ms "$T_MID" --count $(( PRODUCED / 2 )) \
+  "$M" consume scale -s seek --initial-position earliest --seek-time-ms "$T_MID" --count $(( PRODUCED / 2 )) --url "$BROKER_ADDR" \
     --timeout-s 120 --output jsonl --receiver-queue-size 5000 2>"$OUT/seek.err" \
     | awk 'NR == 1 { print > "'"$OUT/seek.first"'" } END { print NR > "'"$OUT/seek.count"'" }' &
   C2=$!

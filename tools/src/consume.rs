@@ -63,8 +63,9 @@ pub struct ConsumeArgs {
     #[arg(long, value_enum, default_value_t = Position::Latest)]
     pub initial_position: Position,
 
-    /// Once subscribed, move the subscription's cursor to the first message
+    /// Before consuming, move the subscription's cursor to the first message
     /// published at or after this time (milliseconds since the Unix epoch).
+    /// One non-partitioned topic only.
     #[arg(long)]
     pub seek_time_ms: Option<u64>,
 
@@ -246,6 +247,16 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
     if let Some(KeySharedRanges(ranges)) = &args.key_shared_ranges {
         builder = builder.key_shared_ranges(ranges.clone());
     }
+    if let Some(ms) = args.seek_time_ms {
+        // The cursor moves first, through a consumer of the one topic (a
+        // seek goes to the subscription, which keeps it).
+        if args.topics_pattern.is_some() {
+            return Err("--seek-time-ms takes a TOPIC, not --topics-pattern".into());
+        }
+        let c = builder.clone().subscribe().await?;
+        c.seek_by_time(ms).await?;
+        c.close().await?;
+    }
     // A partitioned topic's name covers all its partitions.
     let consumer = match &args.topics_pattern {
         Some(pattern) => {
@@ -257,9 +268,6 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
         }
         None => std::sync::Arc::new(builder.subscribe_partitioned().await?),
     };
-    if let Some(ms) = args.seek_time_ms {
-        consumer.seek_by_time(ms).await?;
-    }
 
     let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
     let ctrl_c = tokio::signal::ctrl_c();

@@ -407,23 +407,6 @@ impl MultiTopicConsumer {
         self.consumer_of(msg)?.ack_cumulative(&msg.id).await
     }
 
-    /// Move every topic's cursor to its first message published at or after
-    /// `publish_time_ms` (see `Consumer::seek_by_time`); the first error is
-    /// returned. Messages already in the shared queue, or sent by the
-    /// broker just before a topic's seek, may still arrive after it.
-    pub async fn seek_by_time(&self, publish_time_ms: u64) -> Result<()> {
-        let consumers: Vec<Arc<Consumer>> = self
-            .lock_members()
-            .list
-            .iter()
-            .filter_map(|m| if let Member::Live(c) = m { Some(c.clone()) } else { None })
-            .collect();
-        for c in consumers {
-            c.seek_by_time(publish_time_ms).await?;
-        }
-        Ok(())
-    }
-
     /// Close every topic's consumer; the first error is returned.
     pub async fn close(&self) -> Result<()> {
         let consumers: Vec<Arc<Consumer>> = self
