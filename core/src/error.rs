@@ -26,7 +26,11 @@ impl From<crate::topic_name::TopicNameError> for CoreError {
 
 impl From<magnetar_storage::StorageError> for CoreError {
     fn from(e: magnetar_storage::StorageError) -> Self {
-        CoreError::new(ErrorCode::PersistenceError, e.to_string())
+        let code = match e {
+            magnetar_storage::StorageError::NoSpace { .. } => ErrorCode::StorageFull,
+            _ => ErrorCode::PersistenceError,
+        };
+        CoreError::new(code, e.to_string())
     }
 }
 
