@@ -63,6 +63,12 @@ pub struct ConsumeArgs {
     #[arg(long, value_enum, default_value_t = Position::Latest)]
     pub initial_position: Position,
 
+    /// Before consuming, move the subscription's cursor to the first message
+    /// published at or after this time (milliseconds since the Unix epoch).
+    /// One non-partitioned topic only.
+    #[arg(long)]
+    pub seek_time_ms: Option<u64>,
+
     /// Stop after this many seconds without a message (fractions allowed).
     #[arg(long)]
     pub timeout_s: Option<f64>,
@@ -240,6 +246,16 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
     }
     if let Some(KeySharedRanges(ranges)) = &args.key_shared_ranges {
         builder = builder.key_shared_ranges(ranges.clone());
+    }
+    if let Some(ms) = args.seek_time_ms {
+        // The cursor moves first, through a consumer of the one topic (a
+        // seek goes to the subscription, which keeps it).
+        if args.topics_pattern.is_some() {
+            return Err("--seek-time-ms takes a TOPIC, not --topics-pattern".into());
+        }
+        let c = builder.clone().subscribe().await?;
+        c.seek_by_time(ms).await?;
+        c.close().await?;
     }
     // A partitioned topic's name covers all its partitions.
     let consumer = match &args.topics_pattern {
