@@ -45,7 +45,7 @@ mod producer;
 pub use compression::{compress, decompress, UNCOMPRESSED_BYTES_MAX};
 pub use conn::admin::Admin;
 pub use conn::pool::NOT_OWNER_LOOKUPS_MAX;
-pub use conn::{ClientOptions, ServerInfo};
+pub use conn::{AuthToken, ClientOptions, ServerInfo};
 pub use consumer::ack_group::{ACK_GROUP_MAX_DEFAULT, ACK_GROUP_TIME_DEFAULT};
 pub use consumer::chunking::{CHUNK_EXPIRY, INCOMPLETE_CHUNKED_MAX};
 pub use consumer::multi::MultiTopicConsumer;

@@ -2,9 +2,10 @@
 //! share: the broker's address, the connection to it, and the one-thread
 //! runtime they run on.
 
-use magnetar_client::{Client, ClientError, SubscriptionType};
+use magnetar_client::{AuthToken, Client, ClientOptions, SubscriptionType};
 use std::error::Error;
 use std::future::Future;
+use std::path::PathBuf;
 
 /// Default service URL of the client commands.
 pub const DEFAULT_URL: &str = "127.0.0.1:6650";
@@ -16,11 +17,34 @@ pub struct BrokerArgs {
     /// Broker: `magnetar://HOST:PORT` or `HOST:PORT`.
     #[arg(long, default_value = DEFAULT_URL, global = true)]
     pub url: String,
+    /// A token (JWT) for a broker with token authentication. Visible to
+    /// other users of this machine in the process list: prefer
+    /// --token-file.
+    #[arg(long, global = true, conflicts_with = "token_file")]
+    pub token: Option<String>,
+    /// A file holding the token (surrounding whitespace ignored).
+    #[arg(long, global = true)]
+    pub token_file: Option<PathBuf>,
 }
 
 impl BrokerArgs {
-    pub async fn connect(&self) -> Result<Client, ClientError> {
-        Client::connect(&self.url).await
+    /// The client options these arguments ask for.
+    pub fn options(&self) -> Result<ClientOptions, Box<dyn Error>> {
+        let token = match (&self.token, &self.token_file) {
+            (Some(t), _) => Some(t.trim().to_string()),
+            (None, Some(path)) => Some(
+                std::fs::read_to_string(path)
+                    .map_err(|e| format!("--token-file {}: {e}", path.display()))?
+                    .trim()
+                    .to_string(),
+            ),
+            (None, None) => None,
+        };
+        Ok(ClientOptions { auth_token: token.map(AuthToken), ..ClientOptions::default() })
+    }
+
+    pub async fn connect(&self) -> Result<Client, Box<dyn Error>> {
+        Ok(Client::connect_with(&self.url, self.options()?).await?)
     }
 }
 

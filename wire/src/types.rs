@@ -105,6 +105,11 @@ pub enum ErrorCode {
     /// `Connected::shard_ports`) for a topic that shard does not own: the
     /// client's lookup is stale; look the topic up again.
     NotOwner = 17,
+    /// The handshake's credentials were refused (a bad, expired or missing
+    /// token, an unknown signing key); the connection closes after it.
+    AuthenticationError = 18,
+    /// The caller's role may not do this (docs/security.md).
+    AuthorizationError = 19,
 }
 
 impl ErrorCode {
@@ -127,6 +132,8 @@ impl ErrorCode {
             15 => Self::StorageFull,
             16 => Self::ProducerFenced,
             17 => Self::NotOwner,
+            18 => Self::AuthenticationError,
+            19 => Self::AuthorizationError,
             _ => Self::UnknownError,
         }
     }
@@ -134,6 +141,17 @@ impl ErrorCode {
     /// Whether a client may retry the same request later and expect success.
     pub fn is_retriable(self) -> bool {
         matches!(self, Self::PersistenceError | Self::ServiceNotReady | Self::TooManyRequests | Self::StorageFull)
+    }
+}
+
+/// Credentials a client sends in `Connect`. Its `Debug` prints only the
+/// length, so a logged command never shows a token.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct AuthData(pub Vec<u8>);
+
+impl std::fmt::Debug for AuthData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AuthData({} bytes, not shown)", self.0.len())
     }
 }
 
@@ -192,10 +210,16 @@ pub enum CompressionType {
 pub enum Command {
     /// First frame from a client. `max_frame_bytes` (version 2) is the
     /// largest frame the client accepts, 0 when not announced.
+    ///
+    /// `auth_method` names how the client proves who it is (empty: it does
+    /// not; `token`: a JWT in `auth_data`, as Apache Pulsar's token
+    /// authentication).
     Connect {
         client_version: String,
         protocol_version: u32,
         max_frame_bytes: u32,
+        auth_method: String,
+        auth_data: AuthData,
     },
     /// The broker's answer to `Connect`. `max_frame_bytes` is the largest frame
     /// the broker accepts; `shard` is the shard the connection landed on;

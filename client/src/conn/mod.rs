@@ -69,6 +69,20 @@ pub struct ClientOptions {
     /// ports (`conn::pool`). Off: everything uses the one connection to
     /// the given address, and the broker forwards between its shards.
     pub shard_aware: bool,
+    /// A token (JWT) sent in `Connect` as auth method `token`, for a broker
+    /// with token authentication on; `None`: no credentials.
+    pub auth_token: Option<AuthToken>,
+}
+
+/// A token sent to the broker. Its `Debug` does not show it, so logged
+/// options never leak it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AuthToken(pub String);
+
+impl std::fmt::Debug for AuthToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AuthToken(not shown)")
+    }
 }
 
 impl Default for ClientOptions {
@@ -79,6 +93,7 @@ impl Default for ClientOptions {
             keepalive_interval: Some(Duration::from_secs(30)),
             max_frame_bytes: magnetar_wire::FRAME_BYTES_MAX_DEFAULT,
             shard_aware: true,
+            auth_token: None,
         }
     }
 }
@@ -163,6 +178,10 @@ impl Connection {
             protocol_version: PROTOCOL_VERSION,
             // Protocol version 2: the broker keeps its runs within it.
             max_frame_bytes: options.max_frame_bytes,
+            auth_method: if options.auth_token.is_some() { "token".into() } else { String::new() },
+            auth_data: magnetar_wire::AuthData(
+                options.auth_token.as_ref().map(|t| t.0.trim().as_bytes().to_vec()).unwrap_or_default(),
+            ),
         };
         wr.write_all(&encode(&connect, &[])?).await?;
         let handshake = async {
