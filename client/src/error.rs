@@ -69,6 +69,12 @@ pub enum ClientError {
     /// The consumer was closed (by `close()` or by the broker).
     #[error("consumer of subscription {subscription:?} is closed")]
     ConsumerClosed { subscription: String },
+
+    /// TLS could not be set up: unreadable certificate or key files, or a
+    /// failed handshake (the broker's certificate is not trusted, the
+    /// broker does not speak TLS, ...).
+    #[error("TLS: {reason}")]
+    Tls { reason: String },
 }
 
 impl ClientError {

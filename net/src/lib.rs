@@ -17,6 +17,7 @@
 
 mod native;
 mod session;
+pub mod tls;
 
 use futures::io::AsyncReadExt;
 use glommio::net::TcpStream;
@@ -37,11 +38,18 @@ pub struct NetConfig {
     /// The address shard `i` listens on by itself (ports resolved, e.g. by a
     /// [`PortReservation`] each); empty: no per-shard listeners.
     pub shard_addrs: Vec<SocketAddr>,
+    /// Serve TLS on every port (`None`: plain TCP).
+    pub tls: Option<tls::TlsSettings>,
 }
 
 impl Default for NetConfig {
     fn default() -> Self {
-        Self { limits: ConnectionLimits::default(), connections_per_shard_max: 10_000, shard_addrs: Vec::new() }
+        Self {
+            limits: ConnectionLimits::default(),
+            connections_per_shard_max: 10_000,
+            shard_addrs: Vec::new(),
+            tls: None,
+        }
     }
 }
 
@@ -121,6 +129,8 @@ async fn accept_loop(
     open: Rc<Cell<usize>>,
     shard_ports: Rc<[u16]>,
 ) {
+    // TLS handshakes in progress on this listener.
+    let handshakes = Rc::new(Cell::new(0usize));
     loop {
         let stream = match listener.accept().await {
             Ok(s) => s,
@@ -143,9 +153,10 @@ async fn accept_loop(
         broker.metrics().connections_opened.add(1);
         let (broker, limits, open, shard_ports) =
             (broker.clone(), config.limits.clone(), open.clone(), shard_ports.clone());
+        let tls = config.tls.clone().map(|t| (t, handshakes.clone()));
         glommio::spawn_local(async move {
             let metrics = broker.metrics().clone();
-            serve_tcp(broker, stream, limits, shard_ports).await;
+            serve_tcp(broker, stream, limits, shard_ports, tls).await;
             // Each accepted connection is counted open once and closed once.
             assert!(open.get() > 0, "more connections closed than opened");
             open.set(open.get() - 1);
@@ -155,13 +166,39 @@ async fn accept_loop(
     }
 }
 
-/// One plain TCP connection, speaking the native protocol.
-async fn serve_tcp(broker: Broker, stream: TcpStream, limits: ConnectionLimits, shard_ports: Rc<[u16]>) {
+/// One TCP connection: TLS first when the port serves it (the handshake
+/// bounded in time and, per listener, in number), then the native protocol.
+async fn serve_tcp(
+    broker: Broker,
+    stream: TcpStream,
+    limits: ConnectionLimits,
+    shard_ports: Rc<[u16]>,
+    tls: Option<(tls::TlsSettings, Rc<Cell<usize>>)>,
+) {
     let _ = stream.set_nodelay(true);
     let endpoints = session::Endpoints {
         peer: stream.peer_addr().map(|a| a.to_string()).unwrap_or_default(),
         local: stream.local_addr().ok().map(|a| a.to_string()),
     };
     let door = native::NativeDoor::new(shard_ports);
-    session::run(broker, door, stream.split(), endpoints, magnetar_core::Principal::Anonymous, limits).await;
+    let Some((tls, handshakes)) = tls else {
+        session::run(broker, door, stream.split(), endpoints, magnetar_core::Principal::Anonymous, limits).await;
+        return;
+    };
+    let peer = endpoints.peer.clone();
+    let Some(slot) = tls::HandshakeSlot::take(&handshakes, tls.handshakes_max) else {
+        tracing::warn!(%peer, "{} TLS handshakes in progress; closing a new connection", tls.handshakes_max);
+        return;
+    };
+    let accept = async { tls.acceptor.accept(stream).await.map_err(glommio::GlommioError::IoError) };
+    let stream = match glommio::timer::timeout(tls.handshake_timeout, accept).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::info!(%peer, "TLS handshake failed: {e}");
+            return;
+        }
+    };
+    drop(slot);
+    let principal = tls::peer_principal(stream.get_ref().1.peer_certificates());
+    session::run(broker, door, stream.split(), endpoints, principal, limits).await;
 }

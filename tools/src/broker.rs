@@ -2,7 +2,7 @@
 //! share: the broker's address, the connection to it, and the one-thread
 //! runtime they run on.
 
-use magnetar_client::{AuthToken, Client, ClientOptions, SubscriptionType};
+use magnetar_client::{AuthToken, Client, ClientOptions, SubscriptionType, TlsOptions};
 use std::error::Error;
 use std::future::Future;
 use std::path::PathBuf;
@@ -14,7 +14,8 @@ pub const DEFAULT_URL: &str = "127.0.0.1:6650";
 /// own name too (the other commands have no subcommands).
 #[derive(clap::Args, Debug)]
 pub struct BrokerArgs {
-    /// Broker: `magnetar://HOST:PORT` or `HOST:PORT`.
+    /// Broker: `magnetar://HOST:PORT`, `HOST:PORT`, or with TLS
+    /// `magnetar+tls://HOST:PORT` / `pulsar+ssl://HOST:PORT`.
     #[arg(long, default_value = DEFAULT_URL, global = true)]
     pub url: String,
     /// A token (JWT) for a broker with token authentication. Visible to
@@ -25,6 +26,16 @@ pub struct BrokerArgs {
     /// A file holding the token (surrounding whitespace ignored).
     #[arg(long, global = true)]
     pub token_file: Option<PathBuf>,
+    /// TLS: trust the CA certificates in this PEM file (needed by
+    /// `magnetar+tls://` and `pulsar+ssl://` URLs; with it, any URL uses TLS).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// TLS: present this client certificate (PEM), with --tls-key.
+    #[arg(long, global = true, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS: the client certificate's private key (PEM).
+    #[arg(long, global = true, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 impl BrokerArgs {
@@ -40,7 +51,15 @@ impl BrokerArgs {
             ),
             (None, None) => None,
         };
-        Ok(ClientOptions { auth_token: token.map(AuthToken), ..ClientOptions::default() })
+        let tls = match &self.tls_ca {
+            Some(ca) => {
+                let client = self.tls_cert.as_deref().zip(self.tls_key.as_deref());
+                Some(TlsOptions::from_pem_files(ca, client)?)
+            }
+            None if self.tls_cert.is_some() => return Err("--tls-cert needs --tls-ca".into()),
+            None => None,
+        };
+        Ok(ClientOptions { auth_token: token.map(AuthToken), tls, ..ClientOptions::default() })
     }
 
     pub async fn connect(&self) -> Result<Client, Box<dyn Error>> {

@@ -2,6 +2,7 @@
 
 use magnetar_core::auth::Authenticator;
 use magnetar_core::BrokerConfig;
+use magnetar_net::tls::TlsSettings;
 use magnetar_net::{NetConfig, PortReservation};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -126,6 +127,18 @@ pub struct StandaloneArgs {
     /// reaches the port may do anything.
     #[arg(long)]
     pub allow_unauthenticated: bool,
+    /// Serve TLS (1.2 and 1.3) on every broker port with this certificate
+    /// chain (PEM), with --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The TLS certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Require client certificates signed by a CA in this PEM file; a
+    /// certificate's subject common name is the client's role (this turns
+    /// authentication on).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
 }
 
 /// The authenticator the flags ask for; `None`: authentication is off.
@@ -133,6 +146,7 @@ fn authentication(args: &StandaloneArgs) -> Result<Option<Authenticator>, Box<dy
     let auth = match (&args.auth_token_secret_key, &args.auth_token_public_key) {
         (Some(f), _) => Authenticator::new().with_secret_key_file(f)?,
         (None, Some(f)) => Authenticator::new().with_public_key_file(f)?,
+        (None, None) if args.tls_client_ca.is_some() => Authenticator::new(),
         (None, None) => {
             if args.anonymous_role.is_some() {
                 return Err("--anonymous-role needs authentication on (--auth-token-secret-key or \
@@ -142,6 +156,7 @@ fn authentication(args: &StandaloneArgs) -> Result<Option<Authenticator>, Box<dy
             return Ok(None);
         }
     };
+    let auth = if args.tls_client_ca.is_some() { auth.with_tls_client_certs() } else { auth };
     Ok(Some(auth.with_anonymous_role(args.anonymous_role.clone())))
 }
 
@@ -248,9 +263,14 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
         %addr,
         ?shard_addrs,
         authentication = ?config.authentication,
+        tls = args.tls_cert.is_some(),
         "starting standalone broker"
     );
-    let net = NetConfig { shard_addrs, ..NetConfig::default() };
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(TlsSettings::from_pem_files(cert, key, args.tls_client_ca.as_deref())?),
+        _ => None,
+    };
+    let net = NetConfig { shard_addrs, tls, ..NetConfig::default() };
     let running =
         magnetar_core::launch(config, shutdown.clone(), move |broker| magnetar_net::serve(broker, addr, net.clone()))?;
     // One line on stdout that scripts and tests wait for (the port matters

@@ -20,6 +20,7 @@ pub(crate) mod admin;
 pub(crate) mod demux;
 pub(crate) mod pool;
 mod shared;
+pub(crate) mod tls;
 
 use crate::error::{ClientError, Result};
 use bytes::{Bytes, BytesMut};
@@ -30,7 +31,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio::task::JoinHandle;
@@ -72,7 +72,15 @@ pub struct ClientOptions {
     /// A token (JWT) sent in `Connect` as auth method `token`, for a broker
     /// with token authentication on; `None`: no credentials.
     pub auth_token: Option<AuthToken>,
+    /// TLS to every broker port (`None`: plain TCP). A `magnetar+tls://`
+    /// URL needs it.
+    pub tls: Option<tls::TlsOptions>,
 }
+
+/// The read half of a connection's byte stream, plain or TLS.
+pub(crate) type ReadHalf = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
+/// The write half of a connection's byte stream, plain or TLS.
+pub(crate) type WriteHalf = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
 
 /// A token sent to the broker. Its `Debug` does not show it, so logged
 /// options never leak it.
@@ -94,6 +102,7 @@ impl Default for ClientOptions {
             max_frame_bytes: magnetar_wire::FRAME_BYTES_MAX_DEFAULT,
             shard_aware: true,
             auth_token: None,
+            tls: None,
         }
     }
 }
@@ -169,7 +178,19 @@ impl Connection {
             .map_err(|source| ClientError::Connect { addr: format!("{host}:{port}"), source })?;
         // Latency matters more than packet count: the writer already batches.
         stream.set_nodelay(true)?;
-        let (mut rd, mut wr) = stream.into_split();
+        let (mut rd, mut wr): (ReadHalf, WriteHalf) = match &options.tls {
+            None => {
+                let (rd, wr) = stream.into_split();
+                (Box::new(rd), Box::new(wr))
+            }
+            Some(tls) => {
+                let stream = tokio::time::timeout(options.connect_timeout, tls.connect(host, stream)).await.map_err(
+                    |_| ClientError::Timeout { operation: "TLS handshake", after: options.connect_timeout },
+                )??;
+                let (rd, wr) = tokio::io::split(stream);
+                (Box::new(rd), Box::new(wr))
+            }
+        };
         let mut decoder = FrameDecoder::new(options.max_frame_bytes);
         let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
 
@@ -423,7 +444,7 @@ impl Connection {
     }
 }
 
-async fn writer_loop(shared: Arc<Shared>, mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Bytes>) {
+async fn writer_loop(shared: Arc<Shared>, mut wr: WriteHalf, mut rx: mpsc::Receiver<Bytes>) {
     let mut shutdown = shared.shutdown.subscribe();
     let mut batch = BytesMut::with_capacity(WRITE_BATCH_BYTES_MAX);
     let mut frames: Vec<Bytes> = Vec::with_capacity(256);
