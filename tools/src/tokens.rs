@@ -106,3 +106,43 @@ pub fn run(args: TokensArgs) -> Result<(), Box<dyn Error>> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use magnetar_core::auth::Authenticator;
+    use magnetar_core::Principal;
+
+    /// Goal: the key files the commands write are what the broker reads:
+    /// a token made with the new private key (or secret key) verifies with
+    /// the public key (or the same secret key), and names its subject.
+    #[test]
+    fn keys_written_here_verify_tokens_made_here() {
+        let dir = tempfile::tempdir().unwrap();
+        let (private, public, secret) =
+            (dir.path().join("priv.pem"), dir.path().join("pub.pem"), dir.path().join("secret.key"));
+        run(TokensArgs {
+            command: TokensCmd::CreateKeyPair {
+                output_private_key: private.clone(),
+                output_public_key: public.clone(),
+            },
+        })
+        .unwrap();
+        run(TokensArgs { command: TokensCmd::CreateSecretKey { output: secret.clone() } }).unwrap();
+        assert_eq!(std::fs::read(&secret).unwrap().len(), SECRET_KEY_BYTES);
+
+        let es = create_token(&SigningKey::PrivatePem(std::fs::read(&private).unwrap()), "app", None).unwrap();
+        let by_public = Authenticator::new().with_public_key_file(&public).unwrap();
+        assert_eq!(by_public.verify_token(es.as_bytes()), Ok(Principal::Role("app".into())));
+        let (header, claims) = show_token(&es).unwrap();
+        assert!(header.contains("ES256") && claims.contains("\"sub\":\"app\""), "{header} {claims}");
+
+        let hs =
+            create_token(&SigningKey::Secret(secret_key_bytes(&std::fs::read(&secret).unwrap())), "ops", None).unwrap();
+        let by_secret = Authenticator::new().with_secret_key_file(&secret).unwrap();
+        assert_eq!(by_secret.verify_token(hs.as_bytes()), Ok(Principal::Role("ops".into())));
+        // A token of one key is refused by the other.
+        assert!(by_public.verify_token(hs.as_bytes()).is_err());
+        assert!(by_secret.verify_token(es.as_bytes()).is_err());
+    }
+}
