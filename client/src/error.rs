@@ -70,6 +70,13 @@ pub enum ClientError {
     #[error("consumer of subscription {subscription:?} is closed")]
     ConsumerClosed { subscription: String },
 
+    /// The broker closed the consumer because `entry`, the next one its
+    /// subscription must deliver, is damaged on the broker's disk (fails
+    /// its checksum; never served). Subscribing again meets the same entry
+    /// until an operator moves the subscription past it (`magnetar admin
+    /// subscriptions skip-damaged TOPIC SUB`). Not retriable.
+    #[error("subscription {subscription:?}: damaged entry {}:{}: {message}", entry.ledger, entry.entry)]
+    DamagedEntry { subscription: String, entry: magnetar_wire::MessageId, message: String },
     /// TLS could not be set up: unreadable certificate or key files, or a
     /// failed handshake (the broker's certificate is not trusted, the
     /// broker does not speak TLS, ...).

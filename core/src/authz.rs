@@ -103,7 +103,8 @@ pub fn need_of(request: &AdminRequest) -> Need {
         | R::RemoveRetention { topic }
         | R::SetMessageTtl { topic, .. }
         | R::GetMessageTtl { topic }
-        | R::RemoveMessageTtl { topic } => Need::TenantAdmin(topic.tenant.clone()),
+        | R::RemoveMessageTtl { topic }
+        | R::SkipDamaged { topic, .. } => Need::TenantAdmin(topic.tenant.clone()),
         R::PartitionedMetadata { topic } | R::Lookup { topic } | R::Owner { topic } => {
             Need::Topic(topic.clone(), TopicAccess::ProduceOrConsume)
         }

@@ -42,6 +42,7 @@
 //! | `topics.grant-permission` | `topic`, `role`, `actions` | `null` |
 //! | `topics.revoke-permission` | `topic`, `role` | `null` |
 //! | `topics.permissions` | `topic` | `{ROLE: [ACTION, …], …}` (this topic's own grants) |
+//! | `subscriptions.skip-damaged` | `topic` (not a partitioned topic's name), `subscription` | `{"skipped": "L:E:P:-1"}` |
 //!
 //! Objects built as `serde_json::Value` list their fields sorted by name
 //! (serde_json without `preserve_order`); that order is part of the
@@ -278,6 +279,9 @@ pub(crate) fn parse(op: &str, json: &str) -> Result<AdminRequest, CoreError> {
         "namespaces.permissions" | "topics.permissions" => {
             AdminRequest::GetPermissions { resource: resource_arg(op, args)? }
         }
+        "subscriptions.skip-damaged" => {
+            AdminRequest::SkipDamaged { topic: topic()?, subscription: str_arg(op, args, "subscription")? }
+        }
         other => return Err(CoreError::new(ErrorCode::NotAllowed, format!("unknown admin operation {other:?}"))),
     })
 }
@@ -344,6 +348,7 @@ pub(crate) fn render(reply: &AdminReply) -> String {
         AdminReply::Tenant(info) => json!(info),
         AdminReply::Policies(p) => json!(p),
         AdminReply::Partitions(n) => json!({ "partitions": n }),
+        AdminReply::Skipped(id) => json!({ "skipped": id.to_string() }),
         AdminReply::LastMessageId(LastMessageId::Topic(id)) => id_json(*id),
         AdminReply::LastMessageId(LastMessageId::Partitioned(ids)) => {
             json!({ "partitions": ids.iter().map(|id| id_json(*id)).collect::<Vec<_>>() })
