@@ -77,6 +77,11 @@ pub enum ClientError {
     /// subscriptions skip-damaged TOPIC SUB`). Not retriable.
     #[error("subscription {subscription:?}: damaged entry {}:{}: {message}", entry.ledger, entry.entry)]
     DamagedEntry { subscription: String, entry: magnetar_wire::MessageId, message: String },
+    /// TLS could not be set up: unreadable certificate or key files, or a
+    /// failed handshake (the broker's certificate is not trusted, the
+    /// broker does not speak TLS, ...).
+    #[error("TLS: {reason}")]
+    Tls { reason: String },
 }
 
 impl ClientError {

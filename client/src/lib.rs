@@ -45,7 +45,8 @@ mod producer;
 pub use compression::{compress, decompress, UNCOMPRESSED_BYTES_MAX};
 pub use conn::admin::Admin;
 pub use conn::pool::NOT_OWNER_LOOKUPS_MAX;
-pub use conn::{ClientOptions, ServerInfo};
+pub use conn::tls::TlsOptions;
+pub use conn::{AuthToken, ClientOptions, ServerInfo};
 pub use consumer::ack_group::{ACK_GROUP_MAX_DEFAULT, ACK_GROUP_TIME_DEFAULT};
 pub use consumer::chunking::{CHUNK_EXPIRY, INCOMPLETE_CHUNKED_MAX};
 pub use consumer::multi::MultiTopicConsumer;
@@ -97,8 +98,15 @@ impl Client {
         Self::connect_with(url, ClientOptions::default()).await
     }
 
+    /// A `magnetar+tls://` (or `pulsar+ssl://`) URL needs `options.tls`
+    /// (the CA to trust); with `options.tls` set, any URL uses TLS.
     pub async fn connect_with(url: &str, options: ClientOptions) -> Result<Client> {
         let url = parse_service_url(url)?;
+        if url.tls && options.tls.is_none() {
+            return Err(ClientError::Tls {
+                reason: format!("{url} needs the CA to trust: set ClientOptions::tls (the CLI's --tls-ca FILE)"),
+            });
+        }
         let origin = Pool::connect(&url.host, url.port, options).await?;
         Ok(Client { origin })
     }

@@ -11,19 +11,23 @@ pub struct ServiceUrl {
     /// Host name or IP address; IPv6 addresses are kept without brackets.
     pub host: String,
     pub port: u16,
+    /// `magnetar+tls://` or `pulsar+ssl://`: the connection uses TLS.
+    pub tls: bool,
 }
 
 impl std::fmt::Display for ServiceUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let scheme = if self.tls { "magnetar+tls" } else { "magnetar" };
         if self.host.contains(':') {
-            write!(f, "magnetar://[{}]:{}", self.host, self.port)
+            write!(f, "{scheme}://[{}]:{}", self.host, self.port)
         } else {
-            write!(f, "magnetar://{}:{}", self.host, self.port)
+            write!(f, "{scheme}://{}:{}", self.host, self.port)
         }
     }
 }
 
-/// Parse `magnetar://HOST:PORT` or `HOST:PORT` (IPv6 as `[ADDR]:PORT`).
+/// Parse `magnetar://HOST:PORT` or `HOST:PORT` (IPv6 as `[ADDR]:PORT`);
+/// `magnetar+tls://HOST:PORT` and `pulsar+ssl://HOST:PORT` ask for TLS.
 ///
 /// The port may be left out and defaults to 6650. A trailing `/` is
 /// tolerated; any other path, a user part or another scheme is refused, so a
@@ -31,10 +35,11 @@ impl std::fmt::Display for ServiceUrl {
 pub fn parse_service_url(url: &str) -> Result<ServiceUrl, ClientError> {
     let bad = |reason| ClientError::InvalidUrl { url: url.to_string(), reason };
     let trimmed = url.trim();
-    let rest = match trimmed.split_once("://") {
-        Some(("magnetar", rest)) => rest,
-        Some(_) => return Err(bad("the only supported scheme is magnetar://")),
-        None => trimmed,
+    let (rest, tls) = match trimmed.split_once("://") {
+        Some(("magnetar", rest)) => (rest, false),
+        Some(("magnetar+tls" | "pulsar+ssl", rest)) => (rest, true),
+        Some(_) => return Err(bad("the supported schemes are magnetar://, magnetar+tls:// and pulsar+ssl://")),
+        None => (trimmed, false),
     };
     let rest = rest.strip_suffix('/').unwrap_or(rest);
     if rest.is_empty() {
@@ -68,7 +73,7 @@ pub fn parse_service_url(url: &str) -> Result<ServiceUrl, ClientError> {
             Err(_) => return Err(bad("port is not a number in 1..=65535")),
         },
     };
-    Ok(ServiceUrl { host: host.to_string(), port })
+    Ok(ServiceUrl { host: host.to_string(), port, tls })
 }
 
 /// Expand a topic name to its full form `persistent://tenant/namespace/topic`.
@@ -116,6 +121,11 @@ mod tests {
         assert_eq!(url("[::1]:6651"), ("::1".into(), 6651));
         assert_eq!(url("magnetar://[fe80::1]"), ("fe80::1".into(), 6650));
         assert_eq!(url(" host:5 "), ("host".into(), 5));
+        assert!(!parse_service_url("magnetar://h:1").unwrap().tls);
+        for s in ["magnetar+tls://h:1", "pulsar+ssl://h:1"] {
+            let u = parse_service_url(s).unwrap();
+            assert!(u.tls && u.host == "h" && u.port == 1, "{s}");
+        }
     }
 
     #[test]
@@ -145,7 +155,7 @@ mod tests {
 
     #[test]
     fn url_display_round_trips() {
-        for s in ["magnetar://h:1", "magnetar://[::1]:6650"] {
+        for s in ["magnetar://h:1", "magnetar://[::1]:6650", "magnetar+tls://h:2"] {
             assert_eq!(parse_service_url(s).unwrap().to_string(), s);
         }
     }

@@ -7,7 +7,11 @@
 //!
 //! Runs on shard 0; never crosses cores.
 
-use crate::api::{AdminReply, AdminRequest, FoundMessages, LastMessageId, ShardStats, TopicLookup, TopicOwner};
+use crate::api::{
+    AdminReply, AdminRequest, FoundMessages, LastMessageId, PermissionResource, Principal, ShardStats, TopicLookup,
+    TopicOwner,
+};
+use crate::authz;
 use crate::error::{CoreError, ErrorCode};
 use crate::metadata::{parse_namespace, Metadata, Policies};
 use crate::ownership;
@@ -79,8 +83,40 @@ fn unexpected(r: Reply) -> CoreError {
     CoreError::new(ErrorCode::UnknownError, format!("internal: unexpected reply {r:?}"))
 }
 
+/// Whether authorization is enforced: only with authentication on.
+fn enforced(shard: &Shard) -> bool {
+    shard.config.authentication.is_some()
+}
+
+/// Runs `request` once `caller` is authorized for it (`crate::authz`); a
+/// refused request has changed nothing.
+pub(crate) async fn authorized_execute(
+    shard: &Rc<Shard>,
+    caller: &Principal,
+    request: AdminRequest,
+) -> Result<AdminReply, CoreError> {
+    let md = metadata(shard)?;
+    authz::check(md, enforced(shard), &shard.config.superuser_roles, caller, &authz::need_of(&request)).await?;
+    execute(shard, request).await
+}
+
+/// Checks that `caller` may have `access` to `topic`.
+pub(crate) async fn authorize_topic(
+    shard: &Rc<Shard>,
+    caller: &Principal,
+    topic: &str,
+    access: authz::TopicAccess,
+) -> Result<(), CoreError> {
+    if !enforced(shard) {
+        return Ok(());
+    }
+    let md = metadata(shard)?;
+    let need = authz::Need::Topic(TopicName::parse(topic)?, access);
+    authz::check(md, true, &shard.config.superuser_roles, caller, &need).await
+}
+
 /// Runs `request`.
-pub(crate) async fn execute(shard: &Rc<Shard>, request: AdminRequest) -> Result<AdminReply, CoreError> {
+async fn execute(shard: &Rc<Shard>, request: AdminRequest) -> Result<AdminReply, CoreError> {
     let md = metadata(shard)?;
     match request {
         AdminRequest::SetRetention { .. }
@@ -89,6 +125,31 @@ pub(crate) async fn execute(shard: &Rc<Shard>, request: AdminRequest) -> Result<
         | AdminRequest::SetMessageTtl { .. }
         | AdminRequest::GetMessageTtl { .. }
         | AdminRequest::RemoveMessageTtl { .. } => crate::topic_policies::run(shard, request).await,
+        AdminRequest::GrantPermission { resource, role, actions } => {
+            check_grant_target(md, &resource, &role).await?;
+            let key = resource.key();
+            let mut p = md.permissions(&key).await?;
+            p.entry(role).or_default().extend(actions);
+            md.set_permissions(&key, &p).await?;
+            Ok(AdminReply::Done)
+        }
+        AdminRequest::RevokePermission { resource, role } => {
+            check_grant_target(md, &resource, &role).await?;
+            let key = resource.key();
+            let mut p = md.permissions(&key).await?;
+            if p.remove(&role).is_none() {
+                return Err(CoreError::new(
+                    ErrorCode::NotAllowed,
+                    format!("role {role:?} holds no permission on {key}"),
+                ));
+            }
+            md.set_permissions(&key, &p).await?;
+            Ok(AdminReply::Done)
+        }
+        AdminRequest::GetPermissions { resource } => {
+            check_grant_target(md, &resource, "-").await?;
+            Ok(AdminReply::Permissions(md.permissions(&resource.key()).await?))
+        }
         AdminRequest::ListTenants => Ok(AdminReply::Names(md.tenants().await?)),
         AdminRequest::CreateTenant { tenant, info } => {
             md.create_tenant(&tenant, info).await?;
@@ -118,6 +179,7 @@ pub(crate) async fn execute(shard: &Rc<Shard>, request: AdminRequest) -> Result<
             let mut topics = list_topics(shard, &namespace).await?;
             topics.truncate(10);
             md.delete_namespace(&namespace, &topics).await?;
+            md.set_permissions(&namespace, &Default::default()).await?;
             Ok(AdminReply::Done)
         }
         AdminRequest::GetPolicies { namespace } => {
@@ -183,6 +245,7 @@ pub(crate) async fn execute(shard: &Rc<Shard>, request: AdminRequest) -> Result<
                 }
             }
             crate::topic_policies::forget(md, &topic).await?;
+            md.set_permissions(&topic, &Default::default()).await?;
             Ok(AdminReply::Done)
         }
         AdminRequest::SkipDamaged { topic: tn, subscription } => {
@@ -289,6 +352,20 @@ pub(crate) async fn execute(shard: &Rc<Shard>, request: AdminRequest) -> Result<
             Ok(AdminReply::ShardStats(shards))
         }
     }
+}
+
+/// A grant's resource must be in an existing namespace, and the role
+/// non-empty.
+async fn check_grant_target(md: &Metadata, resource: &PermissionResource, role: &str) -> Result<(), CoreError> {
+    let ns = resource.namespace();
+    parse_namespace(&ns)?;
+    if md.policies(&ns).await?.is_none() {
+        return Err(not_found("namespace", &ns));
+    }
+    if role.is_empty() {
+        return Err(CoreError::new(ErrorCode::NotAllowed, "the role may not be empty"));
+    }
+    Ok(())
 }
 
 /// Creates (`create`) or grows the partitioned topic `tn`.

@@ -69,6 +69,12 @@ pub struct BrokerConfig {
     /// empty when there are no per-shard listeners. Plain data: the network
     /// layer binds the ports, the core only reports them.
     pub shard_ports: Vec<u16>,
+    /// Who a connection is (tokens, client certificates, the anonymous
+    /// role); `None`: authentication is off, every caller is anonymous and
+    /// nothing is authorized (see `docs/security.md`).
+    pub authentication: Option<std::sync::Arc<crate::auth::Authenticator>>,
+    /// Roles that may do everything (`--superuser-roles`).
+    pub superuser_roles: Vec<String>,
 }
 
 impl BrokerConfig {
@@ -98,6 +104,8 @@ impl BrokerConfig {
             retention_check_interval: Duration::from_secs(120),
             subscription_type_hold: Duration::from_secs(30),
             shard_ports: Vec::new(),
+            authentication: None,
+            superuser_roles: Vec::new(),
         }
     }
 }

@@ -9,6 +9,8 @@
 mod admin;
 pub mod api;
 mod atomics;
+pub mod auth;
+pub mod authz;
 mod clock;
 pub mod config;
 pub mod disk_watch;

@@ -197,6 +197,10 @@ pub struct TenantInfo {
     pub allowed_clusters: Vec<String>,
 }
 
+/// Grants on a namespace or a topic: role -> actions
+/// (`permissions/<namespace or full topic name>`).
+pub type Permissions = std::collections::BTreeMap<String, std::collections::BTreeSet<crate::authz::AuthAction>>;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartitionedMetadata {
     pub partitions: u32,
@@ -421,6 +425,28 @@ impl Metadata {
             return Ok(());
         }
         self.store.put(&key, encode(o)).await
+    }
+
+    /// The grants on `resource` (a namespace `tenant/ns` or a full topic
+    /// name); empty when there are none.
+    pub async fn permissions(&self, resource: &str) -> Result<Permissions, CoreError> {
+        let key = format!("permissions/{resource}");
+        match self.store.get(&key).await? {
+            Some(v) => decode(&key, &v),
+            None => Ok(Permissions::new()),
+        }
+    }
+
+    /// Replaces the grants on `resource`; none deletes the record.
+    pub async fn set_permissions(&self, resource: &str, p: &Permissions) -> Result<(), CoreError> {
+        let key = format!("permissions/{resource}");
+        if p.is_empty() {
+            if self.store.get(&key).await?.is_some() {
+                self.store.delete(&key).await?;
+            }
+            return Ok(());
+        }
+        self.store.put(&key, encode(p)).await
     }
 
     /// Partitioned topics whose name starts with `prefix` (a full

@@ -21,10 +21,12 @@ mod native;
 mod pulsar;
 mod session;
 mod slots;
+pub mod tls;
 
 use futures::io::AsyncReadExt;
 use glommio::net::TcpStream;
 use magnetar_core::Broker;
+use std::cell::Cell;
 use std::net::SocketAddr;
 use std::rc::Rc;
 
@@ -57,6 +59,8 @@ pub struct NetConfig {
     /// shared port answers Pulsar clients too.
     pub pulsar_addr: Option<SocketAddr>,
     pub pulsar: PulsarConfig,
+    /// Serve TLS on every port, whatever the protocol (`None`: plain TCP).
+    pub tls: Option<tls::TlsSettings>,
 }
 
 impl Default for NetConfig {
@@ -70,6 +74,7 @@ impl Default for NetConfig {
             shard_addrs: Vec::new(),
             pulsar_addr: None,
             pulsar: PulsarConfig::default(),
+            tls: None,
         }
     }
 }
@@ -181,6 +186,8 @@ async fn accept_loop(
     protocol: Protocol,
 ) {
     let pulsar = Rc::new(config.pulsar.clone());
+    // TLS handshakes in progress on this listener.
+    let handshakes = Rc::new(Cell::new(0usize));
     loop {
         let stream = match listener.accept().await {
             Ok(s) => s,
@@ -205,9 +212,11 @@ async fn accept_loop(
         broker.metrics().connections_opened.add(1);
         let (broker, limits, shard_ports, pulsar) =
             (broker.clone(), config.limits.clone(), shard_ports.clone(), pulsar.clone());
+        let tls = config.tls.clone().map(|t| (t, handshakes.clone()));
+        let doors = Doors { shard_ports, pulsar, protocol };
         glommio::spawn_local(async move {
             let metrics = broker.metrics().clone();
-            serve_tcp(broker, stream, limits, shard_ports, pulsar, protocol, slot.control.clone()).await;
+            serve_tcp(broker, stream, limits, doors, tls, slot.control.clone()).await;
             // The slot is freed here, or was when the connection was evicted.
             drop(slot);
             metrics.connections_closed.add(1);
@@ -257,15 +266,21 @@ impl<R: futures::io::AsyncRead + Unpin> futures::io::AsyncRead for Prefixed<R> {
     }
 }
 
-/// One plain TCP connection: the native protocol or Pulsar's, as its first
-/// bytes say (or Pulsar's on a Pulsar-only listener).
+/// What picks and makes a connection's door.
+struct Doors {
+    shard_ports: Rc<[u16]>,
+    pulsar: Rc<PulsarConfig>,
+    protocol: Protocol,
+}
+
+/// One TCP connection: TLS first when the port serves it (the handshake
+/// bounded in time and, per listener, in number), then its door.
 async fn serve_tcp(
     broker: Broker,
     stream: TcpStream,
     limits: ConnectionLimits,
-    shard_ports: Rc<[u16]>,
-    pulsar: Rc<PulsarConfig>,
-    protocol: Protocol,
+    doors: Doors,
+    tls: Option<(tls::TlsSettings, Rc<Cell<usize>>)>,
     control: Rc<slots::Control>,
 ) {
     let _ = stream.set_nodelay(true);
@@ -273,9 +288,46 @@ async fn serve_tcp(
         peer: stream.peer_addr().map(|a| a.to_string()).unwrap_or_default(),
         local: stream.local_addr().ok().map(|a| a.to_string()),
     };
+    let anonymous = magnetar_core::Principal::Anonymous;
+    let Some((tls, handshakes)) = tls else {
+        serve_stream(broker, stream, endpoints, anonymous, limits, doors, control).await;
+        return;
+    };
+    let peer = endpoints.peer.clone();
+    let Some(slot) = tls::HandshakeSlot::take(&handshakes, tls.handshakes_max) else {
+        tracing::warn!(%peer, "{} TLS handshakes in progress; closing a new connection", tls.handshakes_max);
+        return;
+    };
+    let accept = async { tls.acceptor.accept(stream).await.map_err(glommio::GlommioError::IoError) };
+    let stream = match glommio::timer::timeout(tls.handshake_timeout, accept).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::info!(%peer, "TLS handshake failed: {e}");
+            return;
+        }
+    };
+    drop(slot);
+    let principal = tls::peer_principal(stream.get_ref().1.peer_certificates());
+    serve_stream(broker, stream, endpoints, principal, limits, doors, control).await;
+}
+
+/// One connection's byte stream (plain or TLS): the native protocol or
+/// Pulsar's, as its first bytes say (or Pulsar's on a Pulsar-only
+/// listener). `principal`: who the transport says the client is.
+async fn serve_stream<S>(
+    broker: Broker,
+    stream: S,
+    endpoints: session::Endpoints,
+    principal: magnetar_core::Principal,
+    limits: ConnectionLimits,
+    doors: Doors,
+    control: Rc<slots::Control>,
+) where
+    S: futures::io::AsyncRead + futures::io::AsyncWrite + Unpin + 'static,
+{
     let (mut reader, writer) = stream.split();
     let mut head = Vec::with_capacity(SNIFF_BYTES);
-    if protocol == Protocol::Sniff {
+    if doors.protocol == Protocol::Sniff {
         let mut byte = [0u8; SNIFF_BYTES];
         while head.len() < SNIFF_BYTES {
             // The first bytes come within the handshake timeout, like the
@@ -291,14 +343,13 @@ async fn serve_tcp(
             }
         }
     }
-    let pulsar_door = protocol == Protocol::Pulsar || speaks_pulsar(&head);
+    let pulsar_door = doors.protocol == Protocol::Pulsar || speaks_pulsar(&head);
     let reader = Prefixed { prefix: head, at: 0, inner: reader };
-    let principal = magnetar_core::Principal::Anonymous;
     if pulsar_door {
-        let door = pulsar::PulsarDoor::new(pulsar);
+        let door = pulsar::PulsarDoor::new(doors.pulsar);
         session::run(broker, door, (reader, writer), endpoints, principal, limits, control).await;
     } else {
-        let door = native::NativeDoor::new(shard_ports);
+        let door = native::NativeDoor::new(doors.shard_ports);
         session::run(broker, door, (reader, writer), endpoints, principal, limits, control).await;
     }
 }
@@ -327,6 +378,8 @@ mod tests {
             client_version: "x".into(),
             protocol_version: magnetar_wire::PROTOCOL_VERSION,
             max_frame_bytes: 0,
+            auth_method: String::new(),
+            auth_data: magnetar_wire::AuthData::default(),
         };
         let mut wire = bytes::BytesMut::new();
         magnetar_wire::encode_frame(&native, &[], &mut wire).unwrap_or_else(|e| panic!("{e}"));

@@ -157,6 +157,10 @@ pub(crate) enum Handshake {
     Accepted(Option<Principal>),
     /// The door wrote its refusal; the connection closes quietly.
     Refused,
+    /// The client's credentials were refused (the reason, never the
+    /// credentials themselves); the door wrote its refusal. Logged with the
+    /// peer; the connection closes.
+    Unauthenticated(String),
     /// A protocol violation; the connection closes with this reason.
     Failed(String),
 }
@@ -991,6 +995,10 @@ impl<D: Door> Session<D> {
                         continue;
                     }
                     Handshake::Refused => return End::Refused,
+                    Handshake::Unauthenticated(why) => {
+                        tracing::info!(%peer, "authentication refused: {why}");
+                        return End::Refused;
+                    }
                     Handshake::Failed(why) => return End::Protocol(why),
                 }
             }

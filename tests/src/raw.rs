@@ -46,7 +46,14 @@ pub fn connect_frame() -> Vec<u8> {
 /// announcing `max_frame_bytes` (0: not announced).
 pub fn connect_frame_of(protocol_version: u32, max_frame_bytes: u32) -> Vec<u8> {
     assert!(protocol_version <= PROTOCOL_VERSION);
-    frame_bytes(&Command::Connect { client_version: "magnetar-tests".into(), protocol_version, max_frame_bytes }, &[])
+    let connect = Command::Connect {
+        client_version: "magnetar-tests".into(),
+        protocol_version,
+        max_frame_bytes,
+        auth_method: String::new(),
+        auth_data: magnetar_wire::AuthData::default(),
+    };
+    frame_bytes(&connect, &[])
 }
 
 /// A raw TCP connection speaking frames. Not async: use it from a blocking

@@ -117,6 +117,10 @@ pub enum TenantsCmd {
     List,
     Create {
         tenant: String,
+        /// Roles that administer the tenant (its namespaces, policies,
+        /// permissions and topics), comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        admin_roles: Vec<String>,
     },
     Get {
         tenant: String,
@@ -179,6 +183,23 @@ pub enum NamespacesCmd {
     },
     /// Set any policy fields from a JSON object, e.g. '{"max_producers_per_topic":2}'.
     SetPolicies { namespace: String, json: String },
+    /// Grant a role actions on every topic of the namespace.
+    GrantPermission {
+        namespace: String,
+        #[arg(long)]
+        role: String,
+        /// Comma-separated: produce, consume.
+        #[arg(long, value_delimiter = ',', required = true)]
+        actions: Vec<String>,
+    },
+    /// Remove every grant of a role on the namespace.
+    RevokePermission {
+        namespace: String,
+        #[arg(long)]
+        role: String,
+    },
+    /// Print the namespace's grants: `{"ROLE":["consume","produce"],…}`.
+    Permissions { namespace: String },
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -236,6 +257,23 @@ pub enum TopicsCmd {
     GetMessageTtl { topic: String },
     /// Remove the topic's TTL override (the namespace's applies again).
     RemoveMessageTtl { topic: String },
+    /// Grant a role actions on this topic (a partitioned one: all partitions).
+    GrantPermission {
+        topic: String,
+        #[arg(long)]
+        role: String,
+        /// Comma-separated: produce, consume.
+        #[arg(long, value_delimiter = ',', required = true)]
+        actions: Vec<String>,
+    },
+    /// Remove every grant of a role on this topic.
+    RevokePermission {
+        topic: String,
+        #[arg(long)]
+        role: String,
+    },
+    /// Print the topic's own grants (not its namespace's): `{"ROLE":[…],…}`.
+    Permissions { topic: String },
 }
 
 pub fn run(args: AdminArgs) -> Result<(), Box<dyn Error>> {
@@ -297,7 +335,9 @@ async fn admin(args: AdminArgs) -> Result<(), Box<dyn Error>> {
         }
         AdminCmd::Tenants(c) => match c {
             TenantsCmd::List => ("tenants.list", json!({}), Print::Lines),
-            TenantsCmd::Create { tenant } => ("tenants.create", json!({ "tenant": tenant }), Print::Nothing),
+            TenantsCmd::Create { tenant, admin_roles } => {
+                ("tenants.create", json!({ "tenant": tenant, "admin_roles": admin_roles }), Print::Nothing)
+            }
             TenantsCmd::Get { tenant } => ("tenants.get", json!({ "tenant": tenant }), Print::Json),
             TenantsCmd::Delete { tenant } => ("tenants.delete", json!({ "tenant": tenant }), Print::Nothing),
         },
@@ -347,6 +387,17 @@ async fn admin(args: AdminArgs) -> Result<(), Box<dyn Error>> {
                         serde_json::from_str(&json).map_err(|e| format!("policies are not JSON: {e}"))?;
                     set(namespace, policies)
                 }
+                NamespacesCmd::GrantPermission { namespace, role, actions } => (
+                    "namespaces.grant-permission",
+                    json!({ "namespace": namespace, "role": role, "actions": actions }),
+                    Print::Nothing,
+                ),
+                NamespacesCmd::RevokePermission { namespace, role } => {
+                    ("namespaces.revoke-permission", json!({ "namespace": namespace, "role": role }), Print::Nothing)
+                }
+                NamespacesCmd::Permissions { namespace } => {
+                    ("namespaces.permissions", json!({ "namespace": namespace }), Print::Json)
+                }
             }
         }
         AdminCmd::Broker(BrokerCmd::ShardStats) => ("broker.shard-stats", json!({}), Print::Json),
@@ -388,6 +439,15 @@ async fn admin(args: AdminArgs) -> Result<(), Box<dyn Error>> {
             TopicsCmd::RemoveMessageTtl { topic: t } => {
                 ("topics.remove-message-ttl", json!({ "topic": topic(&t)? }), Print::Nothing)
             }
+            TopicsCmd::GrantPermission { topic: t, role, actions } => (
+                "topics.grant-permission",
+                json!({ "topic": topic(&t)?, "role": role, "actions": actions }),
+                Print::Nothing,
+            ),
+            TopicsCmd::RevokePermission { topic: t, role } => {
+                ("topics.revoke-permission", json!({ "topic": topic(&t)?, "role": role }), Print::Nothing)
+            }
+            TopicsCmd::Permissions { topic: t } => ("topics.permissions", json!({ "topic": topic(&t)? }), Print::Json),
         },
     };
     let client = args.broker.connect().await?;

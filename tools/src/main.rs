@@ -10,6 +10,7 @@ mod inspect;
 mod produce;
 mod read;
 mod standalone;
+mod tokens;
 
 #[derive(Parser)]
 #[command(name = "magnetar", version, about = "Magnetar message broker")]
@@ -33,6 +34,8 @@ enum Cmd {
     Read(read::ReadArgs),
     /// Administer tenants, namespaces (policies) and topics.
     Admin(admin::AdminArgs),
+    /// Keys and tokens for token authentication.
+    Tokens(tokens::TokensArgs),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +54,7 @@ fn main() -> ExitCode {
         Cmd::Inspect(args) => inspect::run(args).map_err(Into::into),
         Cmd::Admin(args) => admin::run(args),
         Cmd::Read(args) => read::run(args),
+        Cmd::Tokens(args) => tokens::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

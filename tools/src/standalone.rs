@@ -1,6 +1,8 @@
 //! `magnetar standalone`: a broker with an embedded default configuration.
 
+use magnetar_core::auth::Authenticator;
 use magnetar_core::BrokerConfig;
+use magnetar_net::tls::TlsSettings;
 use magnetar_net::{ConnectionLimits, NetConfig, PortReservation};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -151,6 +153,38 @@ pub struct StandaloneArgs {
     /// pauses deliveries.
     #[arg(long, default_value_t = 512 << 20, value_parser = clap::value_parser!(u64).range(1 << 20..))]
     pub shard_buffered_bytes_max: u64,
+    /// Token authentication with HS256 tokens signed by the secret key in
+    /// FILE (raw bytes or base64, as `magnetar tokens create-secret-key`
+    /// writes it). A token's `sub` claim is the client's role.
+    #[arg(long, value_name = "FILE", conflicts_with = "auth_token_public_key")]
+    pub auth_token_secret_key: Option<PathBuf>,
+    /// Token authentication with RS256 or ES256 tokens, checked with the
+    /// PEM public key in FILE.
+    #[arg(long, value_name = "FILE")]
+    pub auth_token_public_key: Option<PathBuf>,
+    /// With authentication on: the role of a client that presents no
+    /// credentials (without it, such a client is refused).
+    #[arg(long, value_name = "ROLE")]
+    pub anonymous_role: Option<String>,
+    /// Roles that may do everything (comma-separated).
+    #[arg(long, value_delimiter = ',', value_name = "ROLES")]
+    pub superuser_roles: Vec<String>,
+    /// Listen on a non-loopback address without authentication: anyone who
+    /// reaches the port may do anything.
+    #[arg(long)]
+    pub allow_unauthenticated: bool,
+    /// Serve TLS (1.2 and 1.3) on every broker port with this certificate
+    /// chain (PEM), with --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The TLS certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Require client certificates signed by a CA in this PEM file; a
+    /// certificate's subject common name is the client's role (this turns
+    /// authentication on).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
 }
 
 impl StandaloneArgs {
@@ -178,6 +212,39 @@ impl StandaloneArgs {
     }
 }
 
+/// The authenticator the flags ask for; `None`: authentication is off.
+fn authentication(args: &StandaloneArgs) -> Result<Option<Authenticator>, Box<dyn std::error::Error>> {
+    let auth = match (&args.auth_token_secret_key, &args.auth_token_public_key) {
+        (Some(f), _) => Authenticator::new().with_secret_key_file(f)?,
+        (None, Some(f)) => Authenticator::new().with_public_key_file(f)?,
+        (None, None) if args.tls_client_ca.is_some() => Authenticator::new(),
+        (None, None) => {
+            if args.anonymous_role.is_some() {
+                return Err("--anonymous-role needs authentication on (--auth-token-secret-key or \
+                            --auth-token-public-key)"
+                    .into());
+            }
+            return Ok(None);
+        }
+    };
+    let auth = if args.tls_client_ca.is_some() { auth.with_tls_client_certs() } else { auth };
+    Ok(Some(auth.with_anonymous_role(args.anonymous_role.clone())))
+}
+
+/// Safe by default: a broker reachable from other hosts refuses to start
+/// without authentication unless told to.
+fn check_exposure(listen: SocketAddr, authenticated: bool, allow_unauthenticated: bool) -> Result<(), String> {
+    if listen.ip().is_loopback() || authenticated || allow_unauthenticated {
+        return Ok(());
+    }
+    Err(format!(
+        "refusing to listen on {listen} without authentication: anyone who can reach it could produce, consume \
+         and administer everything. Turn authentication on (--auth-token-secret-key FILE or \
+         --auth-token-public-key FILE, see docs/security.md), listen on a loopback address (--listen \
+         127.0.0.1:6650), or pass --allow-unauthenticated to accept the risk"
+    ))
+}
+
 /// Kernel-picked shard ports tried before giving up on a collision.
 const SHARD_PORT_TRIES_MAX: u32 = 16;
 
@@ -190,6 +257,11 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     signal_hook::flag::register(signal_hook::consts::SIGTERM, shutdown.clone())?;
     signal_hook::flag::register(signal_hook::consts::SIGINT, shutdown.clone())?;
 
+    let auth = authentication(&args)?;
+    check_exposure(args.listen, auth.is_some(), args.allow_unauthenticated)?;
+    if let Some(pulsar_listen) = args.pulsar_listen {
+        check_exposure(pulsar_listen, auth.is_some(), args.allow_unauthenticated)?;
+    }
     let reservation = PortReservation::new(args.listen).map_err(|e| format!("cannot bind {}: {e}", args.listen))?;
     let addr = reservation.addr();
     // One reservation per shard port, held until the end like the shared
@@ -251,10 +323,23 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
         min_age_ms: args.ledger_min_rollover_s.saturating_mul(1000),
     };
     config.retention_check_interval = std::time::Duration::from_secs(args.retention_check_interval_s);
+    if auth.is_none() && !args.superuser_roles.is_empty() {
+        tracing::warn!("--superuser-roles has no effect without authentication: nothing is authorized");
+    }
+    config.authentication = auth.map(Arc::new);
+    config.superuser_roles = args.superuser_roles.clone();
     // Restart time, reported in the log (issue #3): from here to "broker
     // ready"; each shard's own share is its "recovered entry log" line.
     let started = std::time::Instant::now();
-    tracing::info!(data_dir = %args.data_dir.display(), shards, %addr, ?shard_addrs, "starting standalone broker");
+    tracing::info!(
+        data_dir = %args.data_dir.display(),
+        shards,
+        %addr,
+        ?shard_addrs,
+        authentication = ?config.authentication,
+        tls = args.tls_cert.is_some(),
+        "starting standalone broker"
+    );
     let pulsar_reservation = match args.pulsar_listen {
         Some(a) => Some(PortReservation::new(a).map_err(|e| format!("cannot bind --pulsar-listen {a}: {e}"))?),
         None => None,
@@ -264,7 +349,11 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
         max_message_bytes: args.pulsar_max_message_bytes,
         advertised_address: args.advertised_address.clone(),
     };
-    let net = NetConfig { shard_addrs, pulsar_addr, pulsar, ..args.net_config() };
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(TlsSettings::from_pem_files(cert, key, args.tls_client_ca.as_deref())?),
+        _ => None,
+    };
+    let net = NetConfig { shard_addrs, pulsar_addr, pulsar, tls, ..args.net_config() };
     let running =
         magnetar_core::launch(config, shutdown.clone(), move |broker| magnetar_net::serve(broker, addr, net.clone()))?;
     // One line on stdout that scripts and tests wait for (the port matters
@@ -282,4 +371,22 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
         tracing::info!("broker stopped");
     }
     Ok(result?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_non_loopback_listener_needs_authentication_or_an_explicit_opt_out() {
+        let any: SocketAddr = "0.0.0.0:6650".parse().unwrap();
+        let lo: SocketAddr = "127.0.0.1:6650".parse().unwrap();
+        let lo6: SocketAddr = "[::1]:6650".parse().unwrap();
+        assert!(check_exposure(lo, false, false).is_ok());
+        assert!(check_exposure(lo6, false, false).is_ok());
+        let e = check_exposure(any, false, false).unwrap_err();
+        assert!(e.contains("--allow-unauthenticated") && e.contains("--auth-token-secret-key"), "{e}");
+        assert!(check_exposure(any, true, false).is_ok());
+        assert!(check_exposure(any, false, true).is_ok());
+    }
 }

@@ -23,7 +23,7 @@ use flatbuffers::{FlatBufferBuilder, WIPOffset};
 
 use crate::error::WireError;
 use crate::types::{
-    AckType, Command, ErrorCode, Frame, InitialPosition, MessageId, ProducerAccessMode, SubscriptionType,
+    AckType, AuthData, Command, ErrorCode, Frame, InitialPosition, MessageId, ProducerAccessMode, SubscriptionType,
 };
 use crate::{fb, verifier_options, ENCODE_VARIABLE_BYTES_MAX};
 
@@ -512,7 +512,9 @@ pub(crate) fn read_u32_le(bytes: &[u8], offset: usize) -> Option<u32> {
 fn command_variable_bytes(command: &Command) -> u64 {
     let s = |v: &str| len_u64(v.len());
     match command {
-        Command::Connect { client_version, .. } => s(client_version),
+        Command::Connect { client_version, auth_method, auth_data, .. } => {
+            s(client_version).saturating_add(s(auth_method)).saturating_add(len_u64(auth_data.0.len()))
+        }
         Command::Connected { server_version, shard_ports, .. } => {
             s(server_version).saturating_add(len_u64(shard_ports.len()).saturating_mul(2))
         }
@@ -636,12 +638,16 @@ pub(crate) fn string(value: Option<&str>, field: &'static str) -> Result<String,
 
 fn build_command<'b>(fbb: &mut FlatBufferBuilder<'b>, command: &Command) -> WIPOffset<fb::BaseCommand<'b>> {
     let (command_type, table) = match command {
-        Command::Connect { client_version, protocol_version, max_frame_bytes } => {
+        Command::Connect { client_version, protocol_version, max_frame_bytes, auth_method, auth_data } => {
             let client_version = Some(fbb.create_string(client_version));
+            let auth_method = (!auth_method.is_empty()).then(|| fbb.create_string(auth_method));
+            let auth_data = (!auth_data.0.is_empty()).then(|| fbb.create_vector(&auth_data.0));
             let args = fb::ConnectArgs {
                 client_version,
                 protocol_version: *protocol_version,
                 max_frame_bytes: *max_frame_bytes,
+                auth_method,
+                auth_data,
             };
             (fb::AnyCommand::Connect, fb::Connect::create(fbb, &args).as_union_value())
         }
@@ -876,6 +882,9 @@ fn command_from_fb(base: &fb::BaseCommand<'_>) -> Result<Command, WireError> {
                 client_version: string(c.client_version(), "Connect.client_version")?,
                 protocol_version: c.protocol_version(),
                 max_frame_bytes: c.max_frame_bytes(),
+                // Absent (an older client): no credentials.
+                auth_method: c.auth_method().unwrap_or_default().to_string(),
+                auth_data: AuthData(c.auth_data().map(|v| v.bytes().to_vec()).unwrap_or_default()),
             }
         }
         fb::AnyCommand::Connected => {

@@ -110,6 +110,11 @@ pub enum ErrorCode {
     /// stays at it until an operator moves past it (`magnetar admin
     /// subscriptions skip-damaged`). Not retriable.
     DamagedEntry = 18,
+    /// The handshake's credentials were refused (a bad, expired or missing
+    /// token, an unknown signing key); the connection closes after it.
+    AuthenticationError = 19,
+    /// The caller's role may not do this (docs/security.md).
+    AuthorizationError = 20,
 }
 
 impl ErrorCode {
@@ -133,6 +138,8 @@ impl ErrorCode {
             16 => Self::ProducerFenced,
             17 => Self::NotOwner,
             18 => Self::DamagedEntry,
+            19 => Self::AuthenticationError,
+            20 => Self::AuthorizationError,
             _ => Self::UnknownError,
         }
     }
@@ -140,6 +147,17 @@ impl ErrorCode {
     /// Whether a client may retry the same request later and expect success.
     pub fn is_retriable(self) -> bool {
         matches!(self, Self::PersistenceError | Self::ServiceNotReady | Self::TooManyRequests | Self::StorageFull)
+    }
+}
+
+/// Credentials a client sends in `Connect`. Its `Debug` prints only the
+/// length, so a logged command never shows a token.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct AuthData(pub Vec<u8>);
+
+impl std::fmt::Debug for AuthData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AuthData({} bytes, not shown)", self.0.len())
     }
 }
 
@@ -198,10 +216,16 @@ pub enum CompressionType {
 pub enum Command {
     /// First frame from a client. `max_frame_bytes` (version 2) is the
     /// largest frame the client accepts, 0 when not announced.
+    ///
+    /// `auth_method` names how the client proves who it is (empty: it does
+    /// not; `token`: a JWT in `auth_data`, as Apache Pulsar's token
+    /// authentication).
     Connect {
         client_version: String,
         protocol_version: u32,
         max_frame_bytes: u32,
+        auth_method: String,
+        auth_data: AuthData,
     },
     /// The broker's answer to `Connect`. `max_frame_bytes` is the largest frame
     /// the broker accepts; `shard` is the shard the connection landed on;

@@ -73,9 +73,16 @@ fn arb_command() -> impl Strategy<Value = Command> {
     let position = prop_oneof![Just(InitialPosition::Latest), Just(InitialPosition::Earliest)];
     let ack_type = prop_oneof![Just(AckType::Individual), Just(AckType::Cumulative)];
     prop_oneof![
-        (arb_string(), any::<u32>(), any::<u32>()).prop_map(|(client_version, protocol_version, max_frame_bytes)| {
-            Command::Connect { client_version, protocol_version, max_frame_bytes }
-        }),
+        (arb_string(), any::<u32>(), any::<u32>(), arb_string(), proptest::collection::vec(any::<u8>(), 0..64))
+            .prop_map(|(client_version, protocol_version, max_frame_bytes, auth_method, auth_data)| {
+                Command::Connect {
+                    client_version,
+                    protocol_version,
+                    max_frame_bytes,
+                    auth_method,
+                    auth_data: AuthData(auth_data),
+                }
+            }),
         (any::<u64>(), arb_id(), any::<u32>(), proptest::collection::vec(0u32..64, 1..8)).prop_map(
             |(consumer_id, mut message_id, redelivery_count, lengths)| {
                 // The last entry number must fit (the decoder checks it).

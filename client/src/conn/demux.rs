@@ -17,7 +17,6 @@ use magnetar_wire::{Command, ErrorCode, FrameDecoder, MessageId};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::io::AsyncReadExt;
-use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::mpsc;
 
 /// What a connection puts in a consumer's queue, with the index of the
@@ -96,7 +95,7 @@ impl Drop for Inbox {
 
 pub(super) async fn reader_loop(
     shared: Arc<Shared>,
-    mut rd: OwnedReadHalf,
+    mut rd: super::ReadHalf,
     mut decoder: FrameDecoder,
     mut buf: BytesMut,
     write: mpsc::WeakSender<Bytes>,

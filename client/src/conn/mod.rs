@@ -20,6 +20,7 @@ pub(crate) mod admin;
 pub(crate) mod demux;
 pub(crate) mod pool;
 mod shared;
+pub(crate) mod tls;
 
 use crate::error::{ClientError, Result};
 use bytes::{Bytes, BytesMut};
@@ -30,7 +31,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio::task::JoinHandle;
@@ -69,6 +69,28 @@ pub struct ClientOptions {
     /// ports (`conn::pool`). Off: everything uses the one connection to
     /// the given address, and the broker forwards between its shards.
     pub shard_aware: bool,
+    /// A token (JWT) sent in `Connect` as auth method `token`, for a broker
+    /// with token authentication on; `None`: no credentials.
+    pub auth_token: Option<AuthToken>,
+    /// TLS to every broker port (`None`: plain TCP). A `magnetar+tls://`
+    /// URL needs it.
+    pub tls: Option<tls::TlsOptions>,
+}
+
+/// The read half of a connection's byte stream, plain or TLS.
+pub(crate) type ReadHalf = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
+/// The write half of a connection's byte stream, plain or TLS.
+pub(crate) type WriteHalf = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
+
+/// A token sent to the broker. Its `Debug` does not show it, so logged
+/// options never leak it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AuthToken(pub String);
+
+impl std::fmt::Debug for AuthToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AuthToken(not shown)")
+    }
 }
 
 impl Default for ClientOptions {
@@ -79,6 +101,8 @@ impl Default for ClientOptions {
             keepalive_interval: Some(Duration::from_secs(30)),
             max_frame_bytes: magnetar_wire::FRAME_BYTES_MAX_DEFAULT,
             shard_aware: true,
+            auth_token: None,
+            tls: None,
         }
     }
 }
@@ -154,7 +178,19 @@ impl Connection {
             .map_err(|source| ClientError::Connect { addr: format!("{host}:{port}"), source })?;
         // Latency matters more than packet count: the writer already batches.
         stream.set_nodelay(true)?;
-        let (mut rd, mut wr) = stream.into_split();
+        let (mut rd, mut wr): (ReadHalf, WriteHalf) = match &options.tls {
+            None => {
+                let (rd, wr) = stream.into_split();
+                (Box::new(rd), Box::new(wr))
+            }
+            Some(tls) => {
+                let stream = tokio::time::timeout(options.connect_timeout, tls.connect(host, stream)).await.map_err(
+                    |_| ClientError::Timeout { operation: "TLS handshake", after: options.connect_timeout },
+                )??;
+                let (rd, wr) = tokio::io::split(stream);
+                (Box::new(rd), Box::new(wr))
+            }
+        };
         let mut decoder = FrameDecoder::new(options.max_frame_bytes);
         let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
 
@@ -163,6 +199,10 @@ impl Connection {
             protocol_version: PROTOCOL_VERSION,
             // Protocol version 2: the broker keeps its runs within it.
             max_frame_bytes: options.max_frame_bytes,
+            auth_method: if options.auth_token.is_some() { "token".into() } else { String::new() },
+            auth_data: magnetar_wire::AuthData(
+                options.auth_token.as_ref().map(|t| t.0.trim().as_bytes().to_vec()).unwrap_or_default(),
+            ),
         };
         wr.write_all(&encode(&connect, &[])?).await?;
         let handshake = async {
@@ -404,7 +444,7 @@ impl Connection {
     }
 }
 
-async fn writer_loop(shared: Arc<Shared>, mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Bytes>) {
+async fn writer_loop(shared: Arc<Shared>, mut wr: WriteHalf, mut rx: mpsc::Receiver<Bytes>) {
     let mut shutdown = shared.shutdown.subscribe();
     let mut batch = BytesMut::with_capacity(WRITE_BATCH_BYTES_MAX);
     let mut frames: Vec<Bytes> = Vec::with_capacity(256);

@@ -6,11 +6,12 @@
 //! Every request runs on shard 0, which owns the metadata store; requests
 //! about a topic's data go on from there to the topic's owner.
 
-use crate::metadata::{Policies, TenantInfo, TopicRetention};
+use crate::authz::AuthAction;
+use crate::metadata::{Permissions, Policies, TenantInfo, TopicRetention};
 use crate::topic_name::TopicName;
 use bytes::Bytes;
 use magnetar_wire::{CompressionType, MessageId};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// One admin operation with its arguments.
 #[derive(Debug, Clone, PartialEq)]
@@ -135,6 +136,49 @@ pub enum AdminRequest {
         topic: TopicName,
         subscription: String,
     },
+    /// Adds `actions` to what `role` holds on `resource` (whose namespace
+    /// must exist).
+    GrantPermission {
+        resource: PermissionResource,
+        role: String,
+        actions: BTreeSet<AuthAction>,
+    },
+    /// Removes every grant of `role` on `resource`.
+    RevokePermission {
+        resource: PermissionResource,
+        role: String,
+    },
+    /// Answers [`AdminReply::Permissions`]: the grants on exactly this
+    /// resource (not those inherited from its namespace).
+    GetPermissions {
+        resource: PermissionResource,
+    },
+}
+
+/// What a grant is on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PermissionResource {
+    /// `tenant/ns`: every topic in it.
+    Namespace(String),
+    /// One topic (a partitioned topic: all its partitions).
+    Topic(TopicName),
+}
+
+impl PermissionResource {
+    /// The name its grants are stored under.
+    pub fn key(&self) -> String {
+        match self {
+            Self::Namespace(ns) => ns.clone(),
+            Self::Topic(t) => t.to_string(),
+        }
+    }
+
+    pub fn namespace(&self) -> String {
+        match self {
+            Self::Namespace(ns) => ns.clone(),
+            Self::Topic(t) => t.namespace_name(),
+        }
+    }
 }
 
 /// What an admin operation answers; which variant goes with which request
@@ -160,6 +204,8 @@ pub enum AdminReply {
     MessageTtl(Option<u64>),
     /// The damaged entry the subscription was moved past (batch index -1).
     Skipped(MessageId),
+    /// Role -> actions, sorted.
+    Permissions(Permissions),
 }
 
 /// Some of a namespace's [`Policies`]: the fields that are set replace the

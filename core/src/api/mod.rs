@@ -13,6 +13,7 @@ pub use admin::*;
 pub use stats::*;
 pub use types::*;
 
+use crate::authz::TopicAccess;
 use crate::config::BrokerConfig;
 use crate::error::{CoreError, ErrorCode};
 use crate::ownership;
@@ -25,13 +26,17 @@ use glommio::channels::local_channel::LocalSender;
 use magnetar_wire::{AckType, MessageId, ProducerAccessMode};
 use std::rc::Rc;
 
-/// Who is calling: set by a door from its handshake. Every connection is
-/// anonymous until authentication exists; authorization will be checked
-/// here, once, for every door.
+/// Who is calling: set by a door from its handshake (see
+/// [`crate::auth::Authenticator`]). Every request is authorized against it
+/// in the core, once, for every door ([`crate::authz`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Principal {
+    /// No credentials: what every caller is while authentication is off.
     #[default]
     Anonymous,
+    /// A role: a token's subject, a client certificate's subject, or the
+    /// anonymous role.
+    Role(String),
 }
 
 /// The handle a connection uses to reach the broker; one per shard, cheap to
@@ -43,7 +48,7 @@ pub struct Broker {
     /// consumers of topics another shard owns are refused with `NotOwner`
     /// (the client looked up a stale owner), instead of crossing the mesh.
     owner_only: bool,
-    /// Who is calling; authorization will be decided from it here.
+    /// Who is calling; every request is authorized against it.
     principal: Principal,
 }
 
@@ -114,10 +119,13 @@ impl Broker {
     /// Parses `topic`, asks shard 0 for its policies (namespace exists, not a
     /// partitioned topic's own name) and finds its owner with the
     /// namespace's bundle count.
-    async fn resolve_topic(&self, topic: &str) -> Result<(String, u32, TopicPolicy), CoreError> {
+    /// `access` is what the caller needs on the topic; shard 0 checks it
+    /// before anything else.
+    async fn resolve_topic(&self, topic: &str, access: TopicAccess) -> Result<(String, u32, TopicPolicy), CoreError> {
         let tn = TopicName::parse(topic)?;
         let key = tn.to_string();
-        let policy = match self.shard.call(0, Op::TopicPolicy { topic: key.clone() }).await? {
+        let caller = Some((self.principal.clone(), access));
+        let policy = match self.shard.call(0, Op::TopicPolicy { topic: key.clone(), caller }).await? {
             Reply::Policy(p) => p,
             other => return Err(unexpected(other)),
         };
@@ -127,8 +135,12 @@ impl Broker {
 
     /// [`resolve_topic`](Self::resolve_topic) for a producer or consumer:
     /// on a shard's own port, a topic of another shard is refused.
-    async fn resolve_client_topic(&self, topic: &str) -> Result<(String, u32, TopicPolicy), CoreError> {
-        let resolved = self.resolve_topic(topic).await?;
+    async fn resolve_client_topic(
+        &self,
+        topic: &str,
+        access: TopicAccess,
+    ) -> Result<(String, u32, TopicPolicy), CoreError> {
+        let resolved = self.resolve_topic(topic, access).await?;
         if self.owner_only && resolved.1 != self.shard.id {
             return Err(CoreError::new(
                 ErrorCode::NotOwner,
@@ -141,10 +153,10 @@ impl Broker {
         Ok(resolved)
     }
 
-    /// Runs an admin operation (on shard 0); [`AdminRequest`] says which
-    /// [`AdminReply`] each one answers.
+    /// Runs an admin operation (on shard 0, after checking the caller may);
+    /// [`AdminRequest`] says which [`AdminReply`] each one answers.
     pub async fn admin(&self, request: AdminRequest) -> Result<AdminReply, CoreError> {
-        match self.shard.call(0, Op::Admin(request)).await? {
+        match self.shard.call(0, Op::Admin { request, caller: self.principal.clone() }).await? {
             Reply::Admin(reply) => Ok(reply),
             other => Err(unexpected(other)),
         }
@@ -174,7 +186,7 @@ impl Broker {
         producer_name: &str,
         mode: ProducerAccessMode,
     ) -> Result<ProducerHandle, CoreError> {
-        let (topic, owner, policy) = self.resolve_client_topic(topic).await?;
+        let (topic, owner, policy) = self.resolve_client_topic(topic, TopicAccess::Produce).await?;
         let op = Op::CreateProducer { topic: topic.clone(), name: producer_name.to_string(), mode, policy };
         match self.shard.call(owner, op).await? {
             Reply::Producer { name, last_sequence_id } => {
@@ -231,7 +243,7 @@ impl Broker {
 
     /// Attaches a consumer; its messages go to `sink` (see `register_sink`).
     pub async fn subscribe(&self, mut req: SubscribeRequest, sink: u64) -> Result<ConsumerHandle, CoreError> {
-        let (topic, owner, policy) = self.resolve_client_topic(&req.topic).await?;
+        let (topic, owner, policy) = self.resolve_client_topic(&req.topic, TopicAccess::Consume).await?;
         req.topic = topic.clone();
         let consumer = ConsumerRef { shard: self.shard.id, sink, consumer_id: req.consumer_id };
         let subscription = req.subscription.clone();
@@ -315,7 +327,7 @@ impl Broker {
     /// Per-subscription statistics of `topic`.
     pub async fn topic_stats(&self, topic: &str) -> Result<TopicStats, CoreError> {
         // The owner comes from the namespace's bundle count (shard 0 knows it).
-        let (topic, owner, _) = self.resolve_topic(topic).await?;
+        let (topic, owner, _) = self.resolve_topic(topic, TopicAccess::ProduceOrConsume).await?;
         match self.shard.call(owner, Op::TopicStats { topic }).await? {
             Reply::TopicStats(stats) => Ok(stats),
             other => Err(unexpected(other)),

@@ -48,7 +48,7 @@ pub(crate) async fn enforce(shard: &Rc<Shard>) -> Result<(), CoreError> {
         // Per topic, not per namespace: a topic may override its
         // namespace's retention and TTL (`crate::topic_policies`). One
         // mesh hop to shard 0 per topic and pass; passes are minutes apart.
-        let policies = match shard.call(0, Op::TopicPolicy { topic: t.key.clone() }).await {
+        let policies = match shard.call(0, Op::TopicPolicy { topic: t.key.clone(), caller: None }).await {
             Ok(Reply::Policy(p)) => Some(p.policies),
             Ok(_) => None,
             Err(e) => {

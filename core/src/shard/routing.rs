@@ -100,11 +100,18 @@ pub(crate) enum Op {
     TopicStats {
         topic: String,
     },
-    /// On shard 0: an admin operation (see `admin.rs`).
-    Admin(AdminRequest),
-    /// On shard 0: the namespace policies that govern `topic`.
+    /// On shard 0: an admin operation (see `admin.rs`), once `caller` is
+    /// authorized for it.
+    Admin {
+        request: AdminRequest,
+        caller: crate::api::Principal,
+    },
+    /// On shard 0: the namespace policies that govern `topic`, once the
+    /// caller, if any (`None`: the broker itself), is authorized for the
+    /// access.
     TopicPolicy {
         topic: String,
+        caller: Option<(crate::api::Principal, crate::authz::TopicAccess)>,
     },
     /// On any shard: its [`ShardTraffic`] counters.
     Traffic,
@@ -268,13 +275,20 @@ impl Shard {
                 let me = self.clone();
                 async move { me.handle_subscribe(req, consumer, policy).await }.boxed_local()
             }
-            Op::Admin(request) => {
+            Op::Admin { request, caller } => {
                 let me = self.clone();
-                async move { crate::admin::execute(&me, request).await.map(Reply::Admin) }.boxed_local()
+                async move { crate::admin::authorized_execute(&me, &caller, request).await.map(Reply::Admin) }
+                    .boxed_local()
             }
-            Op::TopicPolicy { topic } => {
+            Op::TopicPolicy { topic, caller } => {
                 let me = self.clone();
-                async move { crate::admin::topic_policy(&me, &topic).await.map(Reply::Policy) }.boxed_local()
+                async move {
+                    if let Some((principal, access)) = caller {
+                        crate::admin::authorize_topic(&me, &principal, &topic, access).await?;
+                    }
+                    crate::admin::topic_policy(&me, &topic).await.map(Reply::Policy)
+                }
+                .boxed_local()
             }
             Op::Traffic => futures::future::ready(Ok(Reply::Traffic(self.traffic()))).boxed_local(),
             Op::ListTopics { prefix } => {

@@ -36,6 +36,12 @@
 //! | `topics.set-message-ttl` | `topic`, `message_ttl_seconds` (0 = no TTL) | `null` |
 //! | `topics.get-message-ttl` | `topic` | `{"message_ttl_seconds"}` or `null` (none set) |
 //! | `topics.remove-message-ttl` | `topic` | `null` |
+//! | `namespaces.grant-permission` | `namespace`, `role`, `actions` (`["produce", "consume"]`, at least one) | `null` |
+//! | `namespaces.revoke-permission` | `namespace`, `role` | `null` |
+//! | `namespaces.permissions` | `namespace` | `{ROLE: ["consume", "produce"], …}` |
+//! | `topics.grant-permission` | `topic`, `role`, `actions` | `null` |
+//! | `topics.revoke-permission` | `topic`, `role` | `null` |
+//! | `topics.permissions` | `topic` | `{ROLE: [ACTION, …], …}` (this topic's own grants) |
 //! | `subscriptions.skip-damaged` | `topic` (not a partitioned topic's name), `subscription` | `{"skipped": "L:E:P:-1"}` |
 //!
 //! Objects built as `serde_json::Value` list their fields sorted by name
@@ -43,12 +49,16 @@
 //! contract, hence the sorted field lists above.
 
 use base64::Engine as _;
-use magnetar_core::api::{AdminReply, AdminRequest, FoundMessage, LastMessageId, PolicyChange, TopicOwner, TopicStats};
+use magnetar_core::api::{
+    AdminReply, AdminRequest, FoundMessage, LastMessageId, PermissionResource, PolicyChange, TopicOwner, TopicStats,
+};
+use magnetar_core::authz::AuthAction;
 use magnetar_core::metadata::TenantInfo;
 use magnetar_core::{Broker, CoreError, TopicName};
 use magnetar_wire::{ErrorCode, MessageId};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{json, Map, Value};
+use std::collections::BTreeSet;
 
 use crate::native::NativeDoor;
 use crate::session::Session;
@@ -148,6 +158,34 @@ fn policies_arg(op: &str, args: &Value) -> Result<PolicyChange, CoreError> {
     })
 }
 
+/// The namespace (`namespaces.*`) or topic (`topics.*`) a permission op is on.
+fn resource_arg(op: &str, args: &Value) -> Result<PermissionResource, CoreError> {
+    if op.starts_with("topics.") {
+        Ok(PermissionResource::Topic(topic_arg(op, args)?))
+    } else {
+        Ok(PermissionResource::Namespace(str_arg(op, args, "namespace")?))
+    }
+}
+
+/// `actions`: a non-empty array of `"produce"` and `"consume"`.
+fn actions_arg(op: &str, args: &Value) -> Result<BTreeSet<AuthAction>, CoreError> {
+    let list = args
+        .get("actions")
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad_args(op, "missing array argument \"actions\""))?;
+    let mut actions = BTreeSet::new();
+    for a in list {
+        let action = a.as_str().and_then(AuthAction::parse).ok_or_else(|| {
+            CoreError::new(ErrorCode::NotAllowed, format!("admin {op}: unknown action {a} (produce, consume)"))
+        })?;
+        actions.insert(action);
+    }
+    if actions.is_empty() {
+        return Err(CoreError::new(ErrorCode::NotAllowed, format!("admin {op}: grant at least one action")));
+    }
+    Ok(actions)
+}
+
 /// The request `op` names, with its arguments from the JSON object `json`
 /// (empty: no arguments).
 pub(crate) fn parse(op: &str, json: &str) -> Result<AdminRequest, CoreError> {
@@ -230,6 +268,17 @@ pub(crate) fn parse(op: &str, json: &str) -> Result<AdminRequest, CoreError> {
         }
         "topics.get-message-ttl" => AdminRequest::GetMessageTtl { topic: topic()? },
         "topics.remove-message-ttl" => AdminRequest::RemoveMessageTtl { topic: topic()? },
+        "namespaces.grant-permission" | "topics.grant-permission" => AdminRequest::GrantPermission {
+            resource: resource_arg(op, args)?,
+            role: str_arg(op, args, "role")?,
+            actions: actions_arg(op, args)?,
+        },
+        "namespaces.revoke-permission" | "topics.revoke-permission" => {
+            AdminRequest::RevokePermission { resource: resource_arg(op, args)?, role: str_arg(op, args, "role")? }
+        }
+        "namespaces.permissions" | "topics.permissions" => {
+            AdminRequest::GetPermissions { resource: resource_arg(op, args)? }
+        }
         "subscriptions.skip-damaged" => {
             AdminRequest::SkipDamaged { topic: topic()?, subscription: str_arg(op, args, "subscription")? }
         }
@@ -340,6 +389,7 @@ pub(crate) fn render(reply: &AdminReply) -> String {
         }
         AdminReply::Retention(r) => r.map_or(Value::Null, |r| json!(r)),
         AdminReply::MessageTtl(s) => s.map_or(Value::Null, |s| json!({ "message_ttl_seconds": s })),
+        AdminReply::Permissions(p) => json!(p),
     };
     v.to_string()
 }

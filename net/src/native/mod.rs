@@ -92,8 +92,27 @@ impl Door for NativeDoor {
     fn handshake(session: &Session<Self>, frame: Frame) -> Handshake {
         let out = session.out();
         match frame.command {
-            Command::Connect { protocol_version, max_frame_bytes, .. } if protocol_version >= 1 => {
+            Command::Connect { protocol_version, max_frame_bytes, auth_method, auth_data, .. }
+                if protocol_version >= 1 =>
+            {
                 let door = out.door();
+                // Who the client is, when authentication is on (the
+                // transport's principal otherwise: anonymous).
+                let principal = match &session.broker().config().authentication {
+                    None => None,
+                    Some(auth) => match auth.authenticate(&auth_method, &auth_data.0, session.broker().principal()) {
+                        Ok(p) => Some(p),
+                        Err(e) => {
+                            let refusal = Command::Error {
+                                request_id: 0,
+                                code: ErrorCode::AuthenticationError,
+                                message: format!("authentication failed: {e}"),
+                            };
+                            out.put("a refusal", |_, dst| push(dst, &refusal));
+                            return Handshake::Unauthenticated(e.to_string());
+                        }
+                    },
+                };
                 if protocol_version >= PROTOCOL_VERSION_RUNS {
                     // Runs stay within what the client accepts (not
                     // announced: the default limit).
@@ -109,7 +128,7 @@ impl Door for NativeDoor {
                     shard_ports: door.shard_ports.to_vec(),
                 };
                 out.put("Connected", |_, dst| push(dst, &connected));
-                Handshake::Accepted(None)
+                Handshake::Accepted(principal)
             }
             Command::Connect { protocol_version, .. } => {
                 let refusal = Command::Error {

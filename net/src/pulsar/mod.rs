@@ -157,6 +157,8 @@ pub(crate) fn server_error(code: ErrorCode) -> pb::ServerError {
         // Not retriable: the subscription waits at the entry until an
         // operator skips it, so a client retrying would only loop.
         ErrorCode::DamagedEntry => S::UnknownError,
+        ErrorCode::AuthenticationError => S::AuthenticationError,
+        ErrorCode::AuthorizationError => S::AuthorizationError,
     }
 }
 
@@ -244,6 +246,28 @@ impl Door for PulsarDoor {
         let Some(connect) = frame.command.connect.filter(|_| frame.command.r#type == Type::Connect as i32) else {
             return Handshake::Failed("the first Pulsar command must be CONNECT".into());
         };
+        // Who the client is, when authentication is on: its auth method
+        // (`token`) and data, or the transport's principal (a TLS client
+        // certificate), through the core's protocol-neutral authenticator.
+        let principal = match &session.broker().config().authentication {
+            None => None,
+            Some(auth) => {
+                let method = connect.auth_method_name.as_deref().unwrap_or_default();
+                let data = connect.auth_data.as_deref().unwrap_or_default();
+                match auth.authenticate(method, data, session.broker().principal()) {
+                    Ok(p) => Some(p),
+                    Err(e) => {
+                        let refusal = error_command(
+                            0,
+                            pb::ServerError::AuthenticationError,
+                            format!("authentication failed: {e}"),
+                        );
+                        out.put("a refusal", |_, dst| push(dst, &refusal));
+                        return Handshake::Unauthenticated(e.to_string());
+                    }
+                }
+            }
+        };
         let door = out.door();
         let version = connect.protocol_version.unwrap_or(0).clamp(0, PROTOCOL_VERSION);
         door.client_version.set(version);
@@ -273,7 +297,7 @@ impl Door for PulsarDoor {
             })
             .detach();
         }
-        Handshake::Accepted(None)
+        Handshake::Accepted(principal)
     }
 
     fn request(&self, frame: Frame) -> Result<Request<PulsarOther>, String> {

@@ -13,10 +13,10 @@ pub mod wire {
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_ERROR_CODE: u16 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_ERROR_CODE: u16 = 18;
+pub const ENUM_MAX_ERROR_CODE: u16 = 20;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 19] = [
+pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 21] = [
   ErrorCode::UnknownError,
   ErrorCode::ProtocolError,
   ErrorCode::UnsupportedVersion,
@@ -36,6 +36,8 @@ pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 19] = [
   ErrorCode::ProducerFenced,
   ErrorCode::NotOwner,
   ErrorCode::DamagedEntry,
+  ErrorCode::AuthenticationError,
+  ErrorCode::AuthorizationError,
 ];
 
 /// Typed error codes (types.rs `ErrorCode`). Unknown values from a newer
@@ -70,9 +72,14 @@ impl ErrorCode {
   /// stays at that entry until an operator moves past it
   /// (`magnetar admin subscriptions skip-damaged`). Not retriable.
   pub const DamagedEntry: Self = Self(18);
+  /// The handshake's credentials were refused (bad, expired or missing
+  /// token, unknown signing key); the connection closes after this error.
+  pub const AuthenticationError: Self = Self(19);
+  /// The caller's role may not do this (see docs/security.md).
+  pub const AuthorizationError: Self = Self(20);
 
   pub const ENUM_MIN: u16 = 0;
-  pub const ENUM_MAX: u16 = 18;
+  pub const ENUM_MAX: u16 = 20;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::UnknownError,
     Self::ProtocolError,
@@ -93,6 +100,8 @@ impl ErrorCode {
     Self::ProducerFenced,
     Self::NotOwner,
     Self::DamagedEntry,
+    Self::AuthenticationError,
+    Self::AuthorizationError,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -116,6 +125,8 @@ impl ErrorCode {
       Self::ProducerFenced => Some("ProducerFenced"),
       Self::NotOwner => Some("NotOwner"),
       Self::DamagedEntry => Some("DamagedEntry"),
+      Self::AuthenticationError => Some("AuthenticationError"),
+      Self::AuthorizationError => Some("AuthorizationError"),
       _ => None,
     }
   }
@@ -1142,6 +1153,8 @@ impl<'a> Connect<'a> {
   pub const VT_CLIENT_VERSION: ::flatbuffers::VOffsetT = 4;
   pub const VT_PROTOCOL_VERSION: ::flatbuffers::VOffsetT = 6;
   pub const VT_MAX_FRAME_BYTES: ::flatbuffers::VOffsetT = 8;
+  pub const VT_AUTH_METHOD: ::flatbuffers::VOffsetT = 10;
+  pub const VT_AUTH_DATA: ::flatbuffers::VOffsetT = 12;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -1153,6 +1166,8 @@ impl<'a> Connect<'a> {
     args: &'args ConnectArgs<'args>
   ) -> ::flatbuffers::WIPOffset<Connect<'bldr>> {
     let mut builder = ConnectBuilder::new(_fbb);
+    if let Some(x) = args.auth_data { builder.add_auth_data(x); }
+    if let Some(x) = args.auth_method { builder.add_auth_method(x); }
     builder.add_max_frame_bytes(args.max_frame_bytes);
     builder.add_protocol_version(args.protocol_version);
     if let Some(x) = args.client_version { builder.add_client_version(x); }
@@ -1184,6 +1199,22 @@ impl<'a> Connect<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(Connect::VT_MAX_FRAME_BYTES, Some(0)).unwrap()}
   }
+  /// How the client proves who it is: empty (absent) for none, `token`
+  /// for a JWT in `auth_data` (Apache Pulsar's token authentication).
+  #[inline]
+  pub fn auth_method(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(Connect::VT_AUTH_METHOD, None)}
+  }
+  #[inline]
+  pub fn auth_data(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(Connect::VT_AUTH_DATA, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for Connect<'_> {
@@ -1195,6 +1226,8 @@ impl ::flatbuffers::Verifiable for Connect<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("client_version", Self::VT_CLIENT_VERSION, false)?
      .visit_field::<u32>("protocol_version", Self::VT_PROTOCOL_VERSION, false)?
      .visit_field::<u32>("max_frame_bytes", Self::VT_MAX_FRAME_BYTES, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("auth_method", Self::VT_AUTH_METHOD, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("auth_data", Self::VT_AUTH_DATA, false)?
      .finish();
     Ok(())
   }
@@ -1203,6 +1236,8 @@ pub struct ConnectArgs<'a> {
     pub client_version: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub protocol_version: u32,
     pub max_frame_bytes: u32,
+    pub auth_method: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub auth_data: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
 }
 impl<'a> Default for ConnectArgs<'a> {
   #[inline]
@@ -1211,6 +1246,8 @@ impl<'a> Default for ConnectArgs<'a> {
       client_version: None,
       protocol_version: 0,
       max_frame_bytes: 0,
+      auth_method: None,
+      auth_data: None,
     }
   }
 }
@@ -1233,6 +1270,14 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ConnectBuilder<'a, 'b, A> {
     self.fbb_.push_slot::<u32>(Connect::VT_MAX_FRAME_BYTES, max_frame_bytes, 0);
   }
   #[inline]
+  pub fn add_auth_method(&mut self, auth_method: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Connect::VT_AUTH_METHOD, auth_method);
+  }
+  #[inline]
+  pub fn add_auth_data(&mut self, auth_data: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Connect::VT_AUTH_DATA, auth_data);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ConnectBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ConnectBuilder {
@@ -1253,6 +1298,8 @@ impl ::core::fmt::Debug for Connect<'_> {
       ds.field("client_version", &self.client_version());
       ds.field("protocol_version", &self.protocol_version());
       ds.field("max_frame_bytes", &self.max_frame_bytes());
+      ds.field("auth_method", &self.auth_method());
+      ds.field("auth_data", &self.auth_data());
       ds.finish()
   }
 }

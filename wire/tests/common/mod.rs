@@ -11,8 +11,20 @@ pub fn all_commands() -> Vec<Command> {
     let id_min = MessageId::new(0, 0, -1, -1);
     let id_neg = MessageId::new(1, 2, i32::MIN, i32::MIN);
     vec![
-        Command::Connect { client_version: "magnetar-client 0.1".into(), protocol_version: 1, max_frame_bytes: 0 },
-        Command::Connect { client_version: String::new(), protocol_version: u32::MAX, max_frame_bytes: u32::MAX },
+        Command::Connect {
+            client_version: "magnetar-client 0.1".into(),
+            protocol_version: 1,
+            max_frame_bytes: 0,
+            auth_method: String::new(),
+            auth_data: AuthData::default(),
+        },
+        Command::Connect {
+            client_version: String::new(),
+            protocol_version: u32::MAX,
+            max_frame_bytes: u32::MAX,
+            auth_method: "token".into(),
+            auth_data: AuthData(b"eyJhbGciOiJIUzI1NiJ9.e30.sig".to_vec()),
+        },
         Command::MessageRun {
             consumer_id: 3,
             message_id: MessageId::new(1, 2, -1, -1),
