@@ -12,7 +12,7 @@ start_broker() {
   local log=$1; shift
   # An earlier broker's "listening on" must not be read for this one's.
   rm -f "$log.out"
-  "$M" standalone --listen 127.0.0.1:0 "$@" >"$log.out" 2>"$log.err" &
+  "$M" standalone --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 "$@" >"$log.out" 2>"$log.err" &
   BROKER_PID=$!
   local i
   for i in $(seq $(( ${BROKER_WAIT_S:-20} * 10 ))); do

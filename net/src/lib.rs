@@ -15,6 +15,7 @@
 //!
 //! This crate knows nothing of files; core knows nothing of sockets.
 
+pub mod http;
 mod native;
 mod session;
 

@@ -19,6 +19,7 @@ mod broker;
 mod cli;
 pub mod consume;
 mod data;
+pub mod http;
 mod process;
 mod raw;
 mod scope;

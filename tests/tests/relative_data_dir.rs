@@ -15,7 +15,18 @@ fn default_relative_data_dir_works() {
         let dir = test_dir("relative-data-dir");
         let mut child = Command::new(magnetar_bin())
             // --disk-refuse-pct 100: not a watermark test (see core/tests/watermarks.rs).
-            .args(["standalone", "--listen", "127.0.0.1:0", "--shards", "2", "--no-pin", "--disk-refuse-pct", "100"])
+            .args([
+                "standalone",
+                "--listen",
+                "127.0.0.1:0",
+                "--http-listen",
+                "127.0.0.1:0",
+                "--shards",
+                "2",
+                "--no-pin",
+                "--disk-refuse-pct",
+                "100",
+            ])
             .current_dir(dir.path())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -1,6 +1,7 @@
 //! `magnetar standalone`: a broker with an embedded default configuration.
 
 use magnetar_core::BrokerConfig;
+use magnetar_net::http::{HttpConfig, HttpServer};
 use magnetar_net::{NetConfig, PortReservation};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -105,6 +106,17 @@ pub struct StandaloneArgs {
     /// How often each shard enforces retention and TTL (seconds).
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
     pub retention_check_interval_s: u64,
+    /// Address of the HTTP server: /metrics, /healthz, /ready and the REST
+    /// admin under /admin/v2/ (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub http_listen: SocketAddr,
+    /// No HTTP server.
+    #[arg(long)]
+    pub no_http: bool,
+    /// Sum the pulsar_* metrics per namespace instead of one series per
+    /// topic and subscription (for brokers with very many topics).
+    #[arg(long)]
+    pub metrics_namespace_level: bool,
 }
 
 /// Kernel-picked shard ports tried before giving up on a collision.
@@ -185,13 +197,44 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     let started = std::time::Instant::now();
     tracing::info!(data_dir = %args.data_dir.display(), shards, %addr, ?shard_addrs, "starting standalone broker");
     let net = NetConfig { shard_addrs, ..NetConfig::default() };
-    let running =
-        magnetar_core::launch(config, shutdown.clone(), move |broker| magnetar_net::serve(broker, addr, net.clone()))?;
+    // The HTTP server starts before recovery, so that probes can say "not
+    // ready" meanwhile; it reaches each shard through the task below.
+    let http = if args.no_http {
+        None
+    } else {
+        let mut hc = HttpConfig::new(args.http_listen);
+        hc.topic_level_metrics = !args.metrics_namespace_level;
+        let (server, shards_side) = HttpServer::start(hc, shards)
+            .map_err(|e| format!("cannot bind --http-listen {}: {e}", args.http_listen))?;
+        Some((server, shards_side))
+    };
+    let http_shards = http.as_ref().map(|(_, s)| s.clone());
+    let running = magnetar_core::launch(config, shutdown.clone(), move |broker| {
+        let serve = magnetar_net::serve(broker.clone(), addr, net.clone());
+        let http = http_shards.clone();
+        async move {
+            match http {
+                Some(h) => {
+                    futures::future::join(serve, h.serve_shard(broker)).await;
+                }
+                None => serve.await,
+            }
+        }
+    })?;
+    let http = http.map(|(server, _)| server);
+    if let Some(server) = &http {
+        server.set_ready(true);
+        println!("magnetar standalone http on {}", server.addr());
+    }
     // One line on stdout that scripts and tests wait for (the port matters
     // when --listen asked for port 0).
     println!("magnetar standalone listening on {addr}");
     tracing::info!(%addr, start_ms = started.elapsed().as_millis() as u64, "broker ready");
     let result = running.join();
+    if let Some(server) = http {
+        server.set_ready(false);
+        server.stop();
+    }
     drop(reservation);
     drop(shard_reservations);
     if shutdown.load(Ordering::SeqCst) {

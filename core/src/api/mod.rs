@@ -93,6 +93,15 @@ impl Broker {
         self.shard.metrics_snapshot()
     }
 
+    /// The metrics figures of every topic this shard owns and has loaded,
+    /// sorted by name (no mesh hop: an exporter asks each shard).
+    pub fn local_topic_metrics(&self) -> Vec<TopicMetrics> {
+        let topics = self.shard.topics.borrow();
+        let mut out: Vec<TopicMetrics> = topics.values().map(|t| crate::stats::topic_metrics(t)).collect();
+        out.sort_by(|a, b| a.topic.cmp(&b.topic));
+        out
+    }
+
     pub fn shards(&self) -> u32 {
         self.shard.nshards
     }
