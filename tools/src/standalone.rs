@@ -10,6 +10,10 @@ use std::sync::Arc;
 
 #[derive(clap::Args, Debug)]
 pub struct StandaloneArgs {
+    /// A TOML configuration file (`magnetar config default` prints one with
+    /// every key); MAGNETAR_SECTION_KEY variables override it, flags both.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// Where the broker keeps its data.
     #[arg(long, default_value = "./data")]
     pub data_dir: PathBuf,
@@ -229,8 +233,24 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     // One line on stdout that scripts and tests wait for (the port matters
     // when --listen asked for port 0).
     println!("magnetar standalone listening on {addr}");
+    // systemd (Type=notify): every shard recovered and serves.
+    if let Err(e) = crate::sd_notify::notify("READY=1") {
+        tracing::warn!("cannot notify systemd of readiness: {e}");
+    }
     tracing::info!(%addr, start_ms = started.elapsed().as_millis() as u64, "broker ready");
+    // Once shutdown begins (SIGTERM), say so to systemd.
+    let stopping = std::thread::spawn({
+        let shutdown = shutdown.clone();
+        move || {
+            while !shutdown.load(Ordering::SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            let _ = crate::sd_notify::notify("STOPPING=1");
+        }
+    });
     let result = running.join();
+    shutdown.store(true, Ordering::SeqCst);
+    let _ = stopping.join();
     if let Some(server) = http {
         server.set_ready(false);
         server.stop();
