@@ -334,17 +334,21 @@ impl Snapshot {
 
     fn encode_magnetar(&self, enc: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let shard_names: Vec<String> = self.reports.iter().map(|r| r.metrics.shard.to_string()).collect();
-        let per_shard = |pick: &dyn Fn(&ShardMetricsSnapshot) -> u64| -> Vec<(Labels<'_>, V)> {
+        // The total is the sum, or for figures of the one data disk all
+        // shards share (usage, the watermark), the largest.
+        let per_shard_or_max = |pick: &dyn Fn(&ShardMetricsSnapshot) -> u64, max: bool| -> Vec<(Labels<'_>, V)> {
             let mut v: Vec<(Labels<'_>, V)> = self
                 .reports
                 .iter()
                 .zip(&shard_names)
                 .map(|(r, n)| (vec![("shard", Lv(n.as_str()))], V::Count(pick(&r.metrics))))
                 .collect();
-            let total = self.reports.iter().map(|r| pick(&r.metrics)).sum();
+            let values = self.reports.iter().map(|r| pick(&r.metrics));
+            let total = if max { values.max().unwrap_or(0) } else { values.sum() };
             v.push((vec![("shard", Lv("total"))], V::Count(total)));
             v
         };
+        let per_shard = |pick: &dyn Fn(&ShardMetricsSnapshot) -> u64| per_shard_or_max(pick, false);
         type Pick = fn(&ShardMetricsSnapshot) -> u64;
         let counters: [(&str, &str, Pick); 13] = [
             ("magnetar_messages_in", "Messages appended by producers", |m| m.messages_in),
@@ -384,7 +388,8 @@ impl Snapshot {
             }),
         ];
         for (name, help, pick) in gauges {
-            family(enc, name, help, MetricType::Gauge, per_shard(&pick))?;
+            let max = name == "magnetar_disk_used_percent" || name == "magnetar_storage_full";
+            family(enc, name, help, MetricType::Gauge, per_shard_or_max(&pick, max))?;
         }
         // Recovery time in seconds (a float, so not through per_shard).
         let mut rec: Vec<(Labels<'_>, V)> = self
