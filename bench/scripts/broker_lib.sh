@@ -4,7 +4,8 @@
 #   Starts `$M standalone --listen 127.0.0.1:0 FLAGS` in the background
 #   (stdout to LOG_PREFIX.out, stderr to LOG_PREFIX.err), waits for its
 #   "listening on" line (up to BROKER_WAIT_S seconds, default 20: give
-#   recovery more), and sets BROKER_PID and BROKER_ADDR. A broker that does
+#   recovery more), and sets BROKER_PID, BROKER_ADDR and BROKER_HTTP (the
+#   HTTP server's address). A broker that does
 #   not come up: its stderr is printed, it is killed, and this returns 1.
 # stop_broker [SIGNAL]
 #   Signals BROKER_PID (default TERM) and waits for it; no-op without one.
@@ -21,6 +22,7 @@ start_broker() {
     sleep 0.1
   done
   BROKER_ADDR=$(sed -n 's/.*listening on //p' "$log.out")
+  BROKER_HTTP=$(sed -n 's/.*standalone http on //p' "$log.out")
   if [ -z "$BROKER_ADDR" ]; then
     echo "broker did not start:" >&2; cat "$log.err" >&2
     stop_broker KILL

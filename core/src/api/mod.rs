@@ -25,6 +25,10 @@ use glommio::channels::local_channel::LocalSender;
 use magnetar_wire::{AckType, MessageId, ProducerAccessMode};
 use std::rc::Rc;
 
+/// Topics whose metrics [`Broker::local_topic_metrics`] takes between
+/// two yields to the shard's other tasks.
+pub const TOPIC_METRICS_PER_YIELD: usize = 64;
+
 /// Who is calling: set by a door from its handshake. Every connection is
 /// anonymous until authentication exists; authorization will be checked
 /// here, once, for every door.
@@ -94,10 +98,20 @@ impl Broker {
     }
 
     /// The metrics figures of every topic this shard owns and has loaded,
-    /// sorted by name (no mesh hop: an exporter asks each shard).
-    pub fn local_topic_metrics(&self) -> Vec<TopicMetrics> {
-        let topics = self.shard.topics.borrow();
-        let mut out: Vec<TopicMetrics> = topics.values().map(|t| crate::stats::topic_metrics(t)).collect();
+    /// sorted by name (no mesh hop: an exporter asks each shard). Yields to
+    /// the shard's other tasks every [`TOPIC_METRICS_PER_YIELD`] topics, so
+    /// that many topics never hold up produce for long.
+    pub async fn local_topic_metrics(&self) -> Vec<TopicMetrics> {
+        let topics: Vec<Rc<crate::topic::Topic>> = self.shard.topics.borrow().values().cloned().collect();
+        let mut out = Vec::with_capacity(topics.len());
+        for (i, t) in topics.iter().enumerate() {
+            if i > 0 && i % TOPIC_METRICS_PER_YIELD == 0 {
+                futures_lite::future::yield_now().await;
+            }
+            if !t.deleted.get() {
+                out.push(crate::stats::topic_metrics(t));
+            }
+        }
         out.sort_by(|a, b| a.topic.cmp(&b.topic));
         out
     }

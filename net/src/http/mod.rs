@@ -173,6 +173,7 @@ impl HttpServer {
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let thread = std::thread::Builder::new().name("http".into()).spawn(move || {
+            lower_this_threads_priority();
             runtime.block_on(async move {
                 let listener = match tokio::net::TcpListener::from_std(listener) {
                     Ok(l) => l,
@@ -218,6 +219,22 @@ impl HttpServer {
 impl Drop for HttpServer {
     fn drop(&mut self) {
         self.stop_now();
+    }
+}
+
+/// Nice value of the HTTP thread. The shards' threads run at the default 0:
+/// where they are pinned to every CPU, encoding a large scrape competes
+/// with them for a CPU, and the scheduler then favours the shards (at nice
+/// 10, about 10 times the weight).
+const HTTP_THREAD_NICE: i32 = 10;
+
+fn lower_this_threads_priority() {
+    // SAFETY: neither call takes a pointer; on Linux, PRIO_PROCESS with a
+    // thread id changes that one thread's nice value.
+    #[allow(unsafe_code)]
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, HTTP_THREAD_NICE) };
+    if r != 0 {
+        tracing::warn!("cannot lower the http thread's priority: {}", std::io::Error::last_os_error());
     }
 }
 

@@ -69,7 +69,8 @@ impl HttpShards {
 async fn answer(broker: Broker, call: ShardCall) {
     match call {
         ShardCall::Metrics { reply } => {
-            let report = ShardReport { metrics: broker.metrics_snapshot(), topics: broker.local_topic_metrics() };
+            let topics = broker.local_topic_metrics().await;
+            let report = ShardReport { metrics: broker.metrics_snapshot(), topics };
             let _ = reply.send(report);
         }
         ShardCall::Admin { request, reply } => {
