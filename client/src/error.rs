@@ -69,6 +69,14 @@ pub enum ClientError {
     /// The consumer was closed (by `close()` or by the broker).
     #[error("consumer of subscription {subscription:?} is closed")]
     ConsumerClosed { subscription: String },
+
+    /// The broker closed the consumer because `entry`, the next one its
+    /// subscription must deliver, is damaged on the broker's disk (fails
+    /// its checksum; never served). Subscribing again meets the same entry
+    /// until an operator moves the subscription past it (`magnetar admin
+    /// subscriptions skip-damaged TOPIC SUB`). Not retriable.
+    #[error("subscription {subscription:?}: damaged entry {}:{}: {message}", entry.ledger, entry.entry)]
+    DamagedEntry { subscription: String, entry: magnetar_wire::MessageId, message: String },
 }
 
 impl ClientError {

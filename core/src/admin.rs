@@ -185,6 +185,22 @@ pub(crate) async fn execute(shard: &Rc<Shard>, request: AdminRequest) -> Result<
             crate::topic_policies::forget(md, &topic).await?;
             Ok(AdminReply::Done)
         }
+        AdminRequest::SkipDamaged { topic: tn, subscription } => {
+            check_persistent(&tn)?;
+            let policies = namespace_must_exist(md, &tn).await?;
+            let topic = tn.to_string();
+            if let Some(p) = md.partitioned(&topic).await? {
+                return Err(CoreError::new(
+                    ErrorCode::NotAllowed,
+                    format!("{topic} is a partitioned topic with {} partitions: name the partition", p.partitions),
+                ));
+            }
+            let owner = ownership::shard_of(&tn, policies.bundles, shard.nshards);
+            match shard.call(owner, Op::SkipDamaged { topic, subscription }).await? {
+                Reply::Skipped(id) => Ok(AdminReply::Skipped(id)),
+                other => Err(unexpected(other)),
+            }
+        }
         AdminRequest::LastMessageId { topic: tn } => {
             let policies = namespace_must_exist(md, &tn).await?;
             let last = |part: &TopicName| {

@@ -78,9 +78,12 @@ pub(crate) enum Request<O> {
         request_id: u64,
         producer_id: u64,
     },
+    /// `start`: where a new subscription begins, when not at its initial
+    /// position (a Pulsar reader's start message id).
     Subscribe {
         request_id: u64,
         request: SubscribeRequest,
+        start: Option<SeekTarget>,
     },
     Flow {
         consumer_id: u64,
@@ -204,6 +207,20 @@ pub(crate) trait Door: Sized + 'static {
         code: ErrorCode,
         message: String,
     ) -> Result<(), Self::Error>;
+    /// The broker closed the consumer for a reason its application must
+    /// see, about `entry` if given (a damaged entry). A door whose protocol
+    /// has no such close keeps the default: a plain close.
+    fn consumer_failed(
+        &self,
+        dst: &mut BytesMut,
+        consumer_id: u64,
+        code: ErrorCode,
+        message: String,
+        entry: Option<&MessageId>,
+    ) -> Result<(), Self::Error> {
+        let _ = entry;
+        self.consumer_closed(dst, consumer_id, code, message)
+    }
     fn active_consumer(&self, dst: &mut BytesMut, consumer_id: u64, is_active: bool) -> Result<(), Self::Error>;
     fn success(&self, dst: &mut BytesMut, request_id: u64) -> Result<(), Self::Error>;
     fn error(&self, dst: &mut BytesMut, request_id: u64, error: &CoreError) -> Result<(), Self::Error>;
@@ -623,7 +640,7 @@ impl<D: Door> Session<D> {
                     }
                 }
             }
-            Request::Subscribe { request_id, request } => {
+            Request::Subscribe { request_id, request, start } => {
                 if self.consumers.borrow().contains_key(&request.consumer_id) {
                     self.out.error(request_id, &CoreError::new(ErrorCode::ConsumerBusy, "consumer id already in use"));
                     return Ok(());
@@ -639,6 +656,13 @@ impl<D: Door> Session<D> {
                 let consumer_id = request.consumer_id;
                 match self.broker_handle().subscribe(request, sink).await {
                     Ok(handle) => {
+                        if let Some(target) = start {
+                            if let Err(e) = self.broker_handle().seek(&handle, target).await {
+                                let _ = self.broker_handle().close_consumer(&handle).await;
+                                self.out.error(request_id, &e);
+                                return Ok(());
+                            }
+                        }
                         self.consumers.borrow_mut().insert(consumer_id, handle);
                         self.out.success(request_id);
                     }
@@ -706,6 +730,20 @@ impl<D: Door> Session<D> {
             Request::Other(other) => return D::other(self, other).await,
         }
         Ok(())
+    }
+
+    /// Closes the consumer the client calls `consumer_id` on the broker's
+    /// initiative (its unacknowledged messages go back to the
+    /// subscription); false if there is none. The door tells the client.
+    pub(crate) async fn detach_consumer(&self, consumer_id: u64) -> bool {
+        let c = self.consumers.borrow_mut().remove(&consumer_id);
+        match c {
+            Some(c) => {
+                let _ = self.broker_handle().close_consumer(&c).await;
+                true
+            }
+            None => false,
+        }
     }
 
     /// The consumer the client calls `consumer_id`, if it has one.
@@ -800,11 +838,13 @@ impl<D: Door> Session<D> {
                             d.run(dst, consumer_id, &first, redelivery_count, &blobs)
                         });
                     }
-                    ConsumerEvent::Closed { consumer_id, code, message } => {
+                    ConsumerEvent::Closed { consumer_id, code, message, entry } => {
                         if let Some(session) = me.upgrade() {
                             session.consumers.borrow_mut().remove(&consumer_id);
                         }
-                        out.put("a consumer's close", |d, dst| d.consumer_closed(dst, consumer_id, code, message));
+                        out.put("a consumer's close", |d, dst| {
+                            d.consumer_failed(dst, consumer_id, code, message, entry.as_ref())
+                        });
                     }
                     ConsumerEvent::ActiveChange { consumer_id, is_active } => {
                         out.put("an active consumer change", |d, dst| d.active_consumer(dst, consumer_id, is_active));

@@ -18,6 +18,16 @@ pub enum StorageError {
     /// Bytes on disk failed verification. Never served, never silently dropped.
     #[error("corrupt data in {} at offset {offset}: {reason}", file.display())]
     Corrupt { file: PathBuf, offset: u64, reason: CorruptReason },
+    /// A new segment could not be created for lack of space (ENOSPC or
+    /// EDQUOT while creating or preallocating it). Nothing was written into
+    /// it, so this is not a fail-stop: the log retries the creation until
+    /// space returns (see `EntryLog::space_short`).
+    #[error("no space for a new segment {}: {source}", path.display())]
+    NoSpace {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     /// The log hit a write or fsync error earlier and is in fail-stop state until
     /// the process restarts and recovers from disk. The cause was logged once.
     #[error("storage failed earlier (fail-stop); restart to recover from disk")]

@@ -682,6 +682,9 @@ pub(crate) struct Shared<D: Disk> {
     pub zero_lock: glommio::sync::Semaphore,
     /// The per-shard key index (`keyindex.rs`).
     pub keys: RefCell<crate::keyindex::KeyIndex<D::File>>,
+    /// The last creation of the next segment failed for lack of space and
+    /// is being retried (`create_segment_retrying`); cleared once one succeeds.
+    pub space_short: std::cell::Cell<bool>,
 }
 
 impl<D: Disk> Drop for Shared<D> {
@@ -735,9 +738,24 @@ impl<D: Disk> Shared<D> {
             return Ok(Rc::new(Segment { start, len, path, file, recycled: true.into() }));
         }
         // Truncate: a file of this name can only be left over from a crash
-        // during an earlier creation, before any batch reached it.
-        let file = self.disk.open(&path, OpenMode::Truncate).await.map_err(self.io("create segment", &path))?;
-        file.allocate(len).await.map_err(self.io("preallocate segment", &path))?;
+        // during an earlier creation, or a creation that ran out of space,
+        // before any batch reached it.
+        let file = match self.disk.open(&path, OpenMode::Truncate).await {
+            Ok(f) => f,
+            Err(e) if is_no_space(&e) => return Err(StorageError::NoSpace { path, source: e }),
+            Err(e) => return Err(self.io("create segment", &path)(e)),
+        };
+        if let Err(e) = file.allocate(len).await {
+            if is_no_space(&e) {
+                // Whatever part was reserved goes back to the filesystem
+                // (it holds no batch), so the retry and everyone else have it.
+                if let Err(t) = file.truncate(0).await {
+                    tracing::warn!(path = %path.display(), "cannot release a segment's partial reservation: {t}");
+                }
+                return Err(StorageError::NoSpace { path, source: e });
+            }
+            return Err(self.io("preallocate segment", &path)(e));
+        }
         if self.cfg.prezero_segments {
             // 1 MiB at a time (a multiple of the page size; segment_bytes is
             // one too, so the last chunk is page-aligned as well).
@@ -1320,9 +1338,51 @@ fn make_spare<D: Disk>(sh: &Rc<Shared<D>>, spare: &mut Option<Spare<D::File>>) {
     if sh.st.borrow().segments.contains_key(&start) {
         return;
     }
-    let sh2 = sh.clone();
-    let task = glommio::spawn_local(async move { sh2.create_segment(start).await }).detach();
+    let task = glommio::spawn_local(create_segment_retrying(Rc::downgrade(sh), start)).detach();
     *spare = Some((start, task));
+}
+
+/// How long a segment creation that ran out of space waits before trying
+/// again.
+const SPACE_RETRY: Duration = Duration::from_millis(250);
+
+/// Whether `e` says the filesystem (or the quota) has no room.
+fn is_no_space(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
+/// Creates the segment at `start`, trying again every `SPACE_RETRY` while
+/// there is no space for it and the log is open (`Shared::space_short` is
+/// set meanwhile, so the caller can refuse what would need the space). A
+/// failed creation wrote no batch, so retrying is safe; it is never a
+/// fail-stop by itself. Once the log leaves `Open` the `NoSpace` error is
+/// returned (a close with appends it cannot write then fails).
+async fn create_segment_retrying<D: Disk>(weak: Weak<Shared<D>>, start: u64) -> Result<Rc<Segment<D::File>>> {
+    loop {
+        let Some(sh) = weak.upgrade() else { return Err(StorageError::Closed) };
+        match sh.create_segment(start).await {
+            Err(e @ StorageError::NoSpace { .. }) => {
+                if sh.st.borrow().mode != Mode::Open {
+                    return Err(e);
+                }
+                if !sh.space_short.replace(true) {
+                    tracing::warn!(
+                        dir = %sh.cfg.dir.display(), error = %e,
+                        "no space for the next segment: retrying every {} ms until space is freed",
+                        SPACE_RETRY.as_millis()
+                    );
+                }
+            }
+            r => {
+                if r.is_ok() && sh.space_short.replace(false) {
+                    info!(dir = %sh.cfg.dir.display(), start, "space for the next segment again");
+                }
+                return r;
+            }
+        }
+        drop(sh);
+        glommio::timer::sleep(SPACE_RETRY).await;
+    }
 }
 
 /// The group-commit task: one batch in flight at a time.
@@ -1353,17 +1413,29 @@ pub(crate) async fn flusher<D: Disk>(weak: Weak<Shared<D>>) {
         crate::stage::mark("4_flusher_woke");
         make_spare(&sh, &mut spare);
         if let Err(e) = sh.flush_one(&mut spare).await {
+            // A roll that found no space for its segment wrote nothing:
+            // the records stay pending and the roll is tried again.
+            if matches!(e, StorageError::NoSpace { .. }) && sh.st.borrow().mode == Mode::Open {
+                sh.space_short.set(true);
+                drop(sh);
+                glommio::timer::sleep(SPACE_RETRY).await;
+                continue;
+            }
             sh.fail(&e);
             break;
         }
         make_spare(&sh, &mut spare);
     }
     // Let a spare being created finish, so that close() returns with no
-    // file operation of this log still running.
+    // file operation of this log still running. A spare that found no
+    // space held nothing: not a failure of the log.
     if let Some((_, task)) = spare.take() {
-        if let Some(Err(e)) = task.await {
-            if let Some(sh) = weak.upgrade() {
-                sh.fail(&e);
+        match task.await {
+            Some(Err(StorageError::NoSpace { .. } | StorageError::Closed)) | Some(Ok(_)) | None => {}
+            Some(Err(e)) => {
+                if let Some(sh) = weak.upgrade() {
+                    sh.fail(&e);
+                }
             }
         }
     }
@@ -2020,6 +2092,15 @@ impl<D: Disk> EntryLog<D> {
     /// this (e.g. by waiting for receipts before accepting more produce).
     pub fn pending_bytes(&self) -> u64 {
         self.sh.st.borrow().pending_bytes
+    }
+
+    /// Whether the next segment could not be created for lack of space and
+    /// the creation is being retried: appends still go into the current
+    /// segment's rest, and once that is used up they wait (not fail) until
+    /// space returns. A caller that must not let appends wait refuses new
+    /// ones while this holds.
+    pub fn space_short(&self) -> bool {
+        self.sh.space_short.get()
     }
 
     /// Whether the log is in fail-stop state.

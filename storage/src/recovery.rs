@@ -341,6 +341,7 @@ impl<D: Disk> EntryLog<D> {
             compact_lock: glommio::sync::Semaphore::new(1),
             zero_lock: glommio::sync::Semaphore::new(1),
             keys: RefCell::new(keys),
+            space_short: std::cell::Cell::new(false),
         });
         glommio::spawn_local(flusher(Rc::downgrade(&sh))).detach();
         glommio::spawn_local(checkpointer(Rc::downgrade(&sh), interval)).detach();

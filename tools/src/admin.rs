@@ -99,6 +99,17 @@ pub enum SubscriptionsCmd {
         /// Topic: `persistent://tenant/ns/topic`, `tenant/ns/topic`, or `topic`.
         topic: String,
     },
+    /// Move the subscription past the damaged entry it waits at (one that
+    /// fails its checksum on the broker's disk, which consumers are told
+    /// about): the entry counts as acknowledged for this subscription. An
+    /// entry that reads back intact is not skipped. For a partitioned
+    /// topic, name the partition (`TOPIC-partition-N`). Prints the skipped
+    /// entry's id to stderr.
+    SkipDamaged {
+        /// Topic: `persistent://tenant/ns/topic`, `tenant/ns/topic`, or `topic`.
+        topic: String,
+        subscription: String,
+    },
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -250,6 +261,20 @@ async fn admin(args: AdminArgs) -> Result<(), Box<dyn Error>> {
             // Pretty-printed for people; still one JSON document for scripts.
             let value: serde_json::Value = serde_json::from_str(&json?)?;
             println!("{}", serde_json::to_string_pretty(&value)?);
+            return Ok(());
+        }
+        AdminCmd::Subscriptions(SubscriptionsCmd::SkipDamaged { topic: t, subscription }) => {
+            let client = args.broker.connect().await?;
+            let answer = client
+                .admin()
+                .call("subscriptions.skip-damaged", json!({ "topic": topic(&t)?, "subscription": subscription }))
+                .await;
+            client.close();
+            let answer = answer?;
+            eprintln!(
+                "subscription {subscription:?} of {t} moved past damaged entry {}",
+                answer["skipped"].as_str().unwrap_or("?")
+            );
             return Ok(());
         }
         AdminCmd::Messages(MessagesCmd::Find { topic: t, key, before, limit }) => {

@@ -110,6 +110,18 @@ pub struct StandaloneArgs {
     /// How often each shard enforces retention and TTL (seconds).
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
     pub retention_check_interval_s: u64,
+    /// An address of its own for Apache Pulsar's protocol (port 0 picks a
+    /// free port). The --listen port answers Pulsar clients too.
+    #[arg(long)]
+    pub pulsar_listen: Option<SocketAddr>,
+    /// The host Pulsar clients are sent to by LOOKUP answers
+    /// (`pulsar://HOST:PORT`); by default, the address they connected to.
+    #[arg(long)]
+    pub advertised_address: Option<String>,
+    /// Largest message a Pulsar client may send, announced in CONNECTED
+    /// (larger ones fail in the client unless it chunks them).
+    #[arg(long, default_value_t = 5 * 1024 * 1024, value_parser = clap::value_parser!(u32).range(1024..=(1 << 30)))]
+    pub pulsar_max_message_bytes: u32,
     /// Address of the HTTP server: /metrics, /healthz, /ready and the REST
     /// admin under /admin/v2/ (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:8080")]
@@ -200,7 +212,16 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     // ready"; each shard's own share is its "recovered entry log" line.
     let started = std::time::Instant::now();
     tracing::info!(data_dir = %args.data_dir.display(), shards, %addr, ?shard_addrs, "starting standalone broker");
-    let net = NetConfig { shard_addrs, ..NetConfig::default() };
+    let pulsar_reservation = match args.pulsar_listen {
+        Some(a) => Some(PortReservation::new(a).map_err(|e| format!("cannot bind --pulsar-listen {a}: {e}"))?),
+        None => None,
+    };
+    let pulsar_addr = pulsar_reservation.as_ref().map(PortReservation::addr);
+    let pulsar = magnetar_net::PulsarConfig {
+        max_message_bytes: args.pulsar_max_message_bytes,
+        advertised_address: args.advertised_address.clone(),
+    };
+    let net = NetConfig { shard_addrs, pulsar_addr, pulsar, ..NetConfig::default() };
     // The HTTP server starts before recovery, so that probes can say "not
     // ready" meanwhile; it reaches each shard through the task below.
     let http = if args.no_http {
@@ -233,6 +254,9 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     // One line on stdout that scripts and tests wait for (the port matters
     // when --listen asked for port 0).
     println!("magnetar standalone listening on {addr}");
+    if let Some(p) = pulsar_addr {
+        println!("magnetar standalone listening for Pulsar on {p}");
+    }
     // systemd (Type=notify): every shard recovered and serves.
     if let Err(e) = crate::sd_notify::notify("READY=1") {
         tracing::warn!("cannot notify systemd of readiness: {e}");
@@ -257,6 +281,7 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     drop(reservation);
     drop(shard_reservations);
+    drop(pulsar_reservation);
     if shutdown.load(Ordering::SeqCst) {
         tracing::info!("broker stopped");
     }

@@ -518,7 +518,9 @@ fn command_variable_bytes(command: &Command) -> u64 {
         }
         Command::Producer { topic, producer_name, .. } => s(topic).saturating_add(s(producer_name)),
         Command::ProducerSuccess { producer_name, .. } => s(producer_name),
-        Command::SendError { message, .. } | Command::Error { message, .. } => s(message),
+        Command::SendError { message, .. }
+        | Command::Error { message, .. }
+        | Command::ConsumerClosed { message, .. } => s(message),
         Command::AdminRequest { op, json, .. } => s(op).saturating_add(s(json)),
         Command::AdminResponse { json, .. } => s(json),
         Command::TopicStats { topic, json, .. } => s(topic).saturating_add(s(json)),
@@ -815,6 +817,17 @@ fn build_command<'b>(fbb: &mut FlatBufferBuilder<'b>, command: &Command) -> WIPO
             let table = fb::ActiveConsumerChange::create(fbb, &args);
             (fb::AnyCommand::ActiveConsumerChange, table.as_union_value())
         }
+        Command::ConsumerClosed { consumer_id, code, message, entry } => {
+            let message = Some(fbb.create_string(message));
+            let entry = entry.as_ref().map(id_to_fb);
+            let args = fb::ConsumerClosedArgs {
+                consumer_id: *consumer_id,
+                code: error_code_to_fb(*code),
+                message,
+                entry: entry.as_ref(),
+            };
+            (fb::AnyCommand::ConsumerClosed, fb::ConsumerClosed::create(fbb, &args).as_union_value())
+        }
         Command::Seek { request_id, consumer_id, message_id, publish_time_ms } => {
             let message_id = message_id.as_ref().map(id_to_fb);
             let args = fb::SeekArgs {
@@ -1048,6 +1061,15 @@ fn command_from_fb(base: &fb::BaseCommand<'_>) -> Result<Command, WireError> {
         fb::AnyCommand::AdminResponse => {
             let c = base.command_as_admin_response().ok_or(MISSING)?;
             Command::AdminResponse { request_id: c.request_id(), json: string(c.json(), "AdminResponse.json")? }
+        }
+        fb::AnyCommand::ConsumerClosed => {
+            let c = base.command_as_consumer_closed().ok_or(MISSING)?;
+            Command::ConsumerClosed {
+                consumer_id: c.consumer_id(),
+                code: ErrorCode::from_u16(c.code().0),
+                message: string(c.message(), "ConsumerClosed.message")?,
+                entry: c.entry().map(id_from_fb),
+            }
         }
         other => return Err(WireError::UnknownCommand(other.0)),
     };

@@ -105,6 +105,11 @@ pub enum ErrorCode {
     /// `Connected::shard_ports`) for a topic that shard does not own: the
     /// client's lookup is stale; look the topic up again.
     NotOwner = 17,
+    /// An entry the consumer's subscription must deliver next failed its
+    /// checksum on the broker's disk and is never served; the subscription
+    /// stays at it until an operator moves past it (`magnetar admin
+    /// subscriptions skip-damaged`). Not retriable.
+    DamagedEntry = 18,
 }
 
 impl ErrorCode {
@@ -127,6 +132,7 @@ impl ErrorCode {
             15 => Self::StorageFull,
             16 => Self::ProducerFenced,
             17 => Self::NotOwner,
+            18 => Self::DamagedEntry,
             _ => Self::UnknownError,
         }
     }
@@ -296,6 +302,16 @@ pub enum Command {
         redelivery_count: u32,
         lengths: Vec<u32>,
     },
+    /// Broker to client: the broker closed this consumer for a reason the
+    /// application must see (e.g. [`ErrorCode::DamagedEntry`]), unlike a
+    /// bare `CloseConsumer` (topic unloaded: subscribe again). `entry`:
+    /// the entry concerned, if any (batch index -1). No answer.
+    ConsumerClosed {
+        consumer_id: u64,
+        code: ErrorCode,
+        message: String,
+        entry: Option<MessageId>,
+    },
     /// Acknowledge. With `AckType::Cumulative` exactly one id is given.
     /// `request_id` 0 means the client does not want an answer.
     Ack {
@@ -442,6 +458,7 @@ impl Command {
             Self::AdminRequest { .. } => "AdminRequest",
             Self::AdminResponse { .. } => "AdminResponse",
             Self::MessageRun { .. } => "MessageRun",
+            Self::ConsumerClosed { .. } => "ConsumerClosed",
         }
     }
 

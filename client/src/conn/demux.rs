@@ -13,7 +13,7 @@ use super::shared::Shared;
 use super::READ_CHUNK_BYTES;
 use crate::error::{ClientError, Result};
 use bytes::{Bytes, BytesMut};
-use magnetar_wire::{Command, FrameDecoder, MessageId};
+use magnetar_wire::{Command, ErrorCode, FrameDecoder, MessageId};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::io::AsyncReadExt;
@@ -45,6 +45,10 @@ pub(crate) enum Inbound {
     /// Put by a multi-topic consumer into its own queue: a member joined (or
     /// failed to), so deliveries held back for it can go on.
     Joined,
+    /// The broker closed the consumer with a reason the application must
+    /// see (`ConsumerClosed`): handed out as this error after what came
+    /// before it; `End` follows.
+    Failed(ClientError),
 }
 
 /// The sending side of a consumer's queue, held by its connection slot.
@@ -235,6 +239,21 @@ pub(super) async fn dispatch(
             let slot = shared.lock().consumers.remove(&consumer_id);
             if let Some(slot) = slot {
                 tracing::debug!(subscription = %slot.subscription, "consumer closed by the broker");
+                slot.closed.store(true, Ordering::Release);
+                slot.timers.notify_one();
+            }
+        }
+        Command::ConsumerClosed { consumer_id, code, message, entry } => {
+            let slot = shared.lock().consumers.remove(&consumer_id);
+            if let Some(slot) = slot {
+                tracing::warn!(subscription = %slot.subscription, ?code, %message, "consumer closed by the broker");
+                let error = match (code, entry) {
+                    (ErrorCode::DamagedEntry, Some(entry)) => {
+                        ClientError::DamagedEntry { subscription: slot.subscription.clone(), entry, message }
+                    }
+                    _ => ClientError::Broker { code, message },
+                };
+                slot.deliver.send(Inbound::Failed(error));
                 slot.closed.store(true, Ordering::Release);
                 slot.timers.notify_one();
             }

@@ -32,12 +32,14 @@ pub(crate) struct Unpacking {
     /// A redelivered batch's messages acknowledged before (only a lone
     /// entry has them).
     ack_set: Vec<u64>,
+    /// Why the broker closed the consumer, handed out after the entries.
+    failed: Option<crate::error::ClientError>,
 }
 
 impl Unpacking {
     /// Whether nothing is left.
     pub(crate) fn is_empty(&self) -> bool {
-        self.batch.len() == 0 && self.one.is_none() && self.run.len() == 0
+        self.batch.len() == 0 && self.one.is_none() && self.run.len() == 0 && self.failed.is_none()
     }
 
     /// Takes on the entries of `item`; gives back an item that holds none
@@ -58,6 +60,10 @@ impl Unpacking {
                 self.redelivery_count = redelivery_count;
                 None
             }
+            Inbound::Failed(e) => {
+                self.failed = Some(e);
+                None
+            }
             marker @ (Inbound::End | Inbound::Joined) => Some(marker),
         }
     }
@@ -72,7 +78,10 @@ impl Unpacking {
         loop {
             let (id, blob) = match self.one.take() {
                 Some(entry) => entry,
-                None => self.run.next()?,
+                None => match self.run.next() {
+                    Some(entry) => entry,
+                    None => return self.failed.take().map(Err),
+                },
             };
             let ack_set = std::mem::take(&mut self.ack_set);
             match unpack_entry(blob, id, &self.topic, self.redelivery_count, ack_set) {

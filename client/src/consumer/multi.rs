@@ -338,7 +338,7 @@ impl MultiTopicConsumer {
                     Some(Err(e))
                 }
                 // Its rest goes out before the held items after it.
-                (item @ (Inbound::Entry { .. } | Inbound::Run { .. }), Some(Member::Live(_))) => {
+                (item @ (Inbound::Entry { .. } | Inbound::Run { .. } | Inbound::Failed(_)), Some(Member::Live(_))) => {
                     self.unpack(q, source, item)
                 }
                 _ => None,

@@ -126,6 +126,15 @@ pub enum AdminRequest {
     RemoveMessageTtl {
         topic: TopicName,
     },
+    /// Moves the subscription past the damaged entry it waits at (one that
+    /// fails verification on disk and is never served); answers
+    /// [`AdminReply::Skipped`]. An entry that reads back intact is not
+    /// skipped (an error). Not for a partitioned topic's name: name the
+    /// partition.
+    SkipDamaged {
+        topic: TopicName,
+        subscription: String,
+    },
 }
 
 /// What an admin operation answers; which variant goes with which request
@@ -149,6 +158,8 @@ pub enum AdminReply {
     Retention(Option<TopicRetention>),
     /// `None`: the topic has no override; its namespace's applies.
     MessageTtl(Option<u64>),
+    /// The damaged entry the subscription was moved past (batch index -1).
+    Skipped(MessageId),
 }
 
 /// Some of a namespace's [`Policies`]: the fields that are set replace the

@@ -31,8 +31,9 @@ pub enum ConsumerEvent {
     /// one `Message` frame each to older ones. Never empty.
     Run { consumer_id: u64, first: MessageId, redelivery_count: u32, blobs: Vec<Bytes> },
     /// The broker closed the consumer (e.g. unreadable data); the client should
-    /// be told and may subscribe again.
-    Closed { consumer_id: u64, code: ErrorCode, message: String },
+    /// be told and may subscribe again. `entry`: the entry concerned, if any
+    /// (a damaged one: `ErrorCode::DamagedEntry`).
+    Closed { consumer_id: u64, code: ErrorCode, message: String, entry: Option<MessageId> },
     /// Failover: the consumer became (or stopped being) the active one.
     ActiveChange { consumer_id: u64, is_active: bool },
 }

@@ -87,6 +87,16 @@ impl Shard {
                 ),
             ));
         }
+        if self.log.space_short() {
+            // Exact, unlike the sampled percentage: the log could not
+            // reserve its next segment, so what is accepted now might have
+            // to wait for space. Retriable: the log retries the reservation
+            // and produce resumes by itself once it succeeds.
+            return Err(CoreError::new(
+                ErrorCode::StorageFull,
+                "no space on the data disk for the log's next segment; produce is refused until space is freed",
+            ));
+        }
         Ok(t)
     }
 
@@ -287,6 +297,58 @@ impl Shard {
         }
         tracing::info!(topic, subscription, entry, ?target, "seek");
         Ok(Reply::Done)
+    }
+
+    /// Moves `subscription` of `topic` past the damaged entry it waits at:
+    /// the one its dispatcher found damaged, else its first unacknowledged
+    /// entry. The entry is read again first, and only an entry that still
+    /// fails verification is skipped (acknowledged for this subscription,
+    /// durably, with a log line); an intact one is an error, so a stale
+    /// request never drops a good message. Answers the skipped entry's id.
+    pub(super) async fn handle_skip_damaged(self: Rc<Self>, topic: &str, subscription: &str) -> OpResult {
+        let tn = TopicName::parse(topic)?;
+        if !self.topics.borrow().contains_key(topic) && !self.store.topic_recorded(topic) {
+            return Err(CoreError::new(ErrorCode::TopicNotFound, format!("no topic {topic}")));
+        }
+        let (t, _) = self.get_or_create_topic(&tn)?;
+        let sub = t.subs.borrow().get(subscription).cloned().ok_or_else(|| {
+            CoreError::new(ErrorCode::TopicNotFound, format!("{topic} has no subscription {subscription:?}"))
+        })?;
+        let pos = sub.damaged.get().unwrap_or_else(|| {
+            let c = sub.cursor.borrow();
+            c.acked.first_absent_from(c.ack_floor)
+        });
+        let nothing = |why: String| CoreError::new(ErrorCode::NotAllowed, why);
+        let (Some(id), Some((ledger, entry))) = (t.message_id(pos), t.ledgers.borrow().locate(pos)) else {
+            return Err(nothing(format!("subscription {subscription:?} of {topic} has no entry left to skip")));
+        };
+        if pos >= t.durable_next.get() || sub.cursor.borrow().is_acked(pos) {
+            sub.damaged.set(None);
+            return Err(nothing(format!("subscription {subscription:?} of {topic} has no damaged entry to skip")));
+        }
+        match self.log.read(ledger, entry).await {
+            Ok(_) => {
+                sub.damaged.set(None);
+                return Err(nothing(format!(
+                    "entry {}:{} of {topic}, where subscription {subscription:?} is, reads back intact: \
+                     nothing to skip",
+                    id.ledger, id.entry
+                )));
+            }
+            Err(magnetar_storage::StorageError::Corrupt { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let lsn = requests::ack(&self.cursors, &t, &sub, AckType::Individual, (&[id], &[]), true)?;
+        if let Some(lsn) = lsn {
+            self.log.wait_durable(lsn).await?;
+        }
+        sub.damaged.set(None);
+        sub.wake.notify();
+        tracing::warn!(
+            topic, subscription, entry = %format_args!("{}:{}", id.ledger, id.entry),
+            "skip-damaged: the subscription moved past a damaged entry; its messages are not delivered to it"
+        );
+        Ok(Reply::Skipped(id))
     }
 
     /// See [`Topic::first_entry_published_at`].

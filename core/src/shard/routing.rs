@@ -116,6 +116,11 @@ pub(crate) enum Op {
     LastMessageId {
         topic: String,
     },
+    /// On the owner: move a subscription past its damaged entry.
+    SkipDamaged {
+        topic: String,
+        subscription: String,
+    },
     /// On the owner: messages of the topic with this key (`find.rs`).
     FindMessages {
         topic: String,
@@ -127,7 +132,10 @@ pub(crate) enum Op {
 
 #[derive(Debug)]
 pub(crate) enum Reply {
-    Producer { name: String, last_sequence_id: i64 },
+    Producer {
+        name: String,
+        last_sequence_id: i64,
+    },
     Sent(MessageId),
     Done,
     Admin(AdminReply),
@@ -137,6 +145,8 @@ pub(crate) enum Reply {
     Traffic(ShardTraffic),
     LastMessageId(Option<MessageId>),
     Found(FoundMessages),
+    /// The damaged entry a subscription was moved past.
+    Skipped(MessageId),
 }
 
 pub(crate) type OpResult = Result<Reply, CoreError>;
@@ -284,6 +294,10 @@ impl Shard {
             }
             Op::LastMessageId { topic } => {
                 futures::future::ready(self.last_message_id(&topic).map(Reply::LastMessageId)).boxed_local()
+            }
+            Op::SkipDamaged { topic, subscription } => {
+                let me = self.clone();
+                async move { me.handle_skip_damaged(&topic, &subscription).await }.boxed_local()
             }
             Op::FindMessages { topic, key, before_ms, limit } => {
                 let me = self.clone();

@@ -98,6 +98,10 @@ pub(crate) struct Subscription {
     pub(crate) counters: crate::stats::SubCounters,
     /// Fresh entries read from disk in one run and not yet looked at.
     pub(crate) ahead: RefCell<crate::subscription::dispatcher::task::ReadAhead>,
+    /// The position of the entry the dispatcher last found damaged on disk
+    /// (failed verification), which it never serves; the subscription waits
+    /// at it until `skip_damaged` moves past it.
+    pub(crate) damaged: Cell<Option<u64>>,
 }
 
 pub(crate) fn policy_for(t: SubscriptionType) -> Policy {
@@ -156,6 +160,7 @@ impl Subscription {
             type_held_until_ms: Cell::new(0),
             counters: Default::default(),
             ahead: RefCell::new(Default::default()),
+            damaged: Cell::new(None),
         })
     }
 

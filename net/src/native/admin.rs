@@ -36,6 +36,7 @@
 //! | `topics.set-message-ttl` | `topic`, `message_ttl_seconds` (0 = no TTL) | `null` |
 //! | `topics.get-message-ttl` | `topic` | `{"message_ttl_seconds"}` or `null` (none set) |
 //! | `topics.remove-message-ttl` | `topic` | `null` |
+//! | `subscriptions.skip-damaged` | `topic` (not a partitioned topic's name), `subscription` | `{"skipped": "L:E:P:-1"}` |
 //!
 //! Objects built as `serde_json::Value` list their fields sorted by name
 //! (serde_json without `preserve_order`); that order is part of the
@@ -229,6 +230,9 @@ pub(crate) fn parse(op: &str, json: &str) -> Result<AdminRequest, CoreError> {
         }
         "topics.get-message-ttl" => AdminRequest::GetMessageTtl { topic: topic()? },
         "topics.remove-message-ttl" => AdminRequest::RemoveMessageTtl { topic: topic()? },
+        "subscriptions.skip-damaged" => {
+            AdminRequest::SkipDamaged { topic: topic()?, subscription: str_arg(op, args, "subscription")? }
+        }
         other => return Err(CoreError::new(ErrorCode::NotAllowed, format!("unknown admin operation {other:?}"))),
     })
 }
@@ -295,6 +299,7 @@ pub(crate) fn render(reply: &AdminReply) -> String {
         AdminReply::Tenant(info) => json!(info),
         AdminReply::Policies(p) => json!(p),
         AdminReply::Partitions(n) => json!({ "partitions": n }),
+        AdminReply::Skipped(id) => json!({ "skipped": id.to_string() }),
         AdminReply::LastMessageId(LastMessageId::Topic(id)) => id_json(*id),
         AdminReply::LastMessageId(LastMessageId::Partitioned(ids)) => {
             json!({ "partitions": ids.iter().map(|id| id_json(*id)).collect::<Vec<_>>() })

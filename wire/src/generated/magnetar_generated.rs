@@ -13,10 +13,10 @@ pub mod wire {
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_ERROR_CODE: u16 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_ERROR_CODE: u16 = 17;
+pub const ENUM_MAX_ERROR_CODE: u16 = 18;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 18] = [
+pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 19] = [
   ErrorCode::UnknownError,
   ErrorCode::ProtocolError,
   ErrorCode::UnsupportedVersion,
@@ -35,6 +35,7 @@ pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 18] = [
   ErrorCode::StorageFull,
   ErrorCode::ProducerFenced,
   ErrorCode::NotOwner,
+  ErrorCode::DamagedEntry,
 ];
 
 /// Typed error codes (types.rs `ErrorCode`). Unknown values from a newer
@@ -64,9 +65,14 @@ impl ErrorCode {
   /// A `Producer` or `Subscribe` reached a shard's own port for a topic
   /// that shard does not own: look the topic up again.
   pub const NotOwner: Self = Self(17);
+  /// An entry the consumer's subscription must deliver next failed its
+  /// checksum on the broker's disk: it is never served. The subscription
+  /// stays at that entry until an operator moves past it
+  /// (`magnetar admin subscriptions skip-damaged`). Not retriable.
+  pub const DamagedEntry: Self = Self(18);
 
   pub const ENUM_MIN: u16 = 0;
-  pub const ENUM_MAX: u16 = 17;
+  pub const ENUM_MAX: u16 = 18;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::UnknownError,
     Self::ProtocolError,
@@ -86,6 +92,7 @@ impl ErrorCode {
     Self::StorageFull,
     Self::ProducerFenced,
     Self::NotOwner,
+    Self::DamagedEntry,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -108,6 +115,7 @@ impl ErrorCode {
       Self::StorageFull => Some("StorageFull"),
       Self::ProducerFenced => Some("ProducerFenced"),
       Self::NotOwner => Some("NotOwner"),
+      Self::DamagedEntry => Some("DamagedEntry"),
       _ => None,
     }
   }
@@ -614,10 +622,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for CompressionType {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_ANY_COMMAND: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_ANY_COMMAND: u8 = 24;
+pub const ENUM_MAX_ANY_COMMAND: u8 = 25;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ANY_COMMAND: [AnyCommand; 25] = [
+pub const ENUM_VALUES_ANY_COMMAND: [AnyCommand; 26] = [
   AnyCommand::NONE,
   AnyCommand::Connect,
   AnyCommand::Connected,
@@ -643,6 +651,7 @@ pub const ENUM_VALUES_ANY_COMMAND: [AnyCommand; 25] = [
   AnyCommand::AdminRequest,
   AnyCommand::AdminResponse,
   AnyCommand::MessageRun,
+  AnyCommand::ConsumerClosed,
 ];
 
 /// Add new commands only at the end.
@@ -676,9 +685,10 @@ impl AnyCommand {
   pub const AdminRequest: Self = Self(22);
   pub const AdminResponse: Self = Self(23);
   pub const MessageRun: Self = Self(24);
+  pub const ConsumerClosed: Self = Self(25);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 24;
+  pub const ENUM_MAX: u8 = 25;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::Connect,
@@ -705,6 +715,7 @@ impl AnyCommand {
     Self::AdminRequest,
     Self::AdminResponse,
     Self::MessageRun,
+    Self::ConsumerClosed,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -734,6 +745,7 @@ impl AnyCommand {
       Self::AdminRequest => Some("AdminRequest"),
       Self::AdminResponse => Some("AdminResponse"),
       Self::MessageRun => Some("MessageRun"),
+      Self::ConsumerClosed => Some("ConsumerClosed"),
       _ => None,
     }
   }
@@ -3291,6 +3303,157 @@ impl ::core::fmt::Debug for CloseConsumer<'_> {
       ds.finish()
   }
 }
+pub enum ConsumerClosedOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Broker to client: the broker closed this consumer for a reason the
+/// application must see (e.g. `DamagedEntry`), unlike a bare
+/// `CloseConsumer` (topic unloaded: subscribe again). No answer.
+pub struct ConsumerClosed<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ConsumerClosed<'a> {
+  type Inner = ConsumerClosed<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ConsumerClosed<'a> {
+  pub const VT_CONSUMER_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_CODE: ::flatbuffers::VOffsetT = 6;
+  pub const VT_MESSAGE: ::flatbuffers::VOffsetT = 8;
+  pub const VT_ENTRY: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ConsumerClosed { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ConsumerClosedArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ConsumerClosed<'bldr>> {
+    let mut builder = ConsumerClosedBuilder::new(_fbb);
+    builder.add_consumer_id(args.consumer_id);
+    if let Some(x) = args.entry { builder.add_entry(x); }
+    if let Some(x) = args.message { builder.add_message(x); }
+    builder.add_code(args.code);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn consumer_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ConsumerClosed::VT_CONSUMER_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn code(&self) -> ErrorCode {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<ErrorCode>(ConsumerClosed::VT_CODE, Some(ErrorCode::UnknownError)).unwrap()}
+  }
+  #[inline]
+  pub fn message(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ConsumerClosed::VT_MESSAGE, None)}
+  }
+  /// The entry concerned, when there is one (batch index -1).
+  #[inline]
+  pub fn entry(&self) -> Option<&'a MessageIdData> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<MessageIdData>(ConsumerClosed::VT_ENTRY, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ConsumerClosed<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("consumer_id", Self::VT_CONSUMER_ID, false)?
+     .visit_field::<ErrorCode>("code", Self::VT_CODE, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("message", Self::VT_MESSAGE, false)?
+     .visit_field::<MessageIdData>("entry", Self::VT_ENTRY, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ConsumerClosedArgs<'a> {
+    pub consumer_id: u64,
+    pub code: ErrorCode,
+    pub message: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub entry: Option<&'a MessageIdData>,
+}
+impl<'a> Default for ConsumerClosedArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ConsumerClosedArgs {
+      consumer_id: 0,
+      code: ErrorCode::UnknownError,
+      message: None,
+      entry: None,
+    }
+  }
+}
+
+pub struct ConsumerClosedBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ConsumerClosedBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_consumer_id(&mut self, consumer_id: u64) {
+    self.fbb_.push_slot::<u64>(ConsumerClosed::VT_CONSUMER_ID, consumer_id, 0);
+  }
+  #[inline]
+  pub fn add_code(&mut self, code: ErrorCode) {
+    self.fbb_.push_slot::<ErrorCode>(ConsumerClosed::VT_CODE, code, ErrorCode::UnknownError);
+  }
+  #[inline]
+  pub fn add_message(&mut self, message: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ConsumerClosed::VT_MESSAGE, message);
+  }
+  #[inline]
+  pub fn add_entry(&mut self, entry: &MessageIdData) {
+    self.fbb_.push_slot_always::<&MessageIdData>(ConsumerClosed::VT_ENTRY, entry);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ConsumerClosedBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ConsumerClosedBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ConsumerClosed<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ConsumerClosed<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ConsumerClosed");
+      ds.field("consumer_id", &self.consumer_id());
+      ds.field("code", &self.code());
+      ds.field("message", &self.message());
+      ds.field("entry", &self.entry());
+      ds.finish()
+  }
+}
 pub enum PingOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -4749,6 +4912,21 @@ impl<'a> BaseCommand<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn command_as_consumer_closed(&self) -> Option<ConsumerClosed<'a>> {
+    if self.command_type() == AnyCommand::ConsumerClosed {
+      self.command().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ConsumerClosed::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for BaseCommand<'_> {
@@ -4783,6 +4961,7 @@ impl ::flatbuffers::Verifiable for BaseCommand<'_> {
           AnyCommand::AdminRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<AdminRequest>>("AnyCommand::AdminRequest", pos),
           AnyCommand::AdminResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<AdminResponse>>("AnyCommand::AdminResponse", pos),
           AnyCommand::MessageRun => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<MessageRun>>("AnyCommand::MessageRun", pos),
+          AnyCommand::ConsumerClosed => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ConsumerClosed>>("AnyCommand::ConsumerClosed", pos),
           _ => Ok(()),
         }
      })?
@@ -5000,6 +5179,13 @@ impl ::core::fmt::Debug for BaseCommand<'_> {
         },
         AnyCommand::MessageRun => {
           if let Some(x) = self.command_as_message_run() {
+            ds.field("command", &x)
+          } else {
+            ds.field("command", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        AnyCommand::ConsumerClosed => {
+          if let Some(x) = self.command_as_consumer_closed() {
             ds.field("command", &x)
           } else {
             ds.field("command", &"InvalidFlatbuffer: Union discriminant does not match value.")

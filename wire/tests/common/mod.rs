@@ -124,6 +124,13 @@ pub fn all_commands() -> Vec<Command> {
         },
         Command::CloseProducer { request_id: 1, producer_id: u64::MAX },
         Command::CloseConsumer { request_id: u64::MAX, consumer_id: 2 },
+        Command::ConsumerClosed {
+            consumer_id: 3,
+            code: ErrorCode::DamagedEntry,
+            message: "entry 7:2 is damaged".into(),
+            entry: Some(id_neg),
+        },
+        Command::ConsumerClosed { consumer_id: 0, code: ErrorCode::UnknownError, message: String::new(), entry: None },
         Command::Ping,
         Command::Pong,
         Command::Error { request_id: 0, code: ErrorCode::StorageFull, message: "disk above watermark".into() },
@@ -166,6 +173,7 @@ pub fn command_names() -> Vec<&'static str> {
         "AdminRequest",
         "AdminResponse",
         "MessageRun",
+        "ConsumerClosed",
     ]
 }
 

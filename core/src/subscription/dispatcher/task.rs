@@ -505,6 +505,10 @@ async fn read_fresh<S: DeliverySink, L: LogReader>(
             }
             match ctx.log.read_run(ledger, e, want, RUN_BYTES_MAX).await {
                 Ok(run) => run,
+                // Damage somewhere in the run: read this entry alone, so
+                // that what is readable before the damaged entry goes out
+                // and the error names the damaged entry itself.
+                Err(magnetar_storage::StorageError::Corrupt { .. }) => return read(ctx, topic, sub, pos).await,
                 Err(err) => {
                     sub.counters.entries_read.set(sub.counters.entries_read.get() + 1);
                     fail_read(ctx, topic, sub, pos, err);
@@ -573,7 +577,11 @@ async fn read<S: DeliverySink, L: LogReader>(
     }
 }
 
-/// Closes every consumer of `sub` with the reason `entry` cannot be read.
+/// Closes every consumer of `sub` with the reason `entry` (a topic
+/// position) cannot be read: `DamagedEntry` naming the entry when its bytes
+/// failed verification (the subscription then waits at it, and says so to
+/// every consumer that comes, until an operator skips it), else
+/// `PersistenceError` (an I/O error; retriable).
 fn fail_read<S: DeliverySink, L: LogReader>(
     ctx: &DispatchCtx<S, L>,
     topic: &Topic,
@@ -581,18 +589,36 @@ fn fail_read<S: DeliverySink, L: LogReader>(
     entry: u64,
     e: magnetar_storage::StorageError,
 ) {
-    tracing::error!(topic = %topic.key, entry, "read failed: {e}");
+    let id = topic.message_id(entry);
+    let name = id.map_or_else(|| format!("at position {entry}"), |id| format!("{}:{}", id.ledger, id.entry));
+    let (code, message) = match &e {
+        magnetar_storage::StorageError::Corrupt { .. } => {
+            sub.damaged.set(Some(entry));
+            tracing::error!(
+                topic = %topic.key, subscription = %sub.name, entry = %name,
+                "damaged entry, never served; `magnetar admin subscriptions skip-damaged` moves past it: {e}"
+            );
+            (
+                ErrorCode::DamagedEntry,
+                format!(
+                    "entry {name} of {} is damaged on the broker's disk and is never served ({e}); \
+                     `magnetar admin subscriptions skip-damaged {} {}` moves the subscription past it",
+                    topic.key, topic.key, sub.name
+                ),
+            )
+        }
+        _ => {
+            tracing::error!(topic = %topic.key, entry = %name, "read failed: {e}");
+            (ErrorCode::PersistenceError, format!("cannot read entry {name} of {}: {e}", topic.key))
+        }
+    };
     sub.ahead.borrow_mut().entries.clear();
     let consumers: Vec<ConsumerRef> = sub.consumers.borrow().iter().map(|c| c.consumer).collect();
     for c in consumers {
         sub.remove_consumer(&ctx.sink, c);
         ctx.sink.deliver(
             c,
-            ConsumerEvent::Closed {
-                consumer_id: c.consumer_id,
-                code: ErrorCode::PersistenceError,
-                message: format!("cannot read entry {entry} of {}: {e}", topic.key),
-            },
+            ConsumerEvent::Closed { consumer_id: c.consumer_id, code, message: message.clone(), entry: id },
         );
     }
 }
