@@ -4,7 +4,8 @@
 #   Starts `$M standalone --listen 127.0.0.1:0 FLAGS` in the background
 #   (stdout to LOG_PREFIX.out, stderr to LOG_PREFIX.err), waits for its
 #   "listening on" line (up to BROKER_WAIT_S seconds, default 20: give
-#   recovery more), and sets BROKER_PID and BROKER_ADDR. A broker that does
+#   recovery more), and sets BROKER_PID, BROKER_ADDR and BROKER_HTTP (the
+#   HTTP server's address). A broker that does
 #   not come up: its stderr is printed, it is killed, and this returns 1.
 # stop_broker [SIGNAL]
 #   Signals BROKER_PID (default TERM) and waits for it; no-op without one.
@@ -12,7 +13,7 @@ start_broker() {
   local log=$1; shift
   # An earlier broker's "listening on" must not be read for this one's.
   rm -f "$log.out"
-  "$M" standalone --listen 127.0.0.1:0 "$@" >"$log.out" 2>"$log.err" &
+  "$M" standalone --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 "$@" >"$log.out" 2>"$log.err" &
   BROKER_PID=$!
   local i
   for i in $(seq $(( ${BROKER_WAIT_S:-20} * 10 ))); do
@@ -21,6 +22,7 @@ start_broker() {
     sleep 0.1
   done
   BROKER_ADDR=$(sed -n 's/.*listening on //p' "$log.out")
+  BROKER_HTTP=$(sed -n 's/.*standalone http on //p' "$log.out")
   if [ -z "$BROKER_ADDR" ]; then
     echo "broker did not start:" >&2; cat "$log.err" >&2
     stop_broker KILL

@@ -72,7 +72,13 @@ impl BrokerProcess {
             .map_err(|source| BrokerError::DataDir { dir: parent.clone(), source })?;
         let data_dir = dir.path().join("data");
         let mut cmd = Command::new(&bin);
-        cmd.arg("standalone").arg("--listen").arg("127.0.0.1:0").arg("--data-dir").arg(&data_dir);
+        cmd.arg("standalone")
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--http-listen")
+            .arg("127.0.0.1:0")
+            .arg("--data-dir")
+            .arg(&data_dir);
         if let Some(shards) = options.shards {
             cmd.arg("--shards").arg(shards.to_string());
         }

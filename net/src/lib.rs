@@ -17,6 +17,7 @@
 //!
 //! This crate knows nothing of files; core knows nothing of sockets.
 
+pub mod http;
 mod native;
 mod pulsar;
 mod session;

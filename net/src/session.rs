@@ -487,25 +487,50 @@ pub(crate) struct InFlight {
     bytes: Cell<usize>,
     max: usize,
     drained: Signal,
+    /// The shard's metrics, whose in-flight gauge follows `bytes`.
+    metrics: Option<std::sync::Arc<magnetar_core::metrics::ShardMetrics>>,
 }
 
 impl InFlight {
     pub(crate) fn new(max: usize) -> Self {
-        Self { bytes: Cell::new(0), max, drained: Signal::new() }
+        Self { bytes: Cell::new(0), max, drained: Signal::new(), metrics: None }
+    }
+
+    /// The same, also counted in the shard's `inflight_bytes` gauge.
+    pub(crate) fn counted(mut self, metrics: std::sync::Arc<magnetar_core::metrics::ShardMetrics>) -> Self {
+        assert_eq!(self.bytes.get(), 0, "counted before any send");
+        self.metrics = Some(metrics);
+        self
     }
 
     fn add(&self, bytes: usize) {
         self.bytes.set(self.bytes.get() + bytes);
+        if let Some(m) = &self.metrics {
+            m.inflight_bytes.add(bytes as u64);
+        }
     }
 
     /// `bytes` added before are answered (or were never sent).
     fn release(&self, bytes: usize) {
         self.bytes.set(self.bytes.get() - bytes);
+        if let Some(m) = &self.metrics {
+            m.inflight_bytes.sub(bytes as u64);
+        }
         self.drained.notify();
     }
 
     fn has_room(&self) -> bool {
         self.bytes.get() <= self.max
+    }
+}
+
+impl Drop for InFlight {
+    /// A connection that ends with sends unanswered takes them out of the
+    /// shard's gauge.
+    fn drop(&mut self) {
+        if let Some(m) = &self.metrics {
+            m.inflight_bytes.sub(self.bytes.get() as u64);
+        }
     }
 }
 
@@ -596,7 +621,7 @@ pub(crate) async fn run<D, R, W>(
     W: AsyncWrite + Unpin + 'static,
 {
     let out = Rc::new(Outbox::new(door, control.clone(), limits.outbox_bytes_max));
-    let inflight = Rc::new(InFlight::new(limits.inflight_bytes_max));
+    let inflight = Rc::new(InFlight::new(limits.inflight_bytes_max).counted(broker.metrics().clone()));
     let writer_task = glommio::spawn_local(write_loop(out.clone(), writer, limits.unread_output_timeout));
     let session = Rc::new(Session {
         broker: RefCell::new(broker.with_principal(principal)),

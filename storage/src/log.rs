@@ -500,6 +500,8 @@ pub(crate) struct State<F> {
     pub zero_waker: Option<Waker>,
     /// Bytes zeroed ahead since open (a counter).
     pub zeroed_bytes: u64,
+    /// What the flusher wrote and synced since open ([`FlushStats`]).
+    pub flush: FlushStats,
     /// Live (not deleted) entries per segment start, from the index: a
     /// segment at zero before the checkpoint position is garbage.
     pub seg_live: BTreeMap<u64, u64>,
@@ -559,6 +561,7 @@ impl<F> State<F> {
             lone_batches: 0,
             zero_waker: None,
             zeroed_bytes: 0,
+            flush: FlushStats::default(),
             seg_live: BTreeMap::new(),
             seg_live_bytes: BTreeMap::new(),
             relocated: BTreeMap::new(),
@@ -958,6 +961,7 @@ impl<D: Disk> Shared<D> {
             (candidate && !paused, candidate && paused)
         };
         crate::stage::mark("4b_write_submit");
+        let flush_began = std::time::Instant::now();
         let after_write = |st: &mut State<D::File>| {
             st.zeroed = st.zeroed.max(end);
             st.avg_batch = if st.avg_batch == 0 { batch_len } else { (st.avg_batch * 7 + batch_len) / 8 };
@@ -1002,6 +1006,7 @@ impl<D: Disk> Shared<D> {
             }
         }
         crate::stage::mark("6_synced");
+        let flush_us = flush_began.elapsed().as_micros() as u64;
 
         // 4. Durable: advance, apply metadata to the durable view, wake waiters.
         let mut st = self.st.borrow_mut();
@@ -1014,6 +1019,7 @@ impl<D: Disk> Shared<D> {
         st.tail = position + batch_len;
         st.next_seq = seq + 1;
         st.durable_lsn = last_lsn;
+        st.flush.record(count as u64, batch_len, flush_us);
         st.lone_streak =
             if count == 1 && batch_len <= LONE_BATCH_BYTES_MAX { st.lone_streak.saturating_add(1) } else { 0 };
         if !moves.is_empty() {
@@ -2006,6 +2012,11 @@ impl<D: Disk> EntryLog<D> {
         self.sh.st.borrow().zeroed_bytes
     }
 
+    /// What the flusher wrote and synced since open.
+    pub fn flush_stats(&self) -> FlushStats {
+        self.sh.st.borrow().flush
+    }
+
     /// Read-cache counters: (reads served from the read cache, disk reads).
     pub fn read_stats(&self) -> (u64, u64) {
         let st = self.sh.st.borrow();
@@ -2159,5 +2170,53 @@ pub(crate) fn check_mode(mode: Mode) -> Result<()> {
         Mode::Open => Ok(()),
         Mode::Failed => Err(StorageError::Failed),
         Mode::Closing | Mode::Closed => Err(StorageError::Closed),
+    }
+}
+
+/// Buckets of [`FlushStats`]' distributions: bucket `i` counts values `v`
+/// with `2^(i-1) <= v < 2^i` (bucket 0: `v == 0`); the last takes the rest.
+pub const FLUSH_HISTOGRAM_BUCKETS: usize = 40;
+
+/// The flusher's work since the log was opened: batches (group commits)
+/// written and fdatasync'd, their records and bytes, and distributions of
+/// the records per batch and of the microseconds each batch's write and
+/// fdatasync took (one linked request, so timed together).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlushStats {
+    pub batches: u64,
+    pub records: u64,
+    /// Bytes written and synced (batch headers and page padding included).
+    pub bytes: u64,
+    pub records_per_batch: [u64; FLUSH_HISTOGRAM_BUCKETS],
+    pub sync_us: [u64; FLUSH_HISTOGRAM_BUCKETS],
+    pub sync_us_sum: u64,
+}
+
+impl Default for FlushStats {
+    fn default() -> Self {
+        Self {
+            batches: 0,
+            records: 0,
+            bytes: 0,
+            records_per_batch: [0; FLUSH_HISTOGRAM_BUCKETS],
+            sync_us: [0; FLUSH_HISTOGRAM_BUCKETS],
+            sync_us_sum: 0,
+        }
+    }
+}
+
+impl FlushStats {
+    /// The bucket of `v` (see [`FLUSH_HISTOGRAM_BUCKETS`]).
+    pub fn bucket_of(v: u64) -> usize {
+        ((u64::BITS - v.leading_zeros()) as usize).min(FLUSH_HISTOGRAM_BUCKETS - 1)
+    }
+
+    fn record(&mut self, records: u64, bytes: u64, sync_us: u64) {
+        self.batches += 1;
+        self.records += records;
+        self.bytes += bytes;
+        self.records_per_batch[Self::bucket_of(records)] += 1;
+        self.sync_us[Self::bucket_of(sync_us)] += 1;
+        self.sync_us_sum += sync_us;
     }
 }

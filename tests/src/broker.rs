@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 
 /// The line the broker prints on stdout once every shard serves.
 pub const LISTENING_PREFIX: &str = "magnetar standalone listening on ";
+/// The line the broker prints on stdout, before the listening line, with
+/// its HTTP server's address.
+pub const HTTP_PREFIX: &str = "magnetar standalone http on ";
 /// How long a broker may take to recover its log and start serving.
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a clean shutdown may take (drain, sync, clean marker).
@@ -71,6 +74,8 @@ impl std::fmt::Display for StartFailure {
 pub struct BrokerProcess {
     child: ChildGuard,
     addr: SocketAddr,
+    /// The HTTP server's address (`None` with `--no-http`).
+    http_addr: Option<SocketAddr>,
     data_dir: PathBuf,
     options: BrokerOptions,
     log: LogBuffer,
@@ -133,6 +138,10 @@ impl BrokerProcess {
         if let Some(m) = options.write_cache_mib {
             cmd.arg("--write-cache-mib").arg(m.to_string());
         }
+        // Brokers of parallel tests must not share the default HTTP port.
+        if !options.extra_args.iter().any(|a| a == "--http-listen" || a == "--no-http") {
+            cmd.arg("--http-listen").arg("127.0.0.1:0");
+        }
         cmd.args(&options.extra_args);
         let rust_log = std::env::var("MAGNETAR_TEST_RUST_LOG").unwrap_or_else(|_| options.rust_log.clone());
         cmd.env("RUST_LOG", rust_log).env("NO_COLOR", "1").stdin(Stdio::null());
@@ -151,10 +160,15 @@ impl BrokerProcess {
         let lines = pump_lines(stdout, label);
 
         let deadline = Instant::now() + START_TIMEOUT;
+        let mut http_addr = None;
         let addr = loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match lines.recv_timeout(left) {
                 Ok(line) => {
+                    if let Some(rest) = line.strip_prefix(HTTP_PREFIX) {
+                        http_addr = rest.trim().parse::<SocketAddr>().ok();
+                        continue;
+                    }
                     if let Some(rest) = line.strip_prefix(LISTENING_PREFIX) {
                         match rest.trim().parse::<SocketAddr>() {
                             Ok(a) => break a,
@@ -194,7 +208,15 @@ impl BrokerProcess {
             }
         };
         // The stdout pump keeps draining until EOF; nothing more is expected.
-        Ok(BrokerProcess { child, addr, data_dir: data_dir.to_path_buf(), options: options.clone(), log, log_pump })
+        Ok(BrokerProcess {
+            child,
+            addr,
+            http_addr,
+            data_dir: data_dir.to_path_buf(),
+            options: options.clone(),
+            log,
+            log_pump,
+        })
     }
 
     /// Starts a new broker on the same data directory with the same options
@@ -207,6 +229,11 @@ impl BrokerProcess {
     /// The address the broker listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The HTTP server's address; panics when it was started with `--no-http`.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr.expect("the broker runs no HTTP server")
     }
 
     /// `HOST:PORT`, as the CLI's `--url` and `Client::connect` take it.

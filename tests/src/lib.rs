@@ -21,6 +21,7 @@ mod broker;
 mod cli;
 pub mod consume;
 mod data;
+pub mod http;
 mod process;
 mod pulsar;
 mod raw;

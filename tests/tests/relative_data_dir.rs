@@ -15,10 +15,20 @@ fn default_relative_data_dir_works() {
         let dir = test_dir("relative-data-dir");
         let mut cmd = Command::new(magnetar_bin());
         // --disk-refuse-pct 100: not a watermark test (see core/tests/watermarks.rs).
-        cmd.args(["standalone", "--listen", "127.0.0.1:0", "--shards", "2", "--no-pin", "--disk-refuse-pct", "100"])
-            .current_dir(dir.path())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        cmd.args([
+            "standalone",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-http",
+            "--shards",
+            "2",
+            "--no-pin",
+            "--disk-refuse-pct",
+            "100",
+        ])
+        .current_dir(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
         // Through the harness, so it dies with the test whatever happens.
         let mut guard = ChildGuard::spawn(cmd).expect("spawn magnetar standalone");
         let stdout = guard.child_mut().stdout.take().expect("stdout");

@@ -5,16 +5,18 @@ use std::process::ExitCode;
 
 mod admin;
 mod broker;
+mod config;
 mod consume;
 mod inspect;
 mod produce;
 mod read;
+mod sd_notify;
 mod standalone;
 mod tokens;
 
 #[derive(Parser)]
 #[command(name = "magnetar", version, about = "Magnetar message broker")]
-struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     command: Cmd,
 }
@@ -22,7 +24,13 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run a broker with an embedded default configuration (no other service).
+    /// Settings come from --config FILE, then MAGNETAR_SECTION_KEY variables,
+    /// then flags (each overriding the one before).
+    #[command(args_override_self = true)]
     Standalone(standalone::StandaloneArgs),
+    /// The configuration file: `default` prints it with every key, `show`
+    /// the effective one.
+    Config(config::ConfigArgs),
     /// Publish messages to a topic.
     Produce(produce::ProduceArgs),
     /// Receive and acknowledge messages from a subscription.
@@ -39,7 +47,19 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // `standalone` reads its configuration file and MAGNETAR_* variables as
+    // flags placed before the command line's (config.rs).
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.get(1).is_some_and(|a| a == "standalone") {
+        match config::expand(argv.split_off(2)) {
+            Ok(rest) => argv.extend(rest),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let cli = Cli::parse_from(argv);
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -55,6 +75,7 @@ fn main() -> ExitCode {
         Cmd::Admin(args) => admin::run(args),
         Cmd::Read(args) => read::run(args),
         Cmd::Tokens(args) => tokens::run(args),
+        Cmd::Config(args) => config::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

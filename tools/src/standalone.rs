@@ -2,6 +2,7 @@
 
 use magnetar_core::auth::Authenticator;
 use magnetar_core::BrokerConfig;
+use magnetar_net::http::{HttpConfig, HttpServer};
 use magnetar_net::tls::TlsSettings;
 use magnetar_net::{ConnectionLimits, NetConfig, PortReservation};
 use std::net::SocketAddr;
@@ -12,6 +13,10 @@ use std::time::Duration;
 
 #[derive(clap::Args, Debug)]
 pub struct StandaloneArgs {
+    /// A TOML configuration file (`magnetar config default` prints one with
+    /// every key); MAGNETAR_SECTION_KEY variables override it, flags both.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// Where the broker keeps its data.
     #[arg(long, default_value = "./data")]
     pub data_dir: PathBuf,
@@ -185,6 +190,17 @@ pub struct StandaloneArgs {
     /// authentication on).
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
+    /// Address of the HTTP server: /metrics, /healthz, /ready and the REST
+    /// admin under /admin/v2/ (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub http_listen: SocketAddr,
+    /// No HTTP server.
+    #[arg(long)]
+    pub no_http: bool,
+    /// Sum the pulsar_* metrics per namespace instead of one series per
+    /// topic and subscription (for brokers with very many topics).
+    #[arg(long)]
+    pub metrics_namespace_level: bool,
 }
 
 impl StandaloneArgs {
@@ -354,16 +370,63 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
         _ => None,
     };
     let net = NetConfig { shard_addrs, pulsar_addr, pulsar, tls, ..args.net_config() };
-    let running =
-        magnetar_core::launch(config, shutdown.clone(), move |broker| magnetar_net::serve(broker, addr, net.clone()))?;
+    // The HTTP server starts before recovery, so that probes can say "not
+    // ready" meanwhile; it reaches each shard through the task below.
+    let http = if args.no_http {
+        None
+    } else {
+        let mut hc = HttpConfig::new(args.http_listen);
+        hc.topic_level_metrics = !args.metrics_namespace_level;
+        let (server, shards_side) = HttpServer::start(hc, shards)
+            .map_err(|e| format!("cannot bind --http-listen {}: {e}", args.http_listen))?;
+        Some((server, shards_side))
+    };
+    let http_shards = http.as_ref().map(|(_, s)| s.clone());
+    let running = magnetar_core::launch(config, shutdown.clone(), move |broker| {
+        let serve = magnetar_net::serve(broker.clone(), addr, net.clone());
+        let http = http_shards.clone();
+        async move {
+            match http {
+                Some(h) => {
+                    futures::future::join(serve, h.serve_shard(broker)).await;
+                }
+                None => serve.await,
+            }
+        }
+    })?;
+    let http = http.map(|(server, _)| server);
+    if let Some(server) = &http {
+        server.set_ready(true);
+        println!("magnetar standalone http on {}", server.addr());
+    }
     // One line on stdout that scripts and tests wait for (the port matters
     // when --listen asked for port 0).
     println!("magnetar standalone listening on {addr}");
     if let Some(p) = pulsar_addr {
         println!("magnetar standalone listening for Pulsar on {p}");
     }
+    // systemd (Type=notify): every shard recovered and serves.
+    if let Err(e) = crate::sd_notify::notify("READY=1") {
+        tracing::warn!("cannot notify systemd of readiness: {e}");
+    }
     tracing::info!(%addr, start_ms = started.elapsed().as_millis() as u64, "broker ready");
+    // Once shutdown begins (SIGTERM), say so to systemd.
+    let stopping = std::thread::spawn({
+        let shutdown = shutdown.clone();
+        move || {
+            while !shutdown.load(Ordering::SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            let _ = crate::sd_notify::notify("STOPPING=1");
+        }
+    });
     let result = running.join();
+    shutdown.store(true, Ordering::SeqCst);
+    let _ = stopping.join();
+    if let Some(server) = http {
+        server.set_ready(false);
+        server.stop();
+    }
     drop(reservation);
     drop(shard_reservations);
     drop(pulsar_reservation);

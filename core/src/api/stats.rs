@@ -77,3 +77,41 @@ pub struct ConsumerStats {
     /// true for the other types.
     pub active: bool,
 }
+
+/// A topic's figures for a metrics exporter: what
+/// [`TopicStats`] has, less what costs index lookups (backlog bytes) or
+/// allocations per consumer, plus the totals counters need. Taken on the
+/// topic's owner shard by [`Broker::local_topic_metrics`](super::Broker::local_topic_metrics).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopicMetrics {
+    pub topic: String,
+    pub producers: u64,
+    /// Messages and bytes per second appended, over the last second or so.
+    pub msg_rate_in: f64,
+    pub byte_rate_in: f64,
+    /// Messages and bytes appended since the topic was loaded.
+    pub msg_in_total: u64,
+    pub bytes_in_total: u64,
+    /// Bytes of the topic's stored entries (all its ledgers).
+    pub storage_bytes: u64,
+    /// Sorted by name.
+    pub subscriptions: Vec<SubscriptionMetrics>,
+}
+
+/// One subscription's figures for a metrics exporter.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubscriptionMetrics {
+    pub name: String,
+    /// Messages not acknowledged ([`SubscriptionStats::backlog_messages`]).
+    pub backlog_messages: u64,
+    /// Entries delivered and not acknowledged.
+    pub unacked: u64,
+    /// Delayed messages not yet due.
+    pub delayed: u64,
+    pub msg_rate_out: f64,
+    pub byte_rate_out: f64,
+    /// Messages and bytes sent to consumers since the topic was loaded.
+    pub msg_out_total: u64,
+    pub bytes_out_total: u64,
+    pub consumers: u64,
+}

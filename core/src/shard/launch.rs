@@ -189,6 +189,7 @@ where
                     "recovered entry log"
                 );
                 let shard = Shard::new(id, n, config.clone(), log, mesh);
+                shard.metrics.recovery_us.set(recovery.elapsed.as_micros() as u64);
                 if let Some(md) = &shard.metadata {
                     // A fresh data directory starts with tenant `public` and
                     // namespace `public/default` (shard 0 owns the metadata).

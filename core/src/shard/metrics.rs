@@ -8,6 +8,7 @@
 //! a single writer per value, and a reader that only needs each value to be
 //! some value it had, not a consistent cut across values.
 
+pub use magnetar_storage::FlushStats;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -25,9 +26,37 @@ impl Counter {
     }
 }
 
+/// A value that goes up and down (bytes in flight, microseconds spent in
+/// recovery): one writer, the shard's thread.
+#[derive(Debug, Default)]
+pub struct Gauge(AtomicU64);
+
+impl Gauge {
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// `n` must have been added before (the gauge never goes below 0).
+    pub fn sub(&self, n: u64) {
+        let before = self.0.fetch_sub(n, Ordering::Relaxed);
+        assert!(before >= n, "gauge below zero: {before} - {n}");
+    }
+
+    pub fn set(&self, v: u64) {
+        self.0.store(v, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 /// Buckets of a [`Histogram`]: bucket `i` counts values `v` with
 /// `2^(i-1) <= v < 2^i` (bucket 0: `v == 0`); the last one takes the rest.
 pub const HISTOGRAM_BUCKETS: usize = 40;
+// The storage's flush distributions use the same buckets, so exporters
+// render both alike.
+const _: () = assert!(HISTOGRAM_BUCKETS == magnetar_storage::FLUSH_HISTOGRAM_BUCKETS);
 
 /// A distribution of `u64` values (microseconds, entries, bytes) in
 /// power-of-two buckets: recording is two relaxed additions and a
@@ -77,6 +106,11 @@ pub struct HistogramSnapshot {
 }
 
 impl HistogramSnapshot {
+    /// A distribution the storage keeps in the same buckets.
+    pub fn from_buckets(buckets: [u64; HISTOGRAM_BUCKETS], sum: u64) -> Self {
+        Self { buckets, count: buckets.iter().sum(), sum }
+    }
+
     pub fn upper_bound(i: usize) -> Option<u64> {
         (i + 1 < HISTOGRAM_BUCKETS).then(|| 1u64 << i)
     }
@@ -107,6 +141,12 @@ pub struct ShardMetrics {
     /// Connections accepted and closed on this shard's ports.
     pub connections_opened: Counter,
     pub connections_closed: Counter,
+    /// Payload bytes of sends received on this shard's connections and not
+    /// yet answered.
+    pub inflight_bytes: Gauge,
+    /// Microseconds this shard took to open and recover its entry log at
+    /// start.
+    pub recovery_us: Gauge,
 }
 
 /// A shard's metrics and the storage figures of its log, at one moment.
@@ -123,6 +163,8 @@ pub struct ShardMetricsSnapshot {
     pub cross_shard_events: u64,
     pub connections_opened: u64,
     pub connections_closed: u64,
+    pub inflight_bytes: u64,
+    pub recovery_us: u64,
     pub storage: StorageFigures,
 }
 
@@ -140,6 +182,13 @@ pub struct StorageFigures {
     /// is refused for it.
     pub disk_used_pct: u8,
     pub storage_full: bool,
+    /// Entry reads served from the read cache, and reads that went to disk.
+    pub read_cache_hits: u64,
+    pub disk_reads: u64,
+    /// Group commits: batches written and fdatasync'd, their records and
+    /// bytes, and the distributions of records per batch and of each
+    /// batch's write-and-fdatasync time.
+    pub flush: FlushStats,
 }
 
 impl ShardMetrics {
@@ -161,6 +210,8 @@ impl ShardMetrics {
             cross_shard_events: self.cross_shard_events.get(),
             connections_opened: self.connections_opened.get(),
             connections_closed: self.connections_closed.get(),
+            inflight_bytes: self.inflight_bytes.get(),
+            recovery_us: self.recovery_us.get(),
             storage,
         }
     }

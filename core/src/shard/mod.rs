@@ -196,6 +196,9 @@ impl Shard {
             lone_batches: self.log.lone_batches(),
             disk_used_pct: self.disk_pct.get(),
             storage_full: self.storage_full.get(),
+            read_cache_hits: self.log.read_stats().0,
+            disk_reads: self.log.read_stats().1,
+            flush: self.log.flush_stats(),
         };
         self.metrics.snapshot(self.id, storage)
     }
