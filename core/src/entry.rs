@@ -6,8 +6,10 @@
 //! an on-disk format. [`Format`] names the formats a blob may be in; every
 //! reader here matches on it (static dispatch), so a second format (Pulsar's
 //! protobuf `MessageMetadata`) is one more arm in this file and no other
-//! module changes. Today there is one: [`Format::Native`], the native
-//! protocol's flatbuffers blob (`magnetar_wire::message`).
+//! module changes. Two today: [`Format::Native`], the native protocol's
+//! flatbuffers blob (`magnetar_wire::message`), and [`Format::Pulsar`],
+//! a message received through the Pulsar door, stored as that door's frame
+//! carried it (`magnetar_pulsar_wire::metadata::stored_blob`).
 //!
 //! The readers return format-neutral values borrowed from the blob; none of
 //! them allocates except [`with_key`] (admin lookups, off the hot paths).
@@ -24,21 +26,46 @@ pub(crate) const BATCH_MESSAGES_MAX: u32 = magnetar_wire::BATCH_MESSAGES_MAX;
 pub(crate) enum Format {
     /// `u32` metadata length, flatbuffers `MessageMetadata`, payload.
     Native,
+    /// Marker `ff ff ff ff` (a native blob's metadata length can never be
+    /// `u32::MAX`), then magic `0x0e01`, CRC-32C, `u32` big-endian metadata
+    /// length, protobuf `MessageMetadata` (Apache Pulsar's), payload.
+    Pulsar,
 }
 
 impl Format {
-    /// The format `blob` is in. Every blob is native today; a second
-    /// format is recognised here, by a marker its blobs start with.
+    /// The format `blob` is in, by the marker a Pulsar blob starts with.
     #[inline]
-    fn of(_blob: &[u8]) -> Self {
-        Format::Native
+    fn of(blob: &[u8]) -> Self {
+        if magnetar_pulsar_wire::metadata::is_stored(blob) {
+            Format::Pulsar
+        } else {
+            Format::Native
+        }
     }
 }
 
 /// Why a blob could not be read. Displays as the format's own decoder error.
 #[derive(Debug, thiserror::Error)]
-#[error(transparent)]
-pub(crate) struct EntryError(WireError);
+pub(crate) enum EntryError {
+    #[error(transparent)]
+    Native(WireError),
+    #[error("Pulsar message: {0}")]
+    Pulsar(magnetar_pulsar_wire::MetadataError),
+}
+
+/// A Pulsar blob's metadata, read without allocating.
+fn pulsar_meta(blob: &[u8]) -> Result<magnetar_pulsar_wire::MetadataPeek<'_>, EntryError> {
+    let (_, metadata, _) = magnetar_pulsar_wire::metadata::split_stored(blob).map_err(EntryError::Pulsar)?;
+    magnetar_pulsar_wire::peek_metadata(metadata).map_err(EntryError::Pulsar)
+}
+
+/// `(chunk_id, num_chunks)` of a Pulsar chunk.
+fn pulsar_chunk(m: &magnetar_pulsar_wire::MetadataPeek<'_>) -> Option<(u32, u32)> {
+    match (m.chunk_id, m.num_chunks_from_msg) {
+        (Some(id), Some(n)) if n > 1 => Some((id, n)),
+        _ => None,
+    }
+}
 
 /// A stored entry's metadata, checked whole and borrowed from its blob.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,7 +107,7 @@ impl Meta<'_> {
 pub(crate) fn read(blob: &[u8]) -> Result<Meta<'_>, EntryError> {
     match Format::of(blob) {
         Format::Native => {
-            let p = magnetar_wire::peek_message(blob).map_err(EntryError)?;
+            let p = magnetar_wire::peek_message(blob).map_err(EntryError::Native)?;
             Ok(Meta {
                 producer_name: p.producer_name,
                 sequence_id: p.sequence_id,
@@ -91,6 +118,21 @@ pub(crate) fn read(blob: &[u8]) -> Result<Meta<'_>, EntryError> {
                 deliver_at_ms: p.deliver_at_ms,
                 tag: p.tag,
                 chunk: p.chunk,
+            })
+        }
+        Format::Pulsar => {
+            let m = pulsar_meta(blob)?;
+            Ok(Meta {
+                producer_name: m.producer_name,
+                sequence_id: m.sequence_id,
+                publish_time_ms: m.publish_time_ms,
+                partition_key: m.partition_key,
+                ordering_key: m.ordering_key,
+                // Present only on a batch (Pulsar's default is 1).
+                num_messages: m.num_messages_in_batch.unwrap_or(0),
+                deliver_at_ms: m.deliver_at_ms,
+                tag: None,
+                chunk: pulsar_chunk(&m),
             })
         }
     }
@@ -151,13 +193,23 @@ pub(crate) struct Delivery<'a> {
 pub(crate) fn for_delivery(blob: &[u8]) -> Result<Delivery<'_>, EntryError> {
     match Format::of(blob) {
         Format::Native => {
-            let p = magnetar_wire::peek_for_delivery(blob).map_err(EntryError)?;
+            let p = magnetar_wire::peek_for_delivery(blob).map_err(EntryError::Native)?;
             Ok(Delivery {
                 partition_key: p.partition_key,
                 ordering_key: p.ordering_key,
                 tag: p.tag,
                 num_messages: p.num_messages,
                 deliver_at_ms: p.deliver_at_ms,
+            })
+        }
+        Format::Pulsar => {
+            let m = pulsar_meta(blob)?;
+            Ok(Delivery {
+                partition_key: m.partition_key.map(str::as_bytes),
+                ordering_key: m.ordering_key,
+                tag: None,
+                num_messages: m.num_messages_in_batch.unwrap_or(0),
+                deliver_at_ms: m.deliver_at_ms,
             })
         }
     }
@@ -191,7 +243,7 @@ pub(crate) struct KeyedMessages {
 pub(crate) fn with_key(blob: &Bytes, key: &str) -> Result<KeyedMessages, EntryError> {
     match Format::of(blob) {
         Format::Native => {
-            let (meta, payload) = magnetar_wire::decode_message(blob).map_err(EntryError)?;
+            let (meta, payload) = magnetar_wire::decode_message(blob).map_err(EntryError::Native)?;
             let compressed = meta.compression != CompressionType::None;
             let mut messages = Vec::new();
             if meta.num_messages <= 1 || compressed {
@@ -213,6 +265,26 @@ pub(crate) fn with_key(blob: &Bytes, key: &str) -> Result<KeyedMessages, EntryEr
                 publish_time_ms: meta.publish_time_ms,
                 num_messages: meta.num_messages,
                 compression: (compressed && !messages.is_empty()).then_some(meta.compression),
+                messages,
+            })
+        }
+        Format::Pulsar => {
+            // A Pulsar entry is matched whole by its own partition key; the
+            // messages inside a Pulsar batch are not looked into (yet).
+            let m = pulsar_meta(blob)?;
+            let (_, _, payload) = magnetar_pulsar_wire::metadata::split_stored(blob).map_err(EntryError::Pulsar)?;
+            let mut messages = Vec::new();
+            if m.num_messages_in_batch.is_none() && m.partition_key == Some(key) {
+                messages.push(KeyedMessage {
+                    batch_index: -1,
+                    properties: Vec::new(),
+                    payload: blob.slice_ref(payload),
+                });
+            }
+            Ok(KeyedMessages {
+                publish_time_ms: m.publish_time_ms,
+                num_messages: m.num_messages_in_batch.unwrap_or(0),
+                compression: None,
                 messages,
             })
         }

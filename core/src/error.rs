@@ -39,6 +39,11 @@ impl From<magnetar_storage::StorageError> for CoreError {
 pub enum StartError {
     #[error("data directory {path}: {source}")]
     Io { path: String, source: std::io::Error },
+    #[error(
+        "data directory {path} is in use by another broker ({}): its lock file magnetar.lock is held",
+        pid.map_or("pid unknown".to_string(), |p| format!("pid {p}"))
+    )]
+    Locked { path: String, pid: Option<u32> },
     #[error("data directory {path} was created with {found} shards; start with --shards {found}")]
     ShardCountMismatch { path: String, found: u32 },
     #[error("data directory {path}: unreadable format file: {reason}")]

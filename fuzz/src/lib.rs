@@ -5,9 +5,10 @@
 //! also tries the bytes with their checksum (and magic) made right, to reach
 //! the field checks behind them.
 //!
-//! The libFuzzer binaries in `fuzz_targets/` call these (`cargo +nightly
-//! fuzz run <target> --features libfuzzer`); `tests/smoke.rs` runs them on
-//! stable over seeded random and mutated inputs, so CI exercises them.
+//! The libFuzzer binaries in `fuzz_targets/` call these (`scripts/fuzz.sh
+//! <target> <minutes>`, on stable); `tests/smoke.rs` replays the committed
+//! seeds and runs them over seeded random and mutated inputs, so CI
+//! exercises them.
 
 use bytes::{Bytes, BytesMut};
 use magnetar_storage::format::{self as sf, BatchHeader, Checkpoint, CleanMarker, RecordHeader};

@@ -5,8 +5,9 @@
 //! Method: per target, a few thousand inputs from a seeded `SimRng` (SplitMix64; the
 //! seed is printed; `MAGNETAR_SEED=<n>` replays it, `MAGNETAR_FUZZ_ITERS=<n>`
 //! runs longer), half of them mutations of real encodings (the seeds a
-//! libFuzzer corpus would start from). A panic names the target, seed and
-//! input.
+//! libFuzzer corpus would start from), after replaying every committed seed
+//! in `fuzz/seeds/<target>/` (where a crash a fuzzer found goes, once fixed,
+//! as its regression test). A panic names the target, seed and input.
 
 use bytes::BytesMut;
 use magnetar_storage::sim::SimRng;
@@ -23,8 +24,43 @@ fn iterations() -> u64 {
     std::env::var("MAGNETAR_FUZZ_ITERS").ok().and_then(|s| s.parse().ok()).unwrap_or(20_000)
 }
 
-/// Runs `body` over random and mutated inputs.
+/// The committed seed corpus of `name` (`fuzz/seeds/<name>/`, what
+/// `scripts/fuzz.sh` starts from), sorted by file name. With
+/// `MAGNETAR_FUZZ_WRITE_SEEDS=1`, `built_in` is written there first (how
+/// the seeds were made; existing files are kept).
+fn seeds(name: &str, built_in: &[Vec<u8>]) -> Vec<(String, Vec<u8>)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds").join(name);
+    if std::env::var_os("MAGNETAR_FUZZ_WRITE_SEEDS").is_some_and(|v| v == "1") {
+        std::fs::create_dir_all(&dir).expect("creating the seeds dir");
+        for (i, input) in built_in.iter().enumerate() {
+            std::fs::write(dir.join(format!("built-in-{i:02}")), input).expect("writing a seed");
+        }
+    }
+    let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|e| {
+            let path = e.expect("a dir entry").path();
+            let input = std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+            (path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(), input)
+        })
+        .collect();
+    out.sort();
+    assert!(!out.is_empty(), "no committed seeds in {}", dir.display());
+    out
+}
+
+/// Runs `body` on every committed seed of `name` (and on every crash a
+/// fuzzer found, once fixed and committed there), then over random inputs
+/// and mutations of the seeds and `corpus`.
 fn run(name: &str, body: fn(&[u8]), corpus: &[Vec<u8>], max_random: u64) {
+    let committed = seeds(name, corpus);
+    for (file, input) in &committed {
+        if catch_unwind(AssertUnwindSafe(|| body(input))).is_err() {
+            panic!("{name} panicked on the seed fuzz/seeds/{name}/{file}");
+        }
+    }
+    let corpus: Vec<Vec<u8>> = corpus.iter().cloned().chain(committed.into_iter().map(|(_, input)| input)).collect();
+    let corpus = &corpus[..];
     let seed = seed();
     eprintln!("{name}: MAGNETAR_SEED={seed}");
     let mut rng = SimRng::new(seed);

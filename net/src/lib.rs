@@ -3,8 +3,10 @@
 //! Every shard runs one acceptor on the same port (SO_REUSEPORT), so the
 //! kernel spreads connections over shards. A connection is a session
 //! (`session`: producers, consumers, receipts, backpressure, the outbox)
-//! behind a door, the protocol it speaks: today the native one (`native`:
-//! frames from magnetar-wire). It calls the `Broker` handle of its own
+//! behind a door, the protocol it speaks: the native one (`native`: frames
+//! from magnetar-wire) or Apache Pulsar's (`pulsar`: magnetar-pulsar-wire).
+//! The shared port serves both: a connection's first bytes decide
+//! ([`speaks_pulsar`]); `NetConfig::pulsar_addr` serves Pulsar alone. It calls the `Broker` handle of its own
 //! shard, which routes each request to the topic's owner shard.
 //!
 //! Each shard may also listen on a port of its own (`NetConfig::shard_addrs`,
@@ -16,6 +18,7 @@
 //! This crate knows nothing of files; core knows nothing of sockets.
 
 mod native;
+mod pulsar;
 mod session;
 
 use futures::io::AsyncReadExt;
@@ -25,6 +28,7 @@ use std::cell::Cell;
 use std::net::SocketAddr;
 use std::rc::Rc;
 
+pub use pulsar::PulsarConfig;
 pub use session::ConnectionLimits;
 
 /// Network settings shared by all shards.
@@ -37,11 +41,21 @@ pub struct NetConfig {
     /// The address shard `i` listens on by itself (ports resolved, e.g. by a
     /// [`PortReservation`] each); empty: no per-shard listeners.
     pub shard_addrs: Vec<SocketAddr>,
+    /// An address of its own for the Pulsar protocol (port resolved); the
+    /// shared port answers Pulsar clients too.
+    pub pulsar_addr: Option<SocketAddr>,
+    pub pulsar: PulsarConfig,
 }
 
 impl Default for NetConfig {
     fn default() -> Self {
-        Self { limits: ConnectionLimits::default(), connections_per_shard_max: 10_000, shard_addrs: Vec::new() }
+        Self {
+            limits: ConnectionLimits::default(),
+            connections_per_shard_max: 10_000,
+            shard_addrs: Vec::new(),
+            pulsar_addr: None,
+            pulsar: PulsarConfig::default(),
+        }
     }
 }
 
@@ -101,7 +115,22 @@ pub async fn serve(broker: Broker, addr: SocketAddr, config: NetConfig) {
         None => None,
     };
     let _own_loop = own.map(|l| {
-        glommio::spawn_local(accept_loop(l, broker.owner_only(), config.clone(), open.clone(), shard_ports.clone()))
+        let (config, open, ports) = (config.clone(), open.clone(), shard_ports.clone());
+        glommio::spawn_local(accept_loop(l, broker.owner_only(), config, open, ports, Protocol::Sniff))
+    });
+    let pulsar = config.pulsar_addr.and_then(|addr| match glommio::net::TcpListener::bind(addr) {
+        Ok(l) => {
+            tracing::info!(shard = broker.shard_id(), %addr, "accepting Pulsar connections");
+            Some(l)
+        }
+        Err(e) => {
+            tracing::error!(shard = broker.shard_id(), %addr, "cannot listen for Pulsar connections: {e}");
+            None
+        }
+    });
+    let _pulsar_loop = pulsar.map(|l| {
+        let (config, open, ports) = (config.clone(), open.clone(), shard_ports.clone());
+        glommio::spawn_local(accept_loop(l, broker.clone(), config, open, ports, Protocol::Pulsar))
     });
     let listener = match glommio::net::TcpListener::bind(addr) {
         Ok(l) => l,
@@ -111,7 +140,15 @@ pub async fn serve(broker: Broker, addr: SocketAddr, config: NetConfig) {
         }
     };
     tracing::info!(shard = broker.shard_id(), %addr, "accepting connections on the shared port");
-    accept_loop(listener, broker, config, open, shard_ports).await;
+    accept_loop(listener, broker, config, open, shard_ports, Protocol::Sniff).await;
+}
+
+/// What a listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    /// Either protocol, by the connection's first bytes.
+    Sniff,
+    Pulsar,
 }
 
 async fn accept_loop(
@@ -120,7 +157,9 @@ async fn accept_loop(
     config: NetConfig,
     open: Rc<Cell<usize>>,
     shard_ports: Rc<[u16]>,
+    protocol: Protocol,
 ) {
+    let pulsar = Rc::new(config.pulsar.clone());
     loop {
         let stream = match listener.accept().await {
             Ok(s) => s,
@@ -141,11 +180,11 @@ async fn accept_loop(
         }
         open.set(open.get() + 1);
         broker.metrics().connections_opened.add(1);
-        let (broker, limits, open, shard_ports) =
-            (broker.clone(), config.limits.clone(), open.clone(), shard_ports.clone());
+        let (broker, limits, open, shard_ports, pulsar) =
+            (broker.clone(), config.limits.clone(), open.clone(), shard_ports.clone(), pulsar.clone());
         glommio::spawn_local(async move {
             let metrics = broker.metrics().clone();
-            serve_tcp(broker, stream, limits, shard_ports).await;
+            serve_tcp(broker, stream, limits, shard_ports, pulsar, protocol).await;
             // Each accepted connection is counted open once and closed once.
             assert!(open.get() > 0, "more connections closed than opened");
             open.set(open.get() - 1);
@@ -155,13 +194,113 @@ async fn accept_loop(
     }
 }
 
-/// One plain TCP connection, speaking the native protocol.
-async fn serve_tcp(broker: Broker, stream: TcpStream, limits: ConnectionLimits, shard_ports: Rc<[u16]>) {
+/// Bytes a connection's start is judged by (see [`speaks_pulsar`]).
+const SNIFF_BYTES: usize = 9;
+
+/// Whether a connection that begins with `head` speaks Pulsar: a Pulsar
+/// frame starts with its total size and its command size (big-endian; a
+/// CONNECT has no payload, so the first is 4 more than the second), then a
+/// protobuf `BaseCommand` whose first byte is field 1's tag (0x08). A
+/// native frame starts with its little-endian length and a CRC-32, which
+/// match that only by a 1-in-2^40 accident.
+fn speaks_pulsar(head: &[u8]) -> bool {
+    let Some(h) = head.get(..SNIFF_BYTES) else { return false };
+    let total = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
+    let cmd = u32::from_be_bytes([h[4], h[5], h[6], h[7]]);
+    cmd.checked_add(4) == Some(total) && h[8] == 0x08
+}
+
+/// The read half of a stream with bytes already read off its front put
+/// back.
+struct Prefixed<R> {
+    prefix: Vec<u8>,
+    at: usize,
+    inner: R,
+}
+
+impl<R: futures::io::AsyncRead + Unpin> futures::io::AsyncRead for Prefixed<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut [u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let me = &mut *self;
+        if me.at < me.prefix.len() {
+            let n = buf.len().min(me.prefix.len() - me.at);
+            buf[..n].copy_from_slice(&me.prefix[me.at..me.at + n]);
+            me.at += n;
+            return std::task::Poll::Ready(Ok(n));
+        }
+        std::pin::Pin::new(&mut me.inner).poll_read(cx, buf)
+    }
+}
+
+/// One plain TCP connection: the native protocol or Pulsar's, as its first
+/// bytes say (or Pulsar's on a Pulsar-only listener).
+async fn serve_tcp(
+    broker: Broker,
+    stream: TcpStream,
+    limits: ConnectionLimits,
+    shard_ports: Rc<[u16]>,
+    pulsar: Rc<PulsarConfig>,
+    protocol: Protocol,
+) {
     let _ = stream.set_nodelay(true);
     let endpoints = session::Endpoints {
         peer: stream.peer_addr().map(|a| a.to_string()).unwrap_or_default(),
         local: stream.local_addr().ok().map(|a| a.to_string()),
     };
-    let door = native::NativeDoor::new(shard_ports);
-    session::run(broker, door, stream.split(), endpoints, magnetar_core::Principal::Anonymous, limits).await;
+    let (mut reader, writer) = stream.split();
+    let mut head = Vec::with_capacity(SNIFF_BYTES);
+    if protocol == Protocol::Sniff {
+        let mut byte = [0u8; SNIFF_BYTES];
+        while head.len() < SNIFF_BYTES {
+            match reader.read(&mut byte[..SNIFF_BYTES - head.len()]).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => head.extend_from_slice(&byte[..n]),
+            }
+        }
+    }
+    let pulsar_door = protocol == Protocol::Pulsar || speaks_pulsar(&head);
+    let reader = Prefixed { prefix: head, at: 0, inner: reader };
+    let principal = magnetar_core::Principal::Anonymous;
+    if pulsar_door {
+        let door = pulsar::PulsarDoor::new(pulsar);
+        session::run(broker, door, (reader, writer), endpoints, principal, limits).await;
+    } else {
+        let door = native::NativeDoor::new(shard_ports);
+        session::run(broker, door, (reader, writer), endpoints, principal, limits).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Goal: a Pulsar CONNECT is recognised, a native Connect is not.
+    #[test]
+    fn first_bytes_pick_the_door() {
+        use magnetar_pulsar_wire::proto::{base_command::Type, BaseCommand, CommandConnect};
+        let connect = BaseCommand {
+            r#type: Type::Connect as i32,
+            connect: Some(CommandConnect {
+                client_version: "x".into(),
+                protocol_version: Some(21),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut pulsar = bytes::BytesMut::new();
+        magnetar_pulsar_wire::encode_command(&connect, &mut pulsar).unwrap_or_else(|e| panic!("{e}"));
+        assert!(speaks_pulsar(&pulsar));
+        let native = magnetar_wire::Command::Connect {
+            client_version: "x".into(),
+            protocol_version: magnetar_wire::PROTOCOL_VERSION,
+            max_frame_bytes: 0,
+        };
+        let mut wire = bytes::BytesMut::new();
+        magnetar_wire::encode_frame(&native, &[], &mut wire).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!speaks_pulsar(&wire));
+        assert!(!speaks_pulsar(&pulsar[..8]));
+    }
 }

@@ -78,9 +78,12 @@ pub(crate) enum Request<O> {
         request_id: u64,
         producer_id: u64,
     },
+    /// `start`: where a new subscription begins, when not at its initial
+    /// position (a Pulsar reader's start message id).
     Subscribe {
         request_id: u64,
         request: SubscribeRequest,
+        start: Option<SeekTarget>,
     },
     Flow {
         consumer_id: u64,
@@ -612,7 +615,7 @@ impl<D: Door> Session<D> {
                     }
                 }
             }
-            Request::Subscribe { request_id, request } => {
+            Request::Subscribe { request_id, request, start } => {
                 if self.consumers.borrow().contains_key(&request.consumer_id) {
                     self.out.error(request_id, &CoreError::new(ErrorCode::ConsumerBusy, "consumer id already in use"));
                     return Ok(());
@@ -628,6 +631,13 @@ impl<D: Door> Session<D> {
                 let consumer_id = request.consumer_id;
                 match self.broker_handle().subscribe(request, sink).await {
                     Ok(handle) => {
+                        if let Some(target) = start {
+                            if let Err(e) = self.broker_handle().seek(&handle, target).await {
+                                let _ = self.broker_handle().close_consumer(&handle).await;
+                                self.out.error(request_id, &e);
+                                return Ok(());
+                            }
+                        }
                         self.consumers.borrow_mut().insert(consumer_id, handle);
                         self.out.success(request_id);
                     }
@@ -695,6 +705,20 @@ impl<D: Door> Session<D> {
             Request::Other(other) => return D::other(self, other).await,
         }
         Ok(())
+    }
+
+    /// Closes the consumer the client calls `consumer_id` on the broker's
+    /// initiative (its unacknowledged messages go back to the
+    /// subscription); false if there is none. The door tells the client.
+    pub(crate) async fn detach_consumer(&self, consumer_id: u64) -> bool {
+        let c = self.consumers.borrow_mut().remove(&consumer_id);
+        match c {
+            Some(c) => {
+                let _ = self.broker_handle().close_consumer(&c).await;
+                true
+            }
+            None => false,
+        }
     }
 
     /// The consumer the client calls `consumer_id`, if it has one.

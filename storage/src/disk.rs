@@ -715,6 +715,8 @@ mod linked {
     }
 }
 
+mod arena;
+
 /// [`DmaDiskFile::read_bytes`]: reads into buffers of our own, on a small
 /// io_uring per executor whose completions raise an eventfd that glommio's
 /// reactor reads (as [`chained`] does for writes). Up to [`owned::SLOTS`]
@@ -725,7 +727,7 @@ mod linked {
 /// flight (its executor ended with them) waits a little for them, and
 /// leaks the buffers of those still not done.
 ///
-/// Reads up to [`owned::FIXED_BYTES`] go into one of [`owned::FIXED_COUNT`]
+/// Reads up to [`arena::FIXED_BYTES`] go into one of [`arena::FIXED_COUNT`]
 /// buffers registered with the ring (`READ_FIXED`), as glommio's own reads
 /// do: into heap memory, the kernel pins and dirties every page per read
 /// (`get_user_pages`, `bio_set_pages_dirty`), costing nearly as much as
@@ -738,7 +740,6 @@ mod owned {
     use std::io;
     use std::os::unix::io::RawFd;
     use std::rc::Rc;
-    use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
     use std::task::{Poll, Waker};
 
@@ -752,118 +753,7 @@ mod owned {
     /// takes the reactor path (the dispatcher has one or two per partition
     /// catching up).
     pub const SLOTS: usize = 32;
-    /// Bytes of one registered buffer: the entry log's catch-up reads (a
-    /// run of up to 1 MiB, widened back by up to 128 KiB, page-aligned) fit.
-    pub const FIXED_BYTES: usize = 1280 << 10;
-    /// Registered buffers per executor (20 MiB, pinned): the entry log keeps
-    /// up to 8 stretches, plus the reads in flight and the bytes consumers'
-    /// connections still hold.
-    pub const FIXED_COUNT: usize = 16;
-    const _: () = assert!(FIXED_COUNT <= 64 && FIXED_BYTES.is_multiple_of(PAGE_BYTES as usize));
-
-    /// The registered buffers' memory: `FIXED_COUNT` buffers of
-    /// `FIXED_BYTES`, zeroed at allocation, page-aligned. Freed when the
-    /// last holder goes: the ring that registered it (while registered) and
-    /// every buffer taken from it.
-    struct Arena {
-        base: std::ptr::NonNull<u8>,
-        /// Bit i set: buffer i is free.
-        free: AtomicU64,
-    }
-
-    // SAFETY: the arena is plain memory. A buffer is written (by the
-    // kernel) only while one `Taken` owns it and no slice of it exists;
-    // after the read completed it is only read, through `Filled`, until
-    // it is given back (`free`, Release; taken again with Acquire).
-    #[allow(unsafe_code)]
-    unsafe impl Send for Arena {}
-    #[allow(unsafe_code)]
-    unsafe impl Sync for Arena {}
-
-    impl Arena {
-        fn layout() -> std::alloc::Layout {
-            std::alloc::Layout::from_size_align(FIXED_BYTES * FIXED_COUNT, PAGE_BYTES as usize)
-                .expect("a valid layout (constants)")
-        }
-
-        fn new() -> Option<Arc<Arena>> {
-            // SAFETY: the layout has a non-zero size.
-            #[allow(unsafe_code)]
-            let base = unsafe { std::alloc::alloc_zeroed(Self::layout()) };
-            let base = std::ptr::NonNull::new(base)?;
-            let all = if FIXED_COUNT == 64 { u64::MAX } else { (1u64 << FIXED_COUNT) - 1 };
-            Some(Arc::new(Arena { base, free: AtomicU64::new(all) }))
-        }
-
-        fn take(self: &Arc<Self>) -> Option<Taken> {
-            let mut free = self.free.load(Ordering::Acquire);
-            loop {
-                if free == 0 {
-                    return None;
-                }
-                let index = free.trailing_zeros() as usize;
-                match self.free.compare_exchange_weak(free, free & !(1 << index), Ordering::Acquire, Ordering::Acquire)
-                {
-                    Ok(_) => return Some(Taken { arena: self.clone(), index }),
-                    Err(now) => free = now,
-                }
-            }
-        }
-
-        fn iovec(&self) -> libc::iovec {
-            libc::iovec { iov_base: self.base.as_ptr().cast(), iov_len: FIXED_BYTES * FIXED_COUNT }
-        }
-    }
-
-    impl Drop for Arena {
-        fn drop(&mut self) {
-            // SAFETY: allocated in `new` with this layout; nothing refers
-            // to it any more (every holder kept an Arc).
-            #[allow(unsafe_code)]
-            unsafe {
-                std::alloc::dealloc(self.base.as_ptr(), Self::layout())
-            };
-        }
-    }
-
-    /// One registered buffer, owned; given back when dropped.
-    struct Taken {
-        arena: Arc<Arena>,
-        index: usize,
-    }
-
-    impl Taken {
-        fn ptr(&self) -> *mut u8 {
-            self.arena.base.as_ptr().wrapping_add(self.index * FIXED_BYTES)
-        }
-    }
-
-    impl Drop for Taken {
-        fn drop(&mut self) {
-            self.arena.free.fetch_or(1 << self.index, Ordering::Release);
-        }
-    }
-
-    /// A registered buffer whose first `len` bytes a read filled: the
-    /// owner of the [`Bytes`] a read returns.
-    struct Filled {
-        taken: Taken,
-        len: usize,
-    }
-
-    impl AsRef<[u8]> for Filled {
-        fn as_ref(&self) -> &[u8] {
-            // SAFETY: `len <= FIXED_BYTES` bytes of this buffer, inside
-            // the arena (alive: `taken` holds it), initialized (zeroed at
-            // allocation, then written by the kernel), and no longer
-            // written: the read completed and `taken` is not given back
-            // before this drops.
-            #[allow(unsafe_code)]
-            unsafe {
-                std::slice::from_raw_parts(self.taken.ptr(), self.len)
-            }
-        }
-    }
+    use super::arena::{Arena, Filled, Taken, FIXED_BYTES};
 
     /// A read's buffer.
     enum Buffer {
@@ -886,7 +776,7 @@ mod owned {
         /// The bytes `from..to` of the read, which filled `got` bytes.
         fn into_bytes(self, got: usize, from: usize, to: usize) -> Bytes {
             match self {
-                Buffer::Fixed(taken) => Bytes::from_owner(Filled { taken, len: got }).slice(from..to),
+                Buffer::Fixed(taken) => Bytes::from_owner(Filled::new(taken, got)).slice(from..to),
                 Buffer::Heap { mut vec, at } => {
                     // SAFETY: the kernel wrote `got` bytes from `at` (its
                     // completion said so), the bytes before `at` were

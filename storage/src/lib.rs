@@ -28,6 +28,7 @@
 //!
 //! On-disk layouts and the crash analysis: `docs/format.md`.
 
+mod atomics;
 mod compact;
 pub mod disk;
 mod error;

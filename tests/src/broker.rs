@@ -96,7 +96,22 @@ impl BrokerProcess {
         Self::try_start_with(data_dir, &BrokerOptions::new(shards))
     }
 
-    pub fn try_start_with(data_dir: &Path, options: &BrokerOptions) -> Result<BrokerProcess, StartFailure> {
+    /// Starts a broker on `data_dir` and `kill -9`s it `after` its spawn,
+    /// ready or not (a kill during recovery when `after` is short). Returns
+    /// whether it had printed its listening line by then.
+    pub fn start_and_kill9_after(data_dir: &Path, options: &BrokerOptions, after: Duration) -> bool {
+        let mut cmd = Self::command(data_dir, options);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+        let mut child = ChildGuard::spawn(cmd).unwrap_or_else(|e| panic!("spawning {}: {e}", magnetar_bin().display()));
+        let lines =
+            pump_lines(child.child_mut().stdout.take().expect("piped stdout"), format!("broker-{}", child.pid()));
+        std::thread::sleep(after);
+        child.kill9();
+        // The pipe closed with the process, so the pump ends and this returns.
+        lines.iter().any(|l| l.starts_with(LISTENING_PREFIX))
+    }
+
+    fn command(data_dir: &Path, options: &BrokerOptions) -> Command {
         let mut cmd = Command::new(magnetar_bin());
         cmd.arg("standalone")
             .arg("--listen")
@@ -120,13 +135,14 @@ impl BrokerProcess {
         }
         cmd.args(&options.extra_args);
         let rust_log = std::env::var("MAGNETAR_TEST_RUST_LOG").unwrap_or_else(|_| options.rust_log.clone());
-        cmd.env("RUST_LOG", rust_log)
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child =
-            ChildGuard::spawn(&mut cmd).unwrap_or_else(|e| panic!("spawning {}: {e}", magnetar_bin().display()));
+        cmd.env("RUST_LOG", rust_log).env("NO_COLOR", "1").stdin(Stdio::null());
+        cmd
+    }
+
+    pub fn try_start_with(data_dir: &Path, options: &BrokerOptions) -> Result<BrokerProcess, StartFailure> {
+        let mut cmd = Self::command(data_dir, options);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = ChildGuard::spawn(cmd).unwrap_or_else(|e| panic!("spawning {}: {e}", magnetar_bin().display()));
         let label = format!("broker-{}", child.pid());
         let log = LogBuffer::default();
         let stderr = child.child_mut().stderr.take().expect("piped stderr");
@@ -264,6 +280,11 @@ impl BrokerProcess {
                 );
             }
         }
+    }
+
+    /// Sends SIGTERM (a graceful shutdown) without waiting.
+    pub fn sigterm(&mut self) {
+        self.child.signal(nix::sys::signal::Signal::SIGTERM);
     }
 
     /// SIGTERM and wait (up to [`TERMINATE_TIMEOUT`]).

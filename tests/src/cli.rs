@@ -67,7 +67,7 @@ impl CliProcess {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = ChildGuard::spawn(&mut cmd).unwrap_or_else(|e| panic!("spawning magnetar {args:?}: {e}"));
+        let mut child = ChildGuard::spawn(cmd).unwrap_or_else(|e| panic!("spawning magnetar {args:?}: {e}"));
         let label = format!("cli-{}", child.pid());
         let stderr = LogBuffer::default();
         let pump = stderr.pump(child.child_mut().stderr.take().expect("piped stderr"), label.clone());

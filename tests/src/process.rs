@@ -166,6 +166,66 @@ pub(crate) fn pump_lines(stdout: ChildStdout, label: String) -> mpsc::Receiver<S
     rx
 }
 
+/// A spawn request for the spawner thread.
+type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+/// Spawns `cmd` with `PR_SET_PDEATHSIG = SIGKILL`, so the kernel kills the
+/// child when its parent goes away.
+///
+/// Linux's "parent" for that signal is the *thread* that forked, not the
+/// process: a child forked on a test body's thread (or a tokio blocking
+/// thread that idles out) would be killed when that thread ends even though
+/// the test still holds it. So every child is forked on one spawner thread
+/// that lives as long as the process and never exits; the signal then
+/// fires exactly when the test process dies.
+pub fn spawn_dying_with_us(cmd: Command) -> std::io::Result<Child> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        std::thread::Builder::new()
+            .name("child-spawner".into())
+            .spawn(move || {
+                // Holds `tx` alive through SPAWNER, so `recv` never fails:
+                // the thread runs until the process ends.
+                while let Ok((mut cmd, reply)) = rx.recv() {
+                    let _ = reply.send(spawn_with_pdeathsig(&mut cmd));
+                }
+            })
+            .expect("spawning the child-spawner thread");
+        Mutex::new(tx)
+    });
+    let (reply_tx, reply_rx) = mpsc::channel();
+    spawner
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .send((cmd, reply_tx))
+        .expect("the child-spawner thread never exits");
+    reply_rx.recv().expect("the child-spawner thread answers every request")
+}
+
+#[allow(unsafe_code)]
+fn spawn_with_pdeathsig(cmd: &mut Command) -> std::io::Result<Child> {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the hook runs in the forked child before exec, where only
+    // async-signal-safe calls are allowed: prctl and getppid are plain
+    // system calls, and the hook allocates nothing and takes no lock.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died between fork and prctl, in which
+            // case no signal will come: do not exec an orphan.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::other("the test process died while spawning"));
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn()
+}
+
 /// A child process that is killed (SIGKILL) and reaped when dropped, and
 /// registered with the test's [`Scope`] until reaped.
 pub struct ChildGuard {
@@ -176,8 +236,13 @@ pub struct ChildGuard {
 }
 
 impl ChildGuard {
-    pub(crate) fn spawn(cmd: &mut Command) -> std::io::Result<ChildGuard> {
-        let child = cmd.spawn()?;
+    /// Spawns `cmd` so that it cannot outlive the test process: besides the
+    /// kill on drop and the [`Scope`]'s kill on timeout, the child gets
+    /// SIGKILL from the kernel when this process dies by any means (a
+    /// harness or CI timeout killing the test binary, an abort), see
+    /// [`spawn_dying_with_us`].
+    pub fn spawn(cmd: Command) -> std::io::Result<ChildGuard> {
+        let child = spawn_dying_with_us(cmd)?;
         let pid = child.id();
         let scope = scope::register_pid(pid);
         Ok(ChildGuard { child, pid, exit: None, scope })
@@ -187,7 +252,7 @@ impl ChildGuard {
         self.pid
     }
 
-    pub(crate) fn child_mut(&mut self) -> &mut Child {
+    pub fn child_mut(&mut self) -> &mut Child {
         &mut self.child
     }
 
@@ -254,5 +319,111 @@ impl Drop for ChildGuard {
                 self.reaped(status);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HELPER_ENV: &str = "MAGNETAR_TEST_PDEATHSIG_HELPER";
+
+    /// The state letter of `pid` from /proc, or None once it is gone.
+    fn state(pid: u32) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit_once(')')?.1.trim_start().chars().next()
+    }
+
+    fn sleeper() -> Command {
+        let mut cmd = Command::new("sleep");
+        cmd.arg("120").stdin(Stdio::null());
+        cmd
+    }
+
+    /// Not a test of its own: the process that
+    /// `a_child_dies_with_the_test_process` runs and kills. It spawns a
+    /// child through the harness, prints its pid, and waits to be killed.
+    #[test]
+    #[ignore = "helper process of a_child_dies_with_the_test_process"]
+    fn pdeathsig_helper() {
+        assert!(std::env::var_os(HELPER_ENV).is_some(), "run only by a_child_dies_with_the_test_process");
+        let child = ChildGuard::spawn(sleeper()).expect("spawning sleep");
+        println!("CHILD {}", child.pid());
+        std::thread::sleep(Duration::from_secs(120));
+        drop(child);
+    }
+
+    /// Goal: a child the harness spawned does not outlive the test process
+    /// when that process is killed outright (no Drop, no timeout path runs),
+    /// as when a CI or harness timeout kills a hung test binary.
+    #[test]
+    fn a_child_dies_with_the_test_process() {
+        let mut helper = Command::new(std::env::current_exe().expect("current_exe"))
+            .args(["--ignored", "--exact", "process::tests::pdeathsig_helper", "--nocapture", "--test-threads=1"])
+            .env(HELPER_ENV, "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawning the helper");
+        let lines = pump_lines(helper.stdout.take().expect("piped stdout"), "helper".into());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let child_pid: u32 = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) => {
+                    // libtest may print "test NAME ... " before it on the line.
+                    if let Some((_, pid)) = line.split_once("CHILD ") {
+                        break pid.trim().parse().expect("a pid");
+                    }
+                }
+                Err(e) => {
+                    let _ = helper.kill();
+                    let _ = helper.wait();
+                    panic!("the helper printed no child pid: {e}");
+                }
+            }
+        };
+        assert!(matches!(state(child_pid), Some(s) if s != 'Z'), "the child {child_pid} is not running");
+        helper.kill().expect("SIGKILL the helper");
+        helper.wait().expect("reaping the helper");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match state(child_pid) {
+                None | Some('Z') => break,
+                Some(s) => {
+                    if Instant::now() >= deadline {
+                        // Do not leave it behind either way.
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(child_pid as i32),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                        panic!("child {child_pid} outlived its killed parent (state {s})");
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+
+    /// Goal: the death signal follows the process, not the thread that
+    /// asked for the spawn: a child spawned from a thread that then ends
+    /// keeps running until its guard drops.
+    #[test]
+    fn a_child_outlives_the_thread_that_spawned_it() {
+        let guard = std::thread::spawn(|| ChildGuard::spawn(sleeper()).expect("spawning sleep"))
+            .join()
+            .expect("the spawning thread");
+        let pid = guard.pid();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            matches!(state(pid), Some(s) if s != 'Z'),
+            "child {pid} died with its spawning thread: {:?}",
+            state(pid)
+        );
+        let mut guard = guard;
+        assert!(guard.try_wait().is_none(), "child {pid} exited");
+        let status = guard.kill9();
+        assert!(!status.success());
     }
 }

@@ -153,7 +153,11 @@ mod tests {
         let (pid_tx, pid_rx) = mpsc::channel();
         let result = std::panic::catch_unwind(|| {
             run_with_timeout(Duration::from_millis(500), move || {
-                let child = ChildGuard::spawn(std::process::Command::new("sleep").arg("60")).unwrap();
+                let child = {
+                    let mut cmd = std::process::Command::new("sleep");
+                    cmd.arg("60");
+                    ChildGuard::spawn(cmd).unwrap()
+                };
                 pid_tx.send(child.pid()).unwrap();
                 // Hang, holding the child: only the timeout path can end it.
                 std::thread::sleep(Duration::from_secs(60));

@@ -1,7 +1,8 @@
 //! Goal: the broker's life cycle as a user sees it: SIGTERM is a clean
 //! shutdown (exit 0, in-flight produce requests finished, cursors persisted,
 //! a clean-shutdown marker the next start recognises), a restart keeps data
-//! and subscription cursors, and a data directory refuses another shard count.
+//! and subscription cursors, and a data directory refuses another shard count
+//! and a second broker while one holds it.
 //!
 //! Method: real broker processes on temporary directories; the client SDK
 //! for precise acks, the CLI where a produce run must be interrupted.
@@ -226,6 +227,41 @@ fn a_data_directory_refuses_another_shard_count() {
         // The directory is untouched: the right count still starts.
         let mut broker = BrokerProcess::start(dir.path(), SHARDS);
         assert!(broker.terminate().success());
+    });
+}
+
+#[test]
+fn a_second_broker_on_the_same_directory_is_refused() {
+    run_async_with_timeout(Duration::from_secs(90), || async {
+        let dir = test_dir("dir-lock");
+        let mut first = BrokerProcess::start(dir.path(), SHARDS);
+        let failure = match BrokerProcess::try_start(dir.path(), SHARDS) {
+            Ok(_) => panic!("a second broker started on a data directory in use"),
+            Err(f) => f,
+        };
+        let status = failure.status.expect("the second broker should exit");
+        assert!(!status.success(), "{failure}");
+        let want = format!("is in use by another broker (pid {})", first.pid());
+        assert!(failure.stderr.contains(&want), "the error should name the holder's pid ({want}): {failure}");
+        let data_dir = std::path::absolute(dir.path()).expect("absolute path");
+        assert!(
+            failure.stderr.contains(&data_dir.display().to_string()),
+            "the error should name the directory {}: {failure}",
+            data_dir.display()
+        );
+        // The first broker is undisturbed: it still takes and serves messages.
+        first.assert_running();
+        let topic = "persistent://public/default/dir-lock";
+        let client = Client::connect(&first.url()).await.expect("connect");
+        let consumer = subscribe(&client, topic, "s").await;
+        let producer = client.producer(topic).create().await.expect("producer");
+        let id = producer.send(OutgoingMessage::new(b"after".to_vec())).await.expect("send");
+        assert_eq!(receive(&consumer, topic).await.id, id);
+        client.close();
+        assert!(first.terminate().success());
+        // Once the holder has stopped, the directory opens again.
+        let mut again = BrokerProcess::start(dir.path(), SHARDS);
+        assert!(again.terminate().success());
     });
 }
 

@@ -4,8 +4,8 @@
 //! listening line, produce one message through the CLI, stop with SIGTERM, and
 //! check the data landed under `<cwd>/data`.
 
-use magnetar_tests::{magnetar_bin, run_cli, run_with_timeout, test_dir};
-use std::io::{BufRead, BufReader};
+use magnetar_tests::{magnetar_bin, run_cli, run_with_timeout, test_dir, ChildGuard};
+use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -13,28 +13,28 @@ use std::time::Duration;
 fn default_relative_data_dir_works() {
     run_with_timeout(Duration::from_secs(120), || {
         let dir = test_dir("relative-data-dir");
-        let mut child = Command::new(magnetar_bin())
-            // --disk-refuse-pct 100: not a watermark test (see core/tests/watermarks.rs).
-            .args(["standalone", "--listen", "127.0.0.1:0", "--shards", "2", "--no-pin", "--disk-refuse-pct", "100"])
+        let mut cmd = Command::new(magnetar_bin());
+        // --disk-refuse-pct 100: not a watermark test (see core/tests/watermarks.rs).
+        cmd.args(["standalone", "--listen", "127.0.0.1:0", "--shards", "2", "--no-pin", "--disk-refuse-pct", "100"])
             .current_dir(dir.path())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn magnetar standalone");
-        let stdout = child.stdout.take().expect("stdout");
+            .stderr(Stdio::piped());
+        // Through the harness, so it dies with the test whatever happens.
+        let mut guard = ChildGuard::spawn(cmd).expect("spawn magnetar standalone");
+        let stdout = guard.child_mut().stdout.take().expect("stdout");
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line).expect("read stdout");
         if !line.contains("listening on") {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("wait");
-            panic!("broker did not start: {line:?}\n{}", String::from_utf8_lossy(&out.stderr));
+            guard.kill9();
+            let mut err = String::new();
+            let _ = guard.child_mut().stderr.take().expect("stderr").read_to_string(&mut err);
+            panic!("broker did not start: {line:?}\n{err}");
         }
         let addr = line.trim().rsplit(' ').next().expect("address").to_string();
         let run =
             run_cli(["produce", "relative-dir-topic", "--message", "hello", "--url", &addr], Duration::from_secs(30));
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM)
-            .expect("SIGTERM");
-        let status = child.wait().expect("wait");
+        guard.signal(nix::sys::signal::Signal::SIGTERM);
+        let status = guard.wait_timeout(Duration::from_secs(60)).expect("the broker exits on SIGTERM");
         run.assert_success();
         assert!(status.success(), "broker exit {status:?}");
         assert!(dir.path().join("data/magnetar.format").exists(), "no data under <cwd>/data");

@@ -105,6 +105,18 @@ pub struct StandaloneArgs {
     /// How often each shard enforces retention and TTL (seconds).
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
     pub retention_check_interval_s: u64,
+    /// An address of its own for Apache Pulsar's protocol (port 0 picks a
+    /// free port). The --listen port answers Pulsar clients too.
+    #[arg(long)]
+    pub pulsar_listen: Option<SocketAddr>,
+    /// The host Pulsar clients are sent to by LOOKUP answers
+    /// (`pulsar://HOST:PORT`); by default, the address they connected to.
+    #[arg(long)]
+    pub advertised_address: Option<String>,
+    /// Largest message a Pulsar client may send, announced in CONNECTED
+    /// (larger ones fail in the client unless it chunks them).
+    #[arg(long, default_value_t = 5 * 1024 * 1024, value_parser = clap::value_parser!(u32).range(1024..=(1 << 30)))]
+    pub pulsar_max_message_bytes: u32,
 }
 
 /// Kernel-picked shard ports tried before giving up on a collision.
@@ -184,16 +196,29 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     // ready"; each shard's own share is its "recovered entry log" line.
     let started = std::time::Instant::now();
     tracing::info!(data_dir = %args.data_dir.display(), shards, %addr, ?shard_addrs, "starting standalone broker");
-    let net = NetConfig { shard_addrs, ..NetConfig::default() };
+    let pulsar_reservation = match args.pulsar_listen {
+        Some(a) => Some(PortReservation::new(a).map_err(|e| format!("cannot bind --pulsar-listen {a}: {e}"))?),
+        None => None,
+    };
+    let pulsar_addr = pulsar_reservation.as_ref().map(PortReservation::addr);
+    let pulsar = magnetar_net::PulsarConfig {
+        max_message_bytes: args.pulsar_max_message_bytes,
+        advertised_address: args.advertised_address.clone(),
+    };
+    let net = NetConfig { shard_addrs, pulsar_addr, pulsar, ..NetConfig::default() };
     let running =
         magnetar_core::launch(config, shutdown.clone(), move |broker| magnetar_net::serve(broker, addr, net.clone()))?;
     // One line on stdout that scripts and tests wait for (the port matters
     // when --listen asked for port 0).
     println!("magnetar standalone listening on {addr}");
+    if let Some(p) = pulsar_addr {
+        println!("magnetar standalone listening for Pulsar on {p}");
+    }
     tracing::info!(%addr, start_ms = started.elapsed().as_millis() as u64, "broker ready");
     let result = running.join();
     drop(reservation);
     drop(shard_reservations);
+    drop(pulsar_reservation);
     if shutdown.load(Ordering::SeqCst) {
         tracing::info!("broker stopped");
     }

@@ -16,12 +16,16 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 const FORMAT_FILE: &str = "magnetar.format";
+const LOCK_FILE: &str = "magnetar.lock";
 const DATA_FORMAT_VERSION: u32 = 1;
 
 /// The running shards.
 pub struct Running {
     handles: Vec<glommio::ExecutorJoinHandle<Result<(), String>>>,
     shutdown: Arc<AtomicBool>,
+    /// The data directory's lock, held until every shard has stopped (it is
+    /// dropped, releasing the `flock`, after `join`'s last shard).
+    _lock: std::fs::File,
 }
 
 impl Running {
@@ -44,6 +48,38 @@ impl Running {
         }
         first.map_or(Ok(()), Err)
     }
+}
+
+/// Takes the data directory's exclusive lock: a `flock` on `magnetar.lock`,
+/// which then holds this process's pid. Two brokers on one directory would
+/// each recover and write the same segment files and destroy them, so a
+/// second one is refused, naming the holder's pid. The lock goes with the
+/// process (the kernel releases a `flock` when its file closes), so a crash
+/// leaves nothing to clean up; a stale pid in the file means nothing while
+/// the file is unlocked.
+fn lock_data_dir(dir: &Path) -> Result<std::fs::File, StartError> {
+    use std::io::{Read, Seek, Write};
+    let path = dir.join(LOCK_FILE);
+    let io = |source| StartError::Io { path: path.display().to_string(), source };
+    std::fs::create_dir_all(dir).map_err(|source| StartError::Io { path: dir.display().to_string(), source })?;
+    let mut f =
+        std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(io)?;
+    match f.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut text = String::new();
+            // The holder writes its pid right after locking: an empty
+            // file is a holder caught in between.
+            let _ = f.read_to_string(&mut text);
+            let pid = text.trim().parse::<u32>().ok();
+            return Err(StartError::Locked { path: dir.display().to_string(), pid });
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+    }
+    f.set_len(0).map_err(io)?;
+    f.rewind().map_err(io)?;
+    writeln!(f, "{}", std::process::id()).map_err(io)?;
+    Ok(f)
 }
 
 /// Checks (or, for a new directory, writes) the data directory's format file,
@@ -107,6 +143,8 @@ where
     let mut config = config;
     config.data_dir = std::path::absolute(&config.data_dir)
         .map_err(|source| StartError::Io { path: config.data_dir.display().to_string(), source })?;
+    // Before anything else reads or writes the directory.
+    let lock = lock_data_dir(&config.data_dir)?;
     check_format_file(&config.data_dir, n)?;
     let config = Arc::new(config);
     let cpus = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
@@ -198,7 +236,7 @@ where
         handles.push(handle);
     }
     drop(ready_tx);
-    let running = Running { handles, shutdown: shutdown.clone() };
+    let running = Running { handles, shutdown: shutdown.clone(), _lock: lock };
     // Recovery of a large log can take a while: say which shards are still
     // starting every 10 s rather than waiting in silence.
     let started_at = std::time::Instant::now();

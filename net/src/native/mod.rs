@@ -160,6 +160,7 @@ impl Door for NativeDoor {
                     filter_tag,
                     key_shared_ranges,
                 },
+                start: None,
             },
             Command::Flow { consumer_id, permits } => Request::Flow { consumer_id, permits },
             Command::Ack { consumer_id, ack_type, message_ids, request_id, batch_sizes } => Request::Ack {
@@ -245,6 +246,18 @@ impl Door for NativeDoor {
         ack_set: Vec<u64>,
         blob: &[u8],
     ) -> Result<(), WireError> {
+        if magnetar_pulsar_wire::metadata::is_stored(blob) {
+            // Stored by the Pulsar door: converted for a native consumer.
+            let converted = match crate::pulsar::pulsar_to_native(blob) {
+                Ok(b) => b,
+                Err(why) => {
+                    tracing::error!("cannot deliver entry {message_id} to native consumer {consumer_id}: {why}");
+                    return Ok(());
+                }
+            };
+            let message = Command::Message { consumer_id, message_id: *message_id, redelivery_count, ack_set };
+            return encode_frame(&message, &converted, dst);
+        }
         if ack_set.is_empty() {
             // Straight into the outbox, from a command built once.
             encode_message_frame(consumer_id, message_id, redelivery_count, blob, dst)
@@ -265,6 +278,16 @@ impl Door for NativeDoor {
         redelivery_count: u32,
         blobs: &[Bytes],
     ) -> Result<(), WireError> {
+        if blobs.iter().any(|b| magnetar_pulsar_wire::metadata::is_stored(b)) {
+            // Entries of the Pulsar door among them: one converted
+            // `Message` frame each.
+            let mut id = *first;
+            for blob in blobs {
+                self.message(dst, consumer_id, &id, redelivery_count, Vec::new(), blob)?;
+                id.entry = id.entry.wrapping_add(1);
+            }
+            return Ok(());
+        }
         let max = self.run_frame_bytes_max.get();
         let one = |dst: &mut BytesMut, id: &MessageId, blob: &[u8]| {
             if let Err(e) = encode_message_frame(consumer_id, id, redelivery_count, blob, dst) {

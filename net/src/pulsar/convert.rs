@@ -1,0 +1,215 @@
+//! Messages crossing doors: a blob stored by one door, delivered through
+//! the other, is converted field for field (payload bytes, keys,
+//! properties, times, producer name, sequence ids; a batch stays a batch
+//! of the same messages). The broker never decompresses, so a compressed
+//! batch cannot be converted: its records are inside the compressed bytes.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use magnetar_pulsar_wire::proto as pb;
+use magnetar_wire::{BatchMessage, ChunkInfo, CompressionType, MessageMetadata};
+use prost::Message;
+
+fn codec_to_pulsar(c: CompressionType) -> pb::CompressionType {
+    match c {
+        CompressionType::None => pb::CompressionType::None,
+        CompressionType::Lz4 => pb::CompressionType::Lz4,
+        CompressionType::Zlib => pb::CompressionType::Zlib,
+        CompressionType::Zstd => pb::CompressionType::Zstd,
+        CompressionType::Snappy => pb::CompressionType::Snappy,
+    }
+}
+
+fn codec_to_native(c: i32) -> Result<CompressionType, String> {
+    Ok(match pb::CompressionType::try_from(c).map_err(|_| format!("unknown compression {c}"))? {
+        pb::CompressionType::None => CompressionType::None,
+        pb::CompressionType::Lz4 => CompressionType::Lz4,
+        pb::CompressionType::Zlib => CompressionType::Zlib,
+        pb::CompressionType::Zstd => CompressionType::Zstd,
+        pb::CompressionType::Snappy => CompressionType::Snappy,
+    })
+}
+
+fn kv(props: &[(String, String)]) -> Vec<pb::KeyValue> {
+    props.iter().map(|(k, v)| pb::KeyValue { key: k.clone(), value: v.clone() }).collect()
+}
+
+fn pairs(props: Vec<pb::KeyValue>) -> Vec<(String, String)> {
+    props.into_iter().map(|p| (p.key, p.value)).collect()
+}
+
+/// A native blob as Pulsar's `(MessageMetadata, payload)`.
+pub(crate) fn native_to_pulsar(blob: &[u8]) -> Result<(Vec<u8>, Bytes), String> {
+    let blob = Bytes::copy_from_slice(blob);
+    let (meta, payload) = magnetar_wire::decode_message(&blob).map_err(|e| e.to_string())?;
+    let batched = meta.num_messages > 1 && meta.chunk.is_none();
+    if batched && meta.compression != CompressionType::None {
+        return Err("a compressed native batch cannot be delivered through the Pulsar door (the broker never \
+                    decompresses)"
+            .into());
+    }
+    let mut m = pb::MessageMetadata {
+        producer_name: meta.producer_name,
+        sequence_id: meta.sequence_id,
+        publish_time: meta.publish_time_ms,
+        properties: kv(&meta.properties),
+        partition_key: meta.partition_key,
+        ordering_key: meta.ordering_key.map(|k| k.to_vec()),
+        event_time: (meta.event_time_ms != 0).then_some(meta.event_time_ms),
+        deliver_at_time: (meta.deliver_at_ms != 0).then_some(meta.deliver_at_ms as i64),
+        ..Default::default()
+    };
+    if meta.compression != CompressionType::None {
+        m.compression = Some(codec_to_pulsar(meta.compression) as i32);
+        m.uncompressed_size = Some(meta.uncompressed_size);
+    }
+    if let Some(c) = meta.chunk {
+        m.uuid = Some(c.uuid);
+        m.chunk_id = Some(c.chunk_id as i32);
+        m.num_chunks_from_msg = Some(c.num_chunks as i32);
+        m.total_chunk_msg_size = Some(c.total_chunk_msg_size as i32);
+    }
+    if !batched {
+        return Ok((m.encode_to_vec(), payload));
+    }
+    let records = magnetar_wire::decode_batch(&payload, meta.num_messages).map_err(|e| e.to_string())?;
+    let mut out = BytesMut::new();
+    for r in &records {
+        let single = pb::SingleMessageMetadata {
+            properties: kv(&r.properties),
+            partition_key: r.partition_key.clone(),
+            payload_size: r.payload.len() as i32,
+            event_time: (r.event_time_ms != 0).then_some(r.event_time_ms),
+            ordering_key: r.ordering_key.as_ref().map(|k| k.to_vec()),
+            sequence_id: Some(r.sequence_id),
+            ..Default::default()
+        };
+        out.put_u32(single.encoded_len() as u32);
+        single.encode(&mut out).map_err(|e| e.to_string())?;
+        out.extend_from_slice(&r.payload);
+    }
+    m.num_messages_in_batch = Some(records.len() as i32);
+    m.highest_sequence_id = records.last().map(|r| r.sequence_id);
+    Ok((m.encode_to_vec(), out.freeze()))
+}
+
+/// The records of an uncompressed Pulsar batch payload, at most `n`.
+fn pulsar_records(payload: &[u8], n: u32) -> Result<Vec<(pb::SingleMessageMetadata, Bytes)>, String> {
+    let payload = Bytes::copy_from_slice(payload);
+    let mut at = 0usize;
+    let mut out = Vec::new();
+    for _ in 0..n.min(magnetar_wire::BATCH_MESSAGES_MAX) {
+        let len = payload.get(at..at + 4).ok_or("batch record truncated")?;
+        let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
+        let meta_end = (at + 4).checked_add(len).filter(|&e| e <= payload.len()).ok_or("batch record truncated")?;
+        let single = pb::SingleMessageMetadata::decode(&payload[at + 4..meta_end]).map_err(|e| e.to_string())?;
+        let size = usize::try_from(single.payload_size).map_err(|_| "negative payload size")?;
+        let end = meta_end.checked_add(size).filter(|&e| e <= payload.len()).ok_or("batch record truncated")?;
+        out.push((single, payload.slice(meta_end..end)));
+        at = end;
+    }
+    Ok(out)
+}
+
+/// A stored Pulsar blob as a native blob.
+pub(crate) fn pulsar_to_native(blob: &[u8]) -> Result<Bytes, String> {
+    let (_, metadata, payload) = magnetar_pulsar_wire::metadata::split_stored(blob).map_err(|e| e.to_string())?;
+    let m = pb::MessageMetadata::decode(metadata).map_err(|e| e.to_string())?;
+    let compression = codec_to_native(m.compression.unwrap_or(0))?;
+    let chunk = match (m.chunk_id, m.num_chunks_from_msg) {
+        (Some(id), Some(n)) if n > 1 => Some(ChunkInfo {
+            uuid: m.uuid.clone().unwrap_or_default(),
+            chunk_id: id.max(0) as u32,
+            num_chunks: n as u32,
+            total_chunk_msg_size: m.total_chunk_msg_size.unwrap_or(0).max(0) as u32,
+        }),
+        _ => None,
+    };
+    let mut meta = MessageMetadata {
+        producer_name: m.producer_name,
+        sequence_id: m.sequence_id,
+        publish_time_ms: m.publish_time,
+        event_time_ms: m.event_time.unwrap_or(0),
+        partition_key: m.partition_key,
+        ordering_key: m.ordering_key.map(Bytes::from),
+        properties: pairs(m.properties),
+        num_messages: 0,
+        deliver_at_ms: m.deliver_at_time.unwrap_or(0).max(0) as u64,
+        compression,
+        uncompressed_size: m.uncompressed_size.unwrap_or(0),
+        chunk,
+        tag: None,
+    };
+    let Some(n) = m.num_messages_in_batch else {
+        return Ok(magnetar_wire::encode_message(&meta, payload));
+    };
+    if compression != CompressionType::None {
+        return Err("a compressed Pulsar batch cannot be delivered through the native door (the broker never \
+                    decompresses)"
+            .into());
+    }
+    let records = pulsar_records(payload, n.max(0) as u32)?;
+    if let [(single, body)] = &records[..] {
+        // A batch of one is a single message to a native consumer.
+        meta.properties = pairs(single.properties.clone());
+        meta.partition_key = single.partition_key.clone();
+        meta.ordering_key = single.ordering_key.clone().map(Bytes::from);
+        if let Some(t) = single.event_time {
+            meta.event_time_ms = t;
+        }
+        meta.num_messages = 1;
+        return Ok(magnetar_wire::encode_message(&meta, body));
+    }
+    let mut out = BytesMut::new();
+    for (single, body) in &records {
+        let r = BatchMessage {
+            properties: pairs(single.properties.clone()),
+            partition_key: single.partition_key.clone(),
+            ordering_key: single.ordering_key.clone().map(Bytes::from),
+            event_time_ms: single.event_time.unwrap_or(0),
+            sequence_id: single.sequence_id.unwrap_or(0),
+            payload: body.clone(),
+        };
+        magnetar_wire::encode_batch_record_into(&r, &mut out);
+    }
+    meta.num_messages = records.len() as u32;
+    Ok(magnetar_wire::encode_message(&meta, &out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Goal: a native batch converts to a Pulsar batch and back with every
+    /// message's payload, key, properties, event time and sequence id.
+    #[test]
+    fn batches_cross_both_ways() {
+        let mut payload = BytesMut::new();
+        for i in 0..3u64 {
+            let r = BatchMessage {
+                properties: vec![("k".into(), format!("v{i}"))],
+                partition_key: Some(format!("key-{i}")),
+                ordering_key: None,
+                event_time_ms: 100 + i,
+                sequence_id: 10 + i,
+                payload: Bytes::from(vec![i as u8; 5]),
+            };
+            magnetar_wire::encode_batch_record_into(&r, &mut payload);
+        }
+        let meta = MessageMetadata {
+            producer_name: "p".into(),
+            sequence_id: 10,
+            publish_time_ms: 7,
+            num_messages: 3,
+            ..Default::default()
+        };
+        let native = magnetar_wire::encode_message(&meta, &payload);
+        let (pm, pp) = native_to_pulsar(&native).unwrap();
+        let stored = magnetar_pulsar_wire::metadata::stored_blob_from_parts(&pm, &pp);
+        let back = pulsar_to_native(&stored).unwrap();
+        let (m2, p2) = magnetar_wire::decode_message(&back).unwrap();
+        assert_eq!((m2.producer_name.as_str(), m2.sequence_id, m2.publish_time_ms, m2.num_messages), ("p", 10, 7, 3));
+        let a = magnetar_wire::decode_batch(&payload.freeze(), 3).unwrap();
+        let b = magnetar_wire::decode_batch(&p2, 3).unwrap();
+        assert_eq!(a, b);
+    }
+}
