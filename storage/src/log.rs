@@ -1348,7 +1348,10 @@ const SPACE_RETRY: Duration = Duration::from_millis(250);
 
 /// Whether `e` says the filesystem (or the quota) has no room.
 fn is_no_space(e: &std::io::Error) -> bool {
+    // glommio's errors become `io::Error`s that keep the kind but not
+    // always the raw errno.
     matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+        || matches!(e.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded)
 }
 
 /// Creates the segment at `start`, trying again every `SPACE_RETRY` while

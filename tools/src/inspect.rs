@@ -115,6 +115,10 @@ impl Progress {
         self.shown = true;
         let secs = now.duration_since(self.started).as_secs_f64();
         let mib = done as f64 / (1 << 20) as f64;
+        // `total` is the scan's estimate from the segment sizes it knew when
+        // it started; reads past it (index files, relocated copies, a
+        // rolled-over batch) must not show as more than "at most".
+        let total = total.max(done);
         let line = format!(
             "{}: {:.0} of at most {:.0} MiB read ({:.0} MiB/s)",
             self.label,
@@ -301,8 +305,9 @@ fn print_shard(name: &str, img: &ShardImage, verified: bool) {
         Tail::Clean { position } => println!("  log ends at {position}"),
         Tail::End { position } => println!("  log ends at {position}"),
         Tail::Torn { position, file, offset, bytes, reason } => println!(
-            "  log ends at {position}; torn last batch at {}:{offset} ({bytes} bytes: {reason}); \
-             never acknowledged, the next start truncates it",
+            "  log ends at {position}; last batch at {}:{offset} ({bytes} bytes) does not verify ({reason}): \
+             a write a crash interrupted (then never acknowledged) or damage to a complete batch's header \
+             (its messages may have been acknowledged); the next start truncates it",
             file.display()
         ),
     }

@@ -226,9 +226,12 @@ where
                     glommio::timer::sleep(Duration::from_millis(20)).await;
                 }
                 tracing::info!(shard = id, "shutting down");
-                shard.shutdown().await;
+                // A shutdown that could not close the log (e.g. a full
+                // disk) ends the executor with its error, so the process
+                // exits non-zero.
+                let closed = shard.shutdown().await;
                 drop(serving);
-                Ok(())
+                closed
             })
             .map_err(|e| StartError::Shard { shard: id, message: format!("cannot start executor: {e}") })?;
         handles.push(handle);

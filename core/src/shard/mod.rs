@@ -271,7 +271,7 @@ impl Shard {
     /// Clean shutdown: stop taking produce requests, let in-flight ones
     /// finish, persist cursors, close the log (which syncs and writes the
     /// clean-shutdown marker).
-    pub(crate) async fn shutdown(self: &Rc<Self>) {
+    pub(crate) async fn shutdown(self: &Rc<Self>) -> Result<(), String> {
         self.draining.set(true);
         let deadline = std::time::Instant::now() + self.config.shutdown_drain_timeout;
         while self.inflight.get() > 0 && std::time::Instant::now() < deadline {
@@ -284,8 +284,10 @@ impl Shard {
                 "shutdown: in-flight appends did not finish"
             );
         }
+        let mut failed = None;
         if let Err(e) = self.flush_cursors_and_counts(true) {
             tracing::error!(shard = self.id, "persisting cursors at shutdown failed: {e}");
+            failed = Some(format!("persisting cursors at shutdown failed: {e}"));
         }
         self.closed.set(true);
         self.cursor_flush.notify();
@@ -296,7 +298,11 @@ impl Shard {
         }
         match self.log.close().await {
             Ok(()) => tracing::info!(shard = self.id, "log closed cleanly"),
-            Err(e) => tracing::error!(shard = self.id, "closing the log failed: {e}"),
+            Err(e) => {
+                tracing::error!(shard = self.id, "closing the log failed: {e}");
+                failed = Some(format!("closing the log failed: {e}"));
+            }
         }
+        failed.map_or(Ok(()), Err)
     }
 }

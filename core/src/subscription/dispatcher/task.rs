@@ -290,7 +290,16 @@ async fn pass_into<S: DeliverySink, L: LogReader>(
             Pick::Deliver(_) => {}
         }
         // Replayed entries are mostly in the log's caches.
-        let Some(blob) = flush_if_waiting(&ctx.sink, out, read(ctx, topic, sub, entry)).await else { return };
+        let blob = match flush_if_waiting(&ctx.sink, out, read(ctx, topic, sub, entry)).await {
+            Ok(b) => b,
+            Err(e) => {
+                // What this pass delivered goes out before the close, so a
+                // client hands it out before the error.
+                out.flush(&ctx.sink);
+                fail_read(ctx, topic, sub, entry, e);
+                return;
+            }
+        };
         // The read awaited: decide again on the current state.
         if !sub.replay.borrow().contains_key(&entry) || sub.cursor.borrow().is_acked(entry) {
             continue;
@@ -349,7 +358,14 @@ async fn pass_into<S: DeliverySink, L: LogReader>(
         if sub.replay.borrow().len() >= ctx.limits.unacked_per_subscription_max as usize {
             return;
         }
-        let Some(blob) = flush_if_waiting(&ctx.sink, out, read_fresh(ctx, topic, sub, pos)).await else { return };
+        let blob = match flush_if_waiting(&ctx.sink, out, read_fresh(ctx, topic, sub, pos)).await {
+            Ok(b) => b,
+            Err(e) => {
+                out.flush(&ctx.sink);
+                fail_read(ctx, topic, sub, pos, e);
+                return;
+            }
+        };
         if sub.read_pos.get() != pos || sub.cursor.borrow().is_acked(pos) {
             continue;
         }
@@ -479,7 +495,7 @@ async fn read_fresh<S: DeliverySink, L: LogReader>(
     topic: &Rc<Topic>,
     sub: &Rc<Subscription>,
     pos: u64,
-) -> Option<Bytes> {
+) -> Result<Bytes, magnetar_storage::StorageError> {
     let Some((ledger, e)) = topic.ledgers.borrow().locate(pos) else {
         return read(ctx, topic, sub, pos).await;
     };
@@ -487,7 +503,7 @@ async fn read_fresh<S: DeliverySink, L: LogReader>(
     if let Some(b) = taken {
         sub.counters.entries_read.set(sub.counters.entries_read.get() + 1);
         start_next_run(ctx, topic, sub);
-        return Some(b);
+        return Ok(b);
     }
     // The run read in the background, if it starts here (a failed one is
     // read again below, which reports the error).
@@ -511,8 +527,7 @@ async fn read_fresh<S: DeliverySink, L: LogReader>(
                 Err(magnetar_storage::StorageError::Corrupt { .. }) => return read(ctx, topic, sub, pos).await,
                 Err(err) => {
                     sub.counters.entries_read.set(sub.counters.entries_read.get() + 1);
-                    fail_read(ctx, topic, sub, pos, err);
-                    return None;
+                    return Err(err);
                 }
             }
         }
@@ -529,7 +544,8 @@ async fn read_fresh<S: DeliverySink, L: LogReader>(
         *a = ReadAhead { first: pos + 1, ledger, first_entry: e + 1, entries: run, run_len, next };
     }
     start_next_run(ctx, topic, sub);
-    first
+    // A run holds at least one entry.
+    first.ok_or(magnetar_storage::StorageError::NoSuchEntry { ledger, entry: e })
 }
 
 /// Once the current run is half used, starts reading the next one in the
@@ -554,26 +570,20 @@ fn start_next_run<S: DeliverySink, L: LogReader>(ctx: &DispatchCtx<S, L>, topic:
     }
 }
 
-/// Reads one entry. Unreadable data (failed checksum, I/O error) is never
-/// served: every consumer is closed with the reason and `None` returned.
+/// Reads one entry. Unreadable data (failed checksum, I/O error) is an
+/// error, never served: the caller hands out what it gathered, then closes
+/// the consumers with the reason ([`fail_read`]).
 async fn read<S: DeliverySink, L: LogReader>(
     ctx: &DispatchCtx<S, L>,
     topic: &Rc<Topic>,
     sub: &Rc<Subscription>,
     entry: u64,
-) -> Option<Bytes> {
+) -> Result<Bytes, magnetar_storage::StorageError> {
     sub.counters.entries_read.set(sub.counters.entries_read.get() + 1);
     let located = topic.ledgers.borrow().locate(entry);
-    let result = match located {
+    match located {
         Some((ledger, e)) => ctx.log.read(ledger, e).await,
         None => Err(magnetar_storage::StorageError::NoSuchEntry { ledger: u64::MAX, entry }),
-    };
-    match result {
-        Ok(b) => Some(b),
-        Err(e) => {
-            fail_read(ctx, topic, sub, entry, e);
-            None
-        }
     }
 }
 
