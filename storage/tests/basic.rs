@@ -128,25 +128,44 @@ fn fail_stop_on_write_and_sync_errors() {
     }
 }
 
-/// Goal: a failed segment preallocation (e.g. ENOSPC) is fail-stop too.
+/// Goal: a failed segment preallocation other than ENOSPC is fail-stop
+/// too.
 #[test]
 fn fail_stop_on_allocate_error() {
-    for error in [FaultError::Io, FaultError::NoSpace] {
-        run(30, move || async move {
-            let disk = SimDisk::new();
-            disk.fail_nth_with(FaultKind::Allocate, 0, error);
-            let (log, _) = EntryLog::open_with(disk.clone(), small_config("/s")).await.unwrap();
-            let a = log.append(1, Bytes::from_static(b"x")).unwrap();
-            assert!(log.wait_durable(a.lsn).await.is_err());
-            assert!(log.append(1, Bytes::from_static(b"y")).is_err());
-            assert_eq!(disk.faults_fired(), 1);
-            // Restart: nothing was acknowledged, and the log works again.
-            let (log2, _) = EntryLog::open_with(disk.crash(3), small_config("/s")).await.unwrap();
-            let b = log2.append(1, Bytes::from_static(b"z")).unwrap();
-            log2.wait_durable(b.lsn).await.unwrap();
-            drop(log);
-        });
-    }
+    run(30, || async {
+        let disk = SimDisk::new();
+        disk.fail_nth_with(FaultKind::Allocate, 0, FaultError::Io);
+        let (log, _) = EntryLog::open_with(disk.clone(), small_config("/s")).await.unwrap();
+        let a = log.append(1, Bytes::from_static(b"x")).unwrap();
+        assert!(log.wait_durable(a.lsn).await.is_err());
+        assert!(log.append(1, Bytes::from_static(b"y")).is_err());
+        assert_eq!(disk.faults_fired(), 1);
+        // Restart: nothing was acknowledged, and the log works again.
+        let (log2, _) = EntryLog::open_with(disk.crash(3), small_config("/s")).await.unwrap();
+        let b = log2.append(1, Bytes::from_static(b"z")).unwrap();
+        log2.wait_durable(b.lsn).await.unwrap();
+        drop(log);
+    });
+}
+
+/// Goal: a segment preallocation that finds no space (ENOSPC) wrote no
+/// batch, so it is not a fail-stop: the creation is tried again, and what
+/// was appended meanwhile becomes durable once it succeeds.
+#[test]
+fn no_space_for_a_segment_is_retried_not_fail_stop() {
+    run(30, || async {
+        let disk = SimDisk::new();
+        disk.fail_nth_with(FaultKind::Allocate, 0, FaultError::NoSpace);
+        let (log, _) = EntryLog::open_with(disk.clone(), small_config("/s")).await.unwrap();
+        let a = log.append(1, Bytes::from_static(b"x")).unwrap();
+        log.wait_durable(a.lsn).await.unwrap();
+        assert_eq!(disk.faults_fired(), 1);
+        assert!(!log.is_failed());
+        let b = log.append(1, Bytes::from_static(b"y")).unwrap();
+        log.wait_durable(b.lsn).await.unwrap();
+        assert_eq!(log.read(1, 0).await.unwrap(), Bytes::from_static(b"x"));
+        log.close().await.unwrap();
+    });
 }
 
 /// Goal: an entry evicted from the write cache is read from disk with its
