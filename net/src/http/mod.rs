@@ -21,6 +21,7 @@
 // built at most once per request, so boxing it would buy nothing.
 #![allow(clippy::result_large_err)]
 
+mod console;
 mod exposition;
 mod rest;
 mod shard_side;
@@ -341,6 +342,14 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<Body> {
                 req.headers().get(hyper::header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
             exposition::scrape(state, &accept).await
         }
+        (&Method::GET, []) => console::asset("text/html; charset=utf-8", console::INDEX_HTML),
+        (&Method::GET, ["console", "app.js"]) => console::asset("text/javascript", console::APP_JS),
+        (&Method::GET, ["console", "api.js"]) => console::asset("text/javascript", console::API_JS),
+        (&Method::GET, ["console", "chart.js"]) => console::asset("text/javascript", console::CHART_JS),
+        (&Method::GET, ["console", "style.css"]) => console::asset("text/css", console::STYLE_CSS),
+        (&Method::GET, ["admin", "v2", "magnetar", "overview"]) => console::overview(state).await,
+        (&Method::GET, ["admin", "v2", "magnetar", "topics"]) => console::topics(state, req.uri().query()).await,
+        (&Method::GET, ["admin", "v2", "magnetar", "find"]) => console::find(state, req.uri().query()).await,
         (_, ["admin", "v2", ..]) => {
             let segments: Vec<String> = segments[2..].iter().map(|s| percent_decode(s)).collect();
             rest::handle(state, req, segments).await
