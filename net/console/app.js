@@ -352,12 +352,14 @@ async function topics() {
     for (const [k, v] of [...p.entries()]) if (!v || v === "0") p.delete(k);
     location.hash = `#/topics${p.toString() ? "?" + p.toString() : ""}`;
   };
+  // Without the namespaces (a role that may not list them), the page still
+  // offers the listing's error and the create form.
   let namespaces = [];
+  let nsError = null;
   try {
     for (const t of await api.get("/admin/v2/tenants")) namespaces.push(...(await api.get(`/admin/v2/namespaces/${encodeURIComponent(t)}`)));
   } catch (e) {
-    root.replaceChildren(h("h1", {}, "Topics"), h("p", { class: "error-text" }, `Cannot list namespaces: ${e.message}`));
-    return;
+    nsError = e;
   }
   const nsSelect = h(
     "select",
@@ -377,8 +379,9 @@ async function topics() {
     },
   });
   const listing = h("div", {});
-  const createNs = h("select", { name: "namespace" }, namespaces.map((n) => h("option", { value: n, selected: n === ns }, n)));
-  const createName = h("input", { name: "topic", placeholder: "topic name", required: true });
+  const createNs = h("input", { id: "create-namespace", name: "namespace", list: "namespace-list", value: ns || namespaces[0] || "public/default", required: true, size: 18 });
+  const nsList = h("datalist", { id: "namespace-list" }, namespaces.map((n) => h("option", { value: n })));
+  const createName = h("input", { id: "create-name", name: "topic", placeholder: "topic name", required: true });
   const createParts = h("input", { name: "partitions", type: "number", min: 0, value: 0, size: 4 });
   const createForm = h(
     "form",
@@ -387,7 +390,7 @@ async function topics() {
       id: "create-topic",
       onsubmit: async (ev) => {
         ev.preventDefault();
-        const full = `persistent://${createNs.value}/${createName.value.trim()}`;
+        const full = `persistent://${createNs.value.trim()}/${createName.value.trim()}`;
         const n = parseInt(createParts.value, 10) || 0;
         await act(
           `create ${full}${n ? ` with ${n} partitions` : ""}`,
@@ -398,12 +401,20 @@ async function topics() {
     },
     "Create topic in ",
     createNs,
+    nsList,
     createName,
     "partitions (0: not partitioned)",
     createParts,
     h("button", { type: "submit", class: "primary" }, "Create"),
   );
-  root.replaceChildren(h("h1", {}, "Topics"), h("div", { class: "toolbar" }, nsSelect, searchInput), listing, h("h2", {}, "New topic"), createForm);
+  root.replaceChildren(
+    h("h1", {}, "Topics"),
+    nsError ? h("p", { class: "error-text" }, `Cannot list namespaces: ${nsError.message}`) : null,
+    h("div", { class: "toolbar" }, nsSelect, searchInput),
+    listing,
+    h("h2", {}, "New topic"),
+    createForm,
+  );
   searchInput.focus();
   searchInput.setSelectionRange(search.length, search.length);
 

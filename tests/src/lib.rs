@@ -14,20 +14,25 @@
 //! - [`RawConnection`]: a blocking raw-protocol connection for exact frames.
 //! - [`run_pulsar_test`]: a test of the official Pulsar Python client
 //!   (`tests/pulsar/`), in a venv made on first use ([`pulsar_python`]).
+//! - [`run_console_test`]: the web console in headless chromium driven by
+//!   Playwright (`tests/console/`), in a venv made on first use.
 //!
 //! See `README.md` for how it works and how to run one test.
 
 mod broker;
+mod browser;
 mod cli;
 pub mod consume;
 mod data;
 pub mod http;
 mod process;
 mod pulsar;
+mod python;
 mod raw;
 mod scope;
 
 pub use broker::{BrokerOptions, BrokerProcess, StartFailure, LISTENING_PREFIX, START_TIMEOUT, TERMINATE_TIMEOUT};
+pub use browser::{chromium, console_artifacts_dir, console_python, console_tests_dir, run_console_test};
 pub use cli::{run_cli, CliProcess, CliRun, ConsumeCmd, Line, ProduceCmd, Receipt, Received};
 pub use data::{
     check_topic_log, expected_payload, owner_shard, parse_generated, test_dir, test_tmp_root, topics_per_shard,
@@ -35,6 +40,7 @@ pub use data::{
 };
 pub use process::{magnetar_bin, ChildGuard, LogBuffer};
 pub use pulsar::{pulsar_python, pulsar_tests_dir, run_pulsar_test, PulsarRun};
+pub use python::{python_venv, run_python_test, target_dir, PythonRun};
 pub use raw::{connect_frame, connect_frame_of, frame_bytes, Ending, RawConnection, RawFrame, RAW_TIMEOUT};
 pub use scope::{run_async_with_timeout, run_with_timeout, Scope};
 

@@ -1,19 +1,14 @@
 //! The official Apache Pulsar Python client, for the Pulsar door's tests.
 //!
 //! [`pulsar_python`] makes a virtual environment with the pinned
-//! `pulsar-client` wheel (`tests/pulsar/requirements.txt`) on first use,
-//! under the target directory, once per machine (a file lock keeps
-//! parallel tests from building it twice). If it cannot be made (no
-//! `python3`, no PyPI), the test fails saying why: it never passes without
-//! running. [`run_pulsar_test`] runs one test of `tests/pulsar/client_tests.py`
-//! under a hard timeout.
+//! `pulsar-client` wheel (`tests/pulsar/requirements.txt`) on first use
+//! ([`python_venv`]). [`run_pulsar_test`] runs one test of
+//! `tests/pulsar/client_tests.py` under a hard timeout.
 
-use crate::process::magnetar_bin;
-use std::io::Read;
+use crate::python::{python_venv, run_python_test, PythonRun};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The directory of the Python tests and their requirements.
 pub fn pulsar_tests_dir() -> PathBuf {
@@ -23,116 +18,17 @@ pub fn pulsar_tests_dir() -> PathBuf {
 /// The venv's Python with the pinned `pulsar-client` installed.
 pub fn pulsar_python() -> &'static Path {
     static PY: OnceLock<PathBuf> = OnceLock::new();
-    PY.get_or_init(make_venv)
-}
-
-fn make_venv() -> PathBuf {
-    let requirements = pulsar_tests_dir().join("requirements.txt");
-    let pinned =
-        std::fs::read_to_string(&requirements).unwrap_or_else(|e| panic!("reading {}: {e}", requirements.display()));
-    // The venv's name follows the requirements, so a new pin makes a new one.
-    let tag = crc32fast::hash(pinned.as_bytes());
-    let target = magnetar_bin().parent().and_then(Path::parent).unwrap_or_else(|| Path::new("."));
-    let venv = target.join(format!("pulsar-venv-{tag:08x}"));
-    let python = venv.join("bin").join("python");
-    let ready = venv.join("ready");
-    if ready.is_file() {
-        return python;
-    }
-    let lock_path = target.join(format!("pulsar-venv-{tag:08x}.lock"));
-    let lock = std::fs::File::create(&lock_path).unwrap_or_else(|e| panic!("creating {}: {e}", lock_path.display()));
-    lock.lock().unwrap_or_else(|e| panic!("locking {}: {e}", lock_path.display()));
-    if ready.is_file() {
-        return python;
-    }
-    let _ = std::fs::remove_dir_all(&venv);
-    let run = |cmd: &mut Command, what: &str| {
-        let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
-        assert!(
-            out.status.success(),
-            "{what} failed ({}): the Pulsar client tests need python3 with venv and PyPI access\n{}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    run(Command::new("python3").arg("-m").arg("venv").arg(&venv), "python3 -m venv");
-    run(
-        Command::new(venv.join("bin").join("pip"))
-            .args(["install", "--quiet", "--disable-pip-version-check", "-r"])
-            .arg(&requirements),
-        "pip install -r tests/pulsar/requirements.txt",
-    );
-    run(Command::new(&python).args(["-c", "import pulsar"]), "import pulsar");
-    std::fs::write(&ready, pinned).unwrap_or_else(|e| panic!("writing {}: {e}", ready.display()));
-    python
+    PY.get_or_init(|| python_venv("pulsar", &pulsar_tests_dir().join("requirements.txt"), "pulsar"))
 }
 
 /// What one Python test printed.
-#[derive(Debug)]
-pub struct PulsarRun {
-    /// Lines printed with the `OUT ` prefix, without it.
-    pub out: Vec<String>,
-    pub stdout: String,
-    pub stderr: String,
-}
+pub type PulsarRun = PythonRun;
 
 /// Runs `client_tests.py URL NAME TOPIC ARGS...`; panics (with its output)
 /// unless it passes within `timeout`, after which it is killed.
 pub fn run_pulsar_test(url: &str, name: &str, topic: &str, args: &[&str], timeout: Duration) -> PulsarRun {
-    let python = pulsar_python();
     let script = pulsar_tests_dir().join("client_tests.py");
-    let mut child = Command::new(python)
-        .arg(&script)
-        .args([url, name, topic])
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", python.display()));
-    let (mut so, mut se) = (child.stdout.take(), child.stderr.take());
-    let out_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        if let Some(o) = so.as_mut() {
-            let _ = o.read_to_string(&mut s);
-        }
-        s
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        if let Some(e) = se.as_mut() {
-            let _ = e.read_to_string(&mut s);
-        }
-        s
-    });
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap_or_else(|e| panic!("waiting for python: {e}")) {
-            break Some(status);
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let stdout = out_reader.join().unwrap_or_default();
-    let stderr = err_reader.join().unwrap_or_default();
-    let tail = |s: &str| s.lines().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
-    match status {
-        None => panic!(
-            "Python test {name} timed out after {timeout:?}\nstdout:\n{}\nstderr:\n{}",
-            tail(&stdout),
-            tail(&stderr)
-        ),
-        Some(s) if !s.success() => {
-            panic!("Python test {name} failed ({s})\nstdout:\n{}\nstderr:\n{}", tail(&stdout), tail(&stderr))
-        }
-        Some(_) => {}
-    }
-    assert!(stdout.contains(&format!("PASSED {name}")), "Python test {name} did not finish:\n{stdout}");
-    let out = stdout.lines().filter_map(|l| l.strip_prefix("OUT ")).map(str::to_string).collect();
-    PulsarRun { out, stdout, stderr }
+    let mut all = vec![url, name, topic];
+    all.extend_from_slice(args);
+    run_python_test(pulsar_python(), &script, &all, name, &[], timeout)
 }
