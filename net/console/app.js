@@ -37,7 +37,7 @@ function fmtBytes(v) {
     v /= 1024;
     i++;
   }
-  return `${i === 0 ? v : v.toFixed(1)} ${units[i]}`;
+  return `${i === 0 ? Math.round(v) : v.toFixed(1)} ${units[i]}`;
 }
 
 function fmtDuration(s) {

@@ -39,9 +39,10 @@ def open_page(p, base):
     return browser, page, errors
 
 
-def shot(page, artifacts, name):
+def shot(page, artifacts, name, full=False):
     path = os.path.join(artifacts, f"{name}.png")
-    page.screenshot(path=path)
+    page.evaluate("window.scrollTo(0, 0)")
+    page.screenshot(path=path, full_page=full)
     print(f"OUT screenshot {path}", flush=True)
 
 
@@ -103,7 +104,7 @@ def test_workload(page, base, artifacts, topic, sub, consumer, key):
     assert all(k == key for k in found), found
     print(f"OUT found {len(found)}", flush=True)
     page.wait_for_timeout(3000)  # a few seconds of chart
-    shot(page, artifacts, "topic")
+    shot(page, artifacts, "topic", full=True)
 
 
 def test_reset(page, base, artifacts, topic, sub, when_ms):
@@ -130,7 +131,7 @@ def test_reset(page, base, artifacts, topic, sub, when_ms):
     print(f"OUT peek first {payloads.first.inner_text()}", flush=True)
     page.click(".payload-toggle")
     print(f"OUT peek first hex {payloads.first.inner_text()}", flush=True)
-    shot(page, artifacts, "topic-actions")
+    shot(page, artifacts, "topic-actions", full=True)
 
 
 def test_refused(page, base, artifacts, token, topic_local):
