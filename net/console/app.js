@@ -521,8 +521,10 @@ async function peekOne(full, sub, n) {
     const m = /^x-pulsar-property-(.+)$/i.exec(k);
     if (m) properties[m[1]] = v;
   }
+  // A batch is peeked whole, as Pulsar does: its payload is the batch.
+  const batch = resp.headers.get("X-Pulsar-num-batch-message");
   return {
-    id: resp.headers.get("X-Pulsar-Message-ID") || `#${n}`,
+    id: (resp.headers.get("X-Pulsar-Message-ID") || `#${n}`) + (batch ? ` (batch of ${batch})` : ""),
     publishTime: resp.headers.get("X-Pulsar-publish-time") || "",
     key: resp.headers.get("X-Pulsar-partition-key"),
     properties,
