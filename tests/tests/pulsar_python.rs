@@ -197,13 +197,14 @@ fn pulsar_cross_native_to_pulsar() {
 }
 
 /// Pulsar produce → native CLI consume: binary payloads, keys and
-/// properties arrive as sent, unbatched and batched.
+/// properties arrive as sent, unbatched and batched. The CLI is given the
+/// same `pulsar://` URL as the Pulsar client (the port serves both doors).
 #[test]
 fn pulsar_cross_pulsar_to_native() {
     let (_dir, mut b) = broker("pulsar-cross-p2n");
     let topic = "persistent://public/default/p2n";
     run_pulsar_test(&pulsar_url(&b), "cross_produce", topic, &[], PY_TIMEOUT);
-    let mut consume = ConsumeCmd::new(&b.url(), topic, "native");
+    let mut consume = ConsumeCmd::new(&pulsar_url(&b), topic, "native");
     consume.count = 10;
     let got = consume.run(CLI_TIMEOUT);
     assert_eq!(got.len(), 10, "{got:?}");

@@ -239,8 +239,9 @@ impl Door for PulsarDoor {
     }
 
     /// CONNECT → CONNECTED, with the lower of the two protocol versions and
-    /// the largest message size. The principal stays the transport's: the
-    /// authentication of CONNECT's `auth_data` belongs here once it exists.
+    /// the largest message size, once CONNECT's credentials (or the
+    /// transport's client certificate) pass the core's authenticator when
+    /// authentication is on.
     fn handshake(session: &Session<Self>, frame: Frame) -> Handshake {
         let out = session.out();
         let Some(connect) = frame.command.connect.filter(|_| frame.command.r#type == Type::Connect as i32) else {
