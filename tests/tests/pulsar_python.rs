@@ -100,6 +100,18 @@ fn pulsar_connection_loss() {
     py("connection_loss");
 }
 
+/// Exclusive, WaitForExclusive and ExclusiveWithFencing producers; the
+/// waiting producer is told at once that it is queued (`producer_ready =
+/// false`, which the C++ client logs), as Pulsar's broker does.
+#[test]
+fn pulsar_access_modes() {
+    let (_dir, mut b) = broker("pulsar-access-modes");
+    let topic = "persistent://public/default/access_modes";
+    let run = run_pulsar_test(&pulsar_url(&b), "access_modes", topic, &[], PY_TIMEOUT);
+    assert!(run.stdout.contains("has been queued up at broker"), "no producer_ready = false:\n{}", run.stdout);
+    b.assert_running();
+}
+
 #[test]
 fn pulsar_compression() {
     py("compression");

@@ -650,6 +650,18 @@ impl Door for PulsarDoor {
         )
     }
 
+    fn producer_waiting(&self, dst: &mut BytesMut, request_id: u64) -> Result<(), FrameError> {
+        // Pulsar's clients keep a request answered with `producer_ready =
+        // false` pending without a timeout until the second PRODUCER_SUCCESS.
+        push(
+            dst,
+            &command(Type::ProducerSuccess, |c| {
+                c.producer_success =
+                    Some(pb::CommandProducerSuccess { request_id, producer_ready: Some(false), ..Default::default() })
+            }),
+        )
+    }
+
     fn receipt(&self, dst: &mut BytesMut, producer_id: u64, sequence_id: u64, id: MessageId) -> Result<(), FrameError> {
         // A resend answered from dedup carries u64::MAX:u64::MAX, which
         // Pulsar's clients read as -1:-1 (what Pulsar answers).
