@@ -14,8 +14,8 @@
 use magnetar_core::auth::{create_token, SigningKey};
 use magnetar_tests::http::request;
 use magnetar_tests::{
-    run_async_with_timeout, run_console_test, run_with_timeout, test_dir, BrokerOptions, BrokerProcess, ConsumeCmd,
-    Line, ProduceCmd, Received,
+    run_async_with_timeout, run_console_test, run_with_timeout, test_dir, BrokerOptions, BrokerProcess, CliProcess,
+    ConsumeCmd, Line, ProduceCmd, Received,
 };
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -57,41 +57,28 @@ impl Traffic {
     }
 }
 
-/// Goal: the overview shows the topics and non-zero produce and consume
-/// rates; the topics page lists and searches them; a topic page lists its
-/// subscription with its type and its consumer, and finds messages by key;
-/// resetting the subscription's cursor by time through the page changes
-/// what a consumer receives next (the first message published at or after
-/// that time, one it had already acknowledged), and the page's peek shows
-/// that message first.
-#[test]
-fn console_shows_a_live_workload_and_resets_a_cursor_by_time() {
-    run_with_timeout(Duration::from_secs(480), || {
-        let dir = test_dir("console");
-        let broker = BrokerProcess::start(dir.path(), SHARDS);
-        let url = broker.url();
-        let base = format!("http://{}", broker.http_addr());
-        let topic = "persistent://public/default/console-orders";
+/// The subscription `audit` with its consumer `auditor` (a small receiver
+/// queue, so permits show) reading `topic` from the start, while
+/// [`Traffic`] sends to it.
+struct Workload {
+    consumer: CliProcess,
+    traffic: Traffic,
+}
 
-        // A second topic, idle, for the overview and the topics page.
-        ProduceCmd::new(&url, "persistent://public/default/console-payments", "payments", 20, 64).run(CLI_TIMEOUT);
-        let mut c = ConsumeCmd::new(&url, topic, "audit");
+impl Workload {
+    fn start(url: &str, topic: &str) -> Workload {
+        let mut c = ConsumeCmd::new(url, topic, "audit");
         c.idle_timeout_s = 400.0;
         c.extra_args = ["--consumer-name", "auditor", "--receiver-queue-size", "10"].map(String::from).to_vec();
-        let mut consumer = c.spawn();
-        let traffic = Traffic::start(&url, topic);
+        let consumer = c.spawn();
+        Workload { consumer, traffic: Traffic::start(url, topic) }
+    }
 
-        let run = run_console_test("workload", &base, &[topic, "audit", "auditor", "k1"], BROWSER_TIMEOUT);
-        for want in ["overview produce", "overview consume", "topic in", "subscription type Exclusive", "search rows 1"]
-        {
-            assert!(run.out.iter().any(|l| l.starts_with(want)), "no {want:?} in {:?}", run.out);
-        }
-        let found: usize =
-            run.out.iter().find_map(|l| l.strip_prefix("found ")).and_then(|n| n.parse().ok()).unwrap_or(0);
-        assert!(found > 0, "find by key found nothing: {:?}", run.out);
-
-        // Everything sent reaches the consumer; then it goes away (the
-        // subscription stays, every message acknowledged).
+    /// Stops the traffic, waits for the consumer to receive (and
+    /// acknowledge) everything sent, then closes it: the subscription
+    /// stays. What it received, in topic order.
+    fn drain(self) -> Vec<Received> {
+        let Workload { mut consumer, traffic } = self;
         let sent = traffic.stop();
         let mut received = Vec::with_capacity(sent);
         while received.len() < sent {
@@ -102,6 +89,59 @@ fn console_shows_a_live_workload_and_resets_a_cursor_by_time() {
         }
         consumer.kill9();
         received.sort_by_key(|r| r.id);
+        received
+    }
+}
+
+const TOPIC: &str = "persistent://public/default/console-orders";
+
+/// Goal: the overview shows the topics and non-zero produce and consume
+/// rates; the topics page lists and searches them; the tenants page shows
+/// the namespace's policies; a topic page lists its subscription with its
+/// type and its consumer, shows a non-zero rate in, and finds messages by
+/// key (each with that key).
+#[test]
+fn console_shows_a_live_workload() {
+    run_with_timeout(Duration::from_secs(420), || {
+        let dir = test_dir("console");
+        let broker = BrokerProcess::start(dir.path(), SHARDS);
+        let url = broker.url();
+        let base = format!("http://{}", broker.http_addr());
+
+        // A second topic, idle, for the overview and the topics page.
+        ProduceCmd::new(&url, "persistent://public/default/console-payments", "payments", 20, 64).run(CLI_TIMEOUT);
+        let workload = Workload::start(&url, TOPIC);
+        let run = run_console_test("workload", &base, &[TOPIC, "audit", "auditor", "k1"], BROWSER_TIMEOUT);
+        for want in ["overview produce", "overview consume", "topic in", "subscription type Exclusive", "search rows 1"]
+        {
+            assert!(run.out.iter().any(|l| l.starts_with(want)), "no {want:?} in {:?}", run.out);
+        }
+        let found: usize =
+            run.out.iter().find_map(|l| l.strip_prefix("found ")).and_then(|n| n.parse().ok()).unwrap_or(0);
+        assert!(found > 0, "find by key found nothing: {:?}", run.out);
+        assert!(!workload.drain().is_empty());
+        drop(broker);
+    });
+}
+
+/// Goal: resetting a subscription's cursor by time through the topic page
+/// changes what a consumer receives next: the first message published at
+/// or after that time, which it had already received and acknowledged; the
+/// page's peek shows that message first.
+#[test]
+#[ignore = "needs the REST subscription operations (resetcursor, position/N) of branch subadmin; 501 before"]
+fn console_resets_a_cursor_by_time_and_a_consumer_receives_from_there() {
+    run_with_timeout(Duration::from_secs(420), || {
+        let dir = test_dir("console-reset");
+        let broker = BrokerProcess::start(dir.path(), SHARDS);
+        let url = broker.url();
+        let base = format!("http://{}", broker.http_addr());
+
+        let workload = Workload::start(&url, TOPIC);
+        // Traffic over more than two whole seconds, so a whole second
+        // falls inside it.
+        std::thread::sleep(Duration::from_secs(4));
+        let received = workload.drain();
         let first = received.first().unwrap().publish_time_ms;
         let last = received.last().unwrap().publish_time_ms;
         assert!(last - first >= 2000, "the traffic lasted {} ms: too short to reset inside it", last - first);
@@ -111,12 +151,12 @@ fn console_shows_a_live_workload_and_resets_a_cursor_by_time() {
         let expected = received.iter().find(|r| r.publish_time_ms >= when).unwrap();
         assert!(expected.id > received[0].id, "the reset point must be after the first message");
 
-        let run = run_console_test("reset", &base, &[topic, "audit", &when.to_string()], BROWSER_TIMEOUT);
+        let run = run_console_test("reset", &base, &[TOPIC, "audit", &when.to_string()], BROWSER_TIMEOUT);
         let peeked = run.out.iter().find_map(|l| l.strip_prefix("peek first ")).unwrap();
         assert_eq!(peeked, String::from_utf8_lossy(&expected.payload), "peek after the reset: {:?}", run.out);
 
         // A consumer now receives from the reset point again.
-        let mut again = ConsumeCmd::new(&url, topic, "audit");
+        let mut again = ConsumeCmd::new(&url, TOPIC, "audit");
         again.count = 1;
         let got = again.run(CLI_TIMEOUT);
         assert_eq!(got.len(), 1, "nothing received after the reset");
@@ -138,6 +178,7 @@ fn token(role: &str) -> String {
 /// action the token's role may not do (create a topic, as a role with no
 /// grants) shows the broker's own refusal; the topic is not created.
 #[test]
+#[ignore = "needs HTTP authentication (branch sec) and its check on /admin/v2/magnetar/*"]
 fn console_asks_for_a_token_and_shows_the_brokers_refusal() {
     run_async_with_timeout(Duration::from_secs(300), || async {
         let dir = test_dir("console-auth");
