@@ -347,6 +347,9 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<Body> {
         (&Method::GET, ["console", "api.js"]) => console::asset("text/javascript", console::API_JS),
         (&Method::GET, ["console", "chart.js"]) => console::asset("text/javascript", console::CHART_JS),
         (&Method::GET, ["console", "style.css"]) => console::asset("text/css", console::STYLE_CSS),
+        // The console's data: admin paths, so they must be authenticated
+        // as the `admin/v2` arm below is (the page and its scripts above
+        // hold no data and stay open: they ask for the token).
         (&Method::GET, ["admin", "v2", "magnetar", "overview"]) => console::overview(state).await,
         (&Method::GET, ["admin", "v2", "magnetar", "topics"]) => console::topics(state, req.uri().query()).await,
         (&Method::GET, ["admin", "v2", "magnetar", "find"]) => console::find(state, req.uri().query()).await,
