@@ -80,11 +80,28 @@ def test_workload(page, base, artifacts, topic, sub, consumer, key):
     rows = page.locator("#topics-table tbody tr")
     expect(rows.first).to_contain_text(topic)
     print(f"OUT search rows {rows.count()}", flush=True)
+    # Create a partitioned topic from the page.
+    page.fill("#create-namespace", "public/default")
+    page.fill("#create-name", "console-created")
+    page.fill('#create-topic input[name="partitions"]', "3")
+    page.click("#create-topic button[type=submit]")
+    expect(page.locator("#notice")).to_have_text(re.compile(r"^Done: create persistent://public/default/console-created with 3 partitions"))
+    print("OUT created console-created", flush=True)
 
     # Tenants and namespaces with their policies.
     page.goto(base + "/#/tenants")
     expect(page.locator('.namespace[data-namespace="public/default"] table.policies')).to_contain_text("Message TTL")
     shot(page, artifacts, "tenants")
+    # Change a policy that can expire messages: it asks first.
+    ns = page.locator('.namespace[data-namespace="public/default"]')
+    ns.locator('select[name="policy"]').select_option("messageTTL")
+    ns.locator('input[name="value"]').fill("3600")
+    ns.locator(".policy-form button[type=submit]").click()
+    expect(page.locator("#confirm-dialog")).to_be_visible()
+    page.click("#confirm-ok")
+    expect(page.locator("#notice")).to_have_text(re.compile(r"^Done: set messageTTL of public/default"))
+    expect(page.locator('.namespace[data-namespace="public/default"] table.policies')).to_contain_text("3600 s")
+    print("OUT ttl set", flush=True)
 
     # The topic: its subscription with its type, its consumer, live rates.
     page.goto(base + "/" + topic_hash(topic))

@@ -99,7 +99,8 @@ const TOPIC: &str = "persistent://public/default/console-orders";
 /// rates; the topics page lists and searches them; the tenants page shows
 /// the namespace's policies; a topic page lists its subscription with its
 /// type and its consumer, shows a non-zero rate in, and finds messages by
-/// key (each with that key).
+/// key (each with that key); a partitioned topic created and a namespace
+/// policy changed through the pages are what the REST admin then reads.
 #[test]
 fn console_shows_a_live_workload() {
     run_with_timeout(Duration::from_secs(420), || {
@@ -120,6 +121,20 @@ fn console_shows_a_live_workload() {
             run.out.iter().find_map(|l| l.strip_prefix("found ")).and_then(|n| n.parse().ok()).unwrap_or(0);
         assert!(found > 0, "find by key found nothing: {:?}", run.out);
         assert!(!workload.drain().is_empty());
+
+        // What the page did, as the REST admin reads it back.
+        let http = broker.http_addr();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let parts = rt.block_on(request(
+            http,
+            "GET",
+            "/admin/v2/persistent/public/default/console-created/partitions",
+            None,
+            &[],
+        ));
+        assert_eq!(parts.json()["partitions"], 3, "{}", parts.body);
+        let ttl = rt.block_on(request(http, "GET", "/admin/v2/namespaces/public/default/messageTTL", None, &[]));
+        assert_eq!(ttl.json(), 3600, "{}", ttl.body);
         drop(broker);
     });
 }
