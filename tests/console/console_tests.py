@@ -151,6 +151,25 @@ def test_reset(page, base, artifacts, topic, sub, when_ms):
     shot(page, artifacts, "topic-actions", full=True)
 
 
+def test_skip_delete(page, base, artifacts, topic, sub):
+    """Skips the backlog of `sub`, then deletes it, each after confirming."""
+    page.goto(base + "/" + topic_hash(topic))
+    row = page.locator(f'#subscriptions-table tr[data-subscription="{sub}"]')
+    expect(row).to_be_visible()
+    row.locator("button.skip-all").click()
+    expect(page.locator("#confirm-dialog")).to_contain_text("Skip the backlog")
+    page.click("#confirm-ok")
+    expect(page.locator("#notice")).to_have_text(re.compile(r"^Done: skip the backlog"))
+    expect(page.locator(f'#subscriptions-table tr[data-subscription="{sub}"] td.num').first).to_have_text("0")
+    print("OUT skipped", flush=True)
+    page.locator(f'#subscriptions-table tr[data-subscription="{sub}"] button.delete-sub').click()
+    expect(page.locator("#confirm-dialog")).to_contain_text("Delete the subscription")
+    page.click("#confirm-ok")
+    expect(page.locator("#notice")).to_have_text(re.compile(r"^Done: delete"))
+    expect(page.locator(f'#subscriptions-table tr[data-subscription="{sub}"]')).to_have_count(0)
+    print("OUT deleted", flush=True)
+
+
 def test_refused(page, base, artifacts, token, topic_local):
     """No token: the console asks for one. A limited token: creating a topic is refused."""
     dialog = page.locator("#token-dialog")
@@ -181,6 +200,8 @@ def main():
                 test_workload(page, base, artifacts, *args)
             elif name == "reset":
                 test_reset(page, base, artifacts, *args)
+            elif name == "skip_delete":
+                test_skip_delete(page, base, artifacts, *args)
             elif name == "refused":
                 test_refused(page, base, artifacts, *args)
             else:

@@ -142,7 +142,8 @@ fn console_shows_a_live_workload() {
 /// Goal: resetting a subscription's cursor by time through the topic page
 /// changes what a consumer receives next: the first message published at
 /// or after that time, which it had already received and acknowledged; the
-/// page's peek shows that message first.
+/// page's peek shows that message first. Then skipping its backlog and
+/// deleting it through the page leave no subscription.
 #[test]
 #[ignore = "needs the REST subscription operations (resetcursor, position/N) of branch subadmin; 501 before"]
 fn console_resets_a_cursor_by_time_and_a_consumer_receives_from_there() {
@@ -177,6 +178,13 @@ fn console_resets_a_cursor_by_time_and_a_consumer_receives_from_there() {
         assert_eq!(got.len(), 1, "nothing received after the reset");
         assert_eq!(got[0].id, expected.id, "after the reset to {when} the consumer got {:?}", got[0]);
         assert_eq!(got[0].payload, expected.payload);
+
+        // Skip its backlog and delete it through the page.
+        run_console_test("skip_delete", &base, &[TOPIC, "audit"], BROWSER_TIMEOUT);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let path = "/admin/v2/persistent/public/default/console-orders/subscriptions";
+        let subs = rt.block_on(request(broker.http_addr(), "GET", path, None, &[]));
+        assert_eq!(subs.json(), serde_json::json!([]), "the deleted subscription is listed");
         drop(broker);
     });
 }
