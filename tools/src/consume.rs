@@ -266,7 +266,7 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
             };
             builder.subscribe_pattern(pattern, refresh).await?
         }
-        None => std::sync::Arc::new(builder.subscribe_partitioned().await?),
+        None => builder.subscribe_partitioned().await?,
     };
 
     let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());

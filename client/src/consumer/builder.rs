@@ -55,6 +55,9 @@ pub struct ConsumerBuilder {
     pub(crate) ack_group_time: Duration,
     pub(crate) ack_group_max: usize,
     pub(crate) durable: bool,
+    /// How often `subscribe_partitioned` / `subscribe_topics` look up the
+    /// partition counts again, to subscribe partitions added later.
+    pub(crate) partitions_refresh: Duration,
     /// A multi-topic consumer's shared queue and this member's index in
     /// it; `None`: the consumer gets a queue of its own.
     pub(crate) inbox: Option<(mpsc::UnboundedSender<Queued>, u32)>,
@@ -173,37 +176,72 @@ impl ConsumerBuilder {
         ConsumerBuilder { topic, ..self.clone() }
     }
 
+    /// How often a consumer subscribed by a partitioned topic's name
+    /// (`subscribe_partitioned`, `subscribe_topics`) looks the partition
+    /// count up again and subscribes partitions added since (default
+    /// [`PARTITIONS_REFRESH_INTERVAL`](crate::PARTITIONS_REFRESH_INTERVAL),
+    /// as producers do).
+    pub fn partitions_refresh(mut self, every: Duration) -> Self {
+        self.partitions_refresh = every;
+        self
+    }
+
     /// Subscribe to the topic by its own name: every partition of a
     /// partitioned topic (one consumer each), or the topic itself.
-    pub async fn subscribe_partitioned(self) -> Result<crate::MultiTopicConsumer> {
-        let multi = crate::MultiTopicConsumer::new(self.subscription.clone());
+    /// Partitions added later are subscribed too (see
+    /// [`partitions_refresh`](Self::partitions_refresh)).
+    pub async fn subscribe_partitioned(self) -> Result<Arc<crate::MultiTopicConsumer>> {
         let topic = self.topic.clone();
-        self.add_by_name(&multi, &topic).await?;
-        Ok(multi)
+        self.subscribe_topics(&[topic]).await
     }
 
     /// Subscribe to each topic of `topics` (each one by its own name, so a
     /// partitioned one brings all its partitions) through one consumer.
-    pub async fn subscribe_topics(self, topics: &[String]) -> Result<crate::MultiTopicConsumer> {
-        let multi = crate::MultiTopicConsumer::new(self.subscription.clone());
+    /// Partitions added later to a partitioned one are subscribed too.
+    pub async fn subscribe_topics(self, topics: &[String]) -> Result<Arc<crate::MultiTopicConsumer>> {
+        let multi = Arc::new(crate::MultiTopicConsumer::new(self.subscription.clone()));
+        let mut partitioned = Vec::new();
         for t in topics {
-            self.add_by_name(&multi, t).await?;
+            if self.add_by_name(&multi, t).await? {
+                partitioned.push(t.clone());
+            }
         }
+        if partitioned.is_empty() || self.partitions_refresh.is_zero() {
+            return Ok(multi);
+        }
+        // A partition added later is new to this subscription: it starts
+        // from its first message, else whatever a producer sent to it
+        // before this refresh saw it would be skipped.
+        let template = ConsumerBuilder { initial_position: InitialPosition::Earliest, ..self };
+        let weak = Arc::downgrade(&multi);
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(template.partitions_refresh).await;
+                let Some(multi) = weak.upgrade() else { return };
+                for t in &partitioned {
+                    if let Err(e) = template.add_by_name(&multi, t).await {
+                        tracing::warn!(topic = %t, error = %e, "partitions refresh failed");
+                    }
+                }
+            }
+        });
+        multi.adopt_task(task);
         Ok(multi)
     }
 
     /// Adds `topic` (all its partitions when partitioned) to `multi`.
-    pub(crate) async fn add_by_name(&self, multi: &crate::MultiTopicConsumer, topic: &str) -> Result<()> {
+    /// Those already consumed are skipped. Returns whether it is partitioned.
+    pub(crate) async fn add_by_name(&self, multi: &crate::MultiTopicConsumer, topic: &str) -> Result<bool> {
         let topic = normalize_topic(topic)?;
         let partitions = self.origin.admin().partitions(&topic).await?;
         if partitions == 0 {
-            multi.add_topic(self.with_topic(topic)).await
+            multi.add_topic(self.with_topic(topic)).await?;
         } else {
             for i in 0..partitions {
                 multi.add_topic(self.with_topic(format!("{topic}-partition-{i}"))).await?;
             }
-            Ok(())
         }
+        Ok(partitions > 0)
     }
 
     /// Subscribe to every topic of one namespace whose full name matches
@@ -410,6 +448,7 @@ impl ConsumerBuilder {
             ack_group_time: ACK_GROUP_TIME_DEFAULT,
             ack_group_max: ACK_GROUP_MAX_DEFAULT,
             durable: true,
+            partitions_refresh: crate::PARTITIONS_REFRESH_INTERVAL,
             inbox: None,
         }
     }
