@@ -16,12 +16,17 @@
 //! `--nack-delay-ms MS`, `--ack-timeout-s S`, `--dlq-max-redeliveries N`
 //! (dead-letter topic `<topic>-<subscription>-DLQ`), `--filter-tag T`,
 //! `--key-shared-ranges START-END,...` (Key_Shared sticky hash ranges).
+//! Issue #22: `--retry-max N` (with `--reconsume-every N` and
+//! `--retry-delays rocketmq|MS,...`): a message reconsumed N times goes to
+//! the dead-letter topic; a status line on stderr says so.
 //! Semantics: `docs/semantics.md`.
 
 use crate::broker::{BrokerArgs, SubType};
 use crate::produce::OutputFormat;
 use base64::Engine as _;
-use magnetar_client::{ClientError, DeadLetterPolicy, InitialPosition, Message, SubscriptionType};
+use magnetar_client::{
+    ClientError, DeadLetterPolicy, InitialPosition, Message, Reconsumed, RetryPolicy, SubscriptionType,
+};
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::io::Write;
@@ -100,6 +105,23 @@ pub struct ConsumeArgs {
     /// `<topic>-<subscription>-DLQ` (then acknowledge them).
     #[arg(long)]
     pub dlq_max_redeliveries: Option<u32>,
+
+    /// Instead of acknowledging every Nth message received, reconsume it
+    /// later: it goes around through `<topic>-<subscription>-RETRY` (which
+    /// this consumer also consumes) after the delay of `--retry-delays`.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub reconsume_every: Option<u64>,
+
+    /// A message reconsumed N times goes to the dead-letter topic
+    /// (`<topic>-<subscription>-DLQ`) the next time instead of around again.
+    #[arg(long)]
+    pub retry_max: Option<u32>,
+
+    /// Delays before the 1st, 2nd, … retry: `rocketmq` (RocketMQ's default
+    /// levels 1s 5s 10s 30s 1m … 2h) or milliseconds, comma separated; the
+    /// last one repeats.
+    #[arg(long, default_value = "1000")]
+    pub retry_delays: String,
 
     /// Only messages with this tag (filtered by the broker).
     #[arg(long)]
@@ -241,6 +263,17 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
     if let Some(n) = args.dlq_max_redeliveries {
         builder = builder.dead_letter_policy(DeadLetterPolicy { max_redeliveries: n, topic: None });
     }
+    if args.retry_max.is_some() || args.reconsume_every.is_some() {
+        let max = args.retry_max.unwrap_or(u32::MAX);
+        let Some(policy) = RetryPolicy::named(max, &args.retry_delays) else {
+            return Err(format!(
+                "--retry-delays must be `rocketmq` or milliseconds separated by commas, got {:?}",
+                args.retry_delays
+            )
+            .into());
+        };
+        builder = builder.retry_policy(policy);
+    }
     if let Some(tag) = &args.filter_tag {
         builder = builder.filter_tag(tag.as_str());
     }
@@ -317,7 +350,11 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
             OutputFormat::Text => writeln!(stdout, "{}", text_line(&msg))?,
         }
         received += 1;
-        if args.nack_every.is_some_and(|n| received.is_multiple_of(n)) {
+        if args.reconsume_every.is_some_and(|n| received.is_multiple_of(n)) {
+            if let Reconsumed::DeadLettered { id } = consumer.reconsume(&msg).await? {
+                eprintln!("{} dead-lettered as {id} after {} retries", msg.id, args.retry_max.unwrap_or(0));
+            }
+        } else if args.nack_every.is_some_and(|n| received.is_multiple_of(n)) {
             consumer.negative_acknowledge(&msg);
         } else {
             consumer.ack(&msg).await?;

@@ -5,7 +5,7 @@
 
 use super::ack_group::{AckGroup, ACK_GROUP_MAX_DEFAULT, ACK_GROUP_TIME_DEFAULT};
 use super::acks::{AckMap, RetryRoute};
-use super::dead_letter::{DeadLetterPolicy, Republish};
+use super::dead_letter::{DeadLetterPolicy, Republish, RetryPolicy};
 use super::inbox::{OwnQueue, Queue};
 use super::timers::spawn_timer_task;
 use super::tracker::{NackBackoff, Tracker};
@@ -52,6 +52,7 @@ pub struct ConsumerBuilder {
     pub(crate) ack_timeout: Option<Duration>,
     pub(crate) dead_letter: Option<DeadLetterPolicy>,
     pub(crate) retry_enabled: bool,
+    pub(crate) retry_policy: Option<RetryPolicy>,
     pub(crate) ack_group_time: Duration,
     pub(crate) ack_group_max: usize,
     pub(crate) durable: bool,
@@ -151,6 +152,16 @@ impl ConsumerBuilder {
     /// messages: they come back through this consumer after their delay.
     pub fn retry_enabled(mut self, enabled: bool) -> Self {
         self.retry_enabled = enabled;
+        self
+    }
+
+    /// Bound `reconsume_later` (and give `reconsume` its delays): a message
+    /// retried `policy.max_retries` times goes to the dead-letter topic
+    /// (the dead-letter policy's, else `<topic>-<subscription>-DLQ`) the
+    /// next time it is reconsumed. Turns `retry_enabled` on.
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.retry_policy = Some(policy);
+        self.retry_enabled = true;
         self
     }
 
@@ -358,7 +369,13 @@ impl ConsumerBuilder {
             closed.clone(),
             timers.clone(),
         );
-        let republish = Republish::new(self.origin.pool.clone(), self.dead_letter.clone(), &topic, &self.subscription);
+        let republish = Republish::new(
+            self.origin.pool.clone(),
+            self.dead_letter.clone(),
+            self.retry_policy.clone(),
+            &topic,
+            &self.subscription,
+        );
         let consumer = Consumer {
             conn,
             consumer_id,
@@ -445,6 +462,7 @@ impl ConsumerBuilder {
             ack_timeout: None,
             dead_letter: None,
             retry_enabled: false,
+            retry_policy: None,
             ack_group_time: ACK_GROUP_TIME_DEFAULT,
             ack_group_max: ACK_GROUP_MAX_DEFAULT,
             durable: true,

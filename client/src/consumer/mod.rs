@@ -24,7 +24,10 @@ pub(crate) mod tracker;
 mod unpack;
 
 pub use builder::ConsumerBuilder;
-pub use dead_letter::{DeadLetterPolicy, PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_TOPIC, PROPERTY_RECONSUME_TIMES};
+pub use dead_letter::{
+    DeadLetterPolicy, Reconsumed, RetryPolicy, PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_TOPIC,
+    PROPERTY_RECONSUME_TIMES, ROCKETMQ_RETRY_DELAYS,
+};
 
 use crate::conn::{expect_success, Connection};
 use crate::error::{ClientError, Result};
