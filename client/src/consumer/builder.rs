@@ -59,6 +59,7 @@ pub struct ConsumerBuilder {
     /// How often `subscribe_partitioned` / `subscribe_topics` look up the
     /// partition counts again, to subscribe partitions added later.
     pub(crate) partitions_refresh: Duration,
+    pub(crate) pull: bool,
     /// A multi-topic consumer's shared queue and this member's index in
     /// it; `None`: the consumer gets a queue of its own.
     pub(crate) inbox: Option<(mpsc::UnboundedSender<Queued>, u32)>,
@@ -187,6 +188,15 @@ impl ConsumerBuilder {
         ConsumerBuilder { topic, ..self.clone() }
     }
 
+    /// Pull consumption: the broker sends nothing until
+    /// [`Consumer::fetch`](super::Consumer::fetch) asks (no permits up
+    /// front, none granted as messages are received). Not with a retry
+    /// topic, nor through a multi-topic consumer.
+    pub fn pull_mode(mut self, pull: bool) -> Self {
+        self.pull = pull;
+        self
+    }
+
     /// How often a consumer subscribed by a partitioned topic's name
     /// (`subscribe_partitioned`, `subscribe_topics`) looks the partition
     /// count up again and subscribes partitions added since (default
@@ -296,6 +306,12 @@ impl ConsumerBuilder {
         if self.subscription.is_empty() {
             return Err(ClientError::InvalidOption { option: "subscription", reason: "must not be empty" });
         }
+        if self.pull && (self.retry_enabled || self.inbox.is_some()) {
+            return Err(ClientError::InvalidOption {
+                option: "pull_mode",
+                reason: "a pull consumer has no retry topic and is not part of a multi-topic consumer",
+            });
+        }
         if self.ack_timeout.is_some_and(|t| t < Duration::from_millis(100)) {
             return Err(ClientError::InvalidOption { option: "ack_timeout", reason: "must be at least 100 ms" });
         }
@@ -385,7 +401,7 @@ impl ConsumerBuilder {
                 Some(rx) => Queue::Own(tokio::sync::Mutex::new(OwnQueue::new(rx))),
                 None => Queue::Shared,
             },
-            permits: Permits::new(queue),
+            permits: Permits::new(queue, self.pull),
             closed,
             active,
             tracker,
@@ -396,7 +412,9 @@ impl ConsumerBuilder {
             acks,
             ack_map: AckMap::default(),
         };
-        consumer.conn.send_command(&Command::Flow { consumer_id, permits: queue }).await?;
+        if !self.pull {
+            consumer.conn.send_command(&Command::Flow { consumer_id, permits: queue }).await?;
+        }
         if let Some(r) = &consumer.retry {
             consumer.conn.send_command(&Command::Flow { consumer_id: r.consumer_id, permits: queue }).await?;
         }
@@ -467,6 +485,7 @@ impl ConsumerBuilder {
             ack_group_max: ACK_GROUP_MAX_DEFAULT,
             durable: true,
             partitions_refresh: crate::PARTITIONS_REFRESH_INTERVAL,
+            pull: false,
             inbox: None,
         }
     }
