@@ -418,8 +418,13 @@ impl MultiTopicConsumer {
         self.consumer_of(msg)?.ack_cumulative(&msg.id).await
     }
 
-    /// Close every topic's consumer; the first error is returned.
+    /// Close every topic's consumer; the first error is returned. The
+    /// refresh task (patterns, partitions added later) stops first, so no
+    /// topic is subscribed after the close.
     pub async fn close(&self) -> Result<()> {
+        for t in self.tasks.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            t.abort();
+        }
         let consumers: Vec<Arc<Consumer>> = self
             .lock_members()
             .list
