@@ -318,7 +318,8 @@ impl Shard {
                 async move { me.handle_delete_topic(&topic).await }.boxed_local()
             }
             Op::LastMessageId { topic } => {
-                futures::future::ready(self.last_message_id(&topic).map(Reply::LastMessageId)).boxed_local()
+                let me = self.clone();
+                async move { me.handle_last_message_id(&topic).await.map(Reply::LastMessageId) }.boxed_local()
             }
             Op::SkipDamaged { topic, subscription } => {
                 let me = self.clone();
