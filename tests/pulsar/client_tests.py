@@ -590,6 +590,29 @@ def test_access_modes(url, topic):
     c.close()
 
 
+def test_produce_until_killed(url, topic):
+    """Helper of pulsar_kill9_during_produce: sends numbered messages
+    (batched, async) until killed, printing `OUT ACK n` for each receipt."""
+    import threading
+    lock = threading.Lock()
+    c = client(url)
+    p = c.create_producer(topic, batching_enabled=True, batching_max_messages=50,
+                          batching_max_publish_delay_ms=2, max_pending_messages=2000,
+                          block_if_queue_full=True, send_timeout_millis=0)
+
+    def receipt(n):
+        def done(res, _msg_id):
+            if res == pulsar.Result.Ok:
+                with lock:
+                    print(f"OUT ACK {n}", flush=True)
+        return done
+
+    n = 0
+    while True:
+        p.send_async(f"{n}".encode(), receipt(n))
+        n += 1
+
+
 def test_hold_unacked(url, topic):
     """Helper of connection_loss: receives one message without acking it and
     waits to be killed."""
