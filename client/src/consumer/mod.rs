@@ -168,6 +168,7 @@ impl Consumer {
                     None => return Err(self.closed_error()),
                 },
             };
+            self.grant_uncounted(q.rest.take_uncounted_permits());
             if let Some(delivery) = self.accept(delivery) {
                 return delivery;
             }
@@ -300,7 +301,11 @@ impl Consumer {
         let own = self.own_queue()?;
         self.flush_acks().await?;
         // Their permits are granted again, as if received.
-        own.lock().await.drain(|delivery| self.after_receive(delivery));
+        let mut q = own.lock().await;
+        q.drain(|delivery| self.after_receive(delivery));
+        let uncounted = q.rest.take_uncounted_permits();
+        drop(q);
+        self.grant_uncounted(uncounted);
         let command = Command::RedeliverUnacknowledged { consumer_id: self.consumer_id, message_ids: Vec::new() };
         self.conn.send_command(&command).await?;
         if let Some(r) = &self.retry {
@@ -351,6 +356,28 @@ impl Consumer {
     /// broker always has room to keep sending without a Flow per message.
     /// A failure to send the Flow is not the message's failure: it only
     /// happens when the connection is gone, and then permits are moot.
+    /// Grants back permits the broker charged for an entry that was handed
+    /// out as an error, beyond the one that error counts as
+    /// (`inbox::Unpacking::take_uncounted_permits`). At most the queue
+    /// size: the broker never held more permits than that to charge.
+    pub(crate) fn grant_uncounted(&self, n: u32) {
+        let n = n.min(self.permits.queue_size);
+        if n == 0 {
+            return;
+        }
+        let unflowed = &self.permits.unflowed;
+        if unflowed.fetch_add(n, Ordering::Relaxed).saturating_add(n) >= self.permits.threshold {
+            let permits = unflowed.swap(0, Ordering::Relaxed);
+            if permits == 0 {
+                return;
+            }
+            let consumer_id = self.consumer_id;
+            if let Err(e) = self.conn.send_command_nowait(&Command::Flow { consumer_id, permits }) {
+                tracing::debug!(error = %e, "flow not sent");
+            }
+        }
+    }
+
     fn after_receive(&self, delivery: &Delivery) {
         let from_retry = match (&self.retry, delivery) {
             (Some(r), Ok(m)) if m.topic == r.topic => {
