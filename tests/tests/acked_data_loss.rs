@@ -52,6 +52,8 @@ fn truncated_synced_data_is_refused_until_accepted() {
     run_with_timeout(Duration::from_secs(300), || {
         let dir = test_dir("acked-data-loss");
         let mut options = BrokerOptions::new(1);
+        // Small segments: the test reads them whole to find a payload.
+        options.segment_mib = Some(4);
         let mut broker = BrokerProcess::start_with(dir.path(), &options);
         let topic = "acked-data-loss";
         // One in flight: each message is its own batch, acknowledged
