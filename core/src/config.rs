@@ -43,6 +43,11 @@ pub struct BrokerConfig {
     pub flush_bytes_max: usize,
     /// Storage: accept a tmpfs data directory (no O_DIRECT durability there).
     pub allow_tmpfs: bool,
+    /// Storage: open a log whose recovery finds damage inside data that may
+    /// have been acknowledged by truncating it there (logging what was
+    /// dropped) instead of refusing to start
+    /// (`magnetar_storage::LogConfig::accept_data_loss`).
+    pub accept_data_loss: bool,
     /// How long shutdown waits for in-flight produce requests.
     pub shutdown_drain_timeout: Duration,
     /// Data-disk watermarks: warn levels, the level at which produce is
@@ -95,6 +100,7 @@ impl BrokerConfig {
             write_cache_bytes: 256 * 1024 * 1024,
             flush_bytes_max: 4 * 1024 * 1024,
             allow_tmpfs: false,
+            accept_data_loss: false,
             shutdown_drain_timeout: Duration::from_secs(5),
             disk_watermarks: crate::disk_watch::DiskWatermarks::default(),
             unacked_per_consumer_max: 50_000,

@@ -149,7 +149,16 @@ pub fn storage_records(data: &[u8]) {
         b[sf::BATCH_HEADER_BYTES..sf::BATCH_HEADER_BYTES + data.len()].copy_from_slice(data);
         let record_count = data.first().map_or(0, |n| u32::from(*n % 8));
         let body_crc = sf::crc(&[&b[sf::BATCH_HEADER_BYTES..]]);
-        let h = BatchHeader { batch_len, record_count, seq: 0, position: 0, records_len, body_crc, flags: 0 };
+        let h = BatchHeader {
+            batch_len,
+            record_count,
+            seq: 0,
+            position: 0,
+            records_len,
+            body_crc,
+            flags: 0,
+            segment_len: 0,
+        };
         h.encode(&mut b);
         if let Ok(h) = BatchHeader::decode(&b) {
             for r in sf::records(&h, &b) {

@@ -81,6 +81,20 @@ pub enum CorruptReason {
     /// damage to data that was complete (and possibly acknowledged).
     #[error("complete batch of {batch_len} bytes fails its checksum (stored {stored:#010x}, computed {computed:#010x}); not a torn write")]
     DamagedNotTorn { batch_len: u32, stored: u32, computed: u32 },
+    /// The last batch's header fails its checks, yet its magic, `seq` and
+    /// `position` are (nearly) the expected ones: it was written whole and
+    /// rotted since, so the batch may have been acknowledged
+    /// (`format::header_written_here`).
+    #[error("batch seq {seq} has a damaged header (magic, seq and position say it was written here: not a torn write); its records are lost and may have been acknowledged")]
+    HeaderDamaged { seq: u64 },
+    /// A segment file is shorter than it was preallocated (its batches say
+    /// how long that was): someone truncated it. A crash cannot do that.
+    #[error("segment file is {len} bytes but was preallocated to {declared}: bytes {len}..{declared} are missing and may have held acknowledged batches")]
+    SegmentTruncated { len: u64, declared: u64 },
+    /// The checkpoint says the log reaches this far, but no segment does:
+    /// data before the checkpoint position is gone.
+    #[error("the checkpoint says the log was synced up to position {position}, but the segments end at {end}: synced data is missing")]
+    CheckpointBeyondLog { position: u64, end: u64 },
     #[error("ledger {ledger}: entry {found} found where entry {expected} was expected")]
     EntryOrder { ledger: u64, expected: u64, found: u64 },
     #[error("file is {len} bytes, expected at least {need}")]
@@ -88,6 +102,22 @@ pub enum CorruptReason {
 }
 
 impl StorageError {
+    /// Damage found by the recovery scan after the checkpoint, inside data
+    /// that may have been acknowledged: `LogConfig::accept_data_loss` would
+    /// truncate the log there instead of refusing to open.
+    pub fn is_acceptable_loss(&self) -> bool {
+        matches!(
+            self,
+            StorageError::Corrupt {
+                reason: CorruptReason::DamageBeforeValidBatch { .. }
+                    | CorruptReason::DamagedNotTorn { .. }
+                    | CorruptReason::HeaderDamaged { .. }
+                    | CorruptReason::SegmentTruncated { .. },
+                ..
+            }
+        )
+    }
+
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
         StorageError::Io { op, path: path.into(), source }
     }

@@ -98,6 +98,12 @@ pub struct BatchHeader {
     pub body_crc: u32,
     /// [`BATCH_FLAG_OVER_STALE`] or 0.
     pub flags: u16,
+    /// Length of the segment file the batch was written into, as it was
+    /// preallocated (and made durable) before any batch went into it; 0 =
+    /// not recorded (written before the field existed). A segment file
+    /// shorter than this was truncated after the fact: a crash cannot
+    /// shrink it (see docs/format.md, "What a crash leaves").
+    pub segment_len: u64,
 }
 
 /// Batch flag: the batch was written into a recycled segment, over bytes of
@@ -119,6 +125,7 @@ impl BatchHeader {
         wr(b, 32, &self.position.to_le_bytes());
         wr(b, 40, &self.records_len.to_le_bytes());
         wr(b, 44, &self.body_crc.to_le_bytes());
+        wr(b, 48, &self.segment_len.to_le_bytes());
         let c = crc(&[&b[12..BATCH_HEADER_BYTES]]);
         wr(b, 8, &c.to_le_bytes());
     }
@@ -147,6 +154,7 @@ impl BatchHeader {
             records_len: rd_u32(b, 40),
             body_crc: rd_u32(b, 44),
             flags: rd_u16(b, 14),
+            segment_len: rd_u64(b, 48),
         };
         let len = h.batch_len as u64;
         if len == 0 || !len.is_multiple_of(PAGE_BYTES) {
@@ -173,6 +181,32 @@ impl BatchHeader {
         }
         Ok(())
     }
+}
+
+/// Bits of a batch header's magic, `seq` and `position` that may differ
+/// from the expected ones for [`header_written_here`] to still say yes.
+pub const HEADER_MATCH_BITS_MAX: u32 = 16;
+
+/// Whether the first page `page` of a batch whose header fails its checks
+/// is nevertheless the header of batch `seq` at log position `position`,
+/// written there and damaged since: its magic, `seq` and `position` (192
+/// bits) are within [`HEADER_MATCH_BITS_MAX`] flipped bits of the expected
+/// ones. A header sector is written atomically (a torn write leaves it
+/// old or new), and its old content cannot be that close: zeros differ in
+/// at least 25 bits (the magic's), and stale bytes of a recycled segment
+/// hold positions from before the segment's start, since positions are
+/// never reused (a crafted payload aside, as for stale batches). So a
+/// header that fails but says yes here was written whole, and its batch
+/// was at least submitted: it may have been acknowledged. Rot, not a tear.
+pub fn header_written_here(page: &[u8], seq: u64, position: u64) -> bool {
+    if page.len() < BATCH_HEADER_BYTES {
+        return false;
+    }
+    let dist = |a: &[u8], b: &[u8]| a.iter().zip(b).map(|(x, y)| (x ^ y).count_ones()).sum::<u32>();
+    dist(&page[0..8], &BATCH_MAGIC)
+        + dist(&page[24..32], &seq.to_le_bytes())
+        + dist(&page[32..40], &position.to_le_bytes())
+        <= HEADER_MATCH_BITS_MAX
 }
 
 /// Records with at least this many body bytes join [`BodyCrc`] by combining
@@ -793,6 +827,7 @@ mod tests {
             records_len: 500,
             body_crc: 0xdead_beef,
             flags: BATCH_FLAG_OVER_STALE,
+            segment_len: 64 << 20,
         };
         let mut b = [0u8; BATCH_HEADER_BYTES];
         h.encode(&mut b);

@@ -36,8 +36,9 @@ use std::path::{Path, PathBuf};
 use crate::disk::PAGE_BYTES;
 use crate::error::{CorruptReason, Result, StorageError};
 use crate::format::{
-    check_entry_record, could_be_torn, decode_index_page, records, split_meta, BatchHeader, Checkpoint, CleanMarker,
-    IndexEntry, BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_DELETE, KIND_ENTRY, KIND_MOVE, RECORD_HEADER_BYTES,
+    check_entry_record, could_be_torn, decode_index_page, header_written_here, records, split_meta, BatchHeader,
+    Checkpoint, CleanMarker, IndexEntry, BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_DELETE, KIND_ENTRY, KIND_MOVE,
+    RECORD_HEADER_BYTES,
 };
 
 /// Position of an entry a full scan has not met yet: its original record
@@ -494,6 +495,24 @@ impl ShardImage {
             // In Verify mode the ledgers are rebuilt from the log alone.
             self.ledgers.clear();
         }
+        // A segment shorter than its batches say it was preallocated: cut
+        // by hand, acknowledged batches may be gone (as in recovery).
+        for (start, len, path) in &segs[i..] {
+            if *len < PAGE_BYTES {
+                continue;
+            }
+            let mut r = Reader::open(path, *len)?;
+            let page = r.get(0, PAGE_BYTES as usize)?;
+            if let Ok(h) = BatchHeader::decode(page) {
+                if h.position == *start && h.segment_len > *len {
+                    return Err(corrupt(
+                        path,
+                        *len,
+                        CorruptReason::SegmentTruncated { len: *len, declared: h.segment_len },
+                    ));
+                }
+            }
+        }
         'segments: while i < segs.len() {
             let (start, len, path) = segs[i].clone();
             if position < start && !tail_only && start <= ckpt_pos {
@@ -584,6 +603,17 @@ impl ShardImage {
                                 ));
                             }
                             None => {
+                                let page = r.get(off, PAGE_BYTES as usize)?.to_vec();
+                                if matches!(
+                                    reason,
+                                    CorruptReason::BadMagic
+                                        | CorruptReason::HeaderCrc { .. }
+                                        | CorruptReason::Version(_)
+                                ) {
+                                    if let Some(seq) = seq.filter(|s| header_written_here(&page, *s, position)) {
+                                        return Err(corrupt(&path, off, CorruptReason::HeaderDamaged { seq }));
+                                    }
+                                }
                                 if let CorruptReason::BodyCrc { stored, computed } = reason {
                                     let page = r.get(off, PAGE_BYTES as usize)?.to_vec();
                                     if let Some(h) = BatchHeader::decode(&page).ok().filter(|h| h.position >= start) {

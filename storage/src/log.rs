@@ -120,6 +120,13 @@ pub struct LogConfig {
     /// them for this long, by the next checkpoint (periodic or not).
     /// Default 10 s.
     pub read_span_idle: Duration,
+    /// Damage the recovery scan finds inside data that may have been
+    /// acknowledged (a damaged batch before valid ones, a complete last
+    /// batch that rotted, a truncated segment): `false` (the default)
+    /// refuses to open with `Corrupt` naming file, offset and what is
+    /// missing; `true` truncates the log at the damage and logs exactly
+    /// what was dropped (`Recovery::dropped`). An operator's decision.
+    pub accept_data_loss: bool,
 }
 
 /// Zeroing ahead (`LogConfig::zero_ahead_bytes`) runs only while the
@@ -241,6 +248,7 @@ impl LogConfig {
             lone_sync_max: Duration::from_millis(1),
             lone_yield_max: Duration::from_millis(1),
             read_span_idle: Duration::from_secs(10),
+            accept_data_loss: false,
         }
     }
 
@@ -299,6 +307,12 @@ pub struct Recovery {
     pub elapsed: Duration,
     /// Every ledger known to the log with its next entry id, sorted by ledger.
     pub ledgers: Vec<(u64, u64)>,
+    /// What `LogConfig::accept_data_loss` dropped, one line per finding
+    /// (also logged at `error`); empty without damage.
+    pub dropped: Vec<String>,
+    /// Damaged index files or checkpoint that were rebuilt (from the log,
+    /// or from `checkpoint.copy`), one line each (also logged at `warn`).
+    pub rebuilt: Vec<String>,
 }
 
 /// One shard's entry log handle. Single-threaded: owned by the shard's glommio
@@ -330,6 +344,9 @@ pub(crate) struct Paths {
     pub keys_dir: PathBuf,
     pub checkpoint: PathBuf,
     pub checkpoint_tmp: PathBuf,
+    /// A second copy of `checkpoint`, written after it (docs/format.md).
+    pub checkpoint_copy: PathBuf,
+    pub checkpoint_copy_tmp: PathBuf,
     pub clean: PathBuf,
 }
 
@@ -342,6 +359,8 @@ impl Paths {
             keys_dir: dir.join("keys"),
             checkpoint: dir.join("checkpoint"),
             checkpoint_tmp: dir.join("checkpoint.tmp"),
+            checkpoint_copy: dir.join("checkpoint.copy"),
+            checkpoint_copy_tmp: dir.join("checkpoint.copy.tmp"),
             clean: dir.join("CLEAN"),
         }
     }
@@ -378,6 +397,9 @@ pub(crate) struct Ledger<F> {
     pub file_entries: u64,
     pub file_pages: u64,
     pub index_file: Option<Rc<F>>,
+    /// The index file was damaged and its entries rebuilt from the log at
+    /// open: the next checkpoint writes the file afresh from page 0.
+    pub rewrite: bool,
     /// `delete_ledger` was called: `Some(None)` until its record is laid out
     /// in a batch, then `Some(Some(position))`. The ledger stays in the
     /// checkpoint (and its segments stay) until a checkpoint covers that
@@ -387,7 +409,15 @@ pub(crate) struct Ledger<F> {
 
 impl<F> Ledger<F> {
     pub fn new() -> Self {
-        Ledger { next_entry: 0, index: Vec::new(), file_entries: 0, file_pages: 0, index_file: None, deleted: None }
+        Ledger {
+            next_entry: 0,
+            index: Vec::new(),
+            file_entries: 0,
+            file_pages: 0,
+            index_file: None,
+            rewrite: false,
+            deleted: None,
+        }
     }
 }
 
@@ -921,6 +951,7 @@ impl<D: Disk> Shared<D> {
                 records_len,
                 body_crc,
                 flags: if seg.recycled.get() { BATCH_FLAG_OVER_STALE } else { 0 },
+                segment_len: seg.len,
             }
             .encode(buf);
             (dma, seg, position, seq, last_lsn, metas, moves)
@@ -1097,6 +1128,18 @@ impl<D: Disk> Shared<D> {
                 if k == 0 {
                     continue;
                 }
+                if l.rewrite {
+                    // Rebuilt at open: the whole file again, from page 0.
+                    table.push(CheckpointLedger { ledger: id, indexed_entries: k, pages: 0 });
+                    work.push(Work {
+                        ledger: id,
+                        first: 0,
+                        pages: 0,
+                        entries: l.index[..k as usize].to_vec(),
+                        file: None,
+                    });
+                    continue;
+                }
                 table.push(CheckpointLedger { ledger: id, indexed_entries: k, pages: l.file_pages });
                 if k > l.file_entries {
                     work.push(Work {
@@ -1134,7 +1177,12 @@ impl<D: Disk> Shared<D> {
                 Some(f) => f.clone(),
                 None => {
                     created = true;
-                    Rc::new(self.disk.open(&path, OpenMode::Create).await.map_err(self.io("create index file", &path))?)
+                    // (A rebuilt ledger's damaged file is truncated: pages
+                    // the old checkpoint named may be damaged by a crash
+                    // now, and are rebuilt from the log again.)
+                    Rc::new(
+                        self.disk.open(&path, OpenMode::Truncate).await.map_err(self.io("create index file", &path))?,
+                    )
                 }
             };
             let mut pages = Vec::new();
@@ -1159,7 +1207,14 @@ impl<D: Disk> Shared<D> {
         }
 
         let ckpt = Checkpoint { ckpt_seq, position, next_batch_seq: next_seq, ledgers: table, meta, relocations };
-        self.write_atomically(&self.paths.checkpoint_tmp, &self.paths.checkpoint, &ckpt.encode()).await?;
+        let bytes = ckpt.encode();
+        self.write_atomically(&self.paths.checkpoint_tmp, &self.paths.checkpoint, &bytes).await?;
+        // The same bytes again under a second name, so that one damaged
+        // file does not lose the metadata snapshot of segments garbage
+        // collection removed. Garbage goes only after both are durable, so
+        // either file (this checkpoint or, after a crash between the two,
+        // the previous one) has every segment it needs.
+        self.write_atomically(&self.paths.checkpoint_copy_tmp, &self.paths.checkpoint_copy, &bytes).await?;
 
         {
             let mut st = self.st.borrow_mut();
@@ -1168,6 +1223,7 @@ impl<D: Disk> Shared<D> {
                 l.file_entries = entries;
                 l.file_pages = pages;
                 l.index_file = Some(file);
+                l.rewrite = false;
             }
             st.ckpt_seq = ckpt_seq;
             st.ckpt_position = Some(position);

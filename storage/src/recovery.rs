@@ -9,13 +9,14 @@ use std::path::Path;
 use std::rc::Rc;
 use std::time::Instant;
 
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
 use crate::error::{CorruptReason, Result, StorageError};
 use crate::format::{
-    could_be_torn, decode_index_page, records, split_meta, BatchHeader, Checkpoint, CleanMarker, IndexEntry,
-    BATCH_FLAG_OVER_STALE, BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_DELETE, KIND_ENTRY, KIND_MOVE, RECORD_HEADER_BYTES,
+    could_be_torn, decode_index_page, header_written_here, records, split_meta, BatchHeader, Checkpoint, CleanMarker,
+    IndexEntry, BATCH_FLAG_OVER_STALE, BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_DELETE, KIND_ENTRY, KIND_MOVE,
+    RECORD_HEADER_BYTES,
 };
 use crate::log::{checkpointer, flusher, zeroer, EntryLog, Ledger, LogConfig, Paths, Recovery, Segment, Shared, State};
 
@@ -128,14 +129,67 @@ impl<D: Disk> EntryLog<D> {
         }
         let mut st: State<D::File> = State::new();
 
-        // Checkpoint: written by rename after fsync, so it is complete or absent.
-        let ckpt = match disk.open(&paths.checkpoint, OpenMode::Existing).await {
-            Ok(f) => {
-                let b = read_whole(&f, &paths.checkpoint).await?;
-                Some(Checkpoint::decode(&b).map_err(|r| StorageError::corrupt(&paths.checkpoint, 0, r))?)
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => return Err(StorageError::io("open", &paths.checkpoint, e)),
+        // Segments, by start position.
+        let mut names = disk.list_dir(&paths.log_dir).await.map_err(io_err("list", &paths.log_dir))?;
+        names.sort();
+        let mut segs: Vec<Rc<Segment<D::File>>> = Vec::new();
+        for name in names {
+            let Some(start) = name.strip_suffix(".seg").filter(|s| s.len() == 20).and_then(|s| s.parse::<u64>().ok())
+            else {
+                warn!(name, "ignoring unexpected file in log directory");
+                continue;
+            };
+            let path = paths.log_dir.join(&name);
+            let file = disk.open(&path, OpenMode::Existing).await.map_err(io_err("open segment", &path))?;
+            let size = file.size().await.map_err(io_err("stat segment", &path))?;
+            segs.push(Rc::new(Segment { start, len: size - size % PAGE_BYTES, path, file, recycled: false.into() }));
+        }
+        segs.sort_by_key(|s| s.start);
+
+        // Checkpoint: written by rename after fsync, so it is complete or
+        // absent; damaged only by rot (or a hand). Then its copy, written
+        // the same way after it; then, when the log still starts at
+        // position 0 (no segment ever removed), the log itself.
+        let mut rebuilt: Vec<String> = Vec::new();
+        let ckpt = match read_checkpoint(&disk, &paths.checkpoint).await? {
+            // The copy is written after the checkpoint: with no checkpoint
+            // there is none, unless the checkpoint was removed by hand.
+            Ok(None) => match read_checkpoint(&disk, &paths.checkpoint_copy).await? {
+                Ok(Some(c)) => {
+                    let line = format!(
+                        "{} is missing; using {} (checkpoint {}, position {})",
+                        paths.checkpoint.display(),
+                        paths.checkpoint_copy.display(),
+                        c.ckpt_seq,
+                        c.position
+                    );
+                    warn!("{line}");
+                    rebuilt.push(line);
+                    Some(c)
+                }
+                _ => None,
+            },
+            Ok(c) => c,
+            Err(damage) => match read_checkpoint(&disk, &paths.checkpoint_copy).await? {
+                Ok(Some(c)) => {
+                    let line = format!(
+                        "{damage}; using {} (checkpoint {}, position {})",
+                        paths.checkpoint_copy.display(),
+                        c.ckpt_seq,
+                        c.position
+                    );
+                    warn!("{line}");
+                    rebuilt.push(line);
+                    Some(c)
+                }
+                _ if segs.first().is_none_or(|s| s.start == 0) => {
+                    let line = format!("{damage}; rebuilding it from the whole log (it starts at position 0)");
+                    warn!("{line}");
+                    rebuilt.push(line);
+                    None
+                }
+                _ => return Err(damage),
+            },
         };
         let marker = match disk.open(&paths.clean, OpenMode::Existing).await {
             Ok(f) => {
@@ -156,23 +210,6 @@ impl<D: Disk> EntryLog<D> {
             _ => false,
         };
 
-        // Segments, by start position.
-        let mut names = disk.list_dir(&paths.log_dir).await.map_err(io_err("list", &paths.log_dir))?;
-        names.sort();
-        let mut segs: Vec<Rc<Segment<D::File>>> = Vec::new();
-        for name in names {
-            let Some(start) = name.strip_suffix(".seg").filter(|s| s.len() == 20).and_then(|s| s.parse::<u64>().ok())
-            else {
-                warn!(name, "ignoring unexpected file in log directory");
-                continue;
-            };
-            let path = paths.log_dir.join(&name);
-            let file = disk.open(&path, OpenMode::Existing).await.map_err(io_err("open segment", &path))?;
-            let size = file.size().await.map_err(io_err("stat segment", &path))?;
-            segs.push(Rc::new(Segment { start, len: size - size % PAGE_BYTES, path, file, recycled: false.into() }));
-        }
-        segs.sort_by_key(|s| s.start);
-
         // Index files and metadata snapshot as of the checkpoint.
         let (mut position, mut seq) = (segs.first().map_or(0, |s| s.start), 0);
         if let Some(c) = &ckpt {
@@ -186,7 +223,31 @@ impl<D: Disk> EntryLog<D> {
                 st.meta_durable.insert(k.clone(), v);
             }
             for cl in &c.ledgers {
-                let ledger = load_index(&disk, &paths, cl.ledger, cl.indexed_entries, cl.pages, c.position).await?;
+                let ledger = match load_index(&disk, &paths, cl.ledger, cl.indexed_entries, cl.pages, c.position).await
+                {
+                    Ok(l) => l,
+                    Err(damage @ (StorageError::Corrupt { .. } | StorageError::Io { .. })) => {
+                        // Derived data: the entries are in the log before
+                        // `P` (live ledgers keep their segments).
+                        let index = rebuild_index(&segs, cl.ledger, cl.indexed_entries, c.position).await?;
+                        let line = format!(
+                            "{damage}; rebuilt the index of ledger {} ({} entries) from the log",
+                            cl.ledger, cl.indexed_entries
+                        );
+                        warn!("{line}");
+                        rebuilt.push(line);
+                        Ledger {
+                            next_entry: cl.indexed_entries,
+                            index,
+                            file_entries: cl.indexed_entries,
+                            file_pages: 0,
+                            index_file: None,
+                            rewrite: true,
+                            deleted: None,
+                        }
+                    }
+                    Err(e) => return Err(e),
+                };
                 st.ledgers.insert(cl.ledger, ledger);
             }
             // Entries compaction moved after their index page was written.
@@ -210,10 +271,13 @@ impl<D: Disk> EntryLog<D> {
             }
         }
 
+        let rewrite_now = !rebuilt.is_empty();
+        let mut dropped = Vec::new();
         let scanned = if clean {
             Scanned { tail: position, next_seq: seq, scanned: 0, truncated: 0, replayed: 0 }
         } else {
-            scan(&disk, &paths, &mut segs, &mut st, position, seq).await?
+            let accept = config.accept_data_loss;
+            scan(&disk, &paths, &mut segs, &mut st, position, seq, accept, &mut dropped).await?
         };
         st.tail = scanned.tail;
         st.next_seq = scanned.next_seq;
@@ -294,7 +358,7 @@ impl<D: Disk> EntryLog<D> {
         // Leftovers of an interrupted checkpoint, and the marker: once we
         // accept appends, a later crash must not be mistaken for a clean stop.
         let mut dir_changed = false;
-        for p in [&paths.checkpoint_tmp, &paths.clean] {
+        for p in [&paths.checkpoint_tmp, &paths.checkpoint_copy_tmp, &paths.clean] {
             match disk.remove(p).await {
                 Ok(()) => dir_changed = true,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -314,6 +378,8 @@ impl<D: Disk> EntryLog<D> {
             entries_replayed: scanned.replayed,
             elapsed: started.elapsed(),
             ledgers,
+            dropped,
+            rebuilt,
         };
         info!(
             dir = %config.dir.display(),
@@ -329,6 +395,11 @@ impl<D: Disk> EntryLog<D> {
         // The key index: its files, extended later from the ledger indexes.
         let keys = crate::keyindex::load(&disk, &paths.keys_dir).await?;
 
+        // A checkpoint that was rebuilt is written again at once (with the
+        // rebuilt index files), so the damaged files are replaced now.
+        if rewrite_now {
+            st.ckpt_position = None;
+        }
         let entry_max = config.effective_entry_bytes_max();
         let interval = config.checkpoint_interval;
         let sh = Rc::new(Shared {
@@ -343,6 +414,10 @@ impl<D: Disk> EntryLog<D> {
             keys: RefCell::new(keys),
             space_short: std::cell::Cell::new(false),
         });
+        if rewrite_now {
+            sh.checkpoint(false).await?;
+            info!(dir = %sh.cfg.dir.display(), "wrote a fresh checkpoint and index files after rebuilding them");
+        }
         glommio::spawn_local(flusher(Rc::downgrade(&sh))).detach();
         glommio::spawn_local(checkpointer(Rc::downgrade(&sh), interval)).detach();
         let zero = sh.cfg.zero_ahead_bytes > 0;
@@ -374,6 +449,76 @@ impl<D: Disk> EntryLog<D> {
         }
         Ok((EntryLog { sh }, recovery))
     }
+}
+
+/// Reads and decodes a checkpoint file: `Ok(None)` when absent, `Err` (the
+/// damage, as a `Corrupt` error) when it does not decode.
+async fn read_checkpoint<D: Disk>(disk: &D, path: &Path) -> Result<Result<Option<Checkpoint>, StorageError>> {
+    match disk.open(path, OpenMode::Existing).await {
+        Ok(f) => {
+            let b = read_whole(&f, path).await?;
+            Ok(Checkpoint::decode(&b).map(Some).map_err(|r| StorageError::corrupt(path, 0, r)))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Ok(None)),
+        Err(e) => Err(StorageError::io("open", path, e)),
+    }
+}
+
+/// Rebuilds entries `0..entries` of `ledger`'s index from the log before
+/// `ckpt_position`, for a damaged index file: walks the valid batches of
+/// every segment from its start (segments before the checkpoint may have
+/// garbage-collection holes between them, but each begins with a batch)
+/// and takes each entry's record, or its latest compaction copy (kind 4,
+/// later in log order). A live ledger keeps every segment holding one of its
+/// entries (or the copy), so all are found unless the log is damaged too:
+/// then `Corrupt` naming the index file and the first missing entry.
+async fn rebuild_index<F: DiskFile>(
+    segs: &[Rc<Segment<F>>],
+    ledger: u64,
+    entries: u64,
+    ckpt_position: u64,
+) -> Result<Vec<IndexEntry>> {
+    let mut found: Vec<Option<IndexEntry>> = vec![None; entries as usize];
+    for seg in segs.iter().filter(|s| s.start < ckpt_position) {
+        let mut r = SegReader::new(seg.clone());
+        let mut off = 0;
+        while seg.start + off < ckpt_position.min(seg.end()) {
+            let Ok((h, b)) = r.batch(off).await? else { break };
+            if h.position != seg.start + off {
+                break; // stale: nothing of this use beyond
+            }
+            for rec in records(&h, &b) {
+                let Ok(rec) = rec else { break };
+                let rh = rec.header;
+                if rh.ledger != ledger {
+                    continue;
+                }
+                if rh.kind == KIND_DELETE {
+                    found.iter_mut().for_each(|e| *e = None);
+                } else if (rh.kind == KIND_ENTRY || rh.kind == KIND_MOVE) && rh.entry < entries {
+                    found[rh.entry as usize] = Some(IndexEntry {
+                        position: h.position + rec.offset as u64,
+                        body_len: rh.body_len,
+                        record_crc: rh.crc,
+                        extras: rh.extras,
+                    });
+                }
+            }
+            off += h.batch_len as u64;
+        }
+    }
+    let mut index = Vec::with_capacity(found.len());
+    for (i, e) in found.into_iter().enumerate() {
+        let Some(e) = e else {
+            return Err(StorageError::corrupt(
+                format!("index/{ledger:020}.idx (rebuilding from the log)"),
+                0,
+                CorruptReason::Field { field: "entry (not found in the log)", expected: i as u64, found: entries },
+            ));
+        };
+        index.push(e);
+    }
+    Ok(index)
 }
 
 /// Loads pages 0..pages of a ledger's index file, which the checkpoint says
@@ -433,11 +578,163 @@ async fn load_index<D: Disk>(
         file_entries: entries,
         file_pages: pages,
         index_file: Some(Rc::new(file)),
+        rewrite: false,
         deleted: None,
     })
 }
 
+/// The length a segment was preallocated to, as its first batch says
+/// (`BatchHeader::segment_len`), when that batch is of this use of the file
+/// and recorded it.
+async fn declared_len<F: DiskFile>(seg: &Segment<F>) -> Result<Option<u64>> {
+    if seg.len < PAGE_BYTES {
+        return Ok(None);
+    }
+    let page = seg.file.read_at(0, PAGE_BYTES as usize).await.map_err(io_err("read segment", &seg.path))?;
+    Ok(BatchHeader::decode(&page).ok().filter(|h| h.position == seg.start && h.segment_len != 0).map(|h| h.segment_len))
+}
+
+/// What an accepted data loss dropped: the valid batches after the damage.
+#[derive(Default)]
+struct Dropped {
+    batches: u64,
+    seqs: Option<(u64, u64)>,
+    bytes: u64,
+    /// ledger -> (first entry, last entry, entries)
+    entries: std::collections::BTreeMap<u64, (u64, u64, u64)>,
+    meta: u64,
+    other: u64,
+}
+
+impl Dropped {
+    fn add(&mut self, h: &BatchHeader, b: &[u8]) {
+        self.batches += 1;
+        self.bytes += h.batch_len as u64;
+        self.seqs = Some(self.seqs.map_or((h.seq, h.seq), |(a, _)| (a, h.seq)));
+        for r in records(h, b).flatten() {
+            let rh = r.header;
+            if rh.kind == KIND_ENTRY {
+                let e = self.entries.entry(rh.ledger).or_insert((rh.entry, rh.entry, 0));
+                e.0 = e.0.min(rh.entry);
+                e.1 = e.1.max(rh.entry);
+                e.2 += 1;
+            } else if rh.kind == crate::format::KIND_META {
+                self.meta += 1;
+            } else {
+                self.other += 1;
+            }
+        }
+    }
+
+    fn describe(&self) -> String {
+        if self.batches == 0 {
+            return "no valid batch after it".to_string();
+        }
+        let (a, b) = self.seqs.unwrap_or_default();
+        let entries: Vec<String> =
+            self.entries.iter().map(|(l, (f, t, n))| format!("ledger {l} entries {f}..={t} ({n})")).collect();
+        format!(
+            "{} valid batches after it (seq {a}..={b}, {} bytes): {}; {} metadata records, {} other records",
+            self.batches,
+            self.bytes,
+            if entries.is_empty() { "no entries".to_string() } else { entries.join(", ") },
+            self.meta,
+            self.other
+        )
+    }
+}
+
+/// Walks every valid batch of this use after log position `from` (in
+/// `segs[0]`, then the later segments) for [`Dropped`]; returns it and the
+/// end of the last non-zero data in `segs[0]` at or after `from` (what a
+/// cut there must zero).
+async fn describe_from<F: DiskFile>(segs: &[Rc<Segment<F>>], from: u64) -> Result<(Dropped, u64)> {
+    let mut d = Dropped::default();
+    let (mut k, mut q) = (0usize, from);
+    let mut end0 = from;
+    loop {
+        let (found, nonzero_end, _) = search_valid(&segs[k..], q).await?;
+        if k == 0 {
+            end0 = end0.max(nonzero_end);
+        }
+        let Some((j, at, _)) = found else { break };
+        k += j;
+        let seg = segs[k].clone();
+        let mut r = SegReader::new(seg.clone());
+        // Valid batches follow one another: walk them, then search again.
+        let mut p = at;
+        while p + PAGE_BYTES <= seg.end() {
+            match r.batch(p - seg.start).await? {
+                Ok((h, b)) if h.position == p => {
+                    d.add(&h, &b);
+                    p += h.batch_len as u64;
+                }
+                _ => break,
+            }
+        }
+        if k == 0 {
+            end0 = end0.max(p);
+        }
+        q = p.saturating_sub(PAGE_BYTES).max(at);
+    }
+    Ok((d, end0))
+}
+
+/// Refuses damage inside data that may have been acknowledged, or (with
+/// `accept`) records what a cut there drops and says to cut.
+fn finding(
+    accept: bool,
+    dropped: &mut Vec<String>,
+    file: &Path,
+    off: u64,
+    reason: CorruptReason,
+    lost: String,
+) -> Result<()> {
+    if !accept {
+        error!(file = %file.display(), offset = off, %reason, lost, "damage inside data that may have been acknowledged; refusing to open (accept_data_loss would truncate here)");
+        return Err(StorageError::corrupt(file, off, reason));
+    }
+    let line = format!("{} at offset {off}: {reason}; dropped {lost}", file.display());
+    error!("accepting data loss: {line}");
+    dropped.push(line);
+    Ok(())
+}
+
+/// Zeroes `[off, to)` of `segs[i]` (the new tail) and removes the later
+/// segments (and `segs[i]` itself when the cut is at its start).
+async fn cut<D: Disk>(
+    disk: &D,
+    paths: &Paths,
+    segs: &mut Vec<Rc<Segment<D::File>>>,
+    i: usize,
+    off: u64,
+    to: u64,
+) -> Result<()> {
+    let seg = segs[i].clone();
+    let to = to.min(seg.end()).max(seg.start + off);
+    if to > seg.start + off {
+        zero(&seg, off, to - seg.start).await?;
+    }
+    let removed: Vec<_> = segs.drain(i + 1..).collect();
+    let drop_this = off == 0;
+    if drop_this {
+        segs.pop();
+    }
+    let mut dir_changed = false;
+    for s in removed.iter().chain(drop_this.then_some(&seg)) {
+        disk.remove(&s.path).await.map_err(io_err("remove empty segment", &s.path))?;
+        dir_changed = true;
+    }
+    if dir_changed {
+        disk.sync_dir(&paths.log_dir).await.map_err(io_err("fsync log directory", &paths.log_dir))?;
+    }
+    Ok(())
+}
+
 /// Scans the log from `position` (batch `seq`), replaying records into `st`.
+/// Damage that may hide acknowledged data is refused (`Corrupt`) unless
+/// `accept`: then the log is cut there and `dropped` says what went.
+#[allow(clippy::too_many_arguments)]
 async fn scan<D: Disk>(
     disk: &D,
     paths: &Paths,
@@ -445,8 +742,45 @@ async fn scan<D: Disk>(
     st: &mut State<D::File>,
     mut position: u64,
     mut seq: u64,
+    accept: bool,
+    dropped: &mut Vec<String>,
 ) -> Result<Scanned> {
     let mut out = Scanned { tail: position, next_seq: seq, scanned: 0, truncated: 0, replayed: 0 };
+    // A segment is preallocated and made durable at its full length before
+    // any batch goes into it, and its batches record that length: a shorter
+    // file was truncated by hand (a crash cannot shrink it). Before the
+    // checkpoint that loses data the checkpoint vouches for (never
+    // acceptable: index files point there); after it, what the scan would
+    // otherwise take for a torn tail.
+    let mut cut_at: Option<u64> = None;
+    for i in 0..segs.len() {
+        let seg = segs[i].clone();
+        let Some(declared) = declared_len(&seg).await? else { continue };
+        if declared <= seg.len {
+            continue;
+        }
+        let reason = CorruptReason::SegmentTruncated { len: seg.len, declared };
+        if seg.end() < position {
+            error!(file = %seg.path.display(), offset = seg.len, %reason, "segment truncated before the checkpoint position");
+            return Err(StorageError::corrupt(
+                &seg.path,
+                seg.len,
+                CorruptReason::CheckpointBeyondLog { position, end: seg.end() },
+            ));
+        }
+        let lost = format!("whatever was written in bytes {}..{declared} of the file", seg.len);
+        finding(accept, dropped, &seg.path, seg.len, reason, lost)?;
+        // Accepted: the file gets its length back (zeros past the cut), so
+        // that the next start finds a whole segment, and the log ends at
+        // the cut (below).
+        seg.file.allocate(declared).await.map_err(io_err("re-extend truncated segment", &seg.path))?;
+        seg.file.sync().await.map_err(io_err("fdatasync re-extended segment", &seg.path))?;
+        cut_at.get_or_insert(seg.end());
+        drop(seg);
+        let old = segs.remove(i);
+        let Ok(old) = Rc::try_unwrap(old) else { unreachable!("recovery holds the only reference to its segments") };
+        segs.insert(i, Rc::new(Segment { len: declared, ..old }));
+    }
     let Some(first) = segs.iter().position(|s| s.end() > position) else {
         return Ok(out); // nothing written after the checkpoint
     };
@@ -461,16 +795,14 @@ async fn scan<D: Disk>(
         let seg = segs[i].clone();
         if position < seg.start {
             // Segments are contiguous and the scan enters each at its start;
-            // a gap means a segment file is missing.
-            return Err(StorageError::corrupt(
-                &seg.path,
-                0,
-                CorruptReason::Field {
-                    field: "segment start (expected log position)",
-                    expected: position,
-                    found: seg.start,
-                },
-            ));
+            // a gap means a segment file is missing (or the one before was
+            // truncated).
+            let reason = CorruptReason::Field {
+                field: "segment start (expected log position)",
+                expected: position,
+                found: seg.start,
+            };
+            return Err(StorageError::corrupt(&seg.path, 0, reason));
         }
         if position + PAGE_BYTES > seg.end() {
             i += 1;
@@ -490,6 +822,24 @@ async fn scan<D: Disk>(
             Ok((h, _)) if h.position < seg.start => Err(stale_reason(position, &h)),
             other => other,
         };
+        if let Some(c) = cut_at.filter(|c| *c > seg.start && *c <= seg.end()) {
+            let whole = matches!(&found, Ok((h, _)) if position + h.batch_len as u64 <= c);
+            if !whole {
+                // The accepted cut of a truncated segment: the log ends at
+                // the last batch wholly before it.
+                let (d, _) = describe_from(&segs[i..], c.saturating_sub(PAGE_BYTES).max(position)).await?;
+                let line = format!(
+                    "{}: log cut at position {position} (batch seq {seq}), the last batch wholly before the truncation; also dropped {}",
+                    seg.path.display(),
+                    d.describe()
+                );
+                error!("accepting data loss: {line}");
+                dropped.push(line);
+                out.truncated += c - position;
+                cut(disk, paths, segs, i, off, c).await?;
+                break;
+            }
+        }
         match found {
             Ok((h, b)) => {
                 if h.seq != seq || h.position != position {
@@ -530,19 +880,40 @@ async fn scan<D: Disk>(
                     }
                     Some((_, q, lh)) => {
                         warn!(file = %seg.path.display(), offset = off, %reason, "damaged batch before valid data");
-                        return Err(StorageError::corrupt(
+                        let (d, end0) = describe_from(&segs[i..], position).await?;
+                        finding(
+                            accept,
+                            dropped,
                             &seg.path,
                             off,
                             CorruptReason::DamageBeforeValidBatch { later_seq: lh.seq, later_position: q },
-                        ));
+                            format!("the damaged batch seq {seq} ({reason}) and {}", d.describe()),
+                        )?;
+                        out.truncated += end0.saturating_sub(position);
+                        cut(disk, paths, segs, i, off, end0.max(nonzero_end)).await?;
+                        break;
                     }
                     None => {
                         // Nothing valid after it, so this was the one batch in
-                        // flight: a torn write, unless it cannot be one (see
-                        // `could_be_torn`): then it may have been acknowledged.
+                        // flight: a torn write, unless it cannot be one: a
+                        // header that was written here whole (see
+                        // `header_written_here`), or a complete body with no
+                        // unwritten sector (`could_be_torn`). Then it may
+                        // have been acknowledged.
+                        let page = match reader.as_mut() {
+                            Some((_, r)) => r.get(off, PAGE_BYTES as usize).await?.to_vec(),
+                            None => Vec::new(),
+                        };
+                        let mut damage = None;
+                        if matches!(
+                            reason,
+                            CorruptReason::BadMagic | CorruptReason::HeaderCrc { .. } | CorruptReason::Version(_)
+                        ) && header_written_here(&page, seq, position)
+                        {
+                            damage = Some(CorruptReason::HeaderDamaged { seq });
+                        }
                         if let CorruptReason::BodyCrc { stored, computed } = reason {
                             if let Some((_, r)) = reader.as_mut() {
-                                let page = r.get(off, PAGE_BYTES as usize).await?.to_vec();
                                 // Only a header of this use of the segment
                                 // says what was written here.
                                 if let Ok(h) = BatchHeader::decode(&page).map_err(drop).and_then(|h| {
@@ -554,37 +925,33 @@ async fn scan<D: Disk>(
                                 }) {
                                     let b = r.get(off, h.batch_len as usize).await?;
                                     if !could_be_torn(&h, b) {
-                                        return Err(StorageError::corrupt(
-                                            &seg.path,
-                                            off,
-                                            CorruptReason::DamagedNotTorn { batch_len: h.batch_len, stored, computed },
-                                        ));
+                                        damage = Some(CorruptReason::DamagedNotTorn {
+                                            batch_len: h.batch_len,
+                                            stored,
+                                            computed,
+                                        });
                                     }
                                 }
                             }
                         }
-                        // Torn tail, never acknowledged. Zero it so its bytes
-                        // can never parse later, and drop empty segments.
+                        if let Some(damage) = damage {
+                            finding(
+                                accept,
+                                dropped,
+                                &seg.path,
+                                off,
+                                damage,
+                                format!("the batch seq {seq} at log position {position} ({reason})"),
+                            )?;
+                        }
+                        // Torn tail, never acknowledged (or accepted as
+                        // lost above). Zero it so its bytes can never parse
+                        // later, and drop empty segments.
                         if nonzero_end > position {
                             info!(file = %seg.path.display(), offset = off, bytes = nonzero_end - position, %reason, "truncating torn tail");
-                            zero(&seg, off, nonzero_end - seg.start).await?;
                             out.truncated += nonzero_end - position;
                         }
-                        let removed: Vec<_> = segs.drain(i + 1..).collect();
-                        let drop_this = off == 0;
-                        if drop_this {
-                            segs.pop();
-                        }
-                        let mut dir_changed = false;
-                        for s in removed.iter().chain(drop_this.then_some(&seg)) {
-                            disk.remove(&s.path).await.map_err(io_err("remove empty segment", &s.path))?;
-                            dir_changed = true;
-                        }
-                        if dir_changed {
-                            disk.sync_dir(&paths.log_dir)
-                                .await
-                                .map_err(io_err("fsync log directory", &paths.log_dir))?;
-                        }
+                        cut(disk, paths, segs, i, off, nonzero_end).await?;
                         break;
                     }
                 }
@@ -716,6 +1083,9 @@ fn replay<F>(st: &mut State<F>, path: &Path, batch_off: u64, position: u64, h: &
             // above it would not be written to the next checkpoint.
             if rh.entry < l.file_entries {
                 st.relocated.insert((rh.ledger, rh.entry), *ie);
+            } else if st.ckpt_position.is_none() {
+                // Rebuilding without a checkpoint (it was damaged): no index
+                // file counts, the next checkpoint writes the copy's position.
             } else {
                 return Err(corrupt(CorruptReason::Field {
                     field: "moved entry (not in an index file)",

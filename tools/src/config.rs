@@ -32,6 +32,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("storage", "segment_recycle", "segment_recycle"),
     ("storage", "write_cache_mib", "write_cache_mib"),
     ("storage", "allow_tmpfs", "allow_tmpfs"),
+    ("storage", "accept_data_loss", "accept_data_loss"),
     ("storage", "disk_refuse_pct", "disk_refuse_pct"),
     ("storage", "ledger_max_entries", "ledger_max_entries"),
     ("storage", "ledger_max_bytes", "ledger_max_bytes"),

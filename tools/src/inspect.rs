@@ -305,9 +305,10 @@ fn print_shard(name: &str, img: &ShardImage, verified: bool) {
         Tail::Clean { position } => println!("  log ends at {position}"),
         Tail::End { position } => println!("  log ends at {position}"),
         Tail::Torn { position, file, offset, bytes, reason } => println!(
-            "  log ends at {position}; last batch at {}:{offset} ({bytes} bytes) does not verify ({reason}): \
-             a write a crash interrupted (then never acknowledged) or damage to a complete batch's header \
-             (its messages may have been acknowledged); the next start truncates it",
+            "  log ends at {position}; last batch at {}:{offset} ({bytes} bytes) does not verify ({reason}) and \
+             looks like a write a crash interrupted, never acknowledged (damage a crash cannot leave, such as a \
+             rotted header or a cut segment, is an error instead; docs/format.md lists what still looks like a \
+             tear); the next start truncates it",
             file.display()
         ),
     }

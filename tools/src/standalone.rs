@@ -80,6 +80,13 @@ pub struct StandaloneArgs {
     /// Accept a tmpfs data directory (for development only: no real durability).
     #[arg(long)]
     pub allow_tmpfs: bool,
+    /// When recovery finds damage inside data that may have been
+    /// acknowledged (a damaged batch before valid ones, a rotted last
+    /// batch, a truncated segment), truncate the log there and log exactly
+    /// what is dropped, instead of refusing to start. Use once, after
+    /// reading the refusal's message.
+    #[arg(long)]
+    pub accept_data_loss: bool,
     /// Data-disk usage (percent) at which produce requests are refused with
     /// the retriable StorageFull error; consumers keep reading. Warnings are
     /// logged at 75 % and 85 %.
@@ -261,6 +268,33 @@ fn check_exposure(listen: SocketAddr, authenticated: bool, allow_unauthenticated
     ))
 }
 
+/// One line per listening socket, for the start-up log (issue #17 item 7):
+/// what it serves and its address, and whether that address is every
+/// interface of the host (`0.0.0.0` or `::`), so that an operator sees every
+/// port the broker opened, per-shard ports included.
+fn bound_addresses(
+    native: SocketAddr,
+    shards: &[SocketAddr],
+    pulsar: Option<SocketAddr>,
+    http: Option<SocketAddr>,
+) -> Vec<String> {
+    let line = |what: String, a: SocketAddr| {
+        let scope = if a.ip().is_unspecified() {
+            "every interface of this host"
+        } else if a.ip().is_loopback() {
+            "loopback only"
+        } else {
+            "one interface"
+        };
+        format!("{what} listening on {a} ({scope})")
+    };
+    let mut out = vec![line("native and Pulsar protocols (all shards)".into(), native)];
+    out.extend(shards.iter().enumerate().map(|(i, a)| line(format!("shard {i}'s own port"), *a)));
+    out.extend(pulsar.map(|a| line("Pulsar protocol (--pulsar-listen)".into(), a)));
+    out.extend(http.map(|a| line("HTTP (metrics, probes, admin)".into(), a)));
+    out
+}
+
 /// Kernel-picked shard ports tried before giving up on a collision.
 const SHARD_PORT_TRIES_MAX: u32 = 16;
 
@@ -327,6 +361,7 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     config.recycle_segments = args.segment_recycle;
     config.write_cache_bytes = args.write_cache_mib * 1024 * 1024;
     config.allow_tmpfs = args.allow_tmpfs;
+    config.accept_data_loss = args.accept_data_loss;
     config.disk_watermarks.refuse_pct = args.disk_refuse_pct;
     config.disk_watermarks.warn_pcts.retain(|&p| p < args.disk_refuse_pct);
     config.unacked_per_consumer_max = args.unacked_per_consumer_max;
@@ -382,6 +417,13 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
         Some((server, shards_side))
     };
     let http_shards = http.as_ref().map(|(_, s)| s.clone());
+    for line in bound_addresses(addr, &net.shard_addrs, pulsar_addr, http.as_ref().map(|(s, _)| s.addr())) {
+        if line.contains("every interface") {
+            tracing::warn!("{line}");
+        } else {
+            tracing::info!("{line}");
+        }
+    }
     let running = magnetar_core::launch(config, shutdown.clone(), move |broker| {
         let serve = magnetar_net::serve(broker.clone(), addr, net.clone());
         let http = http_shards.clone();
@@ -439,6 +481,21 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Goal (issue #17 item 7): every listening address is in the start-up
+    /// log, each shard's port included, and one on every interface says so.
+    #[test]
+    fn every_bound_address_is_listed() {
+        let any: SocketAddr = "0.0.0.0:6650".parse().unwrap();
+        let shards: Vec<SocketAddr> = vec!["0.0.0.0:6700".parse().unwrap(), "0.0.0.0:6701".parse().unwrap()];
+        let http: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let lines = bound_addresses(any, &shards, None, Some(http));
+        assert_eq!(lines.len(), 4, "{lines:?}");
+        for (l, a) in lines.iter().zip(["0.0.0.0:6650", "0.0.0.0:6700", "0.0.0.0:6701"]) {
+            assert!(l.contains(a) && l.contains("every interface"), "{l}");
+        }
+        assert!(lines[3].contains("127.0.0.1:8080") && lines[3].contains("loopback"), "{}", lines[3]);
+    }
 
     #[test]
     fn a_non_loopback_listener_needs_authentication_or_an_explicit_opt_out() {

@@ -34,6 +34,10 @@ pub(crate) struct Unpacking {
     ack_set: Vec<u64>,
     /// Why the broker closed the consumer, handed out after the entries.
     failed: Option<crate::error::ClientError>,
+    /// Permits the broker charged for entries handed out as an error (they
+    /// could not be unpacked) beyond the one each error counts as
+    /// (`unpack::charged_permits`); the consumer grants them back.
+    uncounted_permits: u32,
 }
 
 impl Unpacking {
@@ -68,6 +72,12 @@ impl Unpacking {
         }
     }
 
+    /// Permits to grant back beyond one per delivery handed out (see
+    /// `uncounted_permits`); resets them.
+    pub(crate) fn take_uncounted_permits(&mut self) -> u32 {
+        std::mem::take(&mut self.uncounted_permits)
+    }
+
     /// The next delivery, unpacking the next entry when the batch at hand
     /// is done. An entry that holds nothing (a batch whose every message was
     /// acknowledged) is skipped.
@@ -84,6 +94,7 @@ impl Unpacking {
                 },
             };
             let ack_set = std::mem::take(&mut self.ack_set);
+            let charged = super::unpack::charged_permits(&blob, &ack_set);
             match unpack_entry(blob, id, &self.topic, self.redelivery_count, ack_set) {
                 Ok(Unpacked::One(m)) => return Some(Ok(m)),
                 Ok(Unpacked::Batch(messages)) => {
@@ -92,7 +103,10 @@ impl Unpacking {
                         return Some(Ok(m));
                     }
                 }
-                Err(e) => return Some(Err(e)),
+                Err(e) => {
+                    self.uncounted_permits = self.uncounted_permits.saturating_add(charged - 1);
+                    return Some(Err(e));
+                }
             }
         }
     }
@@ -244,6 +258,28 @@ mod tests {
         assert_eq!(drain(&mut u), vec![("b1".to_string(), batch_id(1))]);
         assert!(u.load(entry(vec![0b111])).is_none());
         assert_eq!(drain(&mut u), vec![]);
+
+        // A batch that claims more messages than it holds (it cannot be
+        // split): one error, and the permits the broker charged for its
+        // claim, less the one the error counts as and those acknowledged
+        // before, are to be granted back; a blob without readable
+        // metadata was charged one. (Issue #17: counted as one message,
+        // a claim of 2^20 left the broker without permits for good.)
+        assert_eq!(u.take_uncounted_permits(), 0, "the cut blob above was charged one permit");
+        let claims = |n: u32| {
+            let meta = MessageMetadata { producer_name: "p".into(), num_messages: n, ..Default::default() };
+            encode_message(&meta, b"x")
+        };
+        for (claimed, ack_set, uncounted) in
+            [(1000u32, vec![], 999u32), (1 << 20, vec![], (1 << 20) - 1), (64, vec![0b11], 61)]
+        {
+            let item =
+                Inbound::Entry { topic: topic.clone(), id: id(9), redelivery_count: 0, ack_set, blob: claims(claimed) };
+            assert!(u.load(item).is_none());
+            assert_eq!(drain(&mut u), vec![("error".to_string(), MessageId::new(0, 0, -1, -1))]);
+            assert_eq!(u.take_uncounted_permits(), uncounted, "claim {claimed}");
+            assert_eq!(u.take_uncounted_permits(), 0);
+        }
 
         assert!(matches!(u.load(Inbound::End), Some(Inbound::End)));
         assert!(matches!(u.load(Inbound::Joined), Some(Inbound::Joined)));

@@ -190,6 +190,7 @@ impl Consumer {
                     None => return Err(self.closed_error()),
                 },
             };
+            self.grant_uncounted(q.rest.take_uncounted_permits());
             if let Some(delivery) = self.accept(delivery) {
                 return delivery;
             }
@@ -322,8 +323,12 @@ impl Consumer {
         let own = self.own_queue()?;
         self.flush_acks().await?;
         // Their permits are granted again, as if received.
-        let entries = own.lock().await.drain(|delivery| self.after_receive(delivery));
+        let mut q = own.lock().await;
+        let entries = q.drain(|delivery| self.after_receive(delivery));
+        let uncounted = q.rest.take_uncounted_permits();
+        drop(q);
         self.permits.took(entries);
+        self.grant_uncounted(uncounted);
         let command = Command::RedeliverUnacknowledged { consumer_id: self.consumer_id, message_ids: Vec::new() };
         self.conn.send_command(&command).await?;
         if let Some(r) = &self.retry {
@@ -413,6 +418,29 @@ impl Consumer {
             }
         }
         Ok(out)
+    }
+
+    /// Grants back permits the broker charged for an entry that was handed
+    /// out as an error, beyond the one that error counts as
+    /// (`inbox::Unpacking::take_uncounted_permits`). At most the queue
+    /// size: the broker never held more permits than that to charge.
+    pub(crate) fn grant_uncounted(&self, n: u32) {
+        let n = n.min(self.permits.queue_size);
+        if n == 0 || self.permits.pull {
+            // (Pull mode: permits come with each `fetch`.)
+            return;
+        }
+        let unflowed = &self.permits.unflowed;
+        if unflowed.fetch_add(n, Ordering::Relaxed).saturating_add(n) >= self.permits.threshold {
+            let permits = unflowed.swap(0, Ordering::Relaxed);
+            if permits == 0 {
+                return;
+            }
+            let consumer_id = self.consumer_id;
+            if let Err(e) = self.conn.send_command_nowait(&Command::Flow { consumer_id, permits }) {
+                tracing::debug!(error = %e, "flow not sent");
+            }
+        }
     }
 
     /// Grant more permits once half the queue has been handed out, so the

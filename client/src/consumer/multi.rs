@@ -281,7 +281,9 @@ impl MultiTopicConsumer {
     fn step_rest(&self, q: &mut Receiving) -> Option<Result<Message>> {
         while let Some(d) = q.rest.next() {
             let source = q.rest_source;
+            let uncounted = q.rest.take_uncounted_permits();
             if let Member::Live(c) = self.member(q, source) {
+                c.grant_uncounted(uncounted);
                 if let Some(r) = c.accept(d) {
                     return Some(r);
                 }

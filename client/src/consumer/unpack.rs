@@ -16,6 +16,19 @@ pub(super) enum Unpacked {
     Batch(Vec<Message>),
 }
 
+/// The flow permits the broker charged for an entry it delivered: the
+/// messages its metadata claims (1 for a blob whose metadata does not
+/// read), less those of a redelivered batch acknowledged before. The
+/// broker counts them so, whether or not the batch can be split; a
+/// consumer that counts an entry it cannot unpack as one message would
+/// leave the broker without permits for good once the entry claims more
+/// than the queue (issue #17: a batch claiming 2^20 messages stalled it).
+pub(super) fn charged_permits(blob: &[u8], ack_set: &[u64]) -> u32 {
+    let claimed = magnetar_wire::view_message(blob).map_or(1, |v| v.num_messages.max(1));
+    let acked: u32 = ack_set.iter().map(|w| w.count_ones()).sum();
+    claimed.saturating_sub(acked).max(1)
+}
+
 /// Decodes one entry into its messages, in order: decompresses the payload when the producer compressed it, and
 /// splits a batch (`num_messages` > 1) into its messages, numbered by
 /// `batch_index`. The messages of a batch share one `Arc` of the entry's

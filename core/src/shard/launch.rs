@@ -171,10 +171,20 @@ where
                 lc.write_cache_bytes = config.write_cache_bytes;
                 lc.flush_bytes_max = config.flush_bytes_max;
                 lc.allow_tmpfs = config.allow_tmpfs;
+                lc.accept_data_loss = config.accept_data_loss;
                 let (log, recovery) = match EntryLog::open(lc).await {
                     Ok(x) => x,
                     Err(e) => {
-                        let message = format!("opening the log failed: {e}");
+                        // Damage inside data that may have been acknowledged:
+                        // the operator decides (docs/reliability.md).
+                        let hint = if e.is_acceptable_loss() {
+                            "; nothing was changed on disk. To start anyway, truncating the log at the damage and \
+                             logging what is dropped, restart with --accept-data-loss"
+                        } else {
+                            ""
+                        };
+                        let message = format!("opening the log failed: {e}{hint}");
+                        tracing::error!(shard = id, "{message}");
                         let _ = ready_tx.send(Err(StartError::Shard { shard: id, message: message.clone() }));
                         return Err(message);
                     }
