@@ -295,6 +295,30 @@ def test_last_id_in_batch(url, topic):
     c.close()
 
 
+def test_ack_timeout(url, topic):
+    """Messages received and not acknowledged within the ack timeout (the C++
+    client's minimum, 10 s) come again, with redelivery count 1; acked ones
+    do not."""
+    c = client(url)
+    s = c.subscribe(topic, "sub", consumer_type=ConsumerType.Shared, unacked_messages_timeout_ms=10_000,
+                    initial_position=InitialPosition.Earliest)
+    p = c.create_producer(topic, batching_enabled=False)
+    for i in range(4):
+        p.send(f"m{i}".encode())
+    first = [s.receive(RECEIVE_MS) for _ in range(4)]
+    assert [m.data() for m in first] == [b"m0", b"m1", b"m2", b"m3"], [m.data() for m in first]
+    s.acknowledge(first[0])
+    s.acknowledge(first[2])
+    again = sorted((s.receive(30_000) for _ in range(2)), key=lambda m: m.data())
+    assert [m.data() for m in again] == [b"m1", b"m3"], [m.data() for m in again]
+    assert [m.redelivery_count() for m in again] == [1, 1], [m.redelivery_count() for m in again]
+    for m in again:
+        s.acknowledge(m)
+    expect_nothing(s, 12_000)
+    print("ack timeout: the two unacked messages came again with redelivery count 1")
+    c.close()
+
+
 def test_partitioned(url, topic):
     """A partitioned topic (3 partitions, made by the Rust side): keyed
     messages are spread over the partitions, each partition's id names it,

@@ -96,6 +96,11 @@ fn pulsar_last_id_in_batch() {
 }
 
 #[test]
+fn pulsar_ack_timeout() {
+    py("ack_timeout");
+}
+
+#[test]
 fn pulsar_too_big() {
     py("too_big");
 }
