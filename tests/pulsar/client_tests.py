@@ -524,6 +524,48 @@ def test_hold_unacked(url, topic):
     time.sleep(600)
 
 
+def test_auth_matrix(url, topic):
+    """The Pulsar door's cells of the security matrix (tests/tests/security.rs):
+    argv[4] is a JSON file {"roles": {ROLE: {"token": TOKEN or null,
+    "timeout": SECONDS}}, "cells": [{"id", "role", "op", "topic"}]}. Each
+    cell runs with its role's client; its result, "ok" or the exception's
+    class name, goes into the JSON object {ID: RESULT} written to argv[4]
+    + ".results" (not stdout, where the C++ client logs too). `topic` is
+    unused."""
+    with open(sys.argv[4]) as f:
+        spec = json.load(f)
+    clients = {}
+    results = {}
+    for name, role in spec["roles"].items():
+        auth = pulsar.AuthenticationToken(role["token"]) if role["token"] else None
+        clients[name] = pulsar.Client(url, authentication=auth, operation_timeout_seconds=role["timeout"],
+                                      connection_timeout_ms=10_000)
+    for cell in spec["cells"]:
+        c = clients[cell["role"]]
+        try:
+            if cell["op"] == "produce":
+                p = c.create_producer(cell["topic"], batching_enabled=False)
+                p.send(f"cell {cell['id']}".encode())
+                p.close()
+            elif cell["op"] == "consume":
+                s = c.subscribe(cell["topic"], f"sub-{cell['id']}")
+                s.close()
+            elif cell["op"] == "partitioned_metadata":
+                c.get_topic_partitions(cell["topic"])
+            else:
+                raise AssertionError(f"unknown op {cell['op']}")
+            result = "ok"
+        except AssertionError:
+            raise
+        except Exception as e:  # the class name is the answer
+            result = type(e).__name__
+        results[cell["id"]] = result
+    for c in clients.values():
+        c.close()
+    with open(sys.argv[4] + ".results", "w") as f:
+        json.dump(results, f)
+
+
 TESTS = {name[len("test_"):]: f for name, f in globals().items() if name.startswith("test_")}
 
 if __name__ == "__main__":
