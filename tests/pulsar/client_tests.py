@@ -566,6 +566,32 @@ def test_auth_matrix(url, topic):
         json.dump(results, f)
 
 
+def test_tls(url, topic):
+    """Over TLS (url is pulsar+ssl://, argv[4] the CA to trust): messages
+    go through; a plain-text client (argv[5], the same port as pulsar://)
+    gets an error, not messages, and the broker keeps serving."""
+    c = pulsar.Client(url, tls_trust_certs_file_path=sys.argv[4], operation_timeout_seconds=20,
+                      connection_timeout_ms=10_000)
+    s = c.subscribe(topic, "sub", initial_position=InitialPosition.Earliest)
+    p = c.create_producer(topic, batching_enabled=False)
+    for i in range(10):
+        p.send(f"tls {i}".encode())
+    for i in range(10):
+        m = s.receive(RECEIVE_MS)
+        assert m.data() == f"tls {i}".encode(), m.data()
+        s.acknowledge(m)
+    plain = pulsar.Client(sys.argv[5], operation_timeout_seconds=3, connection_timeout_ms=3_000)
+    try:
+        plain.create_producer(topic)
+        raise AssertionError("a plain-text client got a producer on the TLS port")
+    except (pulsar.Timeout, pulsar.ConnectError) as e:
+        print(f"plain-text client on the TLS port: {type(e).__name__}")
+    plain.close()
+    p.send(b"after the plain client")
+    assert s.receive(RECEIVE_MS).data() == b"after the plain client"
+    c.close()
+
+
 TESTS = {name[len("test_"):]: f for name, f in globals().items() if name.startswith("test_")}
 
 if __name__ == "__main__":

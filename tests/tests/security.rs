@@ -658,8 +658,8 @@ fn every_role_operation_and_resource_is_allowed_exactly_by_the_rules() {
 }
 
 /// A broker that would listen on every interface without authentication
-/// refuses to start and says how to fix it; with `--allow-unauthenticated`
-/// it starts.
+/// (broker port or HTTP port) refuses to start and says why and how to fix
+/// it.
 #[test]
 fn refuses_to_listen_unauthenticated_on_a_non_loopback_address() {
     let dir = test_dir("security-exposed");
@@ -670,4 +670,21 @@ fn refuses_to_listen_unauthenticated_on_a_non_loopback_address() {
     assert!(!run.status.success(), "started unauthenticated on 0.0.0.0");
     assert!(run.stderr.contains("--allow-unauthenticated"), "{}", run.stderr);
     assert!(run.stderr.contains("--auth-token-secret-key"), "{}", run.stderr);
+    // The HTTP port too: its REST admin can change everything.
+    let run = run_cli(
+        [
+            "standalone",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "0.0.0.0:0",
+            "--data-dir",
+            dir.path().join("d").to_str().unwrap(),
+            "--no-pin",
+        ],
+        CLI_TIMEOUT,
+    );
+    assert!(!run.status.success(), "started unauthenticated with HTTP on 0.0.0.0");
+    assert!(run.stderr.contains("(--http-listen) without authentication"), "{}", run.stderr);
+    assert!(run.stderr.contains("--allow-unauthenticated"), "{}", run.stderr);
 }

@@ -48,11 +48,15 @@ pub struct PulsarConfig {
     /// The host named in LOOKUP answers (`pulsar://HOST:PORT`, PORT the
     /// one the client reached); `None`: the address the client reached.
     pub advertised_address: Option<String>,
+    /// The port serves TLS: LOOKUP answers name it `pulsar+ssl://` too (a
+    /// TLS client connects to `broker_service_url_tls`). Set by
+    /// [`crate::serve`] from the TLS settings.
+    pub tls: bool,
 }
 
 impl Default for PulsarConfig {
     fn default() -> Self {
-        Self { max_message_bytes: 5 * 1024 * 1024, advertised_address: None }
+        Self { max_message_bytes: 5 * 1024 * 1024, advertised_address: None, tls: false }
     }
 }
 
@@ -485,10 +489,12 @@ impl Door for PulsarDoor {
         let out = session.out().clone();
         match request {
             PulsarOther::Lookup { request_id, topic } => {
-                let url = lookup_url(session);
+                let address = lookup_address(session);
+                let tls = session.out().door().config.tls;
                 let answer = match TopicName::parse(&topic) {
                     Ok(_) => pb::CommandLookupTopicResponse {
-                        broker_service_url: Some(url),
+                        broker_service_url: Some(format!("pulsar://{address}")),
+                        broker_service_url_tls: tls.then(|| format!("pulsar+ssl://{address}")),
                         response: Some(pb::command_lookup_topic_response::LookupType::Connect as i32),
                         request_id,
                         authoritative: Some(true),
@@ -871,16 +877,16 @@ fn pulsar_ack_set(acked: &[u64]) -> Vec<i64> {
     acked.iter().map(|w| !w as i64).collect()
 }
 
-/// `pulsar://host:port` for LOOKUP answers: the advertised URL, else the
-/// address the client reached.
-fn lookup_url(session: &Session<PulsarDoor>) -> String {
+/// `host:port` for LOOKUP answers: the advertised host, else the address
+/// the client reached.
+fn lookup_address(session: &Session<PulsarDoor>) -> String {
     let local = session.local_addr().unwrap_or("127.0.0.1:6650");
     match &session.out().door().config.advertised_address {
         Some(host) => {
             let port = local.rsplit_once(':').map_or("6650", |(_, p)| p);
-            format!("pulsar://{host}:{port}")
+            format!("{host}:{port}")
         }
-        None => format!("pulsar://{local}"),
+        None => local.to_string(),
     }
 }
 
