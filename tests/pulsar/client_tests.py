@@ -592,6 +592,41 @@ def test_tls(url, topic):
     c.close()
 
 
+def test_auth_refresh(url, topic):
+    """AUTH_CHALLENGE (argv[4]: a JSON file {"short": TOKEN, "fresh":
+    TOKEN, "short_exp": SECONDS}): client A's token supplier gives a token
+    that expires soon, then fresh ones; client B's only ever the short one.
+    After the short token's expiry the broker challenges both: A answers
+    with a fresh token and keeps producing on its connection; B's stale
+    answer is refused and it cannot produce any more."""
+    with open(sys.argv[4]) as f:
+        spec = json.load(f)
+    calls = []
+
+    def supplier_a():
+        calls.append(time.time())
+        return spec["short"] if len(calls) == 1 else spec["fresh"]
+
+    a = pulsar.Client(url, authentication=pulsar.AuthenticationToken(supplier_a), operation_timeout_seconds=20)
+    b = pulsar.Client(url, authentication=pulsar.AuthenticationToken(lambda: spec["short"]),
+                      operation_timeout_seconds=5)
+    pa = a.create_producer(topic, batching_enabled=False)
+    pb = b.create_producer(topic, batching_enabled=False, send_timeout_millis=5000)
+    pa.send(b"a before")
+    pb.send(b"b before")
+    # Past the short token's expiry, and the broker's challenge.
+    time.sleep(max(0, spec["short_exp"] - time.time()) + 4)
+    pa.send(b"a after")
+    assert len(calls) >= 2, f"the broker never asked for fresh credentials ({len(calls)} supplier calls)"
+    try:
+        pb.send(b"b after")
+        raise AssertionError("a client whose token expired kept producing")
+    except (pulsar.Timeout, pulsar.AuthenticationError, pulsar.ConnectError) as e:
+        print(f"stale client: {type(e).__name__}")
+    a.close()
+    b.close()
+
+
 TESTS = {name[len("test_"):]: f for name, f in globals().items() if name.startswith("test_")}
 
 if __name__ == "__main__":

@@ -688,3 +688,39 @@ fn refuses_to_listen_unauthenticated_on_a_non_loopback_address() {
     assert!(run.stderr.contains("(--http-listen) without authentication"), "{}", run.stderr);
     assert!(run.stderr.contains("--allow-unauthenticated"), "{}", run.stderr);
 }
+
+/// Pulsar's token refresh: when the token a Pulsar connection authenticated
+/// with expires, the broker sends AUTH_CHALLENGE; the official client asks
+/// its token supplier again and answers AUTH_RESPONSE, and a fresh token for
+/// the same role keeps the connection; an expired answer closes it.
+#[test]
+fn pulsar_connections_refresh_their_token_on_auth_challenge() {
+    let dir = test_dir("security-refresh");
+    let key = dir.path().join("secret.key");
+    std::fs::write(&key, SECRET).unwrap();
+    let mut opts = BrokerOptions::new(1);
+    opts.extra_args =
+        vec!["--auth-token-secret-key".into(), key.to_str().unwrap().into(), "--superuser-roles".into(), "root".into()];
+    let mut broker = BrokerProcess::start_with(&dir.path().join("data"), &opts);
+    // Long enough for both clients to connect and produce once.
+    let short_exp = now() + 6;
+    let spec = json!({
+        "short": create_token(&SigningKey::Secret(SECRET.to_vec()), "root", Some(short_exp)).unwrap(),
+        "fresh": token("root"),
+        "short_exp": short_exp,
+    });
+    let path = dir.path().join("refresh.json");
+    std::fs::write(&path, spec.to_string()).unwrap();
+    let run = run_pulsar_test(
+        &format!("pulsar://{}", broker.url()),
+        "auth_refresh",
+        "persistent://public/default/refresh",
+        &[path.to_str().unwrap()],
+        Duration::from_secs(120),
+    );
+    assert!(run.stdout.contains("stale client"), "{}", run.stdout);
+    let log = broker.log();
+    assert!(log.contains("token refreshed"), "{}", broker.log_tail());
+    assert!(log.contains("authentication refresh refused: the token has expired"), "{}", broker.log_tail());
+    broker.assert_running();
+}

@@ -12,6 +12,7 @@
 //! the command's own response type carrying an error), never ignored.
 
 mod convert;
+mod refresh;
 
 pub(crate) use convert::pulsar_to_native;
 
@@ -84,6 +85,8 @@ pub(crate) struct PulsarDoor {
     /// not its size (the C++ client), which the broker needs. Dropped when
     /// the entry is acknowledged whole; at most `BATCH_SIZES_MAX`.
     batch_sizes: RefCell<HashMap<(u64, u64), u32>>,
+    /// The token the connection authenticated with, for AUTH_CHALLENGE.
+    tokens: refresh::TokenState,
 }
 
 /// Batch entries whose size a connection remembers (see
@@ -98,12 +101,18 @@ impl PulsarDoor {
             client_version: Cell::new(0),
             pending_acks: RefCell::new(HashMap::new()),
             batch_sizes: RefCell::new(HashMap::new()),
+            tokens: refresh::TokenState::default(),
         }
     }
 }
 
 /// Requests only this door has.
 pub(crate) enum PulsarOther {
+    /// The answer to an AUTH_CHALLENGE.
+    AuthResponse {
+        method: String,
+        data: Vec<u8>,
+    },
     Lookup {
         request_id: u64,
         topic: String,
@@ -287,6 +296,12 @@ impl Door for PulsarDoor {
             })
         });
         out.put("CONNECTED", |_, dst| push(dst, &connected));
+        if let Some(p) = &principal {
+            if connect.auth_method_name.as_deref() == Some(magnetar_core::auth::AUTH_METHOD_TOKEN) {
+                let refresh = connect.feature_flags.as_ref().and_then(|f| f.supports_auth_refresh).unwrap_or(false);
+                refresh::watch(out, p, connect.auth_data.as_deref().unwrap_or_default(), refresh);
+            }
+        }
         if version >= 1 {
             // Pulsar's keep-alive: the broker pings too, so a half-open
             // connection is noticed from this side as well.
@@ -436,6 +451,13 @@ impl Door for PulsarDoor {
             }
             Type::Ping => Request::Ping,
             Type::Pong => Request::Pong,
+            Type::AuthResponse => {
+                let r = c.auth_response.ok_or_else(missing)?.response.unwrap_or_default();
+                Request::Other(PulsarOther::AuthResponse {
+                    method: r.auth_method_name.unwrap_or_default(),
+                    data: r.auth_data.unwrap_or_default(),
+                })
+            }
             Type::Lookup => {
                 let l = c.lookup_topic.ok_or_else(missing)?;
                 Request::Other(PulsarOther::Lookup { request_id: l.request_id, topic: l.topic })
@@ -488,6 +510,9 @@ impl Door for PulsarDoor {
     async fn other(session: &Rc<Session<Self>>, request: PulsarOther) -> Result<(), String> {
         let out = session.out().clone();
         match request {
+            PulsarOther::AuthResponse { method, data } => {
+                refresh::answer(&out, session.broker().config().authentication.as_ref(), &method, &data)?;
+            }
             PulsarOther::Lookup { request_id, topic } => {
                 let address = lookup_address(session);
                 let tls = session.out().door().config.tls;
