@@ -274,6 +274,27 @@ def test_empty_topic_last_id(url, topic):
     c.close()
 
 
+def test_last_id_in_batch(url, topic):
+    """GET_LAST_MESSAGE_ID names the last message of a batch (its batch
+    index), so a reader part-way through the last batch still has messages
+    available, and has none once it read them all."""
+    c = client(url)
+    p = c.create_producer(topic, batching_enabled=True, batching_max_messages=5,
+                          batching_max_publish_delay_ms=10_000)
+    for i in range(5):
+        p.send_async(f"m{i}".encode(), None)
+    p.flush()
+    r = c.create_reader(topic, MessageId.earliest)
+    for i in range(5):
+        assert r.has_message_available(), f"nothing available after {i} of the batch's 5 messages"
+        m = r.read_next(RECEIVE_MS)
+        assert m.data() == f"m{i}".encode(), m.data()
+        assert m.message_id().batch_index() == i, m.message_id()
+    assert not r.has_message_available(), "messages available past the batch's last one"
+    print("last id in a batch: has_message_available true through the batch, false after it")
+    c.close()
+
+
 def test_partitioned(url, topic):
     """A partitioned topic (3 partitions, made by the Rust side): keyed
     messages are spread over the partitions, each partition's id names it,
@@ -512,6 +533,84 @@ def test_connection_loss(url, topic):
     m = s.receive(RECEIVE_MS)
     assert m.data() == b"unacked"
     c.close()
+
+
+def test_access_modes(url, topic):
+    """Producer access modes: Exclusive refuses any second producer;
+    WaitForExclusive waits (the broker answers `producer_ready = false` at
+    once: the Rust side checks the client logged it) and takes over when the
+    holder closes; ExclusiveWithFencing takes the topic from the holder, whose
+    later sends are not stored. (The C++ client gives up a producer's start
+    after its operation timeout even while queued, so the wait stays below
+    it.)"""
+    import threading
+    from pulsar import ProducerAccessMode
+    c = client(url)
+    a = c.create_producer(topic, producer_name="a", access_mode=ProducerAccessMode.Exclusive,
+                          batching_enabled=False)
+    for name, mode in [("x", ProducerAccessMode.Exclusive), ("y", ProducerAccessMode.Shared)]:
+        try:
+            c.create_producer(topic, producer_name=name, access_mode=mode)
+            raise AssertionError(f"producer {name} ({mode}) was accepted beside an exclusive one")
+        except pulsar.ProducerBusy:
+            pass
+    got = {}
+
+    def wait():
+        try:
+            got["w"] = c.create_producer(topic, producer_name="w", access_mode=ProducerAccessMode.WaitForExclusive,
+                                         batching_enabled=False, send_timeout_millis=3000)
+        except Exception as e:  # reported by the main thread
+            got["error"] = e
+
+    t = threading.Thread(target=wait)
+    t.start()
+    time.sleep(3)
+    assert t.is_alive() and not got, f"WaitForExclusive did not keep waiting: {got}"
+    a.send(b"from-a")
+    a.close()
+    t.join(20)
+    assert "w" in got, f"WaitForExclusive never took over: {got}"
+    w = got["w"]
+    w.send(b"from-w")
+    f = c.create_producer(topic, producer_name="f", access_mode=ProducerAccessMode.ExclusiveWithFencing,
+                          batching_enabled=False)
+    f.send(b"from-f")
+    try:
+        w.send(b"fenced")
+        raise AssertionError("a fenced producer's send got a receipt")
+    except pulsar.PulsarException:
+        pass
+    r = c.create_reader(topic, MessageId.earliest)
+    seen = []
+    while r.has_message_available():
+        seen.append(r.read_next(RECEIVE_MS).data())
+    assert seen == [b"from-a", b"from-w", b"from-f"], seen
+    print("access modes: exclusive refusals, a wait past the operation timeout, fencing", seen)
+    c.close()
+
+
+def test_produce_until_killed(url, topic):
+    """Helper of pulsar_kill9_during_produce: sends numbered messages
+    (batched, async) until killed, printing `OUT ACK n` for each receipt."""
+    import threading
+    lock = threading.Lock()
+    c = client(url)
+    p = c.create_producer(topic, batching_enabled=True, batching_max_messages=50,
+                          batching_max_publish_delay_ms=2, max_pending_messages=2000,
+                          block_if_queue_full=True, send_timeout_millis=0)
+
+    def receipt(n):
+        def done(res, _msg_id):
+            if res == pulsar.Result.Ok:
+                with lock:
+                    print(f"OUT ACK {n}", flush=True)
+        return done
+
+    n = 0
+    while True:
+        p.send_async(f"{n}".encode(), receipt(n))
+        n += 1
 
 
 def test_hold_unacked(url, topic):
