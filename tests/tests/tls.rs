@@ -125,23 +125,29 @@ fn sdk_and_openssl_speak_tls_and_a_plain_client_is_refused() {
     });
 }
 
+/// A broker that requires client certificates from the test CA; the
+/// client certificate's role (`tls-client`) is a superuser.
+fn client_ca_broker(dir: &Path, pki: &Pki) -> BrokerProcess {
+    let mut opts = BrokerOptions::new(1);
+    opts.extra_args = vec![
+        "--tls-cert".into(),
+        s(&pki.server_cert),
+        "--tls-key".into(),
+        s(&pki.server_key),
+        "--tls-client-ca".into(),
+        s(&pki.ca),
+        "--superuser-roles".into(),
+        "tls-client".into(),
+    ];
+    BrokerProcess::start_with(&dir.join("data"), &opts)
+}
+
 #[test]
 fn a_client_certificate_names_the_role() {
     run_async_with_timeout(Duration::from_secs(120), || async {
         let dir = test_dir("tls-client-ca");
         let pki = make_pki(dir.path());
-        let mut opts = BrokerOptions::new(1);
-        opts.extra_args = vec![
-            "--tls-cert".into(),
-            s(&pki.server_cert),
-            "--tls-key".into(),
-            s(&pki.server_key),
-            "--tls-client-ca".into(),
-            s(&pki.ca),
-            "--superuser-roles".into(),
-            "tls-client".into(),
-        ];
-        let broker = BrokerProcess::start_with(&dir.path().join("data"), &opts);
+        let broker = client_ca_broker(dir.path(), &pki);
         let with_cert = TlsOptions::from_pem_files(&pki.ca, Some((&pki.client_cert, &pki.client_key))).unwrap();
         let client =
             Client::connect_with(&tls_url(&broker), ClientOptions { tls: Some(with_cert), ..Default::default() })
@@ -275,18 +281,7 @@ fn https_takes_the_client_certificates_role() {
     run_async_with_timeout(Duration::from_secs(120), || async {
         let dir = test_dir("tls-https-client-ca");
         let pki = make_pki(dir.path());
-        let mut opts = BrokerOptions::new(1);
-        opts.extra_args = vec![
-            "--tls-cert".into(),
-            s(&pki.server_cert),
-            "--tls-key".into(),
-            s(&pki.server_key),
-            "--tls-client-ca".into(),
-            s(&pki.ca),
-            "--superuser-roles".into(),
-            "tls-client".into(),
-        ];
-        let broker = BrokerProcess::start_with(&dir.path().join("data"), &opts);
+        let broker = client_ca_broker(dir.path(), &pki);
         let http = broker.http_addr();
         let cert = Some((pki.client_cert.as_path(), pki.client_key.as_path()));
         let (status, body) = https_get(http, &pki.ca, cert, "/admin/v2/tenants").await.unwrap();
