@@ -17,6 +17,13 @@ struct Args {
     /// start `magnetar standalone` from this target directory.
     #[arg(long)]
     url: Option<String>,
+    /// Speak TLS to the broker, trusting the CA certificate(s) in FILE
+    /// (PEM): a URL without a scheme becomes `magnetar+tls://HOST:PORT`. A
+    /// self-started broker needs its certificate too: `--broker-arg
+    /// --tls-cert=FILE --broker-arg --tls-key=FILE` (see
+    /// bench/scripts/tls_ab.sh).
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
     /// Workload file (TOML, keys as in `Workload`); flags override it.
     #[arg(long)]
     workload: Option<PathBuf>,
@@ -231,7 +238,14 @@ fn main_inner(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     } else {
         tokio::runtime::Builder::new_multi_thread().worker_threads(args.client_threads).enable_all().build()?
     };
+    let url = match &args.tls_ca {
+        Some(_) if !url.contains("://") => format!("magnetar+tls://{url}"),
+        _ => url,
+    };
     let mut options = RunOptions::new(w.clone(), url.clone());
+    if let Some(ca) = &args.tls_ca {
+        options.client_options.tls = Some(magnetar_client::TlsOptions::from_pem_files(ca, None)?);
+    }
     options.progress = !args.quiet;
     options.client_options.shard_aware = !args.no_shard_aware;
     options.broker_pid = broker.as_ref().map(|b| b.pid());

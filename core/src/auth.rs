@@ -235,6 +235,15 @@ pub fn create_token(key: &SigningKey, subject: &str, exp: Option<u64>) -> Result
     jsonwebtoken::encode(&Header::new(alg), &claims, &key).map_err(|e| e.to_string())
 }
 
+/// The `exp` claim (seconds since the epoch) of a token that
+/// [`Authenticator::verify_token`] accepted: when a connection that
+/// authenticated with it must authenticate again. `None`: it never expires.
+pub fn token_expiry(data: &[u8]) -> Option<u64> {
+    let token = std::str::from_utf8(data).ok()?;
+    let (_, claims) = show_token(token).ok()?;
+    serde_json::from_str::<Claims>(&claims).ok()?.exp
+}
+
 /// A token's header and claims, unverified (`magnetar tokens show`).
 pub fn show_token(token: &str) -> Result<(String, String), String> {
     let mut parts = token.trim().split('.');
@@ -272,6 +281,8 @@ mod tests {
         assert_eq!(a.verify_token(forever.as_bytes()), Ok(Principal::Role("ops".into())));
         let expired = create_token(&SigningKey::Secret(b"secret-1".to_vec()), "app", Some(now() - 5)).unwrap();
         assert_eq!(a.verify_token(expired.as_bytes()), Err(AuthError::Expired));
+        assert_eq!(token_expiry(expired.as_bytes()), Some(now() - 5));
+        assert_eq!(token_expiry(forever.as_bytes()), None);
         let other = create_token(&SigningKey::Secret(b"secret-2".to_vec()), "app", None).unwrap();
         assert_eq!(a.verify_token(other.as_bytes()), Err(AuthError::BadSignature));
         assert!(matches!(a.verify_token(b"not a jwt"), Err(AuthError::Malformed(_))));

@@ -68,6 +68,9 @@ pub enum Need {
     /// An admin of this tenant (or a superuser).
     TenantAdmin(String),
     Topic(TopicName, TopicAccess),
+    /// A grant on the namespace itself (topic-level grants do not count):
+    /// what Pulsar asks for listing a namespace's topics.
+    Namespace(String, TopicAccess),
 }
 
 fn tenant_of_namespace(ns: &str) -> String {
@@ -77,16 +80,24 @@ fn tenant_of_namespace(ns: &str) -> String {
 /// What `request` needs (Pulsar's rules: superuser for tenants and the
 /// broker; tenant admin for namespaces, policies, permissions and topic
 /// administration; a grant for lookups and reading a topic's position).
+///
+/// As in Pulsar's `TenantsBase` and `PulsarAuthorizationProvider`: reading
+/// a tenant's configuration needs a superuser (a tenant admin may list its
+/// namespaces but not read its admin roles), and listing a namespace's
+/// topics is open to its tenant's admins and to roles with a `consume`
+/// grant on the namespace itself (`NamespaceOperation::GET_TOPICS`).
 pub fn need_of(request: &AdminRequest) -> Need {
     use AdminRequest as R;
     match request {
-        R::ListTenants | R::CreateTenant { .. } | R::DeleteTenant { .. } | R::ShardStats => Need::Superuser,
-        R::GetTenant { tenant } | R::ListNamespaces { tenant } => Need::TenantAdmin(tenant.clone()),
+        R::ListTenants | R::CreateTenant { .. } | R::DeleteTenant { .. } | R::GetTenant { .. } | R::ShardStats => {
+            Need::Superuser
+        }
+        R::ListNamespaces { tenant } => Need::TenantAdmin(tenant.clone()),
         R::CreateNamespace { namespace, .. }
         | R::DeleteNamespace { namespace }
         | R::GetPolicies { namespace }
-        | R::SetPolicies { namespace, .. }
-        | R::ListTopics { namespace } => Need::TenantAdmin(tenant_of_namespace(namespace)),
+        | R::SetPolicies { namespace, .. } => Need::TenantAdmin(tenant_of_namespace(namespace)),
+        R::ListTopics { namespace } => Need::Namespace(namespace.clone(), TopicAccess::Consume),
         R::GrantPermission { resource, .. } | R::RevokePermission { resource, .. } | R::GetPermissions { resource } => {
             Need::TenantAdmin(match resource {
                 PermissionResource::Namespace(ns) => tenant_of_namespace(ns),
@@ -136,7 +147,9 @@ pub fn allowed(role: &str, need: &Need, facts: &Facts<'_>) -> bool {
         return true;
     }
     match need {
-        Need::Topic(_, access) => facts.grants.iter().any(|g| g.get(role).is_some_and(|a| access.granted_by(a))),
+        Need::Topic(_, access) | Need::Namespace(_, access) => {
+            facts.grants.iter().any(|g| g.get(role).is_some_and(|a| access.granted_by(a)))
+        }
         Need::Superuser | Need::TenantAdmin(_) => false,
     }
 }
@@ -172,6 +185,7 @@ pub(crate) async fn check(
             Need::Superuser => None,
             Need::TenantAdmin(t) => Some(t.as_str()),
             Need::Topic(tn, _) => Some(tn.tenant.as_str()),
+            Need::Namespace(ns, _) => Some(ns.split_once('/').map_or(ns.as_str(), |(t, _)| t)),
         };
         if let Some(t) = tenant {
             facts.tenant_admins = md.tenant(t).await?.map(|i| i.admin_roles).unwrap_or_default();
@@ -183,11 +197,29 @@ pub(crate) async fn check(
                 facts.grants.push(md.permissions(&PermissionResource::Topic(base).key()).await?);
             }
         }
+        if let Need::Namespace(ns, _) = need {
+            facts.grants.push(md.permissions(&PermissionResource::Namespace(ns.clone()).key()).await?);
+        }
     }
     if allowed(role, need, &facts) {
         Ok(())
     } else {
         Err(denied(principal, need))
+    }
+}
+
+/// Checks that `principal` is a superuser (`Ok` when authorization is off):
+/// needs no metadata, so any shard can decide it.
+pub(crate) fn check_superuser(
+    enforced: bool,
+    superuser_roles: &[String],
+    principal: &Principal,
+) -> Result<(), CoreError> {
+    let facts = Facts { superuser_roles, ..Facts::default() };
+    match principal {
+        _ if !enforced => Ok(()),
+        Principal::Role(r) if allowed(r, &Need::Superuser, &facts) => Ok(()),
+        _ => Err(denied(principal, &Need::Superuser)),
     }
 }
 
@@ -202,6 +234,11 @@ fn denied(principal: &Principal, need: &Need) -> CoreError {
         Need::Topic(tn, TopicAccess::Produce) => format!("no produce permission on {tn}"),
         Need::Topic(tn, TopicAccess::Consume) => format!("no consume permission on {tn}"),
         Need::Topic(tn, TopicAccess::ProduceOrConsume) => format!("no produce or consume permission on {tn}"),
+        Need::Namespace(ns, TopicAccess::Produce) => format!("no produce permission on namespace {ns}"),
+        Need::Namespace(ns, TopicAccess::Consume) => format!("no consume permission on namespace {ns}"),
+        Need::Namespace(ns, TopicAccess::ProduceOrConsume) => {
+            format!("no produce or consume permission on namespace {ns}")
+        }
     };
     CoreError::new(ErrorCode::AuthorizationError, format!("{who} is not authorized: {what}"))
 }
@@ -237,6 +274,10 @@ mod tests {
         assert!(allowed("p", &produce, &facts) && !allowed("p", &consume, &facts) && allowed("p", &either, &facts));
         assert!(!allowed("c", &produce, &facts) && allowed("c", &consume, &facts) && allowed("c", &either, &facts));
         assert!(!allowed("p", &Need::TenantAdmin("a".into()), &facts));
+        // A namespace need is met by the grants gathered for it.
+        let ns_consume = Need::Namespace("a/ns".into(), TopicAccess::Consume);
+        assert!(allowed("c", &ns_consume, &facts) && !allowed("p", &ns_consume, &facts));
+        assert!(allowed("admin-a", &ns_consume, &facts) && allowed("root", &ns_consume, &facts));
         // An empty grant allows nothing.
         let empty = Facts { superuser_roles: &supers, grants: vec![grant("e", &[])], ..Facts::default() };
         assert!(!allowed("e", &either, &empty));
@@ -246,6 +287,11 @@ mod tests {
     fn admin_operations_need_what_pulsar_asks() {
         let t = TopicName::parse("persistent://a/ns/t").unwrap();
         assert_eq!(need_of(&AdminRequest::ListTenants), Need::Superuser);
+        assert_eq!(need_of(&AdminRequest::GetTenant { tenant: "a".into() }), Need::Superuser);
+        assert_eq!(
+            need_of(&AdminRequest::ListTopics { namespace: "a/ns".into() }),
+            Need::Namespace("a/ns".into(), TopicAccess::Consume)
+        );
         assert_eq!(need_of(&AdminRequest::DeleteTenant { tenant: "a".into() }), Need::Superuser);
         assert_eq!(need_of(&AdminRequest::ListNamespaces { tenant: "a".into() }), Need::TenantAdmin("a".into()));
         assert_eq!(need_of(&AdminRequest::GetPolicies { namespace: "a/ns".into() }), Need::TenantAdmin("a".into()));

@@ -293,7 +293,7 @@ pub(crate) struct Outbox<D> {
     pending: Cell<usize>,
     /// `ConnectionLimits::outbox_bytes_max`.
     max: usize,
-    control: Rc<Control>,
+    pub(crate) control: Rc<Control>,
     /// Wakes the task that pauses deliveries when output piles up.
     pacer: Signal,
 }

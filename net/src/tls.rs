@@ -23,6 +23,8 @@ use std::time::Duration;
 #[derive(Clone)]
 pub struct TlsSettings {
     pub acceptor: TlsAcceptor,
+    /// The same configuration, for the HTTP door's tokio acceptor.
+    pub server_config: Arc<ServerConfig>,
     /// Client certificates are required (and verified).
     pub client_certs: bool,
     /// Longest a handshake may take before the connection is closed.
@@ -90,8 +92,10 @@ impl TlsSettings {
                 builder.with_client_cert_verifier(verifier).with_single_cert(chain, key)?
             }
         };
+        let config = Arc::new(config);
         Ok(Self {
-            acceptor: TlsAcceptor::from(Arc::new(config)),
+            acceptor: TlsAcceptor::from(config.clone()),
+            server_config: config,
             client_certs: client_ca.is_some(),
             handshake_timeout: Duration::from_secs(10),
             handshakes_max: 64,

@@ -647,6 +647,109 @@ def test_hold_unacked(url, topic):
     time.sleep(600)
 
 
+def test_auth_matrix(url, topic):
+    """The Pulsar door's cells of the security matrix (tests/tests/security.rs):
+    argv[4] is a JSON file {"roles": {ROLE: {"token": TOKEN or null,
+    "timeout": SECONDS}}, "cells": [{"id", "role", "op", "topic"}]}. Each
+    cell runs with its role's client; its result, "ok" or the exception's
+    class name, goes into the JSON object {ID: RESULT} written to argv[4]
+    + ".results" (not stdout, where the C++ client logs too). `topic` is
+    unused."""
+    with open(sys.argv[4]) as f:
+        spec = json.load(f)
+    clients = {}
+    results = {}
+    for name, role in spec["roles"].items():
+        auth = pulsar.AuthenticationToken(role["token"]) if role["token"] else None
+        clients[name] = pulsar.Client(url, authentication=auth, operation_timeout_seconds=role["timeout"],
+                                      connection_timeout_ms=10_000)
+    for cell in spec["cells"]:
+        c = clients[cell["role"]]
+        try:
+            if cell["op"] == "produce":
+                p = c.create_producer(cell["topic"], batching_enabled=False)
+                p.send(f"cell {cell['id']}".encode())
+                p.close()
+            elif cell["op"] == "consume":
+                s = c.subscribe(cell["topic"], f"sub-{cell['id']}")
+                s.close()
+            elif cell["op"] == "partitioned_metadata":
+                c.get_topic_partitions(cell["topic"])
+            else:
+                raise AssertionError(f"unknown op {cell['op']}")
+            result = "ok"
+        except AssertionError:
+            raise
+        except Exception as e:  # the class name is the answer
+            result = type(e).__name__
+        results[cell["id"]] = result
+    for c in clients.values():
+        c.close()
+    with open(sys.argv[4] + ".results", "w") as f:
+        json.dump(results, f)
+
+
+def test_tls(url, topic):
+    """Over TLS (url is pulsar+ssl://, argv[4] the CA to trust): messages
+    go through; a plain-text client (argv[5], the same port as pulsar://)
+    gets an error, not messages, and the broker keeps serving."""
+    c = pulsar.Client(url, tls_trust_certs_file_path=sys.argv[4], operation_timeout_seconds=20,
+                      connection_timeout_ms=10_000)
+    s = c.subscribe(topic, "sub", initial_position=InitialPosition.Earliest)
+    p = c.create_producer(topic, batching_enabled=False)
+    for i in range(10):
+        p.send(f"tls {i}".encode())
+    for i in range(10):
+        m = s.receive(RECEIVE_MS)
+        assert m.data() == f"tls {i}".encode(), m.data()
+        s.acknowledge(m)
+    plain = pulsar.Client(sys.argv[5], operation_timeout_seconds=3, connection_timeout_ms=3_000)
+    try:
+        plain.create_producer(topic)
+        raise AssertionError("a plain-text client got a producer on the TLS port")
+    except (pulsar.Timeout, pulsar.ConnectError) as e:
+        print(f"plain-text client on the TLS port: {type(e).__name__}")
+    plain.close()
+    p.send(b"after the plain client")
+    assert s.receive(RECEIVE_MS).data() == b"after the plain client"
+    c.close()
+
+
+def test_auth_refresh(url, topic):
+    """AUTH_CHALLENGE (argv[4]: a JSON file {"short": TOKEN, "fresh":
+    TOKEN, "short_exp": SECONDS}): client A's token supplier gives a token
+    that expires soon, then fresh ones; client B's only ever the short one.
+    After the short token's expiry the broker challenges both: A answers
+    with a fresh token and keeps producing on its connection; B's stale
+    answer is refused and it cannot produce any more."""
+    with open(sys.argv[4]) as f:
+        spec = json.load(f)
+    calls = []
+
+    def supplier_a():
+        calls.append(time.time())
+        return spec["short"] if len(calls) == 1 else spec["fresh"]
+
+    a = pulsar.Client(url, authentication=pulsar.AuthenticationToken(supplier_a), operation_timeout_seconds=20)
+    b = pulsar.Client(url, authentication=pulsar.AuthenticationToken(lambda: spec["short"]),
+                      operation_timeout_seconds=5)
+    pa = a.create_producer(topic, batching_enabled=False)
+    pb = b.create_producer(topic, batching_enabled=False, send_timeout_millis=5000)
+    pa.send(b"a before")
+    pb.send(b"b before")
+    # Past the short token's expiry, and the broker's challenge.
+    time.sleep(max(0, spec["short_exp"] - time.time()) + 4)
+    pa.send(b"a after")
+    assert len(calls) >= 2, f"the broker never asked for fresh credentials ({len(calls)} supplier calls)"
+    try:
+        pb.send(b"b after")
+        raise AssertionError("a client whose token expired kept producing")
+    except (pulsar.Timeout, pulsar.AuthenticationError, pulsar.ConnectError) as e:
+        print(f"stale client: {type(e).__name__}")
+    a.close()
+    b.close()
+
+
 TESTS = {name[len("test_"):]: f for name, f in globals().items() if name.startswith("test_")}
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("tls", "cert", "tls_cert"),
     ("tls", "key", "tls_key"),
     ("tls", "client_ca", "tls_client_ca"),
+    ("tls", "handshakes_max", "tls_handshakes_max"),
     ("http", "listen", "http_listen"),
     ("http", "disabled", "no_http"),
     ("http", "metrics_namespace_level", "metrics_namespace_level"),

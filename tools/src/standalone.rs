@@ -197,6 +197,11 @@ pub struct StandaloneArgs {
     /// authentication on).
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
+    /// TLS handshakes in progress per listener of a shard, at most; further
+    /// connections are closed at once (a handshake also ends after
+    /// --handshake-timeout-s).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub tls_handshakes_max: u64,
     /// Address of the HTTP server: /metrics, /healthz, /ready and the REST
     /// admin under /admin/v2/ (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:8080")]
@@ -256,15 +261,23 @@ fn authentication(args: &StandaloneArgs) -> Result<Option<Authenticator>, Box<dy
 
 /// Safe by default: a broker reachable from other hosts refuses to start
 /// without authentication unless told to.
-fn check_exposure(listen: SocketAddr, authenticated: bool, allow_unauthenticated: bool) -> Result<(), String> {
+/// `flag` names the listener (`--listen`, `--pulsar-listen`,
+/// `--http-listen`).
+fn check_exposure(
+    flag: &str,
+    listen: SocketAddr,
+    authenticated: bool,
+    allow_unauthenticated: bool,
+) -> Result<(), String> {
     if listen.ip().is_loopback() || authenticated || allow_unauthenticated {
         return Ok(());
     }
+    let port = listen.port();
     Err(format!(
-        "refusing to listen on {listen} without authentication: anyone who can reach it could produce, consume \
-         and administer everything. Turn authentication on (--auth-token-secret-key FILE or \
-         --auth-token-public-key FILE, see docs/security.md), listen on a loopback address (--listen \
-         127.0.0.1:6650), or pass --allow-unauthenticated to accept the risk"
+        "refusing to listen on {listen} ({flag}) without authentication: anyone who can reach it could produce, \
+         consume and administer everything. Turn authentication on (--auth-token-secret-key FILE or \
+         --auth-token-public-key FILE, see docs/security.md), listen on a loopback address ({flag} \
+         127.0.0.1:{port}), or pass --allow-unauthenticated to accept the risk"
     ))
 }
 
@@ -308,9 +321,13 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     signal_hook::flag::register(signal_hook::consts::SIGINT, shutdown.clone())?;
 
     let auth = authentication(&args)?;
-    check_exposure(args.listen, auth.is_some(), args.allow_unauthenticated)?;
+    check_exposure("--listen", args.listen, auth.is_some(), args.allow_unauthenticated)?;
     if let Some(pulsar_listen) = args.pulsar_listen {
-        check_exposure(pulsar_listen, auth.is_some(), args.allow_unauthenticated)?;
+        check_exposure("--pulsar-listen", pulsar_listen, auth.is_some(), args.allow_unauthenticated)?;
+    }
+    if !args.no_http {
+        // The REST admin changes everything the broker port does.
+        check_exposure("--http-listen", args.http_listen, auth.is_some(), args.allow_unauthenticated)?;
     }
     let reservation = PortReservation::new(args.listen).map_err(|e| format!("cannot bind {}: {e}", args.listen))?;
     let addr = reservation.addr();
@@ -399,12 +416,18 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     let pulsar = magnetar_net::PulsarConfig {
         max_message_bytes: args.pulsar_max_message_bytes,
         advertised_address: args.advertised_address.clone(),
+        tls: false,
     };
     let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => Some(TlsSettings::from_pem_files(cert, key, args.tls_client_ca.as_deref())?),
+        (Some(cert), Some(key)) => {
+            let mut tls = TlsSettings::from_pem_files(cert, key, args.tls_client_ca.as_deref())?;
+            tls.handshake_timeout = Duration::from_secs(args.handshake_timeout_s);
+            tls.handshakes_max = usize::try_from(args.tls_handshakes_max).unwrap_or(usize::MAX);
+            Some(tls)
+        }
         _ => None,
     };
-    let net = NetConfig { shard_addrs, pulsar_addr, pulsar, tls, ..args.net_config() };
+    let net = NetConfig { shard_addrs, pulsar_addr, pulsar, tls: tls.clone(), ..args.net_config() };
     // The HTTP server starts before recovery, so that probes can say "not
     // ready" meanwhile; it reaches each shard through the task below.
     let http = if args.no_http {
@@ -412,6 +435,8 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     } else {
         let mut hc = HttpConfig::new(args.http_listen);
         hc.topic_level_metrics = !args.metrics_namespace_level;
+        hc.authentication = config.authentication.clone();
+        hc.tls = tls.clone();
         let (server, shards_side) = HttpServer::start(hc, shards)
             .map_err(|e| format!("cannot bind --http-listen {}: {e}", args.http_listen))?;
         Some((server, shards_side))
@@ -502,11 +527,14 @@ mod tests {
         let any: SocketAddr = "0.0.0.0:6650".parse().unwrap();
         let lo: SocketAddr = "127.0.0.1:6650".parse().unwrap();
         let lo6: SocketAddr = "[::1]:6650".parse().unwrap();
-        assert!(check_exposure(lo, false, false).is_ok());
-        assert!(check_exposure(lo6, false, false).is_ok());
-        let e = check_exposure(any, false, false).unwrap_err();
+        let l = "--listen";
+        assert!(check_exposure(l, lo, false, false).is_ok());
+        assert!(check_exposure(l, lo6, false, false).is_ok());
+        let e = check_exposure(l, any, false, false).unwrap_err();
         assert!(e.contains("--allow-unauthenticated") && e.contains("--auth-token-secret-key"), "{e}");
-        assert!(check_exposure(any, true, false).is_ok());
-        assert!(check_exposure(any, false, true).is_ok());
+        let e = check_exposure("--http-listen", "0.0.0.0:8080".parse().unwrap(), false, false).unwrap_err();
+        assert!(e.contains("--http-listen 127.0.0.1:8080"), "{e}");
+        assert!(check_exposure(l, any, true, false).is_ok());
+        assert!(check_exposure(l, any, false, true).is_ok());
     }
 }

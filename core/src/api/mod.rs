@@ -185,6 +185,15 @@ impl Broker {
         }
     }
 
+    /// Checks that this handle's caller is a superuser (`Ok` while
+    /// authorization is off): what the broker-wide operations outside
+    /// [`AdminRequest`] need (the HTTP door's health check and cluster
+    /// configuration, as in Pulsar).
+    pub fn check_superuser(&self) -> Result<(), CoreError> {
+        let config = &self.shard.config;
+        crate::authz::check_superuser(config.authentication.is_some(), &config.superuser_roles, &self.principal)
+    }
+
     /// Registers where this connection's consumer events go.
     pub fn register_sink(&self, tx: LocalSender<ConsumerEvent>) -> u64 {
         let id = self.shard.next_sink.get();

@@ -16,11 +16,19 @@
 //! (`body_timeout`), a connection's lifetime (`connection_lifetime_max`),
 //! calls queued per shard (`shard_calls_max`) and the wait for a shard's
 //! answer (`shard_answer_timeout`).
+//!
+//! Security (see `docs/security.md`): with `tls`, connections are TLS (the
+//! broker port's certificate; the handshake bounded by `handshake_timeout`
+//! and, as every connection, by `connections_max`). With `authentication`,
+//! every `/admin/` request is authenticated ([`auth`]) and runs as its
+//! caller's principal, which the core authorizes; the probes and
+//! `/metrics` stay open, as Pulsar's are by default.
 
 // Handlers return `Result<_, Response>` where `Err` is the answer to send:
 // built at most once per request, so boxing it would buy nothing.
 #![allow(clippy::result_large_err)]
 
+mod auth;
 mod console;
 mod exposition;
 mod rest;
@@ -36,8 +44,9 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use magnetar_core::api::{AdminReply, AdminRequest, TopicMetrics, TopicStats};
+use magnetar_core::auth::Authenticator;
 use magnetar_core::metrics::ShardMetricsSnapshot;
-use magnetar_core::CoreError;
+use magnetar_core::{CoreError, Principal};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -66,6 +75,11 @@ pub struct HttpConfig {
     /// `pulsar_*` series per topic (and subscription); false: per
     /// namespace, summed.
     pub topic_level_metrics: bool,
+    /// Authenticate `/admin/` requests (`None`: everyone is anonymous and
+    /// nothing is checked).
+    pub authentication: Option<Arc<Authenticator>>,
+    /// Serve HTTPS with these settings (`None`: plain HTTP).
+    pub tls: Option<crate::tls::TlsSettings>,
 }
 
 impl HttpConfig {
@@ -82,6 +96,8 @@ impl HttpConfig {
             shard_answer_timeout: Duration::from_secs(30),
             cluster: "standalone".to_string(),
             topic_level_metrics: true,
+            authentication: None,
+            tls: None,
         }
     }
 }
@@ -90,12 +106,13 @@ impl HttpConfig {
 pub(crate) enum ShardCall {
     /// The shard's metrics and its topics' figures.
     Metrics { reply: oneshot::Sender<ShardReport> },
-    /// An admin operation (sent to shard 0, which runs them).
-    Admin { request: AdminRequest, reply: oneshot::Sender<Result<AdminReply, CoreError>> },
+    /// An admin operation (sent to shard 0, which runs them) for
+    /// `principal`, which the core authorizes.
+    Admin { request: AdminRequest, principal: Principal, reply: oneshot::Sender<Result<AdminReply, CoreError>> },
     /// A topic's statistics (any shard routes it to the owner).
-    TopicStats { topic: String, reply: oneshot::Sender<Result<TopicStats, CoreError>> },
-    /// A produce and a consume through the broker.
-    Health { reply: oneshot::Sender<Result<(), CoreError>> },
+    TopicStats { topic: String, principal: Principal, reply: oneshot::Sender<Result<TopicStats, CoreError>> },
+    /// A produce and a consume through the broker (a superuser's call).
+    Health { principal: Principal, reply: oneshot::Sender<Result<(), CoreError>> },
 }
 
 /// One shard's answer to [`ShardCall::Metrics`].
@@ -105,10 +122,29 @@ pub(crate) struct ShardReport {
 }
 
 /// What every request handler shares.
-pub(crate) struct State {
+pub(crate) struct Shared {
     pub(crate) config: HttpConfig,
     pub(crate) shards: Vec<mpsc::Sender<ShardCall>>,
     pub(crate) ready: Arc<AtomicBool>,
+}
+
+/// What a request's handler sees: the shared state, the connection's
+/// peer and who the request acts for. Derefs to [`Shared`].
+pub(crate) struct State {
+    shared: Arc<Shared>,
+    pub(crate) peer: SocketAddr,
+    /// Who the transport proved the client is (a verified TLS client
+    /// certificate's subject), else anonymous.
+    pub(crate) transport: Principal,
+    /// Who the request acts for: anonymous until authenticated.
+    pub(crate) principal: Principal,
+}
+
+impl std::ops::Deref for State {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
 }
 
 /// Why a call to a shard got no answer.
@@ -119,6 +155,11 @@ pub(crate) enum CallError {
 }
 
 impl State {
+    /// The same connection's state acting for `principal`.
+    pub(crate) fn with_principal(&self, principal: Principal) -> State {
+        State { shared: self.shared.clone(), peer: self.peer, transport: self.transport.clone(), principal }
+    }
+
     /// Sends `make(reply)` to `shard` and waits for the answer.
     pub(crate) async fn call<T>(
         &self,
@@ -142,7 +183,8 @@ impl State {
     }
 
     pub(crate) async fn admin(&self, request: AdminRequest) -> Result<Result<AdminReply, CoreError>, CallError> {
-        self.call(0, |reply| ShardCall::Admin { request, reply }).await
+        let principal = self.principal.clone();
+        self.call(0, |reply| ShardCall::Admin { request, principal, reply }).await
     }
 
     pub(crate) fn is_ready(&self) -> bool {
@@ -170,7 +212,7 @@ impl HttpServer {
         let addr = listener.local_addr()?;
         let (senders, inbox) = shard_side::channels(shards, config.shard_calls_max);
         let ready = Arc::new(AtomicBool::new(false));
-        let state = Arc::new(State { config, shards: senders, ready: ready.clone() });
+        let state = Arc::new(Shared { config, shards: senders, ready: ready.clone() });
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let thread = std::thread::Builder::new().name("http".into()).spawn(move || {
@@ -239,7 +281,7 @@ fn lower_this_threads_priority() {
     }
 }
 
-async fn accept_loop(listener: tokio::net::TcpListener, state: Arc<State>) {
+async fn accept_loop(listener: tokio::net::TcpListener, state: Arc<Shared>) {
     let permits = Arc::new(tokio::sync::Semaphore::new(state.config.connections_max));
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -257,20 +299,55 @@ async fn accept_loop(listener: tokio::net::TcpListener, state: Arc<State>) {
         let state = state.clone();
         tokio::spawn(async move {
             let _ = stream.set_nodelay(true);
-            let svc_state = state.clone();
-            let service = hyper::service::service_fn(move |req| {
-                let state = svc_state.clone();
-                async move { Ok::<_, std::convert::Infallible>(handle(&state, req).await) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(state.config.head_timeout)
-                .max_buf_size(state.config.head_bytes_max.max(8192))
-                .serve_connection(TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(state.config.connection_lifetime_max, conn).await;
+            let lifetime = state.config.connection_lifetime_max;
+            let conn = State { shared: state, peer, transport: Principal::Anonymous, principal: Principal::Anonymous };
+            // The TLS handshake counts in the connection's lifetime, and
+            // the permit bounds handshakes in progress with connections.
+            let _ = tokio::time::timeout(lifetime, serve_connection(conn, stream)).await;
             drop(permit);
         });
     }
+}
+
+/// One connection: its TLS handshake (within `head_timeout`) when the
+/// server has TLS, then its requests.
+async fn serve_connection(mut conn: State, stream: tokio::net::TcpStream) {
+    let Some(tls) = conn.config.tls.clone() else {
+        serve_requests(conn, TokioIo::new(stream)).await;
+        return;
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config.clone());
+    let stream = match tokio::time::timeout(tls.handshake_timeout, acceptor.accept(stream)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::info!(peer = %conn.peer, "http TLS handshake failed: {e}");
+            return;
+        }
+        Err(_) => {
+            tracing::info!(peer = %conn.peer, "http TLS handshake not done in {:?}; closing", tls.handshake_timeout);
+            return;
+        }
+    };
+    conn.transport = crate::tls::peer_principal(stream.get_ref().1.peer_certificates());
+    serve_requests(conn, TokioIo::new(stream)).await;
+}
+
+async fn serve_requests<S>(conn: State, io: TokioIo<S>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (head_timeout, head_bytes) = (conn.config.head_timeout, conn.config.head_bytes_max);
+    let conn = Arc::new(conn);
+    let service = hyper::service::service_fn(move |req| {
+        let state = conn.clone();
+        async move { Ok::<_, std::convert::Infallible>(handle(&state, req).await) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(head_timeout)
+        .max_buf_size(head_bytes.max(8192))
+        .serve_connection(io, service)
+        .await;
 }
 
 pub(crate) type Body = Full<Bytes>;
@@ -347,15 +424,26 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<Body> {
         (&Method::GET, ["console", "api.js"]) => console::asset("text/javascript", console::API_JS),
         (&Method::GET, ["console", "chart.js"]) => console::asset("text/javascript", console::CHART_JS),
         (&Method::GET, ["console", "style.css"]) => console::asset("text/css", console::STYLE_CSS),
-        // The console's data: admin paths, so they must be authenticated
-        // as the `admin/v2` arm below is (the page and its scripts above
-        // hold no data and stay open: they ask for the token).
-        (&Method::GET, ["admin", "v2", "magnetar", "overview"]) => console::overview(state).await,
-        (&Method::GET, ["admin", "v2", "magnetar", "topics"]) => console::topics(state, req.uri().query()).await,
-        (&Method::GET, ["admin", "v2", "magnetar", "find"]) => console::find(state, req.uri().query()).await,
-        (_, ["admin", "v2", ..]) => {
-            let segments: Vec<String> = segments[2..].iter().map(|s| percent_decode(s)).collect();
-            rest::handle(state, req, segments).await
+        (_, ["admin", "v2", tail @ ..]) => {
+            let caller = match auth::authenticate(state, &req) {
+                Ok(c) => c,
+                Err(refused) => return refused,
+            };
+            let method = req.method().clone();
+            let response = match (&method, tail) {
+                // The console's data: admin paths, authenticated like the
+                // rest of `admin/v2` (the page and its scripts above hold no
+                // data and stay open: they ask for the token).
+                (&Method::GET, ["magnetar", "overview"]) => console::overview(&caller).await,
+                (&Method::GET, ["magnetar", "topics"]) => console::topics(&caller, req.uri().query()).await,
+                (&Method::GET, ["magnetar", "find"]) => console::find(&caller, req.uri().query()).await,
+                _ => {
+                    let segments: Vec<String> = tail.iter().map(|s| percent_decode(s)).collect();
+                    rest::handle(&caller, req, segments).await
+                }
+            };
+            auth::log_denied(&caller, &method, &path, &response);
+            response
         }
         (_, ["healthz"] | ["ready"] | ["metrics"]) => error(StatusCode::METHOD_NOT_ALLOWED, "only GET"),
         _ => error(StatusCode::NOT_FOUND, format!("no such path: {path}")),

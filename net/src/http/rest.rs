@@ -20,6 +20,8 @@ pub(crate) fn status_of(e: &CoreError) -> StatusCode {
         ErrorCode::NotAllowed | ErrorCode::ProducerBusy | ErrorCode::ConsumerBusy => StatusCode::CONFLICT,
         ErrorCode::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
         ErrorCode::ServiceNotReady | ErrorCode::StorageFull => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::AuthenticationError => StatusCode::UNAUTHORIZED,
+        ErrorCode::AuthorizationError => StatusCode::FORBIDDEN,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -89,8 +91,10 @@ pub(super) async fn handle(state: &State, req: Request<Incoming>, segs: Vec<Stri
             if !state.is_ready() {
                 return error(StatusCode::SERVICE_UNAVAILABLE, "the broker is starting");
             }
-            match state.call(0, |reply| ShardCall::Health { reply }).await {
+            let principal = state.principal.clone();
+            match state.call(0, |reply| ShardCall::Health { principal, reply }).await {
                 Ok(Ok(())) => super::text(StatusCode::OK, "text/plain", "ok"),
+                Ok(Err(e)) if e.code == ErrorCode::AuthorizationError => core_error(e),
                 Ok(Err(e)) => error(StatusCode::SERVICE_UNAVAILABLE, format!("health check failed: {}", e.message)),
                 Err(e) => e.response(),
             }
@@ -447,7 +451,8 @@ async fn topic_stats(state: &State, topic: &str) -> Result<TopicStats, Response<
 /// empty statistics rather than none.
 async fn topic_stats_or(state: &State, topic: &str, unused_is_empty: bool) -> Result<TopicStats, Response<Body>> {
     let name = topic.to_string();
-    match state.call(0, |reply| ShardCall::TopicStats { topic: name, reply }).await {
+    let principal = state.principal.clone();
+    match state.call(0, |reply| ShardCall::TopicStats { topic: name, principal, reply }).await {
         Ok(Ok(s)) => Ok(s),
         Ok(Err(e)) if unused_is_empty && e.code == ErrorCode::TopicNotFound => Ok(TopicStats {
             topic: topic.to_string(),
@@ -673,5 +678,7 @@ mod tests {
         assert_eq!(status_of(&e(ErrorCode::TopicNotFound)), StatusCode::NOT_FOUND);
         assert_eq!(status_of(&e(ErrorCode::NotAllowed)), StatusCode::CONFLICT);
         assert_eq!(status_of(&e(ErrorCode::InvalidTopicName)), StatusCode::PRECONDITION_FAILED);
+        assert_eq!(status_of(&e(ErrorCode::AuthenticationError)), StatusCode::UNAUTHORIZED);
+        assert_eq!(status_of(&e(ErrorCode::AuthorizationError)), StatusCode::FORBIDDEN);
     }
 }

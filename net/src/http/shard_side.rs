@@ -73,13 +73,19 @@ async fn answer(broker: Broker, call: ShardCall) {
             let report = ShardReport { metrics: broker.metrics_snapshot(), topics };
             let _ = reply.send(report);
         }
-        ShardCall::Admin { request, reply } => {
-            let _ = reply.send(broker.admin(request).await);
+        ShardCall::Admin { request, principal, reply } => {
+            let _ = reply.send(broker.with_principal(principal).admin(request).await);
         }
-        ShardCall::TopicStats { topic, reply } => {
-            let _ = reply.send(broker.topic_stats(&topic).await);
+        ShardCall::TopicStats { topic, principal, reply } => {
+            let _ = reply.send(broker.with_principal(principal).topic_stats(&topic).await);
         }
-        ShardCall::Health { reply } => {
+        ShardCall::Health { principal, reply } => {
+            // Pulsar's health check is a superuser's call.
+            let broker = broker.with_principal(principal);
+            if let Err(e) = broker.check_superuser() {
+                let _ = reply.send(Err(e));
+                return;
+            }
             let result = futures::future::select(
                 Box::pin(health_check(&broker)),
                 Box::pin(glommio::timer::sleep(HEALTH_TIMEOUT)),

@@ -12,6 +12,7 @@
 //! the command's own response type carrying an error), never ignored.
 
 mod convert;
+mod refresh;
 
 pub(crate) use convert::pulsar_to_native;
 
@@ -48,11 +49,15 @@ pub struct PulsarConfig {
     /// The host named in LOOKUP answers (`pulsar://HOST:PORT`, PORT the
     /// one the client reached); `None`: the address the client reached.
     pub advertised_address: Option<String>,
+    /// The port serves TLS: LOOKUP answers name it `pulsar+ssl://` too (a
+    /// TLS client connects to `broker_service_url_tls`). Set by
+    /// [`crate::serve`] from the TLS settings.
+    pub tls: bool,
 }
 
 impl Default for PulsarConfig {
     fn default() -> Self {
-        Self { max_message_bytes: 5 * 1024 * 1024, advertised_address: None }
+        Self { max_message_bytes: 5 * 1024 * 1024, advertised_address: None, tls: false }
     }
 }
 
@@ -80,6 +85,8 @@ pub(crate) struct PulsarDoor {
     /// not its size (the C++ client), which the broker needs. Dropped when
     /// the entry is acknowledged whole; at most `BATCH_SIZES_MAX`.
     batch_sizes: RefCell<HashMap<(u64, u64), u32>>,
+    /// The token the connection authenticated with, for AUTH_CHALLENGE.
+    tokens: refresh::TokenState,
 }
 
 /// Batch entries whose size a connection remembers (see
@@ -94,12 +101,18 @@ impl PulsarDoor {
             client_version: Cell::new(0),
             pending_acks: RefCell::new(HashMap::new()),
             batch_sizes: RefCell::new(HashMap::new()),
+            tokens: refresh::TokenState::default(),
         }
     }
 }
 
 /// Requests only this door has.
 pub(crate) enum PulsarOther {
+    /// The answer to an AUTH_CHALLENGE.
+    AuthResponse {
+        method: String,
+        data: Vec<u8>,
+    },
     Lookup {
         request_id: u64,
         topic: String,
@@ -284,6 +297,12 @@ impl Door for PulsarDoor {
             })
         });
         out.put("CONNECTED", |_, dst| push(dst, &connected));
+        if let Some(p) = &principal {
+            if connect.auth_method_name.as_deref() == Some(magnetar_core::auth::AUTH_METHOD_TOKEN) {
+                let refresh = connect.feature_flags.as_ref().and_then(|f| f.supports_auth_refresh).unwrap_or(false);
+                refresh::watch(out, p, connect.auth_data.as_deref().unwrap_or_default(), refresh);
+            }
+        }
         if version >= 1 {
             // Pulsar's keep-alive: the broker pings too, so a half-open
             // connection is noticed from this side as well.
@@ -433,6 +452,13 @@ impl Door for PulsarDoor {
             }
             Type::Ping => Request::Ping,
             Type::Pong => Request::Pong,
+            Type::AuthResponse => {
+                let r = c.auth_response.ok_or_else(missing)?.response.unwrap_or_default();
+                Request::Other(PulsarOther::AuthResponse {
+                    method: r.auth_method_name.unwrap_or_default(),
+                    data: r.auth_data.unwrap_or_default(),
+                })
+            }
             Type::Lookup => {
                 let l = c.lookup_topic.ok_or_else(missing)?;
                 Request::Other(PulsarOther::Lookup { request_id: l.request_id, topic: l.topic })
@@ -485,11 +511,16 @@ impl Door for PulsarDoor {
     async fn other(session: &Rc<Session<Self>>, request: PulsarOther) -> Result<(), String> {
         let out = session.out().clone();
         match request {
+            PulsarOther::AuthResponse { method, data } => {
+                refresh::answer(&out, session.broker().config().authentication.as_ref(), &method, &data)?;
+            }
             PulsarOther::Lookup { request_id, topic } => {
-                let url = lookup_url(session);
+                let address = lookup_address(session);
+                let tls = session.out().door().config.tls;
                 let answer = match TopicName::parse(&topic) {
                     Ok(_) => pb::CommandLookupTopicResponse {
-                        broker_service_url: Some(url),
+                        broker_service_url: Some(format!("pulsar://{address}")),
+                        broker_service_url_tls: tls.then(|| format!("pulsar+ssl://{address}")),
                         response: Some(pb::command_lookup_topic_response::LookupType::Connect as i32),
                         request_id,
                         authoritative: Some(true),
@@ -884,16 +915,16 @@ fn pulsar_ack_set(acked: &[u64]) -> Vec<i64> {
     acked.iter().map(|w| !w as i64).collect()
 }
 
-/// `pulsar://host:port` for LOOKUP answers: the advertised URL, else the
-/// address the client reached.
-fn lookup_url(session: &Session<PulsarDoor>) -> String {
+/// `host:port` for LOOKUP answers: the advertised host, else the address
+/// the client reached.
+fn lookup_address(session: &Session<PulsarDoor>) -> String {
     let local = session.local_addr().unwrap_or("127.0.0.1:6650");
     match &session.out().door().config.advertised_address {
         Some(host) => {
             let port = local.rsplit_once(':').map_or("6650", |(_, p)| p);
-            format!("pulsar://{host}:{port}")
+            format!("{host}:{port}")
         }
-        None => format!("pulsar://{local}"),
+        None => local.to_string(),
     }
 }
 
