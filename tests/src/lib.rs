@@ -27,7 +27,9 @@ mod pulsar;
 mod raw;
 mod scope;
 
-pub use broker::{BrokerOptions, BrokerProcess, StartFailure, LISTENING_PREFIX, START_TIMEOUT, TERMINATE_TIMEOUT};
+pub use broker::{
+    BrokerOptions, BrokerProcess, StartFailure, HTTP_PREFIX, LISTENING_PREFIX, START_TIMEOUT, TERMINATE_TIMEOUT,
+};
 pub use cli::{run_cli, CliProcess, CliRun, ConsumeCmd, Line, ProduceCmd, Receipt, Received};
 pub use data::{
     check_topic_log, expected_payload, owner_shard, parse_generated, test_dir, test_tmp_root, topics_per_shard,
