@@ -28,6 +28,10 @@ impl std::fmt::Display for ServiceUrl {
 
 /// Parse `magnetar://HOST:PORT` or `HOST:PORT` (IPv6 as `[ADDR]:PORT`);
 /// `magnetar+tls://HOST:PORT` and `pulsar+ssl://HOST:PORT` ask for TLS.
+/// `pulsar://HOST:PORT` is the same as `magnetar://`: the broker's port
+/// serves both protocols (the first bytes of a connection choose the door),
+/// so a Pulsar URL copied from an application reaches the same broker; this
+/// client still speaks the native protocol on it.
 ///
 /// The port may be left out and defaults to 6650. A trailing `/` is
 /// tolerated; any other path, a user part or another scheme is refused, so a
@@ -36,9 +40,11 @@ pub fn parse_service_url(url: &str) -> Result<ServiceUrl, ClientError> {
     let bad = |reason| ClientError::InvalidUrl { url: url.to_string(), reason };
     let trimmed = url.trim();
     let (rest, tls) = match trimmed.split_once("://") {
-        Some(("magnetar", rest)) => (rest, false),
+        Some(("magnetar" | "pulsar", rest)) => (rest, false),
         Some(("magnetar+tls" | "pulsar+ssl", rest)) => (rest, true),
-        Some(_) => return Err(bad("the supported schemes are magnetar://, magnetar+tls:// and pulsar+ssl://")),
+        Some(_) => {
+            return Err(bad("the supported schemes are magnetar://, pulsar://, magnetar+tls:// and pulsar+ssl://"))
+        }
         None => (trimmed, false),
     };
     let rest = rest.strip_suffix('/').unwrap_or(rest);
@@ -122,6 +128,8 @@ mod tests {
         assert_eq!(url("magnetar://[fe80::1]"), ("fe80::1".into(), 6650));
         assert_eq!(url(" host:5 "), ("host".into(), 5));
         assert!(!parse_service_url("magnetar://h:1").unwrap().tls);
+        let u = parse_service_url("pulsar://127.0.0.1:6650").unwrap();
+        assert!(!u.tls && u.host == "127.0.0.1" && u.port == 6650);
         for s in ["magnetar+tls://h:1", "pulsar+ssl://h:1"] {
             let u = parse_service_url(s).unwrap();
             assert!(u.tls && u.host == "h" && u.port == 1, "{s}");
@@ -133,7 +141,7 @@ mod tests {
         for bad in [
             "",
             "magnetar://",
-            "pulsar://host:6650",
+            "pulsar+tls://host:6650",
             "http://host:80",
             "host:",
             "host:0",

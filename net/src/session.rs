@@ -200,6 +200,13 @@ pub(crate) trait Door: Sized + 'static {
         request_id: u64,
         producer: &ProducerHandle,
     ) -> Result<(), Self::Error>;
+    /// A `WaitForExclusive` producer is queued behind the topic's current
+    /// producers; `producer_created` follows once it holds the topic. A door
+    /// whose clients expect a word meanwhile (Pulsar's `producer_ready =
+    /// false`, which stops the client's request timeout) writes it here.
+    fn producer_waiting(&self, _dst: &mut BytesMut, _request_id: u64) -> Result<(), Self::Error> {
+        Ok(())
+    }
     fn receipt(
         &self,
         dst: &mut BytesMut,
@@ -1208,7 +1215,26 @@ impl<D: Door> Session<D> {
         self.pending_producers.borrow_mut().insert(producer_id);
         let me = self.clone();
         glommio::spawn_local(async move {
-            let created = me.broker_handle().create_producer_with(&topic, &producer_name, access_mode).await;
+            let broker = me.broker_handle();
+            let mut created = if access_mode == ProducerAccessMode::WaitForExclusive {
+                // Tried as Exclusive first: if the topic is free it is taken
+                // at once; if it is busy the client is told it waits before
+                // the producer joins the queue, so that word always comes
+                // before the creation.
+                match broker.create_producer_with(&topic, &producer_name, ProducerAccessMode::Exclusive).await {
+                    Err(e) if e.code == ErrorCode::ProducerBusy && !me.out.is_closed() => {
+                        me.out.put("a producer's wait", |d, dst| d.producer_waiting(dst, request_id));
+                        None
+                    }
+                    done => Some(done),
+                }
+            } else {
+                None
+            };
+            if created.is_none() {
+                created = Some(broker.create_producer_with(&topic, &producer_name, access_mode).await);
+            }
+            let created = created.expect("set on every path above");
             me.pending_producers.borrow_mut().remove(&producer_id);
             match created {
                 Ok(handle) if me.out.is_closed() || me.gone.get() => {

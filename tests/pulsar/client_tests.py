@@ -514,6 +514,61 @@ def test_connection_loss(url, topic):
     c.close()
 
 
+def test_access_modes(url, topic):
+    """Producer access modes: Exclusive refuses any second producer;
+    WaitForExclusive waits (the broker answers `producer_ready = false` at
+    once: the Rust side checks the client logged it) and takes over when the
+    holder closes; ExclusiveWithFencing takes the topic from the holder, whose
+    later sends are not stored. (The C++ client gives up a producer's start
+    after its operation timeout even while queued, so the wait stays below
+    it.)"""
+    import threading
+    from pulsar import ProducerAccessMode
+    c = client(url)
+    a = c.create_producer(topic, producer_name="a", access_mode=ProducerAccessMode.Exclusive,
+                          batching_enabled=False)
+    for name, mode in [("x", ProducerAccessMode.Exclusive), ("y", ProducerAccessMode.Shared)]:
+        try:
+            c.create_producer(topic, producer_name=name, access_mode=mode)
+            raise AssertionError(f"producer {name} ({mode}) was accepted beside an exclusive one")
+        except pulsar.ProducerBusy:
+            pass
+    got = {}
+
+    def wait():
+        try:
+            got["w"] = c.create_producer(topic, producer_name="w", access_mode=ProducerAccessMode.WaitForExclusive,
+                                         batching_enabled=False, send_timeout_millis=3000)
+        except Exception as e:  # reported by the main thread
+            got["error"] = e
+
+    t = threading.Thread(target=wait)
+    t.start()
+    time.sleep(3)
+    assert t.is_alive() and not got, f"WaitForExclusive did not keep waiting: {got}"
+    a.send(b"from-a")
+    a.close()
+    t.join(20)
+    assert "w" in got, f"WaitForExclusive never took over: {got}"
+    w = got["w"]
+    w.send(b"from-w")
+    f = c.create_producer(topic, producer_name="f", access_mode=ProducerAccessMode.ExclusiveWithFencing,
+                          batching_enabled=False)
+    f.send(b"from-f")
+    try:
+        w.send(b"fenced")
+        raise AssertionError("a fenced producer's send got a receipt")
+    except pulsar.PulsarException:
+        pass
+    r = c.create_reader(topic, MessageId.earliest)
+    seen = []
+    while r.has_message_available():
+        seen.append(r.read_next(RECEIVE_MS).data())
+    assert seen == [b"from-a", b"from-w", b"from-f"], seen
+    print("access modes: exclusive refusals, a wait past the operation timeout, fencing", seen)
+    c.close()
+
+
 def test_hold_unacked(url, topic):
     """Helper of connection_loss: receives one message without acking it and
     waits to be killed."""

@@ -100,6 +100,18 @@ fn pulsar_connection_loss() {
     py("connection_loss");
 }
 
+/// Exclusive, WaitForExclusive and ExclusiveWithFencing producers; the
+/// waiting producer is told at once that it is queued (`producer_ready =
+/// false`, which the C++ client logs), as Pulsar's broker does.
+#[test]
+fn pulsar_access_modes() {
+    let (_dir, mut b) = broker("pulsar-access-modes");
+    let topic = "persistent://public/default/access_modes";
+    let run = run_pulsar_test(&pulsar_url(&b), "access_modes", topic, &[], PY_TIMEOUT);
+    assert!(run.stdout.contains("has been queued up at broker"), "no producer_ready = false:\n{}", run.stdout);
+    b.assert_running();
+}
+
 #[test]
 fn pulsar_compression() {
     py("compression");
@@ -197,13 +209,14 @@ fn pulsar_cross_native_to_pulsar() {
 }
 
 /// Pulsar produce → native CLI consume: binary payloads, keys and
-/// properties arrive as sent, unbatched and batched.
+/// properties arrive as sent, unbatched and batched. The CLI is given the
+/// same `pulsar://` URL as the Pulsar client (the port serves both doors).
 #[test]
 fn pulsar_cross_pulsar_to_native() {
     let (_dir, mut b) = broker("pulsar-cross-p2n");
     let topic = "persistent://public/default/p2n";
     run_pulsar_test(&pulsar_url(&b), "cross_produce", topic, &[], PY_TIMEOUT);
-    let mut consume = ConsumeCmd::new(&b.url(), topic, "native");
+    let mut consume = ConsumeCmd::new(&pulsar_url(&b), topic, "native");
     consume.count = 10;
     let got = consume.run(CLI_TIMEOUT);
     assert_eq!(got.len(), 10, "{got:?}");

@@ -239,8 +239,9 @@ impl Door for PulsarDoor {
     }
 
     /// CONNECT → CONNECTED, with the lower of the two protocol versions and
-    /// the largest message size. The principal stays the transport's: the
-    /// authentication of CONNECT's `auth_data` belongs here once it exists.
+    /// the largest message size, once CONNECT's credentials (or the
+    /// transport's client certificate) pass the core's authenticator when
+    /// authentication is on.
     fn handshake(session: &Session<Self>, frame: Frame) -> Handshake {
         let out = session.out();
         let Some(connect) = frame.command.connect.filter(|_| frame.command.r#type == Type::Connect as i32) else {
@@ -645,6 +646,18 @@ impl Door for PulsarDoor {
                     producer_ready: Some(true),
                     ..Default::default()
                 })
+            }),
+        )
+    }
+
+    fn producer_waiting(&self, dst: &mut BytesMut, request_id: u64) -> Result<(), FrameError> {
+        // Pulsar's clients keep a request answered with `producer_ready =
+        // false` pending without a timeout until the second PRODUCER_SUCCESS.
+        push(
+            dst,
+            &command(Type::ProducerSuccess, |c| {
+                c.producer_success =
+                    Some(pb::CommandProducerSuccess { request_id, producer_ready: Some(false), ..Default::default() })
             }),
         )
     }
