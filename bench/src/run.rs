@@ -486,7 +486,12 @@ async fn produce_loop(ctx: ProducerCtx, plan: ProducerPlan, w: Workload, rec: Re
     // Dropping `ctx.receipts` lets the collectors end once every receipt is in.
 }
 
-async fn consume_loop(consumer: MultiTopicConsumer, rec: Recorder, mut stop: watch::Receiver<bool>, timed: bool) {
+async fn consume_loop(
+    consumer: std::sync::Arc<MultiTopicConsumer>,
+    rec: Recorder,
+    mut stop: watch::Receiver<bool>,
+    timed: bool,
+) {
     // One wait for the stop signal for the whole loop: a new one per message
     // would register with the watch each time, a per-message cost that
     // shows in a catch-up.

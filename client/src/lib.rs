@@ -52,8 +52,9 @@ pub use consumer::chunking::{CHUNK_EXPIRY, INCOMPLETE_CHUNKED_MAX};
 pub use consumer::multi::MultiTopicConsumer;
 pub use consumer::tracker::{NackBackoff, ACK_TIMEOUT_BUCKETS};
 pub use consumer::{
-    Consumer, ConsumerBuilder, DeadLetterPolicy, DEFAULT_RECEIVER_QUEUE_SIZE, PROPERTY_ORIGIN_MESSAGE_ID,
-    PROPERTY_REAL_TOPIC, PROPERTY_RECONSUME_TIMES, RECEIVER_QUEUE_SIZE_MAX,
+    Consumer, ConsumerBuilder, DeadLetterPolicy, Reconsumed, RetryPolicy, DEFAULT_RECEIVER_QUEUE_SIZE,
+    PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_TOPIC, PROPERTY_RECONSUME_TIMES, RECEIVER_QUEUE_SIZE_MAX,
+    ROCKETMQ_RETRY_DELAYS,
 };
 pub use error::{ClientError, Result};
 pub use message::{Message, OutgoingMessage};

@@ -463,7 +463,8 @@ async fn set_partitioned(
     partitions: u32,
     create: bool,
 ) -> Result<(), CoreError> {
-    check_persistent(tn)?;
+    // Non-persistent topics may be partitioned too: the metadata is the
+    // same, and each partition is a non-persistent topic of its own.
     if tn.partition().is_some() {
         return Err(CoreError::new(
             ErrorCode::InvalidTopicName,

@@ -138,6 +138,19 @@ pub(crate) fn read(blob: &[u8]) -> Result<Meta<'_>, EntryError> {
     }
 }
 
+/// The batch index of the last message in a stored entry: -1 when the entry
+/// is one message, `n - 1` for a batch of `n`. A Pulsar batch says so by
+/// carrying `num_messages_in_batch` (even 1); a native entry is a batch when
+/// it holds more than one message.
+pub(crate) fn last_batch_index(blob: &[u8]) -> Result<i32, EntryError> {
+    let meta = read(blob)?;
+    let batched = match Format::of(blob) {
+        Format::Pulsar => meta.num_messages >= 1,
+        Format::Native => meta.num_messages > 1,
+    };
+    Ok(if batched { i32::try_from(meta.num_messages - 1).unwrap_or(i32::MAX) } else { -1 })
+}
+
 /// [`read`] for a blob offered for storage: a blob no consumer could
 /// decode is refused (`ProtocolError`), so none is ever stored.
 pub(crate) fn check(blob: &[u8]) -> Result<Meta<'_>, CoreError> {
@@ -377,6 +390,16 @@ mod tests {
             chunk: Some(ChunkInfo { uuid: "u".into(), chunk_id: 2, num_chunks: 5, total_chunk_msg_size: 99 }),
             tag: Some("tag-x".into()),
         }
+    }
+
+    #[test]
+    fn last_batch_index_of_native_entries() {
+        // Goal: a batch of n answers n - 1; a single message answers -1.
+        let batch = encode_message(&MessageMetadata { chunk: None, ..full() }, b"payload");
+        assert_eq!(last_batch_index(&batch).unwrap(), 2);
+        let single = encode_message(&MessageMetadata { num_messages: 1, chunk: None, ..full() }, b"p");
+        assert_eq!(last_batch_index(&single).unwrap(), -1);
+        assert!(last_batch_index(b"not an entry").is_err());
     }
 
     #[test]

@@ -1,29 +1,94 @@
 //! Non-persistent topics (`non-persistent://…`): messages live only in
 //! memory, on their way from the producer to the consumers connected at that
 //! moment. A send is acknowledged as soon as it was handed to the
-//! subscriptions (nothing touches the disk); a subscription whose consumer
-//! has no flow permits left, or that has no consumer, misses the message; a
-//! broker restart or a dropped connection loses whatever was in flight; acks
-//! are accepted and ignored (nothing is redelivered). Message ids are
-//! `0:N:P:-1` with N counting this topic's messages since the broker started.
-//! Subscriptions are Exclusive and vanish with their consumer.
+//! subscriptions (nothing touches the disk); a subscription whose chosen
+//! consumer has no flow permits left, or that has no consumer, misses the
+//! message; a broker restart or a dropped connection loses whatever was in
+//! flight; acks are accepted and ignored (nothing is redelivered). Message
+//! ids are `0:N:P:-1` with N counting this topic's messages since the broker
+//! started. Subscriptions take every type (as persistent ones: Exclusive
+//! refuses a second consumer, a consumer of another type than the attached
+//! ones is refused) and vanish with their last consumer:
+//!
+//! - Exclusive and Failover: the active consumer (chosen as on a persistent
+//!   subscription, `failover::choose_active`) gets every message.
+//! - Shared: round robin over the consumers that have permits.
+//! - Key_Shared: the hash space is split evenly over the consumers in the
+//!   order they attached; the key's owner gets the message or, without
+//!   permits, nobody does (so per-key order holds while membership is
+//!   stable). Sticky ranges are refused.
 //!
 //! Owned by the topic's shard; never crosses cores.
 
 use crate::api::{ConsumerEvent, ConsumerRef};
 use crate::error::{CoreError, ErrorCode};
+use crate::subscription::dispatcher::failover::choose_active;
+use crate::subscription::dispatcher::ConsumerState;
 use crate::topic::producers::TopicProducers;
 use bytes::Bytes;
-use magnetar_wire::MessageId;
+use magnetar_wire::{MessageId, SubscriptionType};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
-struct Attached {
-    consumer: ConsumerRef,
-    permits: u64,
-    /// Its connection has too much unwritten output: it misses messages
-    /// (as one without permits does) until it has room again.
-    paused: bool,
+/// Events for consumers, to deliver once the topic is no longer borrowed.
+pub(crate) type Events = Vec<(ConsumerRef, ConsumerEvent)>;
+
+/// One subscription: its type and its consumers, in attach order.
+struct NpSub {
+    sub_type: SubscriptionType,
+    /// `permits` is what each may still be sent; `unacked` stays 0 (nothing
+    /// is tracked after sending).
+    consumers: Vec<ConsumerState>,
+    /// Consumers whose connection has too much unwritten output: they miss
+    /// messages (as one without permits does) until they have room again.
+    paused: Vec<ConsumerRef>,
+    /// Exclusive/Failover: the active consumer.
+    active: Option<ConsumerRef>,
+    /// Shared: where the round robin goes on.
+    next: usize,
+}
+
+impl NpSub {
+    /// Recomputes the active consumer (Exclusive, Failover) and tells
+    /// Failover consumers whose state changed.
+    fn choose_active(&mut self, partition: i32, events: &mut Events) {
+        if !matches!(self.sub_type, SubscriptionType::Exclusive | SubscriptionType::Failover) {
+            return;
+        }
+        let now = choose_active(&self.consumers, partition);
+        let old = std::mem::replace(&mut self.active, now);
+        if old == now || self.sub_type != SubscriptionType::Failover {
+            return;
+        }
+        let listed = |c: ConsumerRef| self.consumers.iter().any(|s| s.consumer == c);
+        if let Some(o) = old.filter(|o| listed(*o)) {
+            events.push((o, ConsumerEvent::ActiveChange { consumer_id: o.consumer_id, is_active: false }));
+        }
+        if let Some(n) = now {
+            events.push((n, ConsumerEvent::ActiveChange { consumer_id: n.consumer_id, is_active: true }));
+        }
+    }
+
+    /// The consumer that gets a message with key hash `key_hash` now, by
+    /// the subscription's type; `None`: the subscription misses it.
+    fn pick(&mut self, key_hash: u16) -> Option<usize> {
+        let ready = |c: &ConsumerState, paused: &[ConsumerRef]| c.permits > 0 && !paused.contains(&c.consumer);
+        let n = self.consumers.len();
+        let i = match self.sub_type {
+            SubscriptionType::Exclusive | SubscriptionType::Failover => {
+                let active = self.active?;
+                self.consumers.iter().position(|c| c.consumer == active)?
+            }
+            SubscriptionType::Shared => {
+                let i = (0..n).map(|k| (self.next + k) % n).find(|&i| ready(&self.consumers[i], &self.paused))?;
+                self.next = (i + 1) % n;
+                i
+            }
+            // Even split of the hash space in attach order.
+            SubscriptionType::KeyShared => usize::from(key_hash) * n / (usize::from(u16::MAX) + 1),
+        };
+        ready(self.consumers.get(i)?, &self.paused).then_some(i)
+    }
 }
 
 pub(crate) struct NpTopic {
@@ -31,7 +96,7 @@ pub(crate) struct NpTopic {
     partition: i32,
     next_id: Cell<u64>,
     pub(crate) producers: RefCell<TopicProducers>,
-    subs: RefCell<HashMap<String, Attached>>,
+    subs: RefCell<HashMap<String, NpSub>>,
     /// Messages a subscription missed (no consumer permits), for the log.
     dropped: Cell<u64>,
 }
@@ -48,75 +113,140 @@ impl NpTopic {
         }
     }
 
+    /// Consumers attached, over all subscriptions.
     pub(crate) fn consumer_count(&self) -> usize {
-        self.subs.borrow().len()
+        self.subs.borrow().values().map(|s| s.consumers.len()).sum()
     }
 
-    pub(crate) fn subscribe(&self, sub: &str, consumer: ConsumerRef, max: u32) -> Result<(), CoreError> {
-        let mut subs = self.subs.borrow_mut();
-        if let Some(a) = subs.get(sub) {
-            if a.consumer != consumer {
-                return Err(CoreError::new(
-                    ErrorCode::ConsumerBusy,
-                    format!("exclusive subscription {sub:?} already has a consumer"),
-                ));
-            }
-            return Ok(());
-        }
-        if max != 0 && subs.len() >= max as usize {
+    /// Attaches `consumer` to `sub` (created with its type when new);
+    /// returns the events to deliver (Failover's active change).
+    pub(crate) fn subscribe(
+        &self,
+        sub: &str,
+        req: &crate::api::SubscribeRequest,
+        consumer: ConsumerRef,
+        max: u32,
+    ) -> Result<Events, CoreError> {
+        if !req.key_shared_ranges.is_empty() {
             return Err(CoreError::new(
-                ErrorCode::ConsumerBusy,
-                format!("topic {} reached the namespace's max_consumers_per_topic ({max})", self.key),
+                ErrorCode::NotAllowed,
+                "Key_Shared sticky ranges are not supported on non-persistent topics",
             ));
         }
-        subs.insert(sub.to_string(), Attached { consumer, permits: 0, paused: false });
-        Ok(())
+        let count = self.consumer_count();
+        let mut subs = self.subs.borrow_mut();
+        let s = subs.entry(sub.to_string()).or_insert_with(|| NpSub {
+            sub_type: req.sub_type,
+            consumers: Vec::new(),
+            paused: Vec::new(),
+            active: None,
+            next: 0,
+        });
+        if s.consumers.iter().any(|c| c.consumer == consumer) {
+            return Ok(Vec::new());
+        }
+        let refused = if s.sub_type == SubscriptionType::Exclusive && !s.consumers.is_empty() {
+            Some(format!("exclusive subscription {sub:?} already has a consumer"))
+        } else if s.sub_type != req.sub_type && !s.consumers.is_empty() {
+            Some(format!(
+                "subscription {sub:?} is {:?} and has consumers; cannot attach a {:?} consumer",
+                s.sub_type, req.sub_type
+            ))
+        } else if max != 0 && count >= max as usize {
+            Some(format!("topic {} reached the namespace's max_consumers_per_topic ({max})", self.key))
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            if s.consumers.is_empty() {
+                subs.remove(sub);
+            }
+            return Err(CoreError::new(ErrorCode::ConsumerBusy, why));
+        }
+        // An idle subscription does not exist (it vanished with its last
+        // consumer), so the first consumer always sets the type.
+        s.sub_type = req.sub_type;
+        s.consumers.push(ConsumerState {
+            consumer,
+            name: req.consumer_name.clone(),
+            priority: req.priority_level,
+            permits: 0,
+            unacked: 0,
+            joined_at: None,
+        });
+        let mut events = Vec::new();
+        let before = s.active;
+        s.choose_active(self.partition, &mut events);
+        if s.sub_type == SubscriptionType::Failover && s.active == before && s.active != Some(consumer) {
+            // Not the active one: say so, so it knows it is a standby.
+            events
+                .push((consumer, ConsumerEvent::ActiveChange { consumer_id: consumer.consumer_id, is_active: false }));
+        }
+        Ok(events)
+    }
+
+    fn with_consumer(&self, sub: &str, consumer: ConsumerRef, f: impl FnOnce(&mut NpSub, usize)) {
+        if let Some(s) = self.subs.borrow_mut().get_mut(sub) {
+            if let Some(i) = s.consumers.iter().position(|c| c.consumer == consumer) {
+                f(s, i);
+            }
+        }
     }
 
     pub(crate) fn flow(&self, sub: &str, consumer: ConsumerRef, permits: u32) {
-        if let Some(a) = self.subs.borrow_mut().get_mut(sub) {
-            if a.consumer == consumer {
-                a.permits = a.permits.saturating_add(u64::from(permits));
-            }
-        }
+        self.with_consumer(sub, consumer, |s, i| {
+            s.consumers[i].permits = s.consumers[i].permits.saturating_add(u64::from(permits));
+        });
     }
 
     pub(crate) fn pause(&self, sub: &str, consumer: ConsumerRef, paused: bool) {
-        if let Some(a) = self.subs.borrow_mut().get_mut(sub) {
-            if a.consumer == consumer {
-                a.paused = paused;
+        self.with_consumer(sub, consumer, |s, _| {
+            s.paused.retain(|c| *c != consumer);
+            if paused {
+                s.paused.push(consumer);
             }
-        }
+        });
     }
 
-    pub(crate) fn unsubscribe(&self, sub: &str, consumer: ConsumerRef) {
+    /// Detaches `consumer`; the subscription goes with its last consumer.
+    /// Returns the events to deliver (Failover's active change).
+    pub(crate) fn unsubscribe(&self, sub: &str, consumer: ConsumerRef) -> Events {
+        let mut events = Vec::new();
         let mut subs = self.subs.borrow_mut();
-        if subs.get(sub).is_some_and(|a| a.consumer == consumer) {
+        let Some(s) = subs.get_mut(sub) else { return events };
+        s.consumers.retain(|c| c.consumer != consumer);
+        s.paused.retain(|c| *c != consumer);
+        if s.consumers.is_empty() {
             subs.remove(sub);
+        } else {
+            s.choose_active(self.partition, &mut events);
         }
+        events
     }
 
     pub(crate) fn has_consumer(&self, sub: &str, consumer: ConsumerRef) -> bool {
-        self.subs.borrow().get(sub).is_some_and(|a| a.consumer == consumer)
+        self.subs.borrow().get(sub).is_some_and(|s| s.consumers.iter().any(|c| c.consumer == consumer))
     }
 
-    /// Hands `blob` to every subscription that can take it now; returns the
-    /// message's id and the events to deliver.
-    pub(crate) fn publish(&self, blob: Bytes, num_messages: u32) -> (MessageId, Vec<(ConsumerRef, ConsumerEvent)>) {
+    /// Hands `blob` (key hash `key_hash`) to each subscription's chosen
+    /// consumer that can take it now; returns the message's id and the
+    /// events to deliver.
+    pub(crate) fn publish(&self, blob: Bytes, num_messages: u32, key_hash: u16) -> (MessageId, Events) {
         let n = self.next_id.get();
         self.next_id.set(n + 1);
         let message_id = MessageId::new(0, n, self.partition, -1);
         let mut out = Vec::new();
-        for a in self.subs.borrow_mut().values_mut() {
-            if a.permits == 0 || a.paused {
+        for s in self.subs.borrow_mut().values_mut() {
+            let Some(i) = s.pick(key_hash) else {
                 self.dropped.set(self.dropped.get() + 1);
                 continue;
-            }
-            a.permits = a.permits.saturating_sub(u64::from(num_messages.max(1)));
+            };
+            let c = &mut s.consumers[i];
+            c.permits = c.permits.saturating_sub(u64::from(num_messages.max(1)));
             out.push((
-                a.consumer,
+                c.consumer,
                 ConsumerEvent::Message {
-                    consumer_id: a.consumer.consumer_id,
+                    consumer_id: c.consumer.consumer_id,
                     message_id,
                     redelivery_count: 0,
                     blob: blob.clone(),

@@ -274,6 +274,27 @@ def test_empty_topic_last_id(url, topic):
     c.close()
 
 
+def test_last_id_in_batch(url, topic):
+    """GET_LAST_MESSAGE_ID names the last message of a batch (its batch
+    index), so a reader part-way through the last batch still has messages
+    available, and has none once it read them all."""
+    c = client(url)
+    p = c.create_producer(topic, batching_enabled=True, batching_max_messages=5,
+                          batching_max_publish_delay_ms=10_000)
+    for i in range(5):
+        p.send_async(f"m{i}".encode(), None)
+    p.flush()
+    r = c.create_reader(topic, MessageId.earliest)
+    for i in range(5):
+        assert r.has_message_available(), f"nothing available after {i} of the batch's 5 messages"
+        m = r.read_next(RECEIVE_MS)
+        assert m.data() == f"m{i}".encode(), m.data()
+        assert m.message_id().batch_index() == i, m.message_id()
+    assert not r.has_message_available(), "messages available past the batch's last one"
+    print("last id in a batch: has_message_available true through the batch, false after it")
+    c.close()
+
+
 def test_partitioned(url, topic):
     """A partitioned topic (3 partitions, made by the Rust side): keyed
     messages are spread over the partitions, each partition's id names it,
@@ -567,6 +588,29 @@ def test_access_modes(url, topic):
     assert seen == [b"from-a", b"from-w", b"from-f"], seen
     print("access modes: exclusive refusals, a wait past the operation timeout, fencing", seen)
     c.close()
+
+
+def test_produce_until_killed(url, topic):
+    """Helper of pulsar_kill9_during_produce: sends numbered messages
+    (batched, async) until killed, printing `OUT ACK n` for each receipt."""
+    import threading
+    lock = threading.Lock()
+    c = client(url)
+    p = c.create_producer(topic, batching_enabled=True, batching_max_messages=50,
+                          batching_max_publish_delay_ms=2, max_pending_messages=2000,
+                          block_if_queue_full=True, send_timeout_millis=0)
+
+    def receipt(n):
+        def done(res, _msg_id):
+            if res == pulsar.Result.Ok:
+                with lock:
+                    print(f"OUT ACK {n}", flush=True)
+        return done
+
+    n = 0
+    while True:
+        p.send_async(f"{n}".encode(), receipt(n))
+        n += 1
 
 
 def test_hold_unacked(url, topic):

@@ -91,6 +91,11 @@ fn pulsar_empty_topic_last_id() {
 }
 
 #[test]
+fn pulsar_last_id_in_batch() {
+    py("last_id_in_batch");
+}
+
+#[test]
 fn pulsar_too_big() {
     py("too_big");
 }

@@ -16,12 +16,18 @@
 //! `--nack-delay-ms MS`, `--ack-timeout-s S`, `--dlq-max-redeliveries N`
 //! (dead-letter topic `<topic>-<subscription>-DLQ`), `--filter-tag T`,
 //! `--key-shared-ranges START-END,...` (Key_Shared sticky hash ranges).
+//! Issue #22: `--retry-max N` (with `--reconsume-every N` and
+//! `--retry-delays rocketmq|MS,...`): a message reconsumed N times goes to
+//! the dead-letter topic; a status line on stderr says so. `--pull --batch
+//! N` (with `--poll-ms`): pull consumption, same output.
 //! Semantics: `docs/semantics.md`.
 
 use crate::broker::{BrokerArgs, SubType};
 use crate::produce::OutputFormat;
 use base64::Engine as _;
-use magnetar_client::{ClientError, DeadLetterPolicy, InitialPosition, Message, SubscriptionType};
+use magnetar_client::{
+    ClientError, DeadLetterPolicy, InitialPosition, Message, Reconsumed, RetryPolicy, SubscriptionType,
+};
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::io::Write;
@@ -100,6 +106,38 @@ pub struct ConsumeArgs {
     /// `<topic>-<subscription>-DLQ` (then acknowledge them).
     #[arg(long)]
     pub dlq_max_redeliveries: Option<u32>,
+
+    /// Instead of acknowledging every Nth message received, reconsume it
+    /// later: it goes around through `<topic>-<subscription>-RETRY` (which
+    /// this consumer also consumes) after the delay of `--retry-delays`.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub reconsume_every: Option<u64>,
+
+    /// A message reconsumed N times goes to the dead-letter topic
+    /// (`<topic>-<subscription>-DLQ`) the next time instead of around again.
+    #[arg(long)]
+    pub retry_max: Option<u32>,
+
+    /// Delays before the 1st, 2nd, … retry: `rocketmq` (RocketMQ's default
+    /// levels 1s 5s 10s 30s 1m … 2h) or milliseconds, comma separated; the
+    /// last one repeats.
+    #[arg(long, default_value = "1000")]
+    pub retry_delays: String,
+
+    /// Pull instead of being pushed: fetch up to `--batch` messages at a
+    /// time (each fetch grants the broker its own permits and waits until
+    /// the batch is full or `--poll-ms` passed). One non-partitioned topic
+    /// (or one partition).
+    #[arg(long, conflicts_with_all = ["topics_pattern", "reconsume_every", "retry_max"])]
+    pub pull: bool,
+
+    /// With `--pull`: messages per fetch.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_048_576), requires = "pull")]
+    pub batch: u32,
+
+    /// With `--pull`: how long one fetch waits for its batch to fill.
+    #[arg(long, default_value_t = 1000, requires = "pull")]
+    pub poll_ms: u64,
 
     /// Only messages with this tag (filtered by the broker).
     #[arg(long)]
@@ -241,6 +279,17 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
     if let Some(n) = args.dlq_max_redeliveries {
         builder = builder.dead_letter_policy(DeadLetterPolicy { max_redeliveries: n, topic: None });
     }
+    if args.retry_max.is_some() || args.reconsume_every.is_some() {
+        let max = args.retry_max.unwrap_or(u32::MAX);
+        let Some(policy) = RetryPolicy::named(max, &args.retry_delays) else {
+            return Err(format!(
+                "--retry-delays must be `rocketmq` or milliseconds separated by commas, got {:?}",
+                args.retry_delays
+            )
+            .into());
+        };
+        builder = builder.retry_policy(policy);
+    }
     if let Some(tag) = &args.filter_tag {
         builder = builder.filter_tag(tag.as_str());
     }
@@ -257,6 +306,17 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
         c.seek_by_time(ms).await?;
         c.close().await?;
     }
+    if args.pull {
+        let consumer = builder.pull_mode(true).subscribe().await?;
+        let (received, stop) = pull_loop(&args, &consumer, idle_timeout).await?;
+        match consumer.close().await {
+            Ok(()) | Err(ClientError::Disconnected { .. }) => {}
+            Err(e) => tracing::warn!(error = %e, "closing the consumer"),
+        }
+        client.close();
+        report(received, stop);
+        return Ok(());
+    }
     // A partitioned topic's name covers all its partitions.
     let consumer = match &args.topics_pattern {
         Some(pattern) => {
@@ -266,7 +326,7 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
             };
             builder.subscribe_pattern(pattern, refresh).await?
         }
-        None => std::sync::Arc::new(builder.subscribe_partitioned().await?),
+        None => builder.subscribe_partitioned().await?,
     };
 
     let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
@@ -317,7 +377,11 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
             OutputFormat::Text => writeln!(stdout, "{}", text_line(&msg))?,
         }
         received += 1;
-        if args.nack_every.is_some_and(|n| received.is_multiple_of(n)) {
+        if args.reconsume_every.is_some_and(|n| received.is_multiple_of(n)) {
+            if let Reconsumed::DeadLettered { id } = consumer.reconsume(&msg).await? {
+                eprintln!("{} dead-lettered as {id} after {} retries", msg.id, args.retry_max.unwrap_or(0));
+            }
+        } else if args.nack_every.is_some_and(|n| received.is_multiple_of(n)) {
             consumer.negative_acknowledge(&msg);
         } else {
             consumer.ack(&msg).await?;
@@ -333,12 +397,68 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
         Err(e) => tracing::warn!(error = %e, "closing the consumer"),
     }
     client.close();
+    report(received, stop);
+    Ok(())
+}
+
+fn report(received: u64, stop: Stop) {
     match stop {
         Stop::CountReached => eprintln!("received {received} messages: count reached"),
         Stop::Timeout(t) => eprintln!("received {received} messages: timeout, no message for {:.1} s", t.as_secs_f64()),
         Stop::Interrupted => eprintln!("received {received} messages: interrupted"),
     }
-    Ok(())
+}
+
+/// `--pull`: fetch batches until `--count`, `--timeout-s` without a
+/// message, or Ctrl-C; print and acknowledge (or negatively acknowledge)
+/// each message as `consume` does.
+async fn pull_loop(
+    args: &ConsumeArgs,
+    consumer: &magnetar_client::Consumer,
+    idle_timeout: Option<Duration>,
+) -> Result<(u64, Stop), Box<dyn Error>> {
+    let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let poll = Duration::from_millis(args.poll_ms.max(1));
+    let mut received = 0u64;
+    let mut idle_since = tokio::time::Instant::now();
+    let stop = loop {
+        if args.count > 0 && received >= args.count {
+            break Stop::CountReached;
+        }
+        let left = if args.count > 0 { args.count - received } else { u64::MAX };
+        let want = u32::try_from(left).unwrap_or(u32::MAX).min(args.batch);
+        let batch = tokio::select! {
+            b = consumer.fetch(want, poll) => b.map_err(|e| format!("fetch failed after {received} messages: {e}"))?,
+            _ = &mut ctrl_c => break Stop::Interrupted,
+        };
+        if batch.is_empty() {
+            if let Some(t) = idle_timeout.filter(|t| idle_since.elapsed() >= *t) {
+                break Stop::Timeout(t);
+            }
+            continue;
+        }
+        idle_since = tokio::time::Instant::now();
+        for msg in &batch {
+            match args.output {
+                OutputFormat::Jsonl => {
+                    serde_json::to_writer(&mut stdout, &record(msg, now_ms()))?;
+                    stdout.write_all(b"\n")?;
+                }
+                OutputFormat::Text => writeln!(stdout, "{}", text_line(msg))?,
+            }
+            received += 1;
+            if args.nack_every.is_some_and(|n| received.is_multiple_of(n)) {
+                consumer.negative_acknowledge(msg);
+            } else {
+                consumer.ack(&msg.id).await?;
+            }
+        }
+        stdout.flush()?;
+    };
+    stdout.flush()?;
+    Ok((received, stop))
 }
 
 /// `--key-shared-ranges`: inclusive key hash ranges.

@@ -21,7 +21,7 @@ pub struct ReadArgs {
     /// `earliest`, `latest`, or a message id `L:E:P:B`: read from that
     /// message on (inclusive; for a partitioned topic, within its partition,
     /// other partitions from the earliest).
-    #[arg(long, default_value = "earliest")]
+    #[arg(long, visible_alias = "from", default_value = "earliest")]
     pub start: String,
 
     /// Stop after this many messages; 0 = until --timeout-s.

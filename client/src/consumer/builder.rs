@@ -5,7 +5,7 @@
 
 use super::ack_group::{AckGroup, ACK_GROUP_MAX_DEFAULT, ACK_GROUP_TIME_DEFAULT};
 use super::acks::{AckMap, RetryRoute};
-use super::dead_letter::{DeadLetterPolicy, Republish};
+use super::dead_letter::{DeadLetterPolicy, Republish, RetryPolicy};
 use super::inbox::{OwnQueue, Queue};
 use super::timers::spawn_timer_task;
 use super::tracker::{NackBackoff, Tracker};
@@ -52,9 +52,14 @@ pub struct ConsumerBuilder {
     pub(crate) ack_timeout: Option<Duration>,
     pub(crate) dead_letter: Option<DeadLetterPolicy>,
     pub(crate) retry_enabled: bool,
+    pub(crate) retry_policy: Option<RetryPolicy>,
     pub(crate) ack_group_time: Duration,
     pub(crate) ack_group_max: usize,
     pub(crate) durable: bool,
+    /// How often `subscribe_partitioned` / `subscribe_topics` look up the
+    /// partition counts again, to subscribe partitions added later.
+    pub(crate) partitions_refresh: Duration,
+    pub(crate) pull: bool,
     /// A multi-topic consumer's shared queue and this member's index in
     /// it; `None`: the consumer gets a queue of its own.
     pub(crate) inbox: Option<(mpsc::UnboundedSender<Queued>, u32)>,
@@ -151,6 +156,16 @@ impl ConsumerBuilder {
         self
     }
 
+    /// Bound `reconsume_later` (and give `reconsume` its delays): a message
+    /// retried `policy.max_retries` times goes to the dead-letter topic
+    /// (the dead-letter policy's, else `<topic>-<subscription>-DLQ`) the
+    /// next time it is reconsumed. Turns `retry_enabled` on.
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.retry_policy = Some(policy);
+        self.retry_enabled = true;
+        self
+    }
+
     /// Send messages redelivered more than `policy.max_redeliveries` times
     /// to a dead-letter topic (then acknowledge them) instead of returning them.
     pub fn dead_letter_policy(mut self, policy: DeadLetterPolicy) -> Self {
@@ -173,37 +188,81 @@ impl ConsumerBuilder {
         ConsumerBuilder { topic, ..self.clone() }
     }
 
+    /// Pull consumption: the broker sends nothing until
+    /// [`Consumer::fetch`](super::Consumer::fetch) asks (no permits up
+    /// front, none granted as messages are received). Not with a retry
+    /// topic, nor through a multi-topic consumer.
+    pub fn pull_mode(mut self, pull: bool) -> Self {
+        self.pull = pull;
+        self
+    }
+
+    /// How often a consumer subscribed by a partitioned topic's name
+    /// (`subscribe_partitioned`, `subscribe_topics`) looks the partition
+    /// count up again and subscribes partitions added since (default
+    /// [`PARTITIONS_REFRESH_INTERVAL`](crate::PARTITIONS_REFRESH_INTERVAL),
+    /// as producers do).
+    pub fn partitions_refresh(mut self, every: Duration) -> Self {
+        self.partitions_refresh = every;
+        self
+    }
+
     /// Subscribe to the topic by its own name: every partition of a
     /// partitioned topic (one consumer each), or the topic itself.
-    pub async fn subscribe_partitioned(self) -> Result<crate::MultiTopicConsumer> {
-        let multi = crate::MultiTopicConsumer::new(self.subscription.clone());
+    /// Partitions added later are subscribed too (see
+    /// [`partitions_refresh`](Self::partitions_refresh)).
+    pub async fn subscribe_partitioned(self) -> Result<Arc<crate::MultiTopicConsumer>> {
         let topic = self.topic.clone();
-        self.add_by_name(&multi, &topic).await?;
-        Ok(multi)
+        self.subscribe_topics(&[topic]).await
     }
 
     /// Subscribe to each topic of `topics` (each one by its own name, so a
     /// partitioned one brings all its partitions) through one consumer.
-    pub async fn subscribe_topics(self, topics: &[String]) -> Result<crate::MultiTopicConsumer> {
-        let multi = crate::MultiTopicConsumer::new(self.subscription.clone());
+    /// Partitions added later to a partitioned one are subscribed too.
+    pub async fn subscribe_topics(self, topics: &[String]) -> Result<Arc<crate::MultiTopicConsumer>> {
+        let multi = Arc::new(crate::MultiTopicConsumer::new(self.subscription.clone()));
+        let mut partitioned = Vec::new();
         for t in topics {
-            self.add_by_name(&multi, t).await?;
+            if self.add_by_name(&multi, t).await? {
+                partitioned.push(t.clone());
+            }
         }
+        if partitioned.is_empty() || self.partitions_refresh.is_zero() {
+            return Ok(multi);
+        }
+        // A partition added later is new to this subscription: it starts
+        // from its first message, else whatever a producer sent to it
+        // before this refresh saw it would be skipped.
+        let template = ConsumerBuilder { initial_position: InitialPosition::Earliest, ..self };
+        let weak = Arc::downgrade(&multi);
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(template.partitions_refresh).await;
+                let Some(multi) = weak.upgrade() else { return };
+                for t in &partitioned {
+                    if let Err(e) = template.add_by_name(&multi, t).await {
+                        tracing::warn!(topic = %t, error = %e, "partitions refresh failed");
+                    }
+                }
+            }
+        });
+        multi.adopt_task(task);
         Ok(multi)
     }
 
     /// Adds `topic` (all its partitions when partitioned) to `multi`.
-    pub(crate) async fn add_by_name(&self, multi: &crate::MultiTopicConsumer, topic: &str) -> Result<()> {
+    /// Those already consumed are skipped. Returns whether it is partitioned.
+    pub(crate) async fn add_by_name(&self, multi: &crate::MultiTopicConsumer, topic: &str) -> Result<bool> {
         let topic = normalize_topic(topic)?;
         let partitions = self.origin.admin().partitions(&topic).await?;
         if partitions == 0 {
-            multi.add_topic(self.with_topic(topic)).await
+            multi.add_topic(self.with_topic(topic)).await?;
         } else {
             for i in 0..partitions {
                 multi.add_topic(self.with_topic(format!("{topic}-partition-{i}"))).await?;
             }
-            Ok(())
         }
+        Ok(partitions > 0)
     }
 
     /// Subscribe to every topic of one namespace whose full name matches
@@ -246,6 +305,12 @@ impl ConsumerBuilder {
         }
         if self.subscription.is_empty() {
             return Err(ClientError::InvalidOption { option: "subscription", reason: "must not be empty" });
+        }
+        if self.pull && (self.retry_enabled || self.inbox.is_some()) {
+            return Err(ClientError::InvalidOption {
+                option: "pull_mode",
+                reason: "a pull consumer has no retry topic and is not part of a multi-topic consumer",
+            });
         }
         if self.ack_timeout.is_some_and(|t| t < Duration::from_millis(100)) {
             return Err(ClientError::InvalidOption { option: "ack_timeout", reason: "must be at least 100 ms" });
@@ -320,7 +385,13 @@ impl ConsumerBuilder {
             closed.clone(),
             timers.clone(),
         );
-        let republish = Republish::new(self.origin.pool.clone(), self.dead_letter.clone(), &topic, &self.subscription);
+        let republish = Republish::new(
+            self.origin.pool.clone(),
+            self.dead_letter.clone(),
+            self.retry_policy.clone(),
+            &topic,
+            &self.subscription,
+        );
         let consumer = Consumer {
             conn,
             consumer_id,
@@ -330,7 +401,7 @@ impl ConsumerBuilder {
                 Some(rx) => Queue::Own(tokio::sync::Mutex::new(OwnQueue::new(rx))),
                 None => Queue::Shared,
             },
-            permits: Permits::new(queue),
+            permits: Permits::new(queue, self.pull),
             closed,
             active,
             tracker,
@@ -341,7 +412,9 @@ impl ConsumerBuilder {
             acks,
             ack_map: AckMap::default(),
         };
-        consumer.conn.send_command(&Command::Flow { consumer_id, permits: queue }).await?;
+        if !self.pull {
+            consumer.conn.send_command(&Command::Flow { consumer_id, permits: queue }).await?;
+        }
         if let Some(r) = &consumer.retry {
             consumer.conn.send_command(&Command::Flow { consumer_id: r.consumer_id, permits: queue }).await?;
         }
@@ -407,9 +480,12 @@ impl ConsumerBuilder {
             ack_timeout: None,
             dead_letter: None,
             retry_enabled: false,
+            retry_policy: None,
             ack_group_time: ACK_GROUP_TIME_DEFAULT,
             ack_group_max: ACK_GROUP_MAX_DEFAULT,
             durable: true,
+            partitions_refresh: crate::PARTITIONS_REFRESH_INTERVAL,
+            pull: false,
             inbox: None,
         }
     }

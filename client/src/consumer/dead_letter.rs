@@ -1,7 +1,9 @@
 //! Dead letters and retry: a message delivered too often goes to the
 //! dead-letter topic instead of the application, and `reconsume_later`
 //! sends a message around through the retry topic with a delivery time.
-//! Both republish the message with its origin as properties.
+//! Both republish the message with its origin as properties. A retry
+//! policy bounds the rounds: past its limit `reconsume_later` sends the
+//! message to the dead-letter topic instead.
 
 use super::acks::route;
 use super::inbox::Delivery;
@@ -23,6 +25,97 @@ pub struct DeadLetterPolicy {
     pub max_redeliveries: u32,
     /// Default `<topic>-<subscription>-DLQ`.
     pub topic: Option<String>,
+}
+
+/// RocketMQ's default delay levels (`messageDelayLevel`): 1s 5s 10s 30s 1m
+/// 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h.
+pub const ROCKETMQ_RETRY_DELAYS: [Duration; 18] = {
+    const S: u64 = 1;
+    const M: u64 = 60;
+    const H: u64 = 3600;
+    let secs = [
+        S,
+        5 * S,
+        10 * S,
+        30 * S,
+        M,
+        2 * M,
+        3 * M,
+        4 * M,
+        5 * M,
+        6 * M,
+        7 * M,
+        8 * M,
+        9 * M,
+        10 * M,
+        20 * M,
+        30 * M,
+        H,
+        2 * H,
+    ];
+    let mut out = [Duration::ZERO; 18];
+    let mut i = 0;
+    while i < 18 {
+        out[i] = Duration::from_secs(secs[i]);
+        i += 1;
+    }
+    out
+};
+
+/// How often `reconsume_later` may send a message around, and after which
+/// delays ([`ConsumerBuilder::retry_policy`](super::ConsumerBuilder::retry_policy)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// A message retried this many times (its `RECONSUMETIMES`) goes to the
+    /// dead-letter topic when it is reconsumed once more.
+    pub max_retries: u32,
+    /// The delay of retry `k` (1-based) is `delays[k - 1]`, the last one for
+    /// every retry past the list; never empty.
+    delays: Vec<Duration>,
+}
+
+impl RetryPolicy {
+    /// The same delay before every retry.
+    pub fn fixed(max_retries: u32, delay: Duration) -> Self {
+        Self { max_retries, delays: vec![delay] }
+    }
+
+    /// A delay per retry (the last for every retry past the list); `None`
+    /// when `delays` is empty.
+    pub fn schedule(max_retries: u32, delays: Vec<Duration>) -> Option<Self> {
+        (!delays.is_empty()).then_some(Self { max_retries, delays })
+    }
+
+    /// RocketMQ's default levels ([`ROCKETMQ_RETRY_DELAYS`]).
+    pub fn rocketmq(max_retries: u32) -> Self {
+        Self { max_retries, delays: ROCKETMQ_RETRY_DELAYS.to_vec() }
+    }
+
+    /// A named schedule: `rocketmq`; or delays in milliseconds, comma
+    /// separated (`100,1000,5000`).
+    pub fn named(max_retries: u32, name: &str) -> Option<Self> {
+        if name == "rocketmq" {
+            return Some(Self::rocketmq(max_retries));
+        }
+        let delays: Option<Vec<Duration>> =
+            name.split(',').map(|ms| ms.trim().parse::<u64>().ok().map(Duration::from_millis)).collect();
+        Self::schedule(max_retries, delays?)
+    }
+
+    /// The delay before retry `retry` (1 = the first).
+    pub fn delay_for(&self, retry: u32) -> Duration {
+        let i = usize::try_from(retry.max(1) - 1).unwrap_or(usize::MAX).min(self.delays.len() - 1);
+        self.delays[i]
+    }
+}
+
+/// What [`Consumer::reconsume`] did with a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reconsumed {
+    /// Sent to the retry topic; it comes back after `delay`.
+    Retry { id: MessageId, retry: u32, delay: Duration },
+    /// It had had its retries: sent to the dead-letter topic.
+    DeadLettered { id: MessageId },
 }
 
 /// Property naming the topic a dead-lettered or retried message came from.
@@ -58,17 +151,41 @@ pub(super) struct Republish {
     pool: Arc<Pool>,
     pub(super) dead_letter: Option<Arc<DeadLetter>>,
     retry_producer: tokio::sync::Mutex<Option<Producer>>,
+    retry_policy: Option<RetryPolicy>,
+    /// Where a message past the retry policy's limit goes: the dead-letter
+    /// policy's topic (and producer) when there is one, else
+    /// `<topic>-<subscription>-DLQ`.
+    retry_dead_letter: Option<Arc<DeadLetter>>,
 }
 
 impl Republish {
-    /// `policy` for the consumer of `subscription` on `topic`.
-    pub(super) fn new(pool: Arc<Pool>, policy: Option<DeadLetterPolicy>, topic: &str, subscription: &str) -> Self {
-        let dead_letter = policy.map(|p| DeadLetter {
-            max_redeliveries: p.max_redeliveries,
-            topic: p.topic.unwrap_or_else(|| format!("{topic}-{subscription}-DLQ")),
-            producer: Default::default(),
+    /// `policy` and `retry` for the consumer of `subscription` on `topic`.
+    pub(super) fn new(
+        pool: Arc<Pool>,
+        policy: Option<DeadLetterPolicy>,
+        retry: Option<RetryPolicy>,
+        topic: &str,
+        subscription: &str,
+    ) -> Self {
+        let default_topic = || format!("{topic}-{subscription}-DLQ");
+        let dead_letter = policy.map(|p| {
+            Arc::new(DeadLetter {
+                max_redeliveries: p.max_redeliveries,
+                topic: p.topic.unwrap_or_else(default_topic),
+                producer: Default::default(),
+            })
         });
-        Self { pool, dead_letter: dead_letter.map(Arc::new), retry_producer: Default::default() }
+        let retry_dead_letter = retry.as_ref().map(|_| {
+            dead_letter.clone().unwrap_or_else(|| {
+                Arc::new(DeadLetter {
+                    // Not a redelivery limit: only `reconsume_later` uses it.
+                    max_redeliveries: u32::MAX,
+                    topic: default_topic(),
+                    producer: Default::default(),
+                })
+            })
+        });
+        Self { pool, dead_letter, retry_producer: Default::default(), retry_policy: retry, retry_dead_letter }
     }
 }
 
@@ -155,17 +272,77 @@ impl Consumer {
     /// `<topic>-<subscription>-RETRY` with a delivery time, then acknowledged
     /// here. With `retry_enabled(true)` this consumer also consumes that
     /// topic, so the message comes back here; its `RECONSUMETIMES` property
-    /// counts the rounds.
+    /// counts the rounds. With a retry policy, a message that had its
+    /// `max_retries` rounds goes to the dead-letter topic instead (and the
+    /// id returned is its id there).
     pub async fn reconsume_later(&self, msg: &Message, delay: Duration) -> Result<MessageId> {
+        match self.reconsume_after(msg, Some(delay)).await? {
+            Reconsumed::Retry { id, .. } | Reconsumed::DeadLettered { id } => Ok(id),
+        }
+    }
+
+    /// `reconsume_later` with the delay of the retry policy's schedule for
+    /// this round. Without a retry policy: `InvalidOption`.
+    pub async fn reconsume(&self, msg: &Message) -> Result<Reconsumed> {
+        if self.republish.retry_policy.is_none() {
+            return Err(ClientError::InvalidOption {
+                option: "retry_policy",
+                reason: "reconsume needs a retry policy",
+            });
+        }
+        self.reconsume_after(msg, None).await
+    }
+
+    /// Sends `msg` around once more (after `delay`, else the policy's delay
+    /// for the round), or to the dead-letter topic past the policy's limit;
+    /// then acknowledges it here.
+    async fn reconsume_after(&self, msg: &Message, delay: Option<Duration>) -> Result<Reconsumed> {
         let base = msg.property(PROPERTY_REAL_TOPIC).unwrap_or(&self.topic).to_string();
+        let done = msg.property(PROPERTY_RECONSUME_TIMES).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0);
+        let times = done.saturating_add(1);
+        let origin = Origin { conn: self.conn.clone(), pool: self.republish.pool.clone() };
+        let policy = self.republish.retry_policy.as_ref();
+        if let (Some(p), Some(dl)) = (policy, &self.republish.retry_dead_letter) {
+            if times > p.max_retries {
+                let extra = vec![(PROPERTY_RECONSUME_TIMES.to_string(), done.to_string())];
+                let id = republish(origin, &dl.producer, &dl.topic, msg, extra, None).await?;
+                self.ack(&msg.id).await?;
+                return Ok(Reconsumed::DeadLettered { id });
+            }
+        }
+        let delay = delay.or_else(|| policy.map(|p| p.delay_for(times))).unwrap_or_default();
         let retry_topic = format!("{base}-{}-RETRY", self.subscription);
-        let times = msg.property(PROPERTY_RECONSUME_TIMES).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0) + 1;
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         let at = u64::try_from(now.saturating_add(delay).as_millis()).unwrap_or(u64::MAX);
-        let origin = Origin { conn: self.conn.clone(), pool: self.republish.pool.clone() };
         let extra = vec![(PROPERTY_RECONSUME_TIMES.to_string(), times.to_string())];
         let id = republish(origin, &self.republish.retry_producer, &retry_topic, msg, extra, Some(at)).await?;
         self.ack(&msg.id).await?;
-        Ok(id)
+        Ok(Reconsumed::Retry { id, retry: times, delay })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_schedules() {
+        let r = RetryPolicy::rocketmq(16);
+        assert_eq!(r.delay_for(1), Duration::from_secs(1));
+        assert_eq!(r.delay_for(4), Duration::from_secs(30));
+        assert_eq!(r.delay_for(17), Duration::from_secs(3600));
+        assert_eq!(r.delay_for(18), Duration::from_secs(7200));
+        assert_eq!(r.delay_for(40), Duration::from_secs(7200), "past the list: the last level");
+        assert_eq!(r.delay_for(0), Duration::from_secs(1));
+        assert_eq!(RetryPolicy::named(3, "rocketmq"), Some(r.clone()).map(|p| RetryPolicy { max_retries: 3, ..p }));
+        let ms = RetryPolicy::named(2, "100, 2000").unwrap();
+        assert_eq!(
+            (ms.delay_for(1), ms.delay_for(2), ms.delay_for(3)),
+            (Duration::from_millis(100), Duration::from_secs(2), Duration::from_secs(2))
+        );
+        assert_eq!(RetryPolicy::named(2, ""), None);
+        assert_eq!(RetryPolicy::named(2, "fast"), None);
+        assert_eq!(RetryPolicy::schedule(1, Vec::new()), None);
+        assert_eq!(RetryPolicy::fixed(1, Duration::from_millis(5)).delay_for(9), Duration::from_millis(5));
     }
 }

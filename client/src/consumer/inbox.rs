@@ -112,19 +112,28 @@ impl OwnQueue {
 
     /// Takes on `item`: `rest` then hands out its messages. (`End` needs no
     /// handling: the queue closes once the retry topic's slot is gone too.)
-    pub(super) fn load(&mut self, item: Inbound) {
+    /// Returns the entries it holds (the flow permits they took).
+    pub(super) fn load(&mut self, item: Inbound) -> u32 {
+        let entries = match &item {
+            Inbound::Entry { .. } => 1,
+            Inbound::Run { entries, .. } => u32::try_from(entries.len()).unwrap_or(u32::MAX),
+            _ => 0,
+        };
         let _marker = self.rest.load(item);
+        entries
     }
 
     /// Drops what is queued, unpacked: calls `dropped` for each delivery.
-    pub(super) fn drain(&mut self, mut dropped: impl FnMut(&Delivery)) {
+    /// Returns the entries taken off the channel.
+    pub(super) fn drain(&mut self, mut dropped: impl FnMut(&Delivery)) -> u32 {
+        let mut entries = 0u32;
         loop {
             while let Some(d) = self.rest.next() {
                 dropped(&d);
             }
             match self.rx.try_recv() {
-                Ok(queued) => self.load(queued.item),
-                Err(_) => return,
+                Ok(queued) => entries = entries.saturating_add(self.load(queued.item)),
+                Err(_) => return entries,
             }
         }
     }

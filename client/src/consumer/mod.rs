@@ -24,7 +24,10 @@ pub(crate) mod tracker;
 mod unpack;
 
 pub use builder::ConsumerBuilder;
-pub use dead_letter::{DeadLetterPolicy, PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_TOPIC, PROPERTY_RECONSUME_TIMES};
+pub use dead_letter::{
+    DeadLetterPolicy, Reconsumed, RetryPolicy, PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_TOPIC,
+    PROPERTY_RECONSUME_TIMES, ROCKETMQ_RETRY_DELAYS,
+};
 
 use crate::conn::{expect_success, Connection};
 use crate::error::{ClientError, Result};
@@ -77,15 +80,33 @@ struct Permits {
     unflowed_retry: AtomicU32,
     threshold: u32,
     queue_size: u32,
+    /// Pull mode: no permits up front nor as messages are received; each
+    /// `fetch` grants what it asks for.
+    pull: bool,
+    /// Pull mode: entries the broker may still send, as far as this side
+    /// knows (granted by `fetch`, less the entries taken off the queue).
+    outstanding: AtomicU32,
 }
 
 impl Permits {
-    fn new(queue_size: u32) -> Self {
+    fn new(queue_size: u32, pull: bool) -> Self {
         Self {
             unflowed: AtomicU32::new(0),
             unflowed_retry: AtomicU32::new(0),
             threshold: (queue_size / 2).max(1),
             queue_size,
+            pull,
+            outstanding: AtomicU32::new(0),
+        }
+    }
+
+    /// Pull mode: `entries` came off the queue, so the broker has that many
+    /// permits fewer.
+    fn took(&self, entries: u32) {
+        if self.pull && entries > 0 {
+            let _ = self
+                .outstanding
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |o| Some(o.saturating_sub(entries)));
         }
     }
 }
@@ -162,7 +183,8 @@ impl Consumer {
                     // always returned, kept in `rest` or handed to the
                     // dead-letter task (cancel safety).
                     Some(queued) => {
-                        q.load(queued.item);
+                        let entries = q.load(queued.item);
+                        self.permits.took(entries);
                         continue;
                     }
                     None => return Err(self.closed_error()),
@@ -300,7 +322,8 @@ impl Consumer {
         let own = self.own_queue()?;
         self.flush_acks().await?;
         // Their permits are granted again, as if received.
-        own.lock().await.drain(|delivery| self.after_receive(delivery));
+        let entries = own.lock().await.drain(|delivery| self.after_receive(delivery));
+        self.permits.took(entries);
         let command = Command::RedeliverUnacknowledged { consumer_id: self.consumer_id, message_ids: Vec::new() };
         self.conn.send_command(&command).await?;
         if let Some(r) = &self.retry {
@@ -344,7 +367,52 @@ impl Consumer {
         q.discard();
         self.permits.unflowed.store(0, Ordering::Relaxed);
         self.tracker.clear();
+        if self.permits.pull {
+            // The next `fetch` grants what it asks for.
+            self.permits.outstanding.store(0, Ordering::Relaxed);
+            return Ok(());
+        }
         self.conn.send_command(&Command::Flow { consumer_id, permits: self.permits.queue_size }).await
+    }
+
+    /// Pull consumption (a consumer built with `pull_mode(true)`): returns
+    /// up to `max` messages, waiting until `max` are here or `timeout` has
+    /// passed (long poll), then whatever arrived (maybe none). The request
+    /// grants the broker the permits it lacks for `max` entries; entries
+    /// granted and not yet arrived when a fetch times out count toward the
+    /// next one (so at most `max` entries are ever outstanding). Acks,
+    /// negative acks, ack timeout and redelivery work as for `receive`.
+    pub async fn fetch(&self, max: u32, timeout: std::time::Duration) -> Result<Vec<Message>> {
+        if !self.permits.pull {
+            return Err(ClientError::InvalidOption {
+                option: "fetch",
+                reason: "needs a consumer built with pull_mode(true)",
+            });
+        }
+        if max == 0 || max > RECEIVER_QUEUE_SIZE_MAX {
+            return Err(ClientError::InvalidOption { option: "fetch", reason: "max must be in 1..=1048576" });
+        }
+        if self.is_closed() {
+            return Err(self.closed_error());
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        let outstanding = self.permits.outstanding.load(Ordering::Relaxed);
+        if outstanding < max {
+            let permits = max - outstanding;
+            self.permits.outstanding.fetch_add(permits, Ordering::Relaxed);
+            self.conn.send_command(&Command::Flow { consumer_id: self.consumer_id, permits }).await?;
+        }
+        let mut out = Vec::new();
+        while out.len() < max as usize {
+            match tokio::time::timeout_at(deadline, self.receive()).await {
+                Ok(Ok(m)) => out.push(m),
+                // What was fetched goes out first; a lasting error (the
+                // connection) shows on the next call.
+                Ok(Err(e)) if out.is_empty() => return Err(e),
+                Ok(Err(_)) | Err(_) => break,
+            }
+        }
+        Ok(out)
     }
 
     /// Grant more permits once half the queue has been handed out, so the
@@ -352,6 +420,10 @@ impl Consumer {
     /// A failure to send the Flow is not the message's failure: it only
     /// happens when the connection is gone, and then permits are moot.
     fn after_receive(&self, delivery: &Delivery) {
+        if self.permits.pull {
+            // Permits come with each `fetch` (pull mode has no retry topic).
+            return;
+        }
         let from_retry = match (&self.retry, delivery) {
             (Some(r), Ok(m)) if m.topic == r.topic => {
                 r.ledgers.lock().unwrap_or_else(|p| p.into_inner()).insert(m.id.ledger);

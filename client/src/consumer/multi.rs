@@ -403,12 +403,28 @@ impl MultiTopicConsumer {
         }
     }
 
+    /// Consume `msg` again after `delay` (see `Consumer::reconsume_later`).
+    pub async fn reconsume_later(&self, msg: &Message, delay: std::time::Duration) -> Result<magnetar_wire::MessageId> {
+        self.consumer_of(msg)?.reconsume_later(msg, delay).await
+    }
+
+    /// Consume `msg` again after its retry policy's delay, or send it to the
+    /// dead-letter topic past the policy's limit (see `Consumer::reconsume`).
+    pub async fn reconsume(&self, msg: &Message) -> Result<super::Reconsumed> {
+        self.consumer_of(msg)?.reconsume(msg).await
+    }
+
     pub async fn ack_cumulative(&self, msg: &Message) -> Result<()> {
         self.consumer_of(msg)?.ack_cumulative(&msg.id).await
     }
 
-    /// Close every topic's consumer; the first error is returned.
+    /// Close every topic's consumer; the first error is returned. The
+    /// refresh task (patterns, partitions added later) stops first, so no
+    /// topic is subscribed after the close.
     pub async fn close(&self) -> Result<()> {
+        for t in self.tasks.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            t.abort();
+        }
         let consumers: Vec<Arc<Consumer>> = self
             .lock_members()
             .list

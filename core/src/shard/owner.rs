@@ -267,6 +267,24 @@ impl Shard {
         crate::topic::load::last_message_id(&self.topic_ctx(), topic, loaded.as_deref())
     }
 
+    /// The id of the topic's last message: the last entry's, and in a batch
+    /// its last message's batch index (as Pulsar answers), so a reader that
+    /// has read part of the last batch still sees messages available. The
+    /// entry is read for its metadata; one that is damaged answers the
+    /// damage, not a guess.
+    pub(super) async fn handle_last_message_id(&self, topic: &str) -> Result<Option<MessageId>, CoreError> {
+        let Some(id) = self.last_message_id(topic)? else { return Ok(None) };
+        let blob = match self.log.read(id.ledger, id.entry).await {
+            Ok(blob) => blob,
+            // Trimmed by retention meanwhile: the id stands without a batch index.
+            Err(magnetar_storage::StorageError::NoSuchEntry { .. }) => return Ok(Some(id)),
+            Err(e) => return Err(e.into()),
+        };
+        let batch_index = crate::entry::last_batch_index(&blob)
+            .map_err(|e| CoreError::new(ErrorCode::DamagedEntry, format!("entry {}:{}: {e}", id.ledger, id.entry)))?;
+        Ok(Some(MessageId::new(id.ledger, id.entry, id.partition, batch_index)))
+    }
+
     /// Deletes a topic without producers or consumers: unloaded (its
     /// dispatchers stop), then its records and ledgers erased.
     pub(super) async fn handle_delete_topic(self: Rc<Self>, topic: &str) -> OpResult {

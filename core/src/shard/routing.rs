@@ -299,7 +299,10 @@ impl Shard {
             }
             Op::Traffic => futures::future::ready(Ok(Reply::Traffic(self.traffic()))).boxed_local(),
             Op::ListTopics { prefix } => {
-                let names = self.store.topic_names(&prefix);
+                let mut names = self.store.topic_names(&prefix);
+                // Non-persistent topics exist while they have a producer or
+                // a consumer; they are listed meanwhile.
+                names.extend(self.np_topics.borrow().keys().filter(|k| k.starts_with(&prefix)).cloned());
                 futures::future::ready(Ok(Reply::Topics(names))).boxed_local()
             }
             Op::CreateTopic { topic } => {
@@ -322,7 +325,8 @@ impl Shard {
                 async move { me.handle_delete_topic(&topic).await }.boxed_local()
             }
             Op::LastMessageId { topic } => {
-                futures::future::ready(self.last_message_id(&topic).map(Reply::LastMessageId)).boxed_local()
+                let me = self.clone();
+                async move { me.handle_last_message_id(&topic).await.map(Reply::LastMessageId) }.boxed_local()
             }
             Op::SkipDamaged { topic, subscription } => {
                 let me = self.clone();
@@ -423,8 +427,10 @@ impl Shard {
                 let t = np(&topic).ok_or_else(not_loaded)?;
                 t.producers.borrow().check_send(&topic, &producer)?;
                 crate::topic::publish::check_message_size(&self.config, blob.len())?;
-                crate::entry::check(&blob)?;
-                let (id, events) = t.publish(blob, num_messages);
+                let meta = crate::entry::check(&blob)?;
+                let key_hash =
+                    crate::subscription::dispatcher::key_hash(meta.ordering_key, meta.partition_key.map(str::as_bytes));
+                let (id, events) = t.publish(blob, num_messages, key_hash);
                 for (to, ev) in events {
                     self.deliver(to, ev);
                 }
@@ -442,11 +448,19 @@ impl Shard {
                     return Err(CoreError::new(ErrorCode::NotAllowed, "invalid subscription name"));
                 }
                 let t = self.np_topic(&req.topic);
-                let r = t.subscribe(&req.subscription, consumer, policy.policies.max_consumers_per_topic);
-                if r.is_err() {
-                    self.drop_idle_np(&t);
+                let r = t.subscribe(&req.subscription, &req, consumer, policy.policies.max_consumers_per_topic);
+                match r {
+                    Ok(events) => {
+                        for (to, ev) in events {
+                            self.deliver(to, ev);
+                        }
+                        Ok(Reply::Done)
+                    }
+                    Err(e) => {
+                        self.drop_idle_np(&t);
+                        Err(e)
+                    }
                 }
-                r.map(|_| Reply::Done)
             }
             Op::Flow { topic, subscription, consumer, permits } => {
                 if let Some(t) = np(&topic) {
@@ -469,7 +483,9 @@ impl Shard {
             }
             Op::CloseConsumer { topic, subscription, consumer } => {
                 if let Some(t) = np(&topic) {
-                    t.unsubscribe(&subscription, consumer);
+                    for (to, ev) in t.unsubscribe(&subscription, consumer) {
+                        self.deliver(to, ev);
+                    }
                     self.drop_idle_np(&t);
                 }
                 Ok(Reply::Done)

@@ -215,6 +215,18 @@ impl Subscription {
                     new.sub_type
                 ),
             ));
+        } else if self.filter_tag.borrow().as_deref().unwrap_or("") != new.filter_tag {
+            // Handing it the existing filter silently would deliver it
+            // messages it did not ask for (or hide the ones it did).
+            return Err(CoreError::new(
+                ErrorCode::ConsumerBusy,
+                format!(
+                    "subscription {:?} has consumers with tag filter {:?}; cannot attach a consumer with filter {:?}",
+                    self.name,
+                    self.filter_tag.borrow().as_deref().unwrap_or(""),
+                    new.filter_tag
+                ),
+            ));
         }
         if let Policy::KeyShared(ranges) = &mut *self.policy.borrow_mut() {
             // Before the consumer is listed: a refused one leaves no trace.
