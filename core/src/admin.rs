@@ -8,8 +8,8 @@
 //! Runs on shard 0; never crosses cores.
 
 use crate::api::{
-    AdminReply, AdminRequest, FoundMessages, LastMessageId, PermissionResource, Principal, ShardStats, TopicLookup,
-    TopicOwner,
+    AdminReply, AdminRequest, FoundMessages, LastMessageId, PermissionResource, Principal, SeekTarget, ShardStats,
+    SubscriptionOp, SubscriptionStart, TopicLookup, TopicOwner,
 };
 use crate::authz;
 use crate::error::{CoreError, ErrorCode};
@@ -17,6 +17,7 @@ use crate::metadata::{parse_namespace, Metadata, Policies};
 use crate::ownership;
 use crate::shard::{Op, Reply, Shard, TopicPolicy};
 use crate::topic_name::{Domain, TopicName};
+use magnetar_wire::MessageId;
 use std::rc::Rc;
 
 pub(crate) fn metadata(shard: &Shard) -> Result<&Metadata, CoreError> {
@@ -264,6 +265,16 @@ async fn execute(shard: &Rc<Shard>, request: AdminRequest) -> Result<AdminReply,
                 other => Err(unexpected(other)),
             }
         }
+        AdminRequest::Subscription { topic: tn, subscription, op } => {
+            check_persistent(&tn)?;
+            let policies = namespace_must_exist(md, &tn).await?;
+            match md.partitioned(&tn.to_string()).await? {
+                None => subscription_op(shard, &tn, policies.bundles, &subscription, op).await,
+                Some(p) => {
+                    subscription_op_partitioned(shard, &tn, p.partitions, policies.bundles, &subscription, op).await
+                }
+            }
+        }
         AdminRequest::LastMessageId { topic: tn } => {
             let policies = namespace_must_exist(md, &tn).await?;
             let last = |part: &TopicName| {
@@ -352,6 +363,82 @@ async fn execute(shard: &Rc<Shard>, request: AdminRequest) -> Result<AdminReply,
             Ok(AdminReply::ShardStats(shards))
         }
     }
+}
+
+/// Runs `op` on `subscription` of the non-partitioned topic (or partition) `tn`.
+async fn subscription_op(
+    shard: &Rc<Shard>,
+    tn: &TopicName,
+    bundles: u32,
+    subscription: &str,
+    op: SubscriptionOp,
+) -> Result<AdminReply, CoreError> {
+    let owner = ownership::shard_of(tn, bundles, shard.nshards);
+    let op = Op::SubscriptionAdmin { topic: tn.to_string(), subscription: subscription.to_string(), op };
+    match shard.call(owner, op).await? {
+        Reply::Done => Ok(AdminReply::Done),
+        Reply::Found(found) => Ok(AdminReply::Found(found)),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// `op` on the partitioned topic `tn`, as Pulsar does: on every partition
+/// (creating a subscription creates the partitions nobody used yet; the
+/// other operations skip them, and a subscription no partition has is not
+/// found); a peek, or a position given by message id, names one partition.
+async fn subscription_op_partitioned(
+    shard: &Rc<Shard>,
+    tn: &TopicName,
+    partitions: u32,
+    bundles: u32,
+    subscription: &str,
+    op: SubscriptionOp,
+) -> Result<AdminReply, CoreError> {
+    let one_partition = |id: &MessageId| match u32::try_from(id.partition) {
+        Ok(i) if i < partitions => Ok(partition(tn, i)),
+        _ => Err(CoreError::new(
+            ErrorCode::NotAllowed,
+            format!(
+                "{tn} has {partitions} partitions: a message id must name one of them (partition {})",
+                id.partition
+            ),
+        )),
+    };
+    match &op {
+        SubscriptionOp::Peek { .. } => {
+            return Err(CoreError::new(
+                ErrorCode::NotAllowed,
+                format!("peek on the partitioned topic {tn} is not allowed: name a partition ({tn}-partition-<i>)"),
+            ))
+        }
+        SubscriptionOp::ResetCursor { to: SeekTarget::Id(id) }
+        | SubscriptionOp::Create { at: SubscriptionStart::Id(id) } => {
+            return subscription_op(shard, &one_partition(id)?, bundles, subscription, op).await;
+        }
+        _ => {}
+    }
+    let create = matches!(op, SubscriptionOp::Create { .. });
+    let mut found = false;
+    for i in 0..partitions {
+        let part = partition(tn, i);
+        let owner = ownership::shard_of(&part, bundles, shard.nshards);
+        if create && !topic_exists_on(shard, owner, &part.to_string()).await? {
+            shard.call(owner, Op::CreateTopic { topic: part.to_string() }).await?;
+        }
+        match subscription_op(shard, &part, bundles, subscription, op.clone()).await {
+            Ok(_) => found = true,
+            // A partition nobody used, or one without this subscription.
+            Err(e) if e.code == ErrorCode::TopicNotFound && !create => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if !found && !create {
+        return Err(CoreError::new(
+            ErrorCode::TopicNotFound,
+            format!("subscription {subscription:?} of {tn} does not exist on any partition"),
+        ));
+    }
+    Ok(AdminReply::Done)
 }
 
 /// A grant's resource must be in an existing namespace, and the role

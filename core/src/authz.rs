@@ -115,7 +115,8 @@ pub fn need_of(request: &AdminRequest) -> Need {
         | R::SetMessageTtl { topic, .. }
         | R::GetMessageTtl { topic }
         | R::RemoveMessageTtl { topic }
-        | R::SkipDamaged { topic, .. } => Need::TenantAdmin(topic.tenant.clone()),
+        | R::SkipDamaged { topic, .. }
+        | R::Subscription { topic, .. } => Need::TenantAdmin(topic.tenant.clone()),
         R::PartitionedMetadata { topic } | R::Lookup { topic } | R::Owner { topic } => {
             Need::Topic(topic.clone(), TopicAccess::ProduceOrConsume)
         }

@@ -228,16 +228,18 @@ pub(crate) fn for_delivery(blob: &[u8]) -> Result<Delivery<'_>, EntryError> {
     }
 }
 
-/// One message of an entry whose key matched (see [`with_key`]).
+/// One message of an entry (see [`with_key`] and [`messages`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct KeyedMessage {
     /// Index in its batch; -1 for the whole entry.
     pub(crate) batch_index: i64,
+    /// Its partition key, if it has one.
+    pub(crate) key: Option<String>,
     pub(crate) properties: Vec<(String, String)>,
     pub(crate) payload: Bytes,
 }
 
-/// The messages of one entry that carry a given key (see [`with_key`]).
+/// Messages of one entry (see [`with_key`] and [`messages`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct KeyedMessages {
     pub(crate) publish_time_ms: u64,
@@ -245,7 +247,7 @@ pub(crate) struct KeyedMessages {
     /// `Some` for a compressed entry (returned whole: the broker never
     /// decompresses).
     pub(crate) compression: Option<CompressionType>,
-    /// Newest first.
+    /// In the order [`with_key`] or [`messages`] says.
     pub(crate) messages: Vec<KeyedMessage>,
 }
 
@@ -254,20 +256,82 @@ pub(crate) struct KeyedMessages {
 /// whole entry when its key matches. A batch whose records cannot be split
 /// yields none.
 pub(crate) fn with_key(blob: &Bytes, key: &str) -> Result<KeyedMessages, EntryError> {
+    let mut found = select(blob, |k| k == Some(key))?;
+    found.messages.reverse();
+    Ok(found)
+}
+
+/// Every message of a stored entry, in batch order: an uncompressed
+/// batch's messages one by one, otherwise the whole entry (a batch whose
+/// records cannot be split: the whole entry as well).
+pub(crate) fn messages(blob: &Bytes) -> Result<KeyedMessages, EntryError> {
+    let found = select(blob, |_| true)?;
+    if !found.messages.is_empty() {
+        return Ok(found);
+    }
+    // An unsplittable batch: shown whole rather than not at all.
+    let mut whole = select_whole(blob)?;
+    whole.compression = None;
+    Ok(whole)
+}
+
+/// The whole entry as one message.
+fn select_whole(blob: &Bytes) -> Result<KeyedMessages, EntryError> {
+    match Format::of(blob) {
+        Format::Native => {
+            let (meta, payload) = magnetar_wire::decode_message(blob).map_err(EntryError::Native)?;
+            Ok(KeyedMessages {
+                publish_time_ms: meta.publish_time_ms,
+                num_messages: meta.num_messages,
+                compression: None,
+                messages: vec![KeyedMessage {
+                    batch_index: -1,
+                    key: meta.partition_key,
+                    properties: meta.properties,
+                    payload,
+                }],
+            })
+        }
+        Format::Pulsar => {
+            let m = pulsar_meta(blob)?;
+            let (_, _, payload) = magnetar_pulsar_wire::metadata::split_stored(blob).map_err(EntryError::Pulsar)?;
+            Ok(KeyedMessages {
+                publish_time_ms: m.publish_time_ms,
+                num_messages: m.num_messages_in_batch.unwrap_or(0),
+                compression: None,
+                messages: vec![KeyedMessage {
+                    batch_index: -1,
+                    key: m.partition_key.map(str::to_string),
+                    properties: Vec::new(),
+                    payload: blob.slice_ref(payload),
+                }],
+            })
+        }
+    }
+}
+
+/// The messages of a stored entry whose key `want` accepts, in batch order.
+fn select(blob: &Bytes, want: impl Fn(Option<&str>) -> bool) -> Result<KeyedMessages, EntryError> {
     match Format::of(blob) {
         Format::Native => {
             let (meta, payload) = magnetar_wire::decode_message(blob).map_err(EntryError::Native)?;
             let compressed = meta.compression != CompressionType::None;
             let mut messages = Vec::new();
             if meta.num_messages <= 1 || compressed {
-                if meta.partition_key.as_deref() == Some(key) {
-                    messages.push(KeyedMessage { batch_index: -1, properties: meta.properties, payload });
+                if want(meta.partition_key.as_deref()) {
+                    messages.push(KeyedMessage {
+                        batch_index: -1,
+                        key: meta.partition_key,
+                        properties: meta.properties,
+                        payload,
+                    });
                 }
             } else if let Ok(records) = magnetar_wire::decode_batch(&payload, meta.num_messages) {
-                for (i, r) in records.into_iter().enumerate().rev() {
-                    if r.partition_key.as_deref() == Some(key) {
+                for (i, r) in records.into_iter().enumerate() {
+                    if want(r.partition_key.as_deref()) {
                         messages.push(KeyedMessage {
                             batch_index: i as i64,
+                            key: r.partition_key,
                             properties: r.properties,
                             payload: r.payload,
                         });
@@ -282,14 +346,15 @@ pub(crate) fn with_key(blob: &Bytes, key: &str) -> Result<KeyedMessages, EntryEr
             })
         }
         Format::Pulsar => {
-            // A Pulsar entry is matched whole by its own partition key; the
+            // A Pulsar entry is taken whole by its own partition key; the
             // messages inside a Pulsar batch are not looked into (yet).
             let m = pulsar_meta(blob)?;
             let (_, _, payload) = magnetar_pulsar_wire::metadata::split_stored(blob).map_err(EntryError::Pulsar)?;
             let mut messages = Vec::new();
-            if m.num_messages_in_batch.is_none() && m.partition_key == Some(key) {
+            if m.num_messages_in_batch.is_none() && want(m.partition_key) {
                 messages.push(KeyedMessage {
                     batch_index: -1,
+                    key: m.partition_key.map(str::to_string),
                     properties: Vec::new(),
                     payload: blob.slice_ref(payload),
                 });

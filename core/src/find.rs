@@ -24,7 +24,7 @@ use crate::topic_name::TopicName;
 pub(crate) const FIND_LIMIT_MAX: u32 = 1000;
 /// Most payload bytes one answer carries (the rest of the messages are left
 /// out and `truncated` is set), so an answer stays far below the frame limit.
-const FIND_PAYLOAD_BYTES_MAX: usize = 4 << 20;
+pub(crate) const FIND_PAYLOAD_BYTES_MAX: usize = 4 << 20;
 /// Rounds of asking the index for more candidates when hash collisions or
 /// deleted entries left fewer confirmed messages than asked for.
 const FIND_ROUNDS_MAX: usize = 4;

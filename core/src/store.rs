@@ -156,6 +156,18 @@ impl Store {
         self.log.put_meta(&sub_meta_key(META_SUB_STATE_PREFIX, topic, sub), record)
     }
 
+    /// Erases a deleted subscription's cursor and state records; returns
+    /// the log position of the last erasure. The state record goes first:
+    /// a crash in between leaves a cursor without state, which loads as a
+    /// subscription of older data, never state without a cursor.
+    pub(crate) fn delete_subscription(&self, topic: &str, sub: &str) -> Result<u64, StorageError> {
+        let state = sub_meta_key(META_SUB_STATE_PREFIX, topic, sub);
+        if self.log.meta(&state).is_some() {
+            self.log.put_meta(&state, Bytes::new())?;
+        }
+        self.log.put_meta(&cursor_meta_key(topic, sub), Bytes::new())
+    }
+
     pub(crate) fn dedup_snapshot(&self, topic: &str) -> Option<Bytes> {
         self.log.meta(&dedup_meta_key(topic))
     }

@@ -116,6 +116,19 @@ impl BrokerProcess {
         lines.iter().any(|l| l.starts_with(LISTENING_PREFIX))
     }
 
+    /// Starts a broker on `data_dir` without waiting for it to be ready:
+    /// the process (killed when dropped) and its stdout lines as they come
+    /// (its HTTP address line comes before recovery, its listening line
+    /// after). For tests of what the broker says while it recovers.
+    pub fn spawn_starting(data_dir: &Path, options: &BrokerOptions) -> (ChildGuard, std::sync::mpsc::Receiver<String>) {
+        let mut cmd = Self::command(data_dir, options);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+        let mut child = ChildGuard::spawn(cmd).unwrap_or_else(|e| panic!("spawning {}: {e}", magnetar_bin().display()));
+        let lines =
+            pump_lines(child.child_mut().stdout.take().expect("piped stdout"), format!("broker-{}", child.pid()));
+        (child, lines)
+    }
+
     fn command(data_dir: &Path, options: &BrokerOptions) -> Command {
         let mut cmd = Command::new(magnetar_bin());
         cmd.arg("standalone")

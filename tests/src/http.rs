@@ -10,18 +10,26 @@ use std::time::Duration;
 /// How long one request may take.
 pub const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// An answer: status, `Content-Type` and body text.
+/// An answer: status, `Content-Type`, body text and every header.
 #[derive(Debug, Clone)]
 pub struct HttpAnswer {
     pub status: u16,
     pub content_type: String,
     pub body: String,
+    /// Names lowercased, in the order received.
+    pub headers: Vec<(String, String)>,
 }
 
 impl HttpAnswer {
     /// The body as JSON; panics with the body when it is not.
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+
+    /// The first header named `name` (any case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers.iter().find(|(k, _)| *k == name).map(|(_, v)| v.as_str())
     }
 }
 
@@ -61,8 +69,13 @@ async fn try_request(
     let resp = sender.send_request(req).await?;
     let status = resp.status().as_u16();
     let content_type = resp.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let headers = resp
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.as_str().to_ascii_lowercase(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+        .collect();
     let bytes = resp.into_body().collect().await?.to_bytes();
-    Ok(HttpAnswer { status, content_type, body: String::from_utf8_lossy(&bytes).into_owned() })
+    Ok(HttpAnswer { status, content_type, body: String::from_utf8_lossy(&bytes).into_owned(), headers })
 }
 
 /// One sample of a scrape: its family's name, its labels (values as

@@ -31,7 +31,9 @@ mod python;
 mod raw;
 mod scope;
 
-pub use broker::{BrokerOptions, BrokerProcess, StartFailure, LISTENING_PREFIX, START_TIMEOUT, TERMINATE_TIMEOUT};
+pub use broker::{
+    BrokerOptions, BrokerProcess, StartFailure, HTTP_PREFIX, LISTENING_PREFIX, START_TIMEOUT, TERMINATE_TIMEOUT,
+};
 pub use browser::{chromium, console_artifacts_dir, console_python, console_tests_dir, run_console_test};
 pub use cli::{run_cli, CliProcess, CliRun, ConsumeCmd, Line, ProduceCmd, Receipt, Received};
 pub use data::{

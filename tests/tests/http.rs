@@ -244,11 +244,12 @@ fn rest_admin_answers_pulsars_codes_and_shapes() {
             ),
             ("GET", "/admin/v2/persistent/acme/orders/single/partitioned-stats", None, 404, None),
             ("GET", "/admin/v2/persistent/nobody/ns/t/stats", None, 404, None),
+            // Subscription operations: tests/tests/subscription_admin.rs.
             (
                 "DELETE",
                 "/admin/v2/persistent/acme/orders/single/subscription/s",
                 None,
-                501,
+                404,
                 Some(|v| v["reason"].is_string()),
             ),
             ("GET", "/admin/v2/non-persistent/acme/orders", None, 501, None),

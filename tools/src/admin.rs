@@ -9,6 +9,11 @@
 //! line; commands that change something print nothing. Errors go to stderr
 //! with a non-zero exit status.
 //!
+//! `magnetar admin subscriptions create|delete|skip|clear-backlog|
+//! reset-cursor|expire|peek TOPIC SUB …` (issue #21): an operator's changes
+//! to a subscription (`docs/operations.md`); `peek` prints one JSON object
+//! a line, as `messages find` does, the others print nothing.
+//!
 //! `magnetar admin messages find TOPIC --key K [--before T] [--limit N]`
 //! (issue #3): the newest messages with key K (all partitions of a
 //! partitioned topic), newest first, found through the broker's key index
@@ -110,6 +115,81 @@ pub enum SubscriptionsCmd {
         topic: String,
         subscription: String,
     },
+    /// Create a durable subscription with its cursor at a position (a
+    /// partitioned topic: on every partition).
+    Create {
+        topic: String,
+        subscription: String,
+        /// `latest`, `earliest`, or a message id `L:E[:P[:B]]` (the next
+        /// message delivered).
+        #[arg(long, default_value = "latest")]
+        message_id: String,
+    },
+    /// Delete a subscription and its cursor. Refused while consumers are
+    /// connected, unless `--force` (which closes them).
+    Delete {
+        topic: String,
+        subscription: String,
+        #[arg(long)]
+        force: bool,
+    },
+    /// Acknowledge the next N unacknowledged entries (a batch is one).
+    Skip {
+        topic: String,
+        subscription: String,
+        #[arg(long)]
+        count: u64,
+    },
+    /// Acknowledge every stored message (skip all).
+    ClearBacklog { topic: String, subscription: String },
+    /// Move the cursor: the next message delivered is the first published
+    /// at or after a time, or the given message. Connected consumers are
+    /// closed and receive from the new position when they subscribe again.
+    #[command(group(clap::ArgGroup::new("target").required(true).args(["time", "relative", "message_id"])))]
+    ResetCursor {
+        topic: String,
+        subscription: String,
+        /// A publish time: RFC 3339 in UTC (`2026-11-30T03:00:00Z`) or
+        /// milliseconds since the epoch.
+        #[arg(long, value_parser = parse_time_ms)]
+        time: Option<u64>,
+        /// This long before now (`10m`, `1h 30m`, `2d`).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        relative: Option<std::time::Duration>,
+        /// `L:E[:P[:B]]`.
+        #[arg(long)]
+        message_id: Option<String>,
+    },
+    /// Acknowledge every message published more than T seconds ago.
+    Expire {
+        topic: String,
+        subscription: String,
+        #[arg(long)]
+        expiry_s: u64,
+    },
+    /// Show the next N messages the subscription would deliver (one JSON
+    /// object a line, as `messages find`), without changing anything. Not
+    /// for a partitioned topic's name: name the partition.
+    Peek {
+        topic: String,
+        subscription: String,
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+    },
+}
+
+/// A message id as the CLI takes it, `L:E[:P[:B]]`, in the broker's full
+/// `L:E:P:B` form (P and B default to -1).
+fn full_message_id(s: &str) -> Result<String, String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    if !(2..=4).contains(&parts.len()) {
+        return Err(format!("{s:?} is not a message id LEDGER:ENTRY[:PARTITION[:BATCH_INDEX]]"));
+    }
+    let mut full: Vec<String> = parts.iter().map(|p| p.to_string()).collect();
+    full.resize(4, "-1".to_string());
+    let id = full.join(":");
+    id.parse::<magnetar_wire::MessageId>().map_err(|e| e.to_string())?;
+    Ok(id)
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -314,6 +394,72 @@ async fn admin(args: AdminArgs) -> Result<(), Box<dyn Error>> {
                 answer["skipped"].as_str().unwrap_or("?")
             );
             return Ok(());
+        }
+        AdminCmd::Subscriptions(SubscriptionsCmd::Peek { topic: t, subscription, count }) => {
+            let client = args.broker.connect().await?;
+            let body = json!({ "topic": topic(&t)?, "subscription": subscription, "count": count });
+            let answer = client.admin().call("subscriptions.peek", body).await;
+            client.close();
+            let answer = answer?;
+            for m in answer["messages"].as_array().map(Vec::as_slice).unwrap_or_default() {
+                println!("{}", found_line(m));
+            }
+            if answer["truncated"].as_bool() == Some(true) {
+                eprintln!("answer cut at the broker's payload bound; ask with a smaller --count");
+            }
+            return Ok(());
+        }
+        AdminCmd::Subscriptions(c) => {
+            let body = |t: &str, sub: &str| -> Result<Value, Box<dyn Error>> {
+                Ok(json!({ "topic": topic(t)?, "subscription": sub }))
+            };
+            let (op, body) = match c {
+                SubscriptionsCmd::Create { topic: t, subscription, message_id } => {
+                    let mut b = body(&t, &subscription)?;
+                    b["position"] = match message_id.as_str() {
+                        "latest" | "earliest" => json!(message_id),
+                        id => json!(full_message_id(id)?),
+                    };
+                    ("subscriptions.create", b)
+                }
+                SubscriptionsCmd::Delete { topic: t, subscription, force } => {
+                    let mut b = body(&t, &subscription)?;
+                    b["force"] = json!(force);
+                    ("subscriptions.delete", b)
+                }
+                SubscriptionsCmd::Skip { topic: t, subscription, count } => {
+                    let mut b = body(&t, &subscription)?;
+                    b["count"] = json!(count);
+                    ("subscriptions.skip", b)
+                }
+                SubscriptionsCmd::ClearBacklog { topic: t, subscription } => {
+                    ("subscriptions.clear-backlog", body(&t, &subscription)?)
+                }
+                SubscriptionsCmd::ResetCursor { topic: t, subscription, time, relative, message_id } => {
+                    let mut b = body(&t, &subscription)?;
+                    match (time, relative, message_id) {
+                        (Some(ms), _, _) => b["time_ms"] = json!(ms),
+                        (_, Some(ago), _) => {
+                            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+                            b["time_ms"] = json!(now.saturating_sub(ago).as_millis() as u64);
+                        }
+                        (_, _, Some(id)) => b["message_id"] = json!(full_message_id(&id)?),
+                        _ => return Err("give --time, --relative or --message-id".into()),
+                    }
+                    ("subscriptions.reset-cursor", b)
+                }
+                SubscriptionsCmd::Expire { topic: t, subscription, expiry_s } => {
+                    let mut b = body(&t, &subscription)?;
+                    b["expiry_s"] = json!(expiry_s);
+                    ("subscriptions.expire", b)
+                }
+                SubscriptionsCmd::Stats { .. }
+                | SubscriptionsCmd::SkipDamaged { .. }
+                | SubscriptionsCmd::Peek { .. } => {
+                    unreachable!("handled above")
+                }
+            };
+            (op, body, Print::Nothing)
         }
         AdminCmd::Messages(MessagesCmd::Find { topic: t, key, before, limit }) => {
             let client = args.broker.connect().await?;

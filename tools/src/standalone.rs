@@ -439,6 +439,8 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
         hc.tls = tls.clone();
         let (server, shards_side) = HttpServer::start(hc, shards)
             .map_err(|e| format!("cannot bind --http-listen {}: {e}", args.http_listen))?;
+        // Printed now, not once ready: probes are answered during recovery.
+        println!("magnetar standalone http on {}", server.addr());
         Some((server, shards_side))
     };
     let http_shards = http.as_ref().map(|(_, s)| s.clone());
@@ -464,7 +466,6 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     let http = http.map(|(server, _)| server);
     if let Some(server) = &http {
         server.set_ready(true);
-        println!("magnetar standalone http on {}", server.addr());
     }
     // One line on stdout that scripts and tests wait for (the port matters
     // when --listen asked for port 0).

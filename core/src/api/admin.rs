@@ -136,6 +136,17 @@ pub enum AdminRequest {
         topic: TopicName,
         subscription: String,
     },
+    /// An operator's change to a subscription, or a look at its backlog
+    /// ([`SubscriptionOp`]). A partitioned topic's name applies it to every
+    /// partition (those nobody used yet are skipped, except by `Create`),
+    /// as Pulsar does; `Peek` and `ResetCursor` to a message id name one
+    /// partition instead. Answers [`AdminReply::Done`], or
+    /// [`AdminReply::Found`] for `Peek`.
+    Subscription {
+        topic: TopicName,
+        subscription: String,
+        op: SubscriptionOp,
+    },
     /// Adds `actions` to what `role` holds on `resource` (whose namespace
     /// must exist).
     GrantPermission {
@@ -153,6 +164,51 @@ pub enum AdminRequest {
     GetPermissions {
         resource: PermissionResource,
     },
+}
+
+/// What [`AdminRequest::Subscription`] does. Acknowledgement state stays
+/// consistent with what consumers hold: entries a change acknowledges leave
+/// their consumers' unacknowledged sets; a change that moves the cursor
+/// back or forth (`ResetCursor`) first closes the connected consumers, as
+/// Pulsar does, so they subscribe again and receive from the new position
+/// rather than from what their client had queued. Durable subscriptions'
+/// changes are on disk before the answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SubscriptionOp {
+    /// A durable subscription with its cursor at `at`; refused when it
+    /// exists. The topic must exist (a partition of a partitioned topic is
+    /// created).
+    Create { at: SubscriptionStart },
+    /// Refused while consumers are connected unless `force`, which closes
+    /// them first. Its cursor and state records are erased.
+    Delete { force: bool },
+    /// Acknowledges the next `count` unacknowledged entries (a batch is one
+    /// entry, as Pulsar's skip counts entries).
+    Skip { count: u64 },
+    /// Acknowledges every stored entry.
+    ClearBacklog,
+    /// Makes the target the next entry delivered: everything before it
+    /// counts as acknowledged, nothing after it.
+    ResetCursor { to: super::SeekTarget },
+    /// Acknowledges every entry published more than `older_than_s` seconds
+    /// ago (Pulsar's expiry: by publish time, assumed to grow with the
+    /// position).
+    Expire { older_than_s: u64 },
+    /// The messages of the unacknowledged entries from the `position`-th
+    /// (1 is the next one delivered; a batch's messages one by one), up to
+    /// `count` messages (at most 1,000) and 4 MiB of payload. Changes
+    /// nothing.
+    Peek { position: u64, count: u32 },
+}
+
+/// Where [`SubscriptionOp::Create`] puts the new cursor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubscriptionStart {
+    Earliest,
+    Latest,
+    /// This message is the next delivered (ids retention deleted: the
+    /// oldest kept).
+    Id(MessageId),
 }
 
 /// What a grant is on.

@@ -20,6 +20,7 @@ mod owner;
 pub(crate) mod retention;
 pub(crate) mod routing;
 pub(crate) mod start_gate;
+mod sub_admin;
 
 pub(crate) use crate::subscription::requests::valid_subscription_name;
 pub(crate) use routing::{Op, OpResult, Reply, TopicPolicy};

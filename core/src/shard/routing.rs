@@ -136,6 +136,13 @@ pub(crate) enum Op {
         topic: String,
         subscription: String,
     },
+    /// On the owner: an operator's change to a subscription, or a peek
+    /// (`sub_admin.rs`).
+    SubscriptionAdmin {
+        topic: String,
+        subscription: String,
+        op: crate::api::SubscriptionOp,
+    },
     /// On the owner: messages of the topic with this key (`find.rs`).
     FindMessages {
         topic: String,
@@ -324,6 +331,10 @@ impl Shard {
             Op::SkipDamaged { topic, subscription } => {
                 let me = self.clone();
                 async move { me.handle_skip_damaged(&topic, &subscription).await }.boxed_local()
+            }
+            Op::SubscriptionAdmin { topic, subscription, op } => {
+                let me = self.clone();
+                async move { me.handle_subscription_admin(&topic, &subscription, op).await }.boxed_local()
             }
             Op::FindMessages { topic, key, before_ms, limit } => {
                 let me = self.clone();

@@ -6,6 +6,7 @@
 //! permits. Owned by the topic's shard; never crosses cores.
 
 pub(crate) mod ack_set;
+mod admin;
 pub mod cursor;
 pub(crate) mod delayed;
 pub(crate) mod dispatcher;
@@ -362,8 +363,9 @@ impl Subscription {
     /// entry before it counts as acknowledged, none after it. Whatever was
     /// delivered, set aside or delayed is forgotten. `seeker`'s permits drop
     /// to 0 (its client drops its queue and grants them again); other
-    /// consumers keep theirs.
-    pub(crate) fn reset_to(&self, entry: u64, seeker: ConsumerRef) {
+    /// consumers keep theirs. An operator's reset has no seeker (it closes
+    /// the consumers first).
+    pub(crate) fn reset_to(&self, entry: u64, seeker: Option<ConsumerRef>) {
         {
             let mut cursor = self.cursor.borrow_mut();
             cursor.ack_floor = entry;
@@ -379,9 +381,9 @@ impl Subscription {
         self.read_pos.set(entry);
         for c in self.consumers.borrow_mut().iter_mut() {
             c.unacked = 0;
-            if c.consumer == seeker {
+            if Some(c.consumer) == seeker {
                 c.permits = 0;
-                if let Some(held) = self.paused.borrow_mut().get_mut(&seeker) {
+                if let Some(held) = self.paused.borrow_mut().get_mut(&c.consumer) {
                     *held = 0;
                 }
             }

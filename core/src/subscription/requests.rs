@@ -180,7 +180,7 @@ pub(crate) fn seek(
     entry: u64,
     seeker: ConsumerRef,
 ) -> Result<Option<u64>, CoreError> {
-    sub.reset_to(entry, seeker);
+    sub.reset_to(entry, Some(seeker));
     if sub.durable {
         return Ok(Some(writer.persist(t, sub)?));
     }

@@ -118,7 +118,13 @@ impl Topic {
     /// The first position in `[lo, hi)` published at or after `cutoff_ms`
     /// (`hi` when none), by binary search: publish times grow with positions
     /// when producers' clocks agree (Pulsar's expiry assumes the same).
-    async fn first_published_at_or_after(&self, log: &EntryLog, cutoff_ms: u64, mut lo: u64, mut hi: u64) -> u64 {
+    pub(crate) async fn first_published_at_or_after(
+        &self,
+        log: &EntryLog,
+        cutoff_ms: u64,
+        mut lo: u64,
+        mut hi: u64,
+    ) -> u64 {
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             match self.publish_time(log, mid).await {

@@ -3,6 +3,8 @@
 //! [`AdminRequest`] run by the core (so its checks apply, whatever the
 //! door); what Magnetar does not do answers 501 with a JSON reason.
 
+mod subscription;
+
 use super::{error, json, no_content, read_body, Body, CallError, ShardCall, State};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
@@ -550,9 +552,7 @@ async fn topic_op(
             Ok(s) => json(StatusCode::OK, &json!(s.subscriptions.iter().map(|x| &x.name).collect::<Vec<_>>())),
             Err(r) => r,
         },
-        (_, ["subscription", ..]) => {
-            not_supported("subscription operations over REST (delete, skip, reset, expire, peek, create)")
-        }
+        (_, ["subscription", rest @ ..]) => subscription::handle(state, req, method, topic, rest).await,
         _ => not_supported(&format!("{method} on a topic's {:?}", rest.join("/"))),
     }
 }

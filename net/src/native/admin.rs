@@ -43,6 +43,13 @@
 //! | `topics.revoke-permission` | `topic`, `role` | `null` |
 //! | `topics.permissions` | `topic` | `{ROLE: [ACTION, …], …}` (this topic's own grants) |
 //! | `subscriptions.skip-damaged` | `topic` (not a partitioned topic's name), `subscription` | `{"skipped": "L:E:P:-1"}` |
+//! | `subscriptions.create` | `topic`, `subscription`, optional `position`: `"latest"` (default), `"earliest"` or `"L:E:P:B"` | `null` |
+//! | `subscriptions.delete` | `topic`, `subscription`, optional `force` (false: refused while consumers are connected) | `null` |
+//! | `subscriptions.skip` | `topic`, `subscription`, `count` (entries) | `null` |
+//! | `subscriptions.clear-backlog` | `topic`, `subscription` | `null` |
+//! | `subscriptions.reset-cursor` | `topic`, `subscription`, and `time_ms` (publish time) or `message_id` (`"L:E:P:B"`) | `null` |
+//! | `subscriptions.expire` | `topic`, `subscription`, `expiry_s` | `null` |
+//! | `subscriptions.peek` | `topic` (not a partitioned topic's name), `subscription`, optional `position` (1), `count` (1) | as `messages.find` |
 //!
 //! Objects built as `serde_json::Value` list their fields sorted by name
 //! (serde_json without `preserve_order`); that order is part of the
@@ -50,7 +57,8 @@
 
 use base64::Engine as _;
 use magnetar_core::api::{
-    AdminReply, AdminRequest, FoundMessage, LastMessageId, PermissionResource, PolicyChange, TopicOwner, TopicStats,
+    AdminReply, AdminRequest, FoundMessage, LastMessageId, PermissionResource, PolicyChange, SeekTarget,
+    SubscriptionOp, SubscriptionStart, TopicOwner, TopicStats,
 };
 use magnetar_core::authz::AuthAction;
 use magnetar_core::metadata::TenantInfo;
@@ -104,6 +112,50 @@ fn i64_arg(op: &str, args: &Value, name: &str) -> Result<i64, CoreError> {
 fn topic_arg(op: &str, args: &Value) -> Result<TopicName, CoreError> {
     let t = str_arg(op, args, "topic")?;
     TopicName::parse(&t).map_err(|e| CoreError::new(ErrorCode::InvalidTopicName, e.to_string()))
+}
+
+fn u64_arg(op: &str, args: &Value, name: &str) -> Result<u64, CoreError> {
+    args.get(name).and_then(Value::as_u64).ok_or_else(|| bad_args(op, format!("missing integer argument {name:?}")))
+}
+
+fn id_arg(op: &str, text: &str) -> Result<MessageId, CoreError> {
+    text.parse().map_err(|e| bad_args(op, e))
+}
+
+/// The [`SubscriptionOp`] of a `subscriptions.*` operation.
+fn subscription_op(op: &str, args: &Value) -> Result<SubscriptionOp, CoreError> {
+    let optional_u64 = |name: &str, default: u64| match args.get(name) {
+        None | Some(Value::Null) => Ok(default),
+        Some(_) => u64_arg(op, args, name),
+    };
+    Ok(match op {
+        "subscriptions.create" => {
+            let at = match args.get("position").and_then(Value::as_str) {
+                None | Some("latest") => SubscriptionStart::Latest,
+                Some("earliest") => SubscriptionStart::Earliest,
+                Some(id) => SubscriptionStart::Id(id_arg(op, id)?),
+            };
+            SubscriptionOp::Create { at }
+        }
+        "subscriptions.delete" => {
+            SubscriptionOp::Delete { force: args.get("force").and_then(Value::as_bool) == Some(true) }
+        }
+        "subscriptions.skip" => SubscriptionOp::Skip { count: u64_arg(op, args, "count")? },
+        "subscriptions.clear-backlog" => SubscriptionOp::ClearBacklog,
+        "subscriptions.reset-cursor" => {
+            let to = match (args.get("time_ms"), args.get("message_id").and_then(Value::as_str)) {
+                (Some(_), None) => SeekTarget::PublishTime(u64_arg(op, args, "time_ms")?),
+                (None, Some(id)) => SeekTarget::Id(id_arg(op, id)?),
+                _ => return Err(bad_args(op, "give exactly one of \"time_ms\" and \"message_id\"")),
+            };
+            SubscriptionOp::ResetCursor { to }
+        }
+        "subscriptions.expire" => SubscriptionOp::Expire { older_than_s: u64_arg(op, args, "expiry_s")? },
+        _ => {
+            let count = u32::try_from(optional_u64("count", 1)?).map_err(|_| bad_args(op, "count is too large"))?;
+            SubscriptionOp::Peek { position: optional_u64("position", 1)?, count }
+        }
+    })
 }
 
 /// A field given in a partial policies object: present means set (`null`
@@ -282,6 +334,17 @@ pub(crate) fn parse(op: &str, json: &str) -> Result<AdminRequest, CoreError> {
         "subscriptions.skip-damaged" => {
             AdminRequest::SkipDamaged { topic: topic()?, subscription: str_arg(op, args, "subscription")? }
         }
+        "subscriptions.create"
+        | "subscriptions.delete"
+        | "subscriptions.skip"
+        | "subscriptions.clear-backlog"
+        | "subscriptions.reset-cursor"
+        | "subscriptions.expire"
+        | "subscriptions.peek" => AdminRequest::Subscription {
+            topic: topic()?,
+            subscription: str_arg(op, args, "subscription")?,
+            op: subscription_op(op, args)?,
+        },
         other => return Err(CoreError::new(ErrorCode::NotAllowed, format!("unknown admin operation {other:?}"))),
     })
 }
