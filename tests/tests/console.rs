@@ -145,7 +145,6 @@ fn console_shows_a_live_workload() {
 /// page's peek shows that message first. Then skipping its backlog and
 /// deleting it through the page leave no subscription.
 #[test]
-#[ignore = "needs the REST subscription operations (resetcursor, position/N, skip_all, DELETE) of branch subadmin: 501 before; passes merged with it"]
 fn console_resets_a_cursor_by_time_and_a_consumer_receives_from_there() {
     run_with_timeout(Duration::from_secs(420), || {
         let dir = test_dir("console-reset");
@@ -201,7 +200,6 @@ fn token(role: &str) -> String {
 /// action the token's role may not do (create a topic, as a role with no
 /// grants) shows the broker's own refusal; the topic is not created.
 #[test]
-#[ignore = "needs HTTP authentication (branch sec) and its check on /admin/v2/magnetar/*"]
 fn console_asks_for_a_token_and_shows_the_brokers_refusal() {
     run_async_with_timeout(Duration::from_secs(300), || async {
         let dir = test_dir("console-auth");
