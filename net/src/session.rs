@@ -144,6 +144,12 @@ pub(crate) enum Request<O> {
         request_id: u64,
         consumer_id: u64,
     },
+    /// The consumer's subscription is deleted; the consumer goes with it.
+    Unsubscribe {
+        request_id: u64,
+        consumer_id: u64,
+        force: bool,
+    },
     Ping,
     Pong,
     /// What only this door has (admin, lookups); see [`Door::other`].
@@ -1161,6 +1167,20 @@ impl<D: Door> Session<D> {
                         Err(e) => self.out.error(request_id, &e),
                     },
                     None => self.out.error(request_id, &consumer_not_found()),
+                }
+            }
+            Request::Unsubscribe { request_id, consumer_id, force } => {
+                let Some(c) = self.consumer(consumer_id) else {
+                    self.out.error(request_id, &consumer_not_found());
+                    return Ok(());
+                };
+                match self.broker_handle().unsubscribe(&c, force).await {
+                    Ok(()) => {
+                        // The core detached it without a word to the client.
+                        self.consumers.borrow_mut().remove(&consumer_id);
+                        self.out.success(request_id)
+                    }
+                    Err(e) => self.out.error(request_id, &e),
                 }
             }
             Request::Ping => self.out.put("a pong", |d, dst| d.pong(dst)),

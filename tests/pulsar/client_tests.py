@@ -319,6 +319,31 @@ def test_ack_timeout(url, topic):
     c.close()
 
 
+def test_unsubscribe(url, topic):
+    """UNSUBSCRIBE deletes the subscription (its cursor with it), and is
+    refused while another consumer is attached."""
+    c = client(url)
+    p = c.create_producer(topic, batching_enabled=False)
+    s = c.subscribe(topic, "sub", consumer_type=ConsumerType.Shared)
+    other = c.subscribe(topic, "sub", consumer_type=ConsumerType.Shared)
+    try:
+        s.unsubscribe()
+        raise AssertionError("unsubscribed while another consumer was attached")
+    except pulsar.PulsarException:
+        pass
+    other.close()
+    s.unsubscribe()
+    p.send(b"while gone")
+    # Subscribed again at the latest position: had the old cursor been kept,
+    # "while gone" would be its backlog.
+    s = c.subscribe(topic, "sub", consumer_type=ConsumerType.Shared, initial_position=InitialPosition.Latest)
+    p.send(b"after")
+    assert s.receive(RECEIVE_MS).data() == b"after"
+    expect_nothing(s)
+    print("unsubscribe: refused beside another consumer, then the subscription was gone")
+    c.close()
+
+
 def test_partitioned(url, topic):
     """A partitioned topic (3 partitions, made by the Rust side): keyed
     messages are spread over the partitions, each partition's id names it,

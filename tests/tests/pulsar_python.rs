@@ -101,6 +101,11 @@ fn pulsar_ack_timeout() {
 }
 
 #[test]
+fn pulsar_unsubscribe() {
+    py("unsubscribe");
+}
+
+#[test]
 fn pulsar_too_big() {
     py("too_big");
 }

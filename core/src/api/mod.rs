@@ -366,6 +366,20 @@ impl Broker {
         }
     }
 
+    /// Deletes the subscription of consumer `c` at its own request (Pulsar's
+    /// UNSUBSCRIBE; the consume permission it subscribed with suffices, as
+    /// in Pulsar). On success `c` is detached; with other consumers
+    /// attached it is refused (`ConsumerBusy`) unless `force`.
+    pub async fn unsubscribe(&self, c: &ConsumerHandle, force: bool) -> Result<(), CoreError> {
+        let op = Op::Unsubscribe {
+            topic: c.topic.clone(),
+            subscription: c.subscription.clone(),
+            consumer: c.consumer,
+            force,
+        };
+        self.shard.call(c.owner, op).await.map(|_| ())
+    }
+
     pub async fn close_consumer(&self, c: &ConsumerHandle) -> Result<(), CoreError> {
         let op =
             Op::CloseConsumer { topic: c.topic.clone(), subscription: c.subscription.clone(), consumer: c.consumer };

@@ -85,6 +85,15 @@ pub(crate) enum Op {
         subscription: String,
         consumer: ConsumerRef,
     },
+    /// The consumer's client deletes its subscription (Pulsar's
+    /// UNSUBSCRIBE): refused while other consumers are attached unless
+    /// `force`.
+    Unsubscribe {
+        topic: String,
+        subscription: String,
+        consumer: ConsumerRef,
+        force: bool,
+    },
     Redeliver {
         topic: String,
         subscription: String,
@@ -375,6 +384,10 @@ impl Shard {
                 }
                 futures::future::ready(Ok(Reply::Done)).boxed_local()
             }
+            Op::Unsubscribe { topic, subscription, consumer, force } => {
+                let me = self.clone();
+                async move { me.handle_unsubscribe(&topic, &subscription, consumer, force).await }.boxed_local()
+            }
             Op::Seek { topic, subscription, consumer, target } => {
                 let me = self.clone();
                 async move { me.handle_seek(&topic, &subscription, consumer, target).await }.boxed_local()
@@ -481,7 +494,10 @@ impl Shard {
                     _ => Err(CoreError::new(ErrorCode::ConsumerNotFound, "consumer is not attached")),
                 }
             }
-            Op::CloseConsumer { topic, subscription, consumer } => {
+            // A non-persistent subscription holds no state beyond its
+            // consumers: unsubscribing is closing.
+            Op::CloseConsumer { topic, subscription, consumer }
+            | Op::Unsubscribe { topic, subscription, consumer, .. } => {
                 if let Some(t) = np(&topic) {
                     for (to, ev) in t.unsubscribe(&subscription, consumer) {
                         self.deliver(to, ev);
@@ -536,7 +552,8 @@ fn is_non_persistent(op: &Op) -> bool {
         | Op::Flow { topic, .. }
         | Op::Pause { topic, .. }
         | Op::Ack { topic, .. }
-        | Op::CloseConsumer { topic, .. } => topic.starts_with(NP),
+        | Op::CloseConsumer { topic, .. }
+        | Op::Unsubscribe { topic, .. } => topic.starts_with(NP),
         Op::Subscribe { req, .. } => req.topic.starts_with(NP),
         _ => false,
     }
@@ -555,6 +572,7 @@ fn is_client_op(op: &Op) -> bool {
             | Op::Pause { .. }
             | Op::Ack { .. }
             | Op::CloseConsumer { .. }
+            | Op::Unsubscribe { .. }
             | Op::Redeliver { .. }
             | Op::Seek { .. }
     )

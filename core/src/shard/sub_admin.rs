@@ -119,6 +119,30 @@ impl Shard {
         Ok(Reply::Done)
     }
 
+    /// A consumer's own UNSUBSCRIBE: its subscription is deleted as an
+    /// operator's delete would, the requester detached first so that it is
+    /// not told "closed" (its client would subscribe again). Other attached
+    /// consumers refuse it unless `force`, which closes them.
+    pub(super) async fn handle_unsubscribe(
+        &self,
+        topic: &str,
+        subscription: &str,
+        consumer: crate::api::ConsumerRef,
+        force: bool,
+    ) -> OpResult {
+        let (t, sub) = self.attached(topic, subscription, consumer)?;
+        let attached = sub.consumer_count();
+        assert!(attached >= 1, "an attached consumer is counted");
+        if attached > 1 && !force {
+            return Err(CoreError::new(
+                ErrorCode::ConsumerBusy,
+                format!("subscription {subscription:?} of {topic} has {} other consumer(s)", attached - 1),
+            ));
+        }
+        requests::close_consumer(&t, &sub, self, consumer);
+        self.delete_subscription(&t, &sub, true).await
+    }
+
     async fn delete_subscription(&self, t: &Rc<Topic>, sub: &Rc<Subscription>, force: bool) -> OpResult {
         let connected = sub.consumer_count();
         if connected > 0 && !force {

@@ -446,6 +446,14 @@ impl Door for PulsarDoor {
                 };
                 Request::Other(PulsarOther::Seek { request_id: s.request_id, consumer_id: s.consumer_id, target })
             }
+            Type::Unsubscribe => {
+                let u = c.unsubscribe.ok_or_else(missing)?;
+                Request::Unsubscribe {
+                    request_id: u.request_id,
+                    consumer_id: u.consumer_id,
+                    force: u.force.unwrap_or(false),
+                }
+            }
             Type::CloseConsumer => {
                 let x = c.close_consumer.ok_or_else(missing)?;
                 Request::CloseConsumer { request_id: x.request_id, consumer_id: x.consumer_id }
