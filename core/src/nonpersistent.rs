@@ -173,6 +173,8 @@ impl NpTopic {
             permits: 0,
             unacked: 0,
             joined_at: None,
+            address: req.client_address.clone(),
+            redelivered: 0,
         });
         let mut events = Vec::new();
         let before = s.active;

@@ -218,6 +218,8 @@ pub(crate) fn topic_stats(log: &magnetar_storage::EntryLog, t: &Topic) -> TopicS
                 permits: c.permits,
                 unacked: c.unacked,
                 active: active == Some(c.consumer) || !single,
+                address: c.address.clone(),
+                redelivered: c.redelivered,
             })
             .collect();
         subscriptions.push(SubscriptionStats {

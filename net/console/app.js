@@ -720,7 +720,7 @@ async function topic(domain, tenant, ns, local) {
               h("td", {}, c.address || "—"),
               num(c.availablePermits),
               num(c.unackedMessages),
-              num(c.msgRateRedeliver === undefined ? "—" : fmtRate(c.msgRateRedeliver)),
+              num(c.redeliveredMessages === undefined ? "—" : c.redeliveredMessages),
               h("td", {}, c.isActive ? "active" : "standby"),
             ),
           );
@@ -753,7 +753,7 @@ async function topic(domain, tenant, ns, local) {
       );
       consumersBox.replaceChildren(
         table(["Subscription", "Name", "Address", { label: "Permits", cls: "num" }, { label: "Unacked", cls: "num" },
-          { label: "Redelivery", cls: "num" }, "State"], consumerRows, { id: "consumers-table" }),
+          { label: "Redelivered", cls: "num" }, "State"], consumerRows, { id: "consumers-table" }),
       );
     }
   }

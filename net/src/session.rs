@@ -1081,7 +1081,9 @@ impl<D: Door> Session<D> {
                     }
                 }
             }
-            Request::Subscribe { request_id, request, start } => {
+            Request::Subscribe { request_id, mut request, start } => {
+                // The door does not know its peer; the session does.
+                request.client_address = self.out.control.peer.clone();
                 if self.consumers.borrow().contains_key(&request.consumer_id) {
                     self.out.error(request_id, &CoreError::new(ErrorCode::ConsumerBusy, "consumer id already in use"));
                     return Ok(());

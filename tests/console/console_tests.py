@@ -109,6 +109,8 @@ def test_workload(page, base, artifacts, topic, sub, consumer, key):
     expect(row).to_be_visible()
     print(f"OUT subscription type {row.locator('.sub-type').inner_text()}", flush=True)
     expect(page.locator(f'#consumers-table tr[data-consumer="{consumer}"]')).to_be_visible()
+    # The address its client connects from (the CLI, on this machine).
+    expect(page.locator(f'#consumers-table tr[data-consumer="{consumer}"]')).to_contain_text("127.0.0.1:")
     wait_rate(page, "#topic-cards .rate-in .value", "topic in")
     expect(page.locator(".ledgers-table")).not_to_have_count(0)
 

@@ -76,6 +76,10 @@ pub struct ConsumerStats {
     /// The active consumer of a Failover/Exclusive subscription; always
     /// true for the other types.
     pub active: bool,
+    /// Where its client connects from (as its door reported it; may be empty).
+    pub address: String,
+    /// Messages sent to it again (redelivery count above 0) since it attached.
+    pub redelivered: u64,
 }
 
 /// A topic's figures for a metrics exporter: what

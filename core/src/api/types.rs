@@ -88,6 +88,9 @@ pub struct SubscribeRequest {
     /// Key_Shared sticky mode: inclusive hash ranges this consumer owns;
     /// empty = auto split. Checked by `key_shared::check_sticky_ranges`.
     pub key_shared_ranges: Vec<(u32, u32)>,
+    /// Where the consumer's client connects from, as its door reports it
+    /// (shown in stats; empty when unknown). The core reads nothing into it.
+    pub client_address: String,
 }
 
 /// Where a seek moves a subscription's cursor.

@@ -126,6 +126,8 @@ pub(crate) struct NewConsumer {
     pub(crate) filter_tag: String,
     /// Key_Shared sticky ranges (inclusive), already checked; empty = auto.
     pub(crate) key_shared_ranges: Vec<(u32, u32)>,
+    /// For stats only.
+    pub(crate) address: String,
 }
 
 impl Subscription {
@@ -239,6 +241,8 @@ impl Subscription {
             permits: 0,
             unacked: 0,
             joined_at: None,
+            address: new.address,
+            redelivered: 0,
         });
         match &mut *self.policy.borrow_mut() {
             Policy::Single(active) => {

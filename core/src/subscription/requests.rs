@@ -95,6 +95,7 @@ pub(crate) fn attach(
             priority: req.priority_level,
             filter_tag: req.filter_tag.clone(),
             key_shared_ranges: req.key_shared_ranges.clone(),
+            address: req.client_address.clone(),
         },
     )?;
     if sub.state_dirty.get() {

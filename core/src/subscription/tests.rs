@@ -142,6 +142,7 @@ impl Bed {
             priority: 0,
             filter_tag: String::new(),
             key_shared_ranges: Vec::new(),
+            address: String::new(),
         };
         self.sub.add_consumer(&self.ctx.sink, new).expect("admitted");
         self.sub.flow(c, permits);
@@ -371,6 +372,8 @@ fn redelivery_counts() {
     assert_eq!(bed.sub.redeliver(c1, &[]), 6);
     bed.pass();
     assert_eq!(bed.take().0, vec![(1, 0, 1), (1, 1, 2), (1, 2, 1), (1, 3, 2), (1, 4, 1), (1, 5, 1)]);
+    let redelivered = |name: &str| bed.sub.consumers.borrow().iter().find(|c| c.name == name).map(|c| c.redelivered);
+    assert_eq!(redelivered("c1"), Some(8), "every delivery with a count above 0 is counted for its consumer");
 
     bed.ack(&[2]);
     bed.sub.remove_consumer(&bed.ctx.sink, c1);
@@ -380,6 +383,7 @@ fn redelivery_counts() {
     bed.pass();
     assert_eq!(bed.take().0, vec![(2, 0, 2), (2, 1, 3), (2, 3, 3), (2, 4, 2), (2, 5, 2)]);
     assert!(bed.sub.deliveries.borrow().is_empty(), "held entries keep their count in pending");
+    assert_eq!(redelivered("c2"), Some(5), "a new consumer's count starts at its own redeliveries");
 }
 
 /// Goal: a paused consumer (its connection has too much unwritten output)

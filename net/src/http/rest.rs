@@ -573,6 +573,9 @@ fn stats_json(s: &TopicStats) -> Value {
             .map(|c| {
                 json!({
                     "consumerName": c.name,
+                    "address": c.address,
+                    // Magnetar's: messages sent to it again since it attached.
+                    "redeliveredMessages": c.redelivered,
                     "availablePermits": c.permits,
                     "unackedMessages": c.unacked,
                     "priorityLevel": c.priority,

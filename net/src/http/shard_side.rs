@@ -121,6 +121,7 @@ async fn health_check(broker: &Broker) -> Result<(), CoreError> {
             priority_level: 0,
             filter_tag: String::new(),
             key_shared_ranges: Vec::new(),
+            client_address: "(broker health check)".into(),
         };
         let consumer = broker.subscribe(req, sink).await?;
         let producer = broker.create_producer(HEALTH_TOPIC, "").await;

@@ -468,7 +468,7 @@ pub(crate) fn render(reply: &AdminReply) -> String {
 /// "msg_rate_out":…,"byte_rate_out":…,"durable":…,"filter_tag":…,
 /// "entries_read":…,"skipped_by_index":…,"partial_batches":…,
 /// "consumers":[{"name":…,"priority":…,"permits":…,"unacked":…,
-/// "active":…}]}}}`; rates with one decimal; `msg_rate_in` and
+/// "active":…,"address":…,"redelivered":…}]}}}`; rates with one decimal; `msg_rate_in` and
 /// `byte_rate_in` are the topic's, repeated in every subscription.
 pub(crate) fn render_topic_stats(s: &TopicStats) -> String {
     let ledgers: Vec<String> = s
@@ -516,12 +516,14 @@ pub(crate) fn render_topic_stats(s: &TopicStats) -> String {
                 out.push(',');
             }
             out.push_str(&format!(
-                "{{\"name\":{},\"priority\":{},\"permits\":{},\"unacked\":{},\"active\":{}}}",
+                "{{\"name\":{},\"priority\":{},\"permits\":{},\"unacked\":{},\"active\":{},\"address\":{},\"redelivered\":{}}}",
                 quote(&c.name),
                 c.priority,
                 c.permits,
                 c.unacked,
-                c.active
+                c.active,
+                quote(&c.address),
+                c.redelivered
             ));
         }
         out.push_str("]}");
@@ -846,8 +848,15 @@ mod tests {
             partial_batches: 13,
             consumers,
         };
-        let c =
-            |name: &str, active| ConsumerStats { name: name.into(), priority: -1, permits: 100, unacked: 2, active };
+        let c = |name: &str, active| ConsumerStats {
+            name: name.into(),
+            priority: -1,
+            permits: 100,
+            unacked: 2,
+            active,
+            address: String::new(),
+            redelivered: 0,
+        };
         let mut tagged = sub("s\n2", vec![]);
         tagged.filter_tag = Some("x\"".into());
         tagged.sub_type = SubscriptionType::Failover;
@@ -866,7 +875,7 @@ mod tests {
             render_topic_stats(&stats),
             concat!(
                 r#"{"topic":"persistent://public/default/t","next_entry":42,"ledgers":[{"ledger":1,"first":0,"entries":40,"bytes":4000},{"ledger":2,"first":40,"entries":2,"bytes":200}],"subscriptions":{"#,
-                r#""s1":{"type":"KeyShared","ack_floor":3,"msg_backlog":4,"backlog_messages":5,"backlog_bytes":6,"unacked":7,"delayed":8,"replay":9,"msg_out_total":10,"msg_rate_in":1.0,"byte_rate_in":1234.6,"msg_rate_out":2.2,"byte_rate_out":0.0,"durable":true,"filter_tag":null,"entries_read":11,"skipped_by_index":12,"partial_batches":13,"consumers":[{"name":"a","priority":-1,"permits":100,"unacked":2,"active":true},{"name":"b","priority":-1,"permits":100,"unacked":2,"active":false}]},"#,
+                r#""s1":{"type":"KeyShared","ack_floor":3,"msg_backlog":4,"backlog_messages":5,"backlog_bytes":6,"unacked":7,"delayed":8,"replay":9,"msg_out_total":10,"msg_rate_in":1.0,"byte_rate_in":1234.6,"msg_rate_out":2.2,"byte_rate_out":0.0,"durable":true,"filter_tag":null,"entries_read":11,"skipped_by_index":12,"partial_batches":13,"consumers":[{"name":"a","priority":-1,"permits":100,"unacked":2,"active":true,"address":"","redelivered":0},{"name":"b","priority":-1,"permits":100,"unacked":2,"active":false,"address":"","redelivered":0}]},"#,
                 r#""s\u000a2":{"type":"Failover","ack_floor":3,"msg_backlog":4,"backlog_messages":5,"backlog_bytes":6,"unacked":7,"delayed":8,"replay":9,"msg_out_total":10,"msg_rate_in":1.0,"byte_rate_in":1234.6,"msg_rate_out":2.2,"byte_rate_out":0.0,"durable":true,"filter_tag":"x\"","entries_read":11,"skipped_by_index":12,"partial_batches":13,"consumers":[]}}}"#
             )
         );

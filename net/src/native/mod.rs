@@ -178,6 +178,7 @@ impl Door for NativeDoor {
                     priority_level,
                     filter_tag,
                     key_shared_ranges,
+                    client_address: String::new(),
                 },
                 start: None,
             },

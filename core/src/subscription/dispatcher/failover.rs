@@ -66,6 +66,8 @@ mod tests {
             permits: 10,
             unacked: 0,
             joined_at: None,
+            address: String::new(),
+            redelivered: 0,
         }
     }
 

@@ -258,6 +258,8 @@ mod tests {
             permits: 1,
             unacked: 0,
             joined_at: Some(10),
+            address: String::new(),
+            redelivered: 0,
         }];
         let blocked = Default::default();
         let ask = |entry, outstanding_floor| Ask {
@@ -273,7 +275,16 @@ mod tests {
     }
 
     fn state(id: u64, name: &str) -> ConsumerState {
-        ConsumerState { consumer: r(id), name: name.into(), priority: 0, permits: 10, unacked: 0, joined_at: None }
+        ConsumerState {
+            consumer: r(id),
+            name: name.into(),
+            priority: 0,
+            permits: 10,
+            unacked: 0,
+            joined_at: None,
+            address: String::new(),
+            redelivered: 0,
+        }
     }
 
     #[test]

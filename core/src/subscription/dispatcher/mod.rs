@@ -35,6 +35,11 @@ pub(crate) struct ConsumerState {
     /// outstanding (so a key moved to it keeps its order). Not the ack floor:
     /// a delayed message not yet due must not hold a newcomer back.
     pub(crate) joined_at: Option<u64>,
+    /// Where its client connects from (stats only).
+    pub(crate) address: String,
+    /// Messages sent to it that had been delivered before (redelivery
+    /// count above 0), for stats.
+    pub(crate) redelivered: u64,
 }
 
 impl ConsumerState {

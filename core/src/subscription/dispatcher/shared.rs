@@ -37,6 +37,8 @@ mod tests {
                 permits: 5,
                 unacked: 0,
                 joined_at: None,
+                address: String::new(),
+                redelivered: 0,
             })
             .collect();
         cs[1].permits = 0;

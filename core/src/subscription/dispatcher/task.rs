@@ -689,6 +689,7 @@ fn deliver<S: DeliverySink, L: LogReader>(
     };
     let redelivery_count = deliveries - 1;
     if redelivery_count > 0 {
+        sub.consumers.borrow_mut()[i].redelivered += u64::from(num_messages - acked);
         // Redelivery counts persist (bounded, and rate-limited) so they go
         // on after a restart.
         ctx.dirty.mark_counts(topic, sub);
