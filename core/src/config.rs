@@ -39,6 +39,10 @@ pub struct BrokerConfig {
     pub recycle_segments: usize,
     /// Storage: recent entries kept in memory per shard.
     pub write_cache_bytes: usize,
+    /// Bound on each shard's cache of ledger index pages (the index of
+    /// entries older than the last checkpoint is read from disk a page at
+    /// a time; see `magnetar_storage::LogConfig::index_cache_bytes`).
+    pub index_cache_bytes: usize,
     /// Storage: largest single group-commit write.
     pub flush_bytes_max: usize,
     /// Storage: accept a tmpfs data directory (no O_DIRECT durability there).
@@ -98,6 +102,7 @@ impl BrokerConfig {
             lone_yield_max: std::time::Duration::from_millis(1),
             recycle_segments: 2,
             write_cache_bytes: 256 * 1024 * 1024,
+            index_cache_bytes: 64 * 1024 * 1024,
             flush_bytes_max: 4 * 1024 * 1024,
             allow_tmpfs: false,
             accept_data_loss: false,

@@ -132,13 +132,15 @@ pub(crate) struct SubCounters {
 }
 
 /// Bytes of the entries of `t` not acknowledged by a subscription whose
-/// cursor is `cursor`, from the index (no entry is read). A partly
-/// acknowledged batch counts whole. Exact for the first 65,536 entries of
-/// the backlog, estimated past them (see [`backlog_bytes_by`]).
+/// cursor is `cursor`, from the index in memory (no entry and no index page
+/// is read). A partly acknowledged batch counts whole. Exact for the first
+/// 65,536 entries of the backlog while their index pages are in memory,
+/// estimated past them and for those whose pages are not (see
+/// [`backlog_bytes_by`]).
 fn backlog_bytes(log: &magnetar_storage::EntryLog, t: &Topic, cursor: &crate::subscription::cursor::Cursor) -> u64 {
     backlog_bytes_by(cursor, t.durable_next.get(), |e| {
         let (l, e) = t.ledgers.borrow().locate(e)?;
-        log.index_entry(l, e).map(|ie| u64::from(ie.body_len))
+        log.index_entry_cached(l, e).map(|ie| u64::from(ie.body_len))
     })
 }
 
@@ -147,8 +149,9 @@ const BACKLOG_BYTES_LOOKUPS_MAX: u64 = 1 << 16;
 
 /// [`backlog_bytes`] over `len` (an entry's stored bytes, from the index).
 /// Past `BACKLOG_BYTES_LOOKUPS_MAX` unacknowledged entries, the rest count
-/// at the mean size of those looked up: a stats request holds the shard for
-/// a bounded time whatever the backlog.
+/// at the mean size of those looked up, and so do those `len` does not
+/// know: a stats request holds the shard for a bounded time whatever the
+/// backlog.
 fn backlog_bytes_by(
     cursor: &crate::subscription::cursor::Cursor,
     next: u64,
@@ -165,6 +168,11 @@ fn backlog_bytes_by(
             }
         }
         e += 1;
+    }
+    if found > 0 && found < lookups {
+        let estimate = u128::from(lookups - found) * u128::from(bytes) / u128::from(found);
+        bytes = bytes.saturating_add(u64::try_from(estimate).unwrap_or(u64::MAX));
+        found = lookups;
     }
     if e < next && found > 0 {
         let rest = (next - e) - cursor.acked.count_in(e, next);

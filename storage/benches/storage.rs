@@ -251,7 +251,7 @@ fn index(c: &mut Criterion) {
                 let targets: Vec<u64> = (0..iters).map(|_| BASE_MS + ctx.below(N / 4)).collect();
                 let t = Instant::now();
                 for ms in targets {
-                    std::hint::black_box(log.seek_time(1, ms));
+                    std::hint::black_box(log.seek_time(1, ms).await.unwrap());
                 }
                 t.elapsed()
             })
@@ -264,7 +264,7 @@ fn index(c: &mut Criterion) {
                 let picks: Vec<u64> = (0..iters).map(|_| ctx.below(N)).collect();
                 let t = Instant::now();
                 for e in picks {
-                    std::hint::black_box(log.index_entry(1, e));
+                    std::hint::black_box(log.index_entry(1, e).await.unwrap());
                 }
                 t.elapsed()
             })

@@ -76,15 +76,15 @@ fn main() {
             // From 1000 ms before the first publish time to ~1000 ms after the last.
             let target = BASE_MS - 1000 + rng.next() % span;
             let t = Instant::now();
-            let found = log.seek_time(LEDGER, target);
+            let found = log.seek_time(LEDGER, target).await.unwrap();
             ns.push(t.elapsed().as_nanos() as u64);
             checksum = checksum.wrapping_add(found);
             // The answer is the partition point: checked outside the timing.
             if found < count {
-                assert!(log.index_entry(LEDGER, found).unwrap().extras.publish_time_ms >= target);
+                assert!(log.index_entry(LEDGER, found).await.unwrap().unwrap().extras.publish_time_ms >= target);
             }
             if found > 0 {
-                assert!(log.index_entry(LEDGER, found - 1).unwrap().extras.publish_time_ms < target);
+                assert!(log.index_entry(LEDGER, found - 1).await.unwrap().unwrap().extras.publish_time_ms < target);
             }
         }
         log.close().await.unwrap();

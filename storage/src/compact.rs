@@ -113,14 +113,7 @@ impl<D: Disk> EntryLog<D> {
         }
         if stats.entries_moved > 0 {
             // Records the moves and deletes the emptied segments.
-            match sh.checkpoint(false).await {
-                Ok(()) => {}
-                Err(StorageError::Closed) => return Err(StorageError::Closed),
-                Err(e) => {
-                    sh.fail(&e);
-                    return Err(e);
-                }
-            }
+            sh.checkpoint_or_fail().await?;
         }
         let after = sh.st.borrow().segments.len() as u64;
         stats.segments_removed = before.saturating_sub(after);
@@ -151,21 +144,63 @@ impl<D: Disk> EntryLog<D> {
         };
         let mut live = Vec::new();
         for id in ids {
-            {
+            // The ledger's index pages whose entries were in the segment
+            // when the page was written (only entries in the index file
+            // move, see `durable_entries`), read straight from the file in
+            // runs of adjacent pages (not through the cache).
+            let (file, runs) = {
                 let st = sh.st.borrow();
                 let Some(l) = st.ledgers.get(&id) else { continue };
-                if l.deleted.is_some() {
-                    continue;
+                let Some(file) = l.index_file.clone().filter(|_| l.deleted.is_none()) else { continue };
+                let mut runs: Vec<(u64, Vec<u64>)> = Vec::new();
+                for (p, sum) in l.pages.iter().enumerate() {
+                    if sum.max_position < seg.start || sum.min_position >= seg.end() {
+                        continue;
+                    }
+                    match runs.last_mut() {
+                        Some((from, firsts))
+                            if *from + firsts.len() as u64 == p as u64
+                                && (firsts.len() as u64) < crate::pages::PAGES_PER_READ_MAX =>
+                        {
+                            firsts.push(sum.first_entry)
+                        }
+                        _ => runs.push((p as u64, vec![sum.first_entry])),
+                    }
                 }
-                // Only entries in the index file move (see `durable_entries`).
-                let upto = (l.file_entries as usize).min(l.index.len());
-                for (i, e) in l.index[..upto].iter().enumerate() {
-                    if e.position >= seg.start && e.position < seg.end() {
-                        live.push(Live { ledger: id, entry: i as u64, ie: *e });
+                (file, runs)
+            };
+            let path = sh.paths.index(id);
+            for (from, firsts) in runs {
+                let pages = crate::pages::read_pages(&*file, &path, id, from, &firsts).await?;
+                let st = sh.st.borrow();
+                for (first, es) in firsts.iter().zip(pages) {
+                    for (i, e) in es.into_iter().enumerate() {
+                        let entry = first + i as u64;
+                        // A relocated entry is no longer where its page says.
+                        if e.position >= seg.start && e.position < seg.end() && !st.relocated.contains_key(&(id, entry))
+                        {
+                            live.push(Live { ledger: id, entry, ie: e });
+                        }
                     }
                 }
             }
             glommio::yield_if_needed().await;
+        }
+        // Entries compaction moved here before.
+        {
+            let st = sh.st.borrow();
+            for (&(ledger, entry), ie) in &st.relocated {
+                let Some(l) = st.ledgers.get(&ledger) else { continue };
+                if l.deleted.is_none() && ie.position >= seg.start && ie.position < seg.end() {
+                    live.push(Live { ledger, entry, ie: *ie });
+                }
+            }
+        }
+        // A ledger deleted while its pages were read: its entries stay
+        // (the copies would be unreferenced).
+        {
+            let st = sh.st.borrow();
+            live.retain(|x| st.ledgers.get(&x.ledger).is_some_and(|l| l.deleted.is_none()));
         }
         live.sort_unstable_by_key(|l| l.ie.position);
         let total = live.len();

@@ -40,6 +40,8 @@ pub const KEY_FILE_MAGIC: [u8; 8] = *b"MGNTKIX1";
 pub const KEY_PAGE_MAGIC: [u8; 4] = *b"MKIP";
 pub const KEY_FILE_VERSION: u16 = 1;
 pub const KEY_FILE_HEADER_BYTES: usize = 64;
+/// Entries whose index pages catching up reads at once (64 pages).
+const KEY_CATCH_UP_ENTRIES: u64 = 64 * 127;
 pub const KEY_FILE_LEDGER_BYTES: usize = 24;
 pub const KEY_PAGE_HEADER_BYTES: usize = 16;
 pub const KEY_ITEM_BYTES: usize = 32;
@@ -282,8 +284,12 @@ impl<F> KeyIndex<F> {
     }
 
     /// Adds the durable entries of every live ledger not yet indexed, at
-    /// most until the active part holds `limit` items.
-    pub fn catch_up<G>(&mut self, st: &State<G>, limit: Option<usize>) {
+    /// most until the active part holds `limit` items. A ledger stops at
+    /// an entry whose index page is not in the cache: the first such
+    /// `(ledger, entry)` is returned, for the caller to read its page and
+    /// call again.
+    pub fn catch_up<G>(&mut self, st: &State<G>, limit: Option<usize>) -> Option<(u64, u64)> {
+        let mut missing = None;
         for (id, l) in &st.ledgers {
             if l.deleted.is_some() {
                 continue;
@@ -298,7 +304,14 @@ impl<F> KeyIndex<F> {
                 if limit.is_some_and(|n| self.active.len() >= n) {
                     break;
                 }
-                let ie = &l.index[e as usize];
+                let ie = match crate::log::peek(st, *id, e) {
+                    crate::log::Lookup::Found(ie) => ie,
+                    crate::log::Lookup::Page => {
+                        missing = missing.or(Some((*id, e)));
+                        break;
+                    }
+                    crate::log::Lookup::None => break,
+                };
                 if ie.extras.key_hash != 0 {
                     let item = KeyItem {
                         key_hash: ie.extras.key_hash,
@@ -316,6 +329,7 @@ impl<F> KeyIndex<F> {
                 self.next.insert(*id, e);
             }
         }
+        missing
     }
 }
 
@@ -380,10 +394,18 @@ impl<D: Disk> EntryLog<D> {
     ) -> Result<Vec<KeyHit>> {
         let sh = &self.sh;
         let time_ok = |t: u64| before_ms.is_none_or(|b| t < b);
+        // Entries not indexed yet whose index pages are on disk only (after
+        // a restart): their pages first.
+        loop {
+            let missing = {
+                let st = sh.st.borrow();
+                sh.keys.borrow_mut().catch_up(&st, None)
+            };
+            let Some((ledger, entry)) = missing else { break };
+            sh.ensure_index(ledger, entry, KEY_CATCH_UP_ENTRIES).await?;
+        }
         let (mut hits, files) = {
-            let st = sh.st.borrow();
-            let mut k = sh.keys.borrow_mut();
-            k.catch_up(&st, None);
+            let k = sh.keys.borrow();
             let hits: Vec<KeyHit> = k
                 .chain(key_hash)
                 .filter(|i| i.key_hash == key_hash && ledger_ok(i.ledger) && time_ok(i.publish_time_ms))
@@ -419,9 +441,7 @@ impl<D: Disk> EntryLog<D> {
         // upkeep ages them out) or, after a crash, entries past a ledger's end.
         {
             let st = sh.st.borrow();
-            hits.retain(|h| {
-                st.ledgers.get(&h.ledger).is_some_and(|l| l.deleted.is_none() && h.entry < l.index.len() as u64)
-            });
+            hits.retain(|h| st.ledgers.get(&h.ledger).is_some_and(|l| l.deleted.is_none() && h.entry < l.laid_out()));
         }
         hits.sort_unstable_by(|a, b| b.cmp(a));
         hits.dedup();
@@ -437,16 +457,22 @@ impl<D: Disk> EntryLog<D> {
         let sh = &self.sh;
         let per_file = sh.cfg.key_index_items_per_file.max(1);
         loop {
-            let full = {
+            let (full, missing) = {
                 let st = sh.st.borrow();
                 let mut k = sh.keys.borrow_mut();
                 if k.sealing {
                     return Ok(());
                 }
                 crate::log::check_mode(st.mode)?;
-                k.catch_up(&st, Some(per_file));
-                k.active.len() >= per_file || (force && !k.active_cover.is_empty())
+                // Entries whose index pages are on disk only (after a
+                // restart): their pages first, while there is room.
+                let missing = k.catch_up(&st, Some(per_file)).filter(|_| k.active.len() < per_file);
+                (k.active.len() >= per_file || (force && !k.active_cover.is_empty()), missing)
             };
+            if let Some((ledger, entry)) = missing {
+                sh.ensure_index(ledger, entry, KEY_CATCH_UP_ENTRIES).await?;
+                continue;
+            }
             if !full {
                 break;
             }

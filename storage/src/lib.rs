@@ -36,6 +36,7 @@ pub mod format;
 pub mod inspect;
 pub mod keyindex;
 mod log;
+mod pages;
 mod recovery;
 pub mod sim;
 pub mod stage;
@@ -46,6 +47,6 @@ pub use error::{CorruptReason, StorageError};
 pub use format::{key_hash, tag_hash, IndexEntry, IndexExtras};
 pub use keyindex::KeyHit;
 pub use log::{
-    Appended, EntryLog, FlushStats, LogConfig, Recovery, FLUSH_HISTOGRAM_BUCKETS, LONE_BATCH_BYTES_MAX,
-    LONE_PAUSE_BATCHES, LONE_RESUME_FAST, LONE_STREAK_MIN,
+    Appended, EntryLog, FlushStats, IndexCacheStats, LogConfig, Recovery, FLUSH_HISTOGRAM_BUCKETS,
+    LONE_BATCH_BYTES_MAX, LONE_PAUSE_BATCHES, LONE_RESUME_FAST, LONE_STREAK_MIN,
 };

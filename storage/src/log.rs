@@ -10,7 +10,7 @@ use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tracing::{debug, error, info};
+use tracing::{debug, error, info, warn};
 
 use crate::disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
 use crate::error::{CorruptReason, Result, StorageError};
@@ -49,6 +49,11 @@ pub struct LogConfig {
     /// also reads the ledger's following entries in that segment, up to this
     /// many bytes, in one request, into the read cache. Default 1 MiB.
     pub read_ahead_bytes: usize,
+    /// Bound on the decoded ledger index pages kept in memory (per shard;
+    /// least recently used out). Entries laid out since the last checkpoint
+    /// are in memory apart from it; the rest of a ledger's index is read
+    /// from its index file a page (127 entries) at a time. Default 64 MiB.
+    pub index_cache_bytes: usize,
     /// A segment before the checkpoint whose live entry bytes are below this
     /// percentage of `segment_bytes` is compacted: its live entries are
     /// copied to the tail and it is deleted. 0 disables compaction. Default 25.
@@ -236,6 +241,7 @@ impl LogConfig {
             entry_bytes_max: 5 << 20,
             read_cache_bytes: 64 << 20,
             read_ahead_bytes: 1 << 20,
+            index_cache_bytes: 64 << 20,
             compaction_live_pct: 25,
             compaction_bytes_per_pass: 64 << 20,
             compaction_interval: Duration::from_secs(60),
@@ -389,17 +395,33 @@ impl<F> Segment<F> {
     }
 }
 
+/// [`EntryLog::index_cache_stats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexCacheStats {
+    /// Bytes the cached pages are charged (entries plus overhead).
+    pub bytes: usize,
+    /// `LogConfig::index_cache_bytes` (the cache holds at least one page).
+    pub max_bytes: usize,
+    pub pages: usize,
+    /// Lookups of index-file entries served from the cache.
+    pub hits: u64,
+    /// Index pages read from disk.
+    pub loads: u64,
+}
+
 pub(crate) struct Ledger<F> {
     pub next_entry: u64,
-    /// Entries laid out in a batch (written or in flight), by entry id.
-    pub index: Vec<IndexEntry>,
-    /// Entries 0..file_entries are in the index file, in file_pages pages.
+    /// Entries `file_entries..` laid out in a batch (written or in flight)
+    /// and not yet in the index file, by entry id.
+    pub recent: Vec<IndexEntry>,
+    /// Entries 0..file_entries are in the index file, in file_pages pages
+    /// (`pages` sums them up; the pages themselves are read on demand).
     pub file_entries: u64,
     pub file_pages: u64,
+    pub pages: Vec<crate::pages::PageSum>,
+    /// Body bytes of the laid-out entries.
+    pub bytes: u64,
     pub index_file: Option<Rc<F>>,
-    /// The index file was damaged and its entries rebuilt from the log at
-    /// open: the next checkpoint writes the file afresh from page 0.
-    pub rewrite: bool,
     /// `delete_ledger` was called: `Some(None)` until its record is laid out
     /// in a batch, then `Some(Some(position))`. The ledger stays in the
     /// checkpoint (and its segments stay) until a checkpoint covers that
@@ -411,13 +433,67 @@ impl<F> Ledger<F> {
     pub fn new() -> Self {
         Ledger {
             next_entry: 0,
-            index: Vec::new(),
+            recent: Vec::new(),
             file_entries: 0,
             file_pages: 0,
+            pages: Vec::new(),
+            bytes: 0,
             index_file: None,
-            rewrite: false,
             deleted: None,
         }
+    }
+
+    /// Entries laid out in a batch: in the index file or in `recent`.
+    pub fn laid_out(&self) -> u64 {
+        self.file_entries + self.recent.len() as u64
+    }
+}
+
+/// Where the index entry of laid-out entry `entry` of `ledger` is.
+pub(crate) enum Lookup {
+    Found(IndexEntry),
+    /// In a page of the ledger's index file that is not in the cache.
+    Page,
+    /// Not laid out (or no such ledger).
+    None,
+}
+
+/// The index entry of `ledger:entry` from memory: the ledger's recent
+/// entries, compaction's relocations, or the index page cache (marking the
+/// page used).
+pub(crate) fn lookup<F>(st: &mut State<F>, ledger: u64, entry: u64) -> Lookup {
+    let (found, page) = find(st, ledger, entry);
+    if let Some(p) = page {
+        st.icache.touch(ledger, p);
+    }
+    found
+}
+
+/// [`lookup`] leaving the cache's eviction order alone (background work).
+pub(crate) fn peek<F>(st: &State<F>, ledger: u64, entry: u64) -> Lookup {
+    find(st, ledger, entry).0
+}
+
+/// [`lookup`]'s answer, and the cached page it came from.
+fn find<F>(st: &State<F>, ledger: u64, entry: u64) -> (Lookup, Option<u64>) {
+    let Some(l) = st.ledgers.get(&ledger) else { return (Lookup::None, None) };
+    if entry >= l.file_entries {
+        return match usize::try_from(entry - l.file_entries).ok().and_then(|i| l.recent.get(i)) {
+            Some(e) => (Lookup::Found(*e), None),
+            None => (Lookup::None, None),
+        };
+    }
+    if let Some(e) = st.relocated.get(&(ledger, entry)) {
+        return (Lookup::Found(*e), None);
+    }
+    let Some(p) = crate::pages::page_of(&l.pages, entry) else { return (Lookup::None, None) };
+    let first = l.pages[p].first_entry;
+    match st.icache.peek(ledger, p as u64) {
+        Some(es) => match es.get((entry - first) as usize) {
+            Some(e) => (Lookup::Found(*e), Some(p as u64)),
+            None => (Lookup::None, None),
+        },
+        None => (Lookup::Page, None),
     }
 }
 
@@ -494,6 +570,8 @@ pub(crate) struct State<F> {
     rcache_bytes: usize,
     /// Last entry read from disk per ledger, to detect sequential reads.
     last_disk_read: HashMap<u64, u64>,
+    /// Decoded ledger index pages (`LogConfig::index_cache_bytes`).
+    pub icache: crate::pages::IndexCache,
     /// Reads served from the read cache, and disk reads issued (counters).
     pub rcache_hits: u64,
     pub disk_reads: u64,
@@ -575,6 +653,7 @@ impl<F> State<F> {
             rcache_fifo: VecDeque::new(),
             rcache_bytes: 0,
             last_disk_read: HashMap::new(),
+            icache: crate::pages::IndexCache::new(64 << 20),
             rcache_hits: 0,
             disk_reads: 0,
             meta: BTreeMap::new(),
@@ -715,6 +794,8 @@ pub(crate) struct Shared<D: Disk> {
     /// The last creation of the next segment failed for lack of space and
     /// is being retried (`create_segment_retrying`); cleared once one succeeds.
     pub space_short: std::cell::Cell<bool>,
+    /// The last checkpoint failed for lack of space (logged once).
+    pub ckpt_short: std::cell::Cell<bool>,
 }
 
 impl<D: Disk> Drop for Shared<D> {
@@ -729,6 +810,31 @@ impl<D: Disk> Shared<D> {
     /// Enters fail-stop: every waiter and every later append gets an error.
     /// Nothing is retried: after a failed write or fsync the kernel may have
     /// dropped the dirty data, so acknowledging anything later would lie.
+    /// A checkpoint now (not the clean one). One that found no space is
+    /// logged (once until one succeeds) and left for the next try; any other
+    /// failure puts the log in fail-stop.
+    pub(crate) async fn checkpoint_or_fail(&self) -> Result<()> {
+        let r = self.checkpoint(false).await;
+        match &r {
+            Ok(()) => {
+                if self.ckpt_short.replace(false) {
+                    info!(dir = %self.cfg.dir.display(), "checkpoint written again after a lack of space");
+                }
+            }
+            Err(StorageError::Closed) => {}
+            Err(e) if checkpoint_short_of_space(e) && self.st.borrow().mode == Mode::Open => {
+                if !self.ckpt_short.replace(true) {
+                    warn!(
+                        dir = %self.cfg.dir.display(), error = %e,
+                        "no space for a checkpoint: the log goes on and the checkpoint is tried again"
+                    );
+                }
+            }
+            Err(e) => self.fail(e),
+        }
+        r
+    }
+
     pub(crate) fn fail(&self, err: &StorageError) {
         let mut st = self.st.borrow_mut();
         if st.mode != Mode::Failed {
@@ -780,7 +886,7 @@ impl<D: Disk> Shared<D> {
                 // Whatever part was reserved goes back to the filesystem
                 // (it holds no batch), so the retry and everyone else have it.
                 if let Err(t) = file.truncate(0).await {
-                    tracing::warn!(path = %path.display(), "cannot release a segment's partial reservation: {t}");
+                    warn!(path = %path.display(), "cannot release a segment's partial reservation: {t}");
                 }
                 return Err(StorageError::NoSpace { path, source: e });
             }
@@ -898,13 +1004,14 @@ impl<D: Disk> Shared<D> {
                         };
                         body_crc.record(buf, off, crc, body_len);
                         let l = st.ledgers.get_mut(&ledger).expect("appended ledger exists");
-                        assert_eq!(l.index.len() as u64, entry, "entries laid out in order");
-                        l.index.push(IndexEntry {
+                        assert_eq!(l.laid_out(), entry, "entries laid out in order");
+                        l.recent.push(IndexEntry {
                             position: position + off as u64,
                             body_len: body_len as u32,
                             record_crc: crc,
                             extras,
                         });
+                        l.bytes += body_len as u64;
                         *st.seg_live.entry(seg.start).or_default() += 1;
                         *st.seg_live_bytes.entry(seg.start).or_default() += (RECORD_HEADER_BYTES + body_len) as u64;
                     }
@@ -1128,25 +1235,13 @@ impl<D: Disk> Shared<D> {
                 if k == 0 {
                     continue;
                 }
-                if l.rewrite {
-                    // Rebuilt at open: the whole file again, from page 0.
-                    table.push(CheckpointLedger { ledger: id, indexed_entries: k, pages: 0 });
-                    work.push(Work {
-                        ledger: id,
-                        first: 0,
-                        pages: 0,
-                        entries: l.index[..k as usize].to_vec(),
-                        file: None,
-                    });
-                    continue;
-                }
                 table.push(CheckpointLedger { ledger: id, indexed_entries: k, pages: l.file_pages });
                 if k > l.file_entries {
                     work.push(Work {
                         ledger: id,
                         first: l.file_entries,
                         pages: l.file_pages,
-                        entries: l.index[l.file_entries as usize..k as usize].to_vec(),
+                        entries: l.recent[..(k - l.file_entries) as usize].to_vec(),
                         file: l.index_file.clone(),
                     });
                 }
@@ -1171,7 +1266,7 @@ impl<D: Disk> Shared<D> {
         // damage pages no checkpoint refers to yet.
         let mut created = false;
         let mut opened = Vec::new();
-        for w in &work {
+        for w in work {
             let path = self.paths.index(w.ledger);
             let file = match &w.file {
                 Some(f) => f.clone(),
@@ -1187,8 +1282,10 @@ impl<D: Disk> Shared<D> {
             };
             let mut pages = Vec::new();
             let mut first = w.first;
+            let mut written = Vec::new();
             for chunk in w.entries.chunks(INDEX_ENTRIES_PER_PAGE) {
                 pages.extend_from_slice(&encode_index_page(w.ledger, first, chunk));
+                written.push((crate::pages::PageSum::of(first, chunk), Rc::<[IndexEntry]>::from(chunk)));
                 first += chunk.len() as u64;
             }
             let new_pages = w.pages + pages.len() as u64 / PAGE_BYTES;
@@ -1197,7 +1294,7 @@ impl<D: Disk> Shared<D> {
             if let Some(t) = table.iter_mut().find(|t| t.ledger == w.ledger) {
                 t.pages = new_pages;
             }
-            opened.push((w.ledger, first, new_pages, file));
+            opened.push((w.ledger, first, new_pages, file, written));
         }
         if created {
             self.disk
@@ -1209,25 +1306,37 @@ impl<D: Disk> Shared<D> {
         let ckpt = Checkpoint { ckpt_seq, position, next_batch_seq: next_seq, ledgers: table, meta, relocations };
         let bytes = ckpt.encode();
         self.write_atomically(&self.paths.checkpoint_tmp, &self.paths.checkpoint, &bytes).await?;
-        // The same bytes again under a second name, so that one damaged
-        // file does not lose the metadata snapshot of segments garbage
-        // collection removed. Garbage goes only after both are durable, so
-        // either file (this checkpoint or, after a crash between the two,
-        // the previous one) has every segment it needs.
-        self.write_atomically(&self.paths.checkpoint_copy_tmp, &self.paths.checkpoint_copy, &bytes).await?;
-
         {
             let mut st = self.st.borrow_mut();
-            for (id, entries, pages, file) in opened {
+            let st = &mut *st;
+            for (id, entries, pages, file, written) in opened {
                 let l = st.ledgers.get_mut(&id).expect("ledgers are never removed");
+                // The entries now in the file leave `recent`; their pages go
+                // to the cache (readers near the tail still want them).
+                let moved = entries - l.file_entries;
+                l.recent.drain(..moved as usize);
+                let first_page = l.pages.len() as u64;
+                assert_eq!(first_page + written.len() as u64, pages, "one summary per valid page");
                 l.file_entries = entries;
                 l.file_pages = pages;
                 l.index_file = Some(file);
-                l.rewrite = false;
+                for (i, (sum, es)) in written.into_iter().enumerate() {
+                    l.pages.push(sum);
+                    st.icache.insert(id, first_page + i as u64, es);
+                }
             }
             st.ckpt_seq = ckpt_seq;
             st.ckpt_position = Some(position);
         }
+        // The same bytes again under a second name, so that one damaged
+        // file does not lose the metadata snapshot of segments garbage
+        // collection removed. Garbage goes only after both are durable, so
+        // either file (this checkpoint or, after a crash between the two,
+        // the previous one) has every segment it needs. The state above
+        // already follows the checkpoint (durable by now): a failure here
+        // leaves a stale copy and no garbage collected, and the next
+        // checkpoint appends its pages after this one's.
+        self.write_atomically(&self.paths.checkpoint_copy_tmp, &self.paths.checkpoint_copy, &bytes).await?;
         if clean {
             let marker = CleanMarker { ckpt_seq, position, next_batch_seq: next_seq };
             let path = &self.paths.clean;
@@ -1250,7 +1359,8 @@ impl<D: Disk> Shared<D> {
     /// unreferenced, and removed again (index files at open, segments at the
     /// next checkpoint).
     async fn collect_garbage(&self, position: u64) -> Result<()> {
-        let (index_files, segments) = {
+        // Deleted ledgers this checkpoint no longer lists: forget them.
+        let (index_files, removed) = {
             let mut st = self.st.borrow_mut();
             let st = &mut *st;
             let (done, keep): (Vec<_>, Vec<_>) = st.deleted_at.drain(..).partition(|(_, p)| *p < position);
@@ -1263,20 +1373,61 @@ impl<D: Disk> Shared<D> {
                     st.ledgers.get(ledger).is_none_or(|l| matches!(l.deleted, Some(Some(q)) if q < position))
                 })
                 .collect();
-            // Deleted ledgers this checkpoint no longer lists: forget them,
-            // and their entries no longer keep segments alive.
+            let mut removed = Vec::new();
             for (ledger, _) in &done {
-                if let Some(l) = st.ledgers.remove(ledger) {
-                    for e in &l.index {
+                let l = st.ledgers.remove(ledger);
+                let gone: Vec<(u64, u64)> =
+                    st.relocated.range((*ledger, 0)..=(*ledger, u64::MAX)).map(|(k, _)| *k).collect();
+                let mut moved = HashMap::new();
+                for k in gone {
+                    if let Some(ie) = st.relocated.remove(&k) {
+                        moved.insert(k.1, ie);
+                    }
+                }
+                st.icache.drop_ledger(*ledger);
+                if let Some(l) = l {
+                    removed.push((*ledger, l, moved));
+                }
+            }
+            (done, removed)
+        };
+        // Their entries no longer keep segments alive: walk their index
+        // files a few pages at a time (a checkpoint holds `ckpt_lock`, so
+        // no other garbage collection runs meanwhile).
+        for (ledger, l, moved) in removed {
+            let path = self.paths.index(ledger);
+            let npages = l.pages.len() as u64;
+            let mut gone: Vec<IndexEntry> = l.recent.clone();
+            let mut p = 0u64;
+            loop {
+                if let (Some(file), true) = (&l.index_file, p < npages) {
+                    let n = (npages - p).min(crate::pages::PAGES_PER_READ_MAX);
+                    let firsts = crate::pages::firsts(&l.pages, p, n);
+                    let pages = crate::pages::read_pages(&**file, &path, ledger, p, &firsts).await?;
+                    for (k, es) in pages.into_iter().enumerate() {
+                        let first = l.pages[(p + k as u64) as usize].first_entry;
+                        gone.extend(
+                            es.into_iter()
+                                .enumerate()
+                                .map(|(i, e)| moved.get(&(first + i as u64)).copied().unwrap_or(e)),
+                        );
+                    }
+                    p += n;
+                }
+                {
+                    let mut st = self.st.borrow_mut();
+                    for e in gone.drain(..) {
                         st.shift_live(Some(e.position), None, (RECORD_HEADER_BYTES as u64) + e.body_len as u64);
                     }
                 }
-                let gone: Vec<(u64, u64)> =
-                    st.relocated.range((*ledger, 0)..=(*ledger, u64::MAX)).map(|(k, _)| *k).collect();
-                for k in gone {
-                    st.relocated.remove(&k);
+                if p >= npages || l.index_file.is_none() {
+                    break;
                 }
             }
+        }
+        let segments = {
+            let mut st = self.st.borrow_mut();
+            let st = &mut *st;
             let dead: Vec<Rc<Segment<D::File>>> = st
                 .segments
                 .values()
@@ -1288,7 +1439,7 @@ impl<D: Disk> Shared<D> {
                 st.seg_live.remove(&s.start);
                 st.seg_live_bytes.remove(&s.start);
             }
-            (done, dead)
+            dead
         };
         if !index_files.is_empty() {
             for (ledger, _) in &index_files {
@@ -1346,8 +1497,7 @@ impl<D: Disk> Shared<D> {
 /// Compaction moves only entries already in the index file
 /// (`< file_entries`), so the entries after those are in log order.
 pub(crate) fn durable_entries<F>(l: &Ledger<F>, position: u64) -> u64 {
-    let rest = l.index.get(l.file_entries as usize..).unwrap_or(&[]);
-    l.file_entries + rest.partition_point(|e| e.position < position) as u64
+    l.file_entries + l.recent.partition_point(|e| e.position < position) as u64
 }
 
 /// Points index entries at their compaction copies once the copies are
@@ -1360,13 +1510,15 @@ fn apply_moves<F>(st: &mut State<F>, moves: Vec<(u64, u64, u64, IndexEntry)>) {
         if l.deleted.is_some() {
             continue;
         }
-        let Some(ie) = usize::try_from(entry).ok().and_then(|i| l.index.get_mut(i)) else { continue };
-        if ie.position != from {
-            continue;
-        }
         assert!(entry < l.file_entries, "compaction moved {ledger}:{entry}, which is not in the index file yet");
-        assert_eq!((ie.body_len, ie.extras), (to.body_len, to.extras), "a copy is the same entry");
-        *ie = to;
+        // Index pages never change: an entry is where its page says unless
+        // relocated, and compaction read `from` from there or from here.
+        if let Some(ie) = st.relocated.get(&(ledger, entry)) {
+            if ie.position != from {
+                continue;
+            }
+            assert_eq!((ie.body_len, ie.extras), (to.body_len, to.extras), "a copy is the same entry");
+        }
         st.relocated.insert((ledger, entry), to);
         st.shift_live(Some(from), Some(to.position), (RECORD_HEADER_BYTES as u64) + to.body_len as u64);
     }
@@ -1425,7 +1577,7 @@ async fn create_segment_retrying<D: Disk>(weak: Weak<Shared<D>>, start: u64) -> 
                     return Err(e);
                 }
                 if !sh.space_short.replace(true) {
-                    tracing::warn!(
+                    warn!(
                         dir = %sh.cfg.dir.display(), error = %e,
                         "no space for the next segment: retrying every {} ms until space is freed",
                         SPACE_RETRY.as_millis()
@@ -1558,11 +1710,41 @@ fn readable_ledger<F>(st: &State<F>, ledger: u64, entry: u64) -> Result<&Ledger<
 
 /// Where entry `entry` of ledger `l` (id `ledger`) is on disk: its index
 /// entry and the segment holding it.
-fn locate<F>(st: &State<F>, l: &Ledger<F>, ledger: u64, entry: u64) -> Result<(IndexEntry, Rc<Segment<F>>)> {
+fn locate<F>(st: &State<F>, ie: IndexEntry, ledger: u64, entry: u64) -> Result<(IndexEntry, Rc<Segment<F>>)> {
     let no = || StorageError::NoSuchEntry { ledger, entry };
-    let ie = *usize::try_from(entry).ok().and_then(|i| l.index.get(i)).ok_or_else(no)?;
     let seg = st.segment_at(ie.position).ok_or_else(no)?.clone();
     Ok((ie, seg))
+}
+
+impl<D: Disk> Shared<D> {
+    /// Brings the index pages holding `ledger`'s entries `entry..entry +
+    /// count` that are in its index file (at most
+    /// [`PAGES_PER_READ_MAX`](crate::pages::PAGES_PER_READ_MAX) pages from
+    /// `entry`'s) into the cache, in one read from the first missing page
+    /// to the last. `entry`'s page goes in last, so the cache's bound never
+    /// pushes it out again.
+    pub(crate) async fn ensure_index(&self, ledger: u64, entry: u64, count: u64) -> Result<()> {
+        use crate::pages::{page_of, read_pages, PAGES_PER_READ_MAX};
+        let (file, sums, from, n) = {
+            let st = self.st.borrow();
+            let Some(l) = st.ledgers.get(&ledger) else { return Ok(()) };
+            let Some(file) = l.index_file.clone().filter(|_| entry < l.file_entries) else { return Ok(()) };
+            let Some(p0) = page_of(&l.pages, entry) else { return Ok(()) };
+            let last = entry.saturating_add(count.max(1) - 1).min(l.file_entries - 1);
+            let p1 = page_of(&l.pages, last).unwrap_or(p0).min(p0 + PAGES_PER_READ_MAX as usize - 1);
+            let missing: Vec<usize> = (p0..=p1).filter(|p| !st.icache.contains(ledger, *p as u64)).collect();
+            let (Some(&a), Some(&b)) = (missing.first(), missing.last()) else { return Ok(()) };
+            (file, crate::pages::firsts(&l.pages, a as u64, (b - a + 1) as u64), a as u64, (b - a + 1) as u64)
+        };
+        let path = self.paths.index(ledger);
+        let pages = read_pages(&*file, &path, ledger, from, &sums).await?;
+        let mut st = self.st.borrow_mut();
+        st.icache.loads += n;
+        for (i, es) in pages.into_iter().enumerate().rev() {
+            st.icache.insert(ledger, from + i as u64, Rc::from(es));
+        }
+        Ok(())
+    }
 }
 
 /// The next chunk to zero, `(segment, from, to)` as log positions, if any.
@@ -1619,10 +1801,25 @@ pub(crate) async fn checkpointer<D: Disk>(weak: Weak<Shared<D>>, interval: Durat
             break;
         }
         let Some(sh) = weak.upgrade() else { break };
-        if let Err(e) = sh.checkpoint(false).await {
-            sh.fail(&e);
+        if sh.checkpoint_or_fail().await.is_err() && sh.st.borrow().mode != Mode::Open {
             break;
         }
+    }
+}
+
+/// Whether a checkpoint failed only for lack of space while creating,
+/// writing or renaming a file. The checkpoint is derived data (the log
+/// holds every acknowledged entry, and recovery replays the log from the
+/// previous checkpoint), nothing names the pages or the temporary file it
+/// was writing until its rename, and the state follows a checkpoint only
+/// once it is durable, so such a checkpoint is tried again later instead of
+/// a fail-stop. A failed sync is never retried: what it leaves on disk is
+/// unknown.
+fn checkpoint_short_of_space(e: &StorageError) -> bool {
+    match e {
+        StorageError::NoSpace { .. } => true,
+        StorageError::Io { op, source, .. } => !op.contains("sync") && is_no_space(source),
+        _ => false,
     }
 }
 
@@ -1736,7 +1933,7 @@ impl<D: Disk> EntryLog<D> {
         let st = &mut *st;
         check_mode(st.mode)?;
         if let Some(l) = st.ledgers.get_mut(&ledger) {
-            if (l.index.len() as u64) < l.next_entry {
+            if l.laid_out() < l.next_entry {
                 return Err(StorageError::LedgerBusy { ledger });
             }
             if l.deleted.is_some() {
@@ -1785,42 +1982,54 @@ impl<D: Disk> EntryLog<D> {
     /// [`StorageError::Corrupt`] naming file and offset; the bytes are never
     /// returned).
     pub async fn read(&self, ledger: u64, entry: u64) -> Result<Bytes> {
-        let (seg, ie, ahead) = {
-            let mut st = self.sh.st.borrow_mut();
-            let st = &mut *st;
-            // The ledger first: a deleted ledger's entries may linger in the cache.
-            let l = readable_ledger(st, ledger, entry)?;
-            if let Some(b) = st.cache.get(&(ledger, entry)) {
-                return Ok(b.clone());
-            }
-            if let Some(b) = st.rcache.get(&(ledger, entry)) {
-                st.rcache_hits += 1;
-                let b = b.clone();
-                st.last_disk_read.insert(ledger, entry);
-                return Ok(b);
-            }
-            let (ie, seg) = locate(st, l, ledger, entry)?;
-            // Sequential catch-up: also fetch the following entries of this
-            // ledger that are durable (before the tail) and in this segment,
-            // up to read_ahead_bytes, in the same request.
-            let sequential = entry.checked_sub(1).is_some_and(|p| st.last_disk_read.get(&ledger) == Some(&p));
-            let mut ahead = Vec::new();
-            if sequential && self.sh.cfg.read_cache_bytes > 0 {
-                let limit = ie.position + self.sh.cfg.read_ahead_bytes as u64;
-                let mut prev_end = ie.position + (RECORD_HEADER_BYTES as u64) + ie.body_len as u64;
-                for (i, e) in l.index.iter().enumerate().skip(entry as usize + 1) {
-                    let end = e.position + (RECORD_HEADER_BYTES as u64) + e.body_len as u64;
-                    // Compaction can move an entry out of log order: stop there.
-                    if e.position < prev_end || end > limit || end > st.tail || end > seg.end() {
-                        break;
-                    }
-                    prev_end = end;
-                    ahead.push((i as u64, *e));
+        let (seg, ie, ahead) = 'found: loop {
+            'missing: {
+                let mut st = self.sh.st.borrow_mut();
+                let st = &mut *st;
+                // The ledger first: a deleted ledger's entries may linger in the cache.
+                readable_ledger(st, ledger, entry)?;
+                if let Some(b) = st.cache.get(&(ledger, entry)) {
+                    return Ok(b.clone());
                 }
+                if let Some(b) = st.rcache.get(&(ledger, entry)) {
+                    st.rcache_hits += 1;
+                    let b = b.clone();
+                    st.last_disk_read.insert(ledger, entry);
+                    return Ok(b);
+                }
+                let ie = match lookup(st, ledger, entry) {
+                    Lookup::Found(ie) => ie,
+                    Lookup::Page => break 'missing,
+                    Lookup::None => return Err(StorageError::NoSuchEntry { ledger, entry }),
+                };
+                let (ie, seg) = locate(st, ie, ledger, entry)?;
+                // Sequential catch-up: also fetch the following entries of this
+                // ledger that are durable (before the tail) and in this segment,
+                // up to read_ahead_bytes, in the same request (while their
+                // index pages are at hand).
+                let sequential = entry.checked_sub(1).is_some_and(|p| st.last_disk_read.get(&ledger) == Some(&p));
+                let mut ahead = Vec::new();
+                if sequential && self.sh.cfg.read_cache_bytes > 0 {
+                    let limit = ie.position + self.sh.cfg.read_ahead_bytes as u64;
+                    let mut prev_end = ie.position + (RECORD_HEADER_BYTES as u64) + ie.body_len as u64;
+                    let mut i = entry + 1;
+                    while let Lookup::Found(e) = lookup(st, ledger, i) {
+                        let end = e.position + (RECORD_HEADER_BYTES as u64) + e.body_len as u64;
+                        // Compaction can move an entry out of log order: stop there.
+                        if e.position < prev_end || end > limit || end > st.tail || end > seg.end() {
+                            break;
+                        }
+                        prev_end = end;
+                        ahead.push((i, e));
+                        i += 1;
+                    }
+                }
+                st.last_disk_read.insert(ledger, entry);
+                st.disk_reads += 1;
+                break 'found (seg, ie, ahead);
             }
-            st.last_disk_read.insert(ledger, entry);
-            st.disk_reads += 1;
-            (seg, ie, ahead)
+            // Its index page (and the next, for the read-ahead), then again.
+            self.sh.ensure_index(ledger, entry, 2 * INDEX_ENTRIES_PER_PAGE as u64).await?;
         };
         let off = ie.position - seg.start;
         let len = RECORD_HEADER_BYTES + ie.body_len as usize;
@@ -1882,56 +2091,71 @@ impl<D: Disk> EntryLog<D> {
     /// entry, which would be a large share of a catch-up's CPU.
     pub async fn read_run(&self, ledger: u64, entry: u64, max_entries: usize, max_bytes: usize) -> Result<Vec<Bytes>> {
         let max_entries = max_entries.max(1);
-        let (seg, first, run, kept) = {
-            let mut st = self.sh.st.borrow_mut();
-            let st = &mut *st;
-            let l = readable_ledger(st, ledger, entry)?;
-            let cached = |st: &State<D::File>, e: u64| {
-                st.cache.get(&(ledger, e)).or_else(|| st.rcache.get(&(ledger, e))).cloned()
-            };
-            if cached(st, entry).is_some() {
-                let mut out: Vec<Bytes> = Vec::new();
-                let mut bytes = 0usize;
-                let mut e = entry;
-                while out.len() < max_entries && e < l.next_entry {
-                    let Some(b) = cached(st, e) else { break };
-                    bytes += b.len();
-                    if !out.is_empty() && bytes > max_bytes {
+        // A run past the entry's index page needs the next pages too.
+        self.sh.ensure_index(ledger, entry, max_entries as u64).await?;
+        let (seg, first, run, kept) = 'found: loop {
+            'missing: {
+                let mut st = self.sh.st.borrow_mut();
+                let st = &mut *st;
+                let next_entry = readable_ledger(st, ledger, entry)?.next_entry;
+                let cached = |st: &State<D::File>, e: u64| {
+                    st.cache.get(&(ledger, e)).or_else(|| st.rcache.get(&(ledger, e))).cloned()
+                };
+                if cached(st, entry).is_some() {
+                    let mut out: Vec<Bytes> = Vec::new();
+                    let mut bytes = 0usize;
+                    let mut e = entry;
+                    while out.len() < max_entries && e < next_entry {
+                        let Some(b) = cached(st, e) else { break };
+                        bytes += b.len();
+                        if !out.is_empty() && bytes > max_bytes {
+                            break;
+                        }
+                        out.push(b);
+                        e += 1;
+                    }
+                    return Ok(out);
+                }
+                let ie = match lookup(st, ledger, entry) {
+                    Lookup::Found(ie) => ie,
+                    Lookup::Page => break 'missing,
+                    Lookup::None => return Err(StorageError::NoSuchEntry { ledger, entry }),
+                };
+                let (ie, seg) = locate(st, ie, ledger, entry)?;
+                let first_end = ie.position + (RECORD_HEADER_BYTES as u64) + ie.body_len as u64;
+                // A stretch read for another run (usually another partition's)
+                // that holds the first record: the run stays within it.
+                // Of the stretches holding the first record (and not failed),
+                // the one reaching furthest.
+                let kept = st
+                    .spans
+                    .iter()
+                    .filter(|(at, len, read)| *at <= ie.position && first_end <= at + len && !read.failed())
+                    .max_by_key(|(at, len, _)| at + len)
+                    .map(|(at, len, read)| (*at, *len, read.clone()));
+                let mut run = vec![ie];
+                let mut limit = ie.position.saturating_add(max_bytes as u64);
+                if let Some((at, len, _)) = &kept {
+                    limit = limit.min(at + len);
+                }
+                let mut prev_end = first_end;
+                // The run ends where the index pages at hand end.
+                let mut i = entry + 1;
+                while run.len() < max_entries {
+                    let Lookup::Found(e) = lookup(st, ledger, i) else { break };
+                    let end = e.position + (RECORD_HEADER_BYTES as u64) + e.body_len as u64;
+                    // Compaction can move an entry out of log order: stop there.
+                    if e.position < prev_end || end > limit || end > st.tail || end > seg.end() {
                         break;
                     }
-                    out.push(b);
-                    e += 1;
+                    prev_end = end;
+                    run.push(e);
+                    i += 1;
                 }
-                return Ok(out);
+                break 'found (seg, ie, run, kept);
             }
-            let (ie, seg) = locate(st, l, ledger, entry)?;
-            let first_end = ie.position + (RECORD_HEADER_BYTES as u64) + ie.body_len as u64;
-            // A stretch read for another run (usually another partition's)
-            // that holds the first record: the run stays within it.
-            // Of the stretches holding the first record (and not failed),
-            // the one reaching furthest.
-            let kept = st
-                .spans
-                .iter()
-                .filter(|(at, len, read)| *at <= ie.position && first_end <= at + len && !read.failed())
-                .max_by_key(|(at, len, _)| at + len)
-                .map(|(at, len, read)| (*at, *len, read.clone()));
-            let mut run = vec![ie];
-            let mut limit = ie.position.saturating_add(max_bytes as u64);
-            if let Some((at, len, _)) = &kept {
-                limit = limit.min(at + len);
-            }
-            let mut prev_end = first_end;
-            for e in l.index.iter().skip(entry as usize + 1).take(max_entries - 1) {
-                let end = e.position + (RECORD_HEADER_BYTES as u64) + e.body_len as u64;
-                // Compaction can move an entry out of log order: stop there.
-                if e.position < prev_end || end > limit || end > st.tail || end > seg.end() {
-                    break;
-                }
-                prev_end = end;
-                run.push(*e);
-            }
-            (seg, ie, run, kept)
+            // The index pages of the run's entries, then again.
+            self.sh.ensure_index(ledger, entry, max_entries as u64).await?;
         };
         let off = first.position - seg.start;
         let span =
@@ -2121,16 +2345,75 @@ impl<D: Disk> EntryLog<D> {
     /// non-decreasing in the ledger (one producer, or clocks in step);
     /// otherwise a partition point of the index, as in Pulsar's seek by time.
     /// Entries appended but not yet handed to a batch are not searched.
-    pub fn seek_time(&self, ledger: u64, time_ms: u64) -> u64 {
-        let st = self.sh.st.borrow();
-        st.ledgers.get(&ledger).map_or(0, |l| l.index.partition_point(|e| e.extras.publish_time_ms < time_ms) as u64)
+    /// The search goes over the first publish time of each index page,
+    /// then reads (at most) the one page that holds the answer.
+    pub async fn seek_time(&self, ledger: u64, time_ms: u64) -> Result<u64> {
+        loop {
+            let first = {
+                let mut st = self.sh.st.borrow_mut();
+                let st = &mut *st;
+                let Some(l) = st.ledgers.get(&ledger) else { return Ok(0) };
+                let in_recent =
+                    || l.file_entries + l.recent.partition_point(|e| e.extras.publish_time_ms < time_ms) as u64;
+                // Pages before `k` start before `time_ms`, the others at or after it.
+                let k = l.pages.partition_point(|p| p.first_time_ms < time_ms);
+                let Some(p) = k.checked_sub(1) else {
+                    return Ok(if l.pages.is_empty() { in_recent() } else { 0 });
+                };
+                let first = l.pages[p].first_entry;
+                match st.icache.get(ledger, p as u64) {
+                    Some(es) => {
+                        let j = es.partition_point(|e| e.extras.publish_time_ms < time_ms);
+                        return Ok(if j < es.len() {
+                            first + j as u64
+                        } else if let Some(next) = l.pages.get(k) {
+                            next.first_entry
+                        } else {
+                            in_recent()
+                        });
+                    }
+                    None => first,
+                }
+            };
+            self.sh.ensure_index(ledger, first, 1).await?;
+        }
     }
 
     /// The index entry of `ledger:entry` (position, length, checksum,
     /// publish time, key hash), if it was laid out in a batch.
-    pub fn index_entry(&self, ledger: u64, entry: u64) -> Option<IndexEntry> {
+    /// Reads its index page when it is not in the cache.
+    pub async fn index_entry(&self, ledger: u64, entry: u64) -> Result<Option<IndexEntry>> {
+        loop {
+            match lookup(&mut self.sh.st.borrow_mut(), ledger, entry) {
+                Lookup::Found(ie) => return Ok(Some(ie)),
+                Lookup::None => return Ok(None),
+                Lookup::Page => {}
+            }
+            self.sh.ensure_index(ledger, entry, 1).await?;
+        }
+    }
+
+    /// [`index_entry`](Self::index_entry) without a disk read: `None` also
+    /// when its index page is not in the cache.
+    pub fn index_entry_cached(&self, ledger: u64, entry: u64) -> Option<IndexEntry> {
+        match lookup(&mut self.sh.st.borrow_mut(), ledger, entry) {
+            Lookup::Found(ie) => Some(ie),
+            _ => None,
+        }
+    }
+
+    /// Body bytes of `ledger`'s entries laid out in a batch (0 for an
+    /// unknown ledger).
+    pub fn ledger_bytes(&self, ledger: u64) -> u64 {
+        self.sh.st.borrow().ledgers.get(&ledger).map_or(0, |l| l.bytes)
+    }
+
+    /// The index page cache: (bytes held, bound, pages, lookups served
+    /// from it, pages read from disk).
+    pub fn index_cache_stats(&self) -> IndexCacheStats {
         let st = self.sh.st.borrow();
-        st.ledgers.get(&ledger).and_then(|l| usize::try_from(entry).ok().and_then(|i| l.index.get(i)).copied())
+        let c = &st.icache;
+        IndexCacheStats { bytes: c.bytes(), max_bytes: c.max_bytes(), pages: c.len(), hits: c.hits, loads: c.loads }
     }
 
     /// Every ledger with its next entry id, sorted by ledger.
@@ -2168,15 +2451,11 @@ impl<D: Disk> EntryLog<D> {
     }
 
     /// Writes index pages and a checkpoint now (the periodic task does this
-    /// every `checkpoint_interval`). A failure puts the log in fail-stop.
+    /// every `checkpoint_interval`). A failure puts the log in fail-stop,
+    /// except a lack of space for the checkpoint's files: that error is
+    /// returned and the log goes on (see `checkpoint_short_of_space`).
     pub async fn checkpoint(&self) -> Result<()> {
-        let r = self.sh.checkpoint(false).await;
-        if let Err(e) = &r {
-            if !matches!(e, StorageError::Closed) {
-                self.sh.fail(e);
-            }
-        }
-        r
+        self.sh.checkpoint_or_fail().await
     }
 
     /// Clean shutdown: waits for pending appends, syncs, writes index pages,

@@ -128,6 +128,7 @@ impl<D: Disk> EntryLog<D> {
             return Err(StorageError::Tmpfs(paths.dir.clone()));
         }
         let mut st: State<D::File> = State::new();
+        st.icache = crate::pages::IndexCache::new(config.index_cache_bytes);
 
         // Segments, by start position.
         let mut names = disk.list_dir(&paths.log_dir).await.map_err(io_err("list", &paths.log_dir))?;
@@ -151,37 +152,29 @@ impl<D: Disk> EntryLog<D> {
         // the same way after it; then, when the log still starts at
         // position 0 (no segment ever removed), the log itself.
         let mut rebuilt: Vec<String> = Vec::new();
+        // Falling back on the copy is said once, in the log and in the
+        // recovery report.
+        let mut use_copy = |why: String, c: Checkpoint| {
+            let line = format!(
+                "{why}; using {} (checkpoint {}, position {})",
+                paths.checkpoint_copy.display(),
+                c.ckpt_seq,
+                c.position
+            );
+            warn!("{line}");
+            rebuilt.push(line);
+            Some(c)
+        };
         let ckpt = match read_checkpoint(&disk, &paths.checkpoint).await? {
             // The copy is written after the checkpoint: with no checkpoint
             // there is none, unless the checkpoint was removed by hand.
             Ok(None) => match read_checkpoint(&disk, &paths.checkpoint_copy).await? {
-                Ok(Some(c)) => {
-                    let line = format!(
-                        "{} is missing; using {} (checkpoint {}, position {})",
-                        paths.checkpoint.display(),
-                        paths.checkpoint_copy.display(),
-                        c.ckpt_seq,
-                        c.position
-                    );
-                    warn!("{line}");
-                    rebuilt.push(line);
-                    Some(c)
-                }
+                Ok(Some(c)) => use_copy(format!("{} is missing", paths.checkpoint.display()), c),
                 _ => None,
             },
             Ok(c) => c,
             Err(damage) => match read_checkpoint(&disk, &paths.checkpoint_copy).await? {
-                Ok(Some(c)) => {
-                    let line = format!(
-                        "{damage}; using {} (checkpoint {}, position {})",
-                        paths.checkpoint_copy.display(),
-                        c.ckpt_seq,
-                        c.position
-                    );
-                    warn!("{line}");
-                    rebuilt.push(line);
-                    Some(c)
-                }
+                Ok(Some(c)) => use_copy(damage.to_string(), c),
                 _ if segs.first().is_none_or(|s| s.start == 0) => {
                     let line = format!("{damage}; rebuilding it from the whole log (it starts at position 0)");
                     warn!("{line}");
@@ -222,52 +215,58 @@ impl<D: Disk> EntryLog<D> {
                 st.meta.insert(k.clone(), v.clone());
                 st.meta_durable.insert(k.clone(), v);
             }
+            // Entries compaction moved after their index page was written
+            // (applied while the pages are read).
+            let bad = |field, expected, found| {
+                StorageError::corrupt(&paths.checkpoint, 0, CorruptReason::Field { field, expected, found })
+            };
+            let mut relocs: std::collections::HashMap<u64, Vec<&crate::format::Relocation>> =
+                std::collections::HashMap::new();
+            for r in &c.relocations {
+                if !c.ledgers.iter().any(|cl| cl.ledger == r.ledger) {
+                    return Err(bad("relocation ledger (not in the checkpoint)", 0, r.ledger));
+                }
+                if r.position >= c.position {
+                    return Err(bad("relocation position", c.position, r.position));
+                }
+                relocs.entry(r.ledger).or_default().push(r);
+            }
             for cl in &c.ledgers {
-                let ledger = match load_index(&disk, &paths, cl.ledger, cl.indexed_entries, cl.pages, c.position).await
-                {
+                let rs = relocs.remove(&cl.ledger).unwrap_or_default();
+                if let Some(r) = rs.iter().find(|r| r.entry >= cl.indexed_entries) {
+                    return Err(bad("relocation entry", cl.indexed_entries, r.entry));
+                }
+                let loaded =
+                    load_index(&disk, &paths, cl.ledger, cl.indexed_entries, cl.pages, c.position, &rs, &mut st).await;
+                let ledger = match loaded {
                     Ok(l) => l,
                     Err(damage @ (StorageError::Corrupt { .. } | StorageError::Io { .. })) => {
                         // Derived data: the entries are in the log before
-                        // `P` (live ledgers keep their segments).
-                        let index = rebuild_index(&segs, cl.ledger, cl.indexed_entries, c.position).await?;
+                        // `P` (live ledgers keep their segments). They stay
+                        // in `recent` with no index file, so the next
+                        // checkpoint writes the file afresh from page 0.
+                        let mut recent = rebuild_index(&segs, cl.ledger, cl.indexed_entries, c.position).await?;
+                        for r in &rs {
+                            let ie = &mut recent[r.entry as usize];
+                            ie.position = r.position;
+                            ie.record_crc = r.record_crc;
+                            st.relocated.insert((cl.ledger, r.entry), *ie);
+                        }
                         let line = format!(
                             "{damage}; rebuilt the index of ledger {} ({} entries) from the log",
                             cl.ledger, cl.indexed_entries
                         );
                         warn!("{line}");
                         rebuilt.push(line);
-                        Ledger {
-                            next_entry: cl.indexed_entries,
-                            index,
-                            file_entries: cl.indexed_entries,
-                            file_pages: 0,
-                            index_file: None,
-                            rewrite: true,
-                            deleted: None,
-                        }
+                        let mut l = Ledger::new();
+                        l.next_entry = cl.indexed_entries;
+                        l.bytes = recent.iter().map(|e| e.body_len as u64).sum();
+                        l.recent = recent;
+                        l
                     }
                     Err(e) => return Err(e),
                 };
                 st.ledgers.insert(cl.ledger, ledger);
-            }
-            // Entries compaction moved after their index page was written.
-            for r in &c.relocations {
-                let bad = |field, expected, found| {
-                    StorageError::corrupt(&paths.checkpoint, 0, CorruptReason::Field { field, expected, found })
-                };
-                let Some(l) = st.ledgers.get_mut(&r.ledger) else {
-                    return Err(bad("relocation ledger (not in the checkpoint)", 0, r.ledger));
-                };
-                let Some(ie) = usize::try_from(r.entry).ok().and_then(|i| l.index.get_mut(i)) else {
-                    return Err(bad("relocation entry", l.index.len() as u64, r.entry));
-                };
-                if r.position >= c.position {
-                    return Err(bad("relocation position", c.position, r.position));
-                }
-                ie.position = r.position;
-                ie.record_crc = r.record_crc;
-                let ie = *ie;
-                st.relocated.insert((r.ledger, r.entry), ie);
             }
         }
 
@@ -308,26 +307,74 @@ impl<D: Disk> EntryLog<D> {
             // Written up to the tail; a recycled segment all through.
             st.zeroed = if seg.recycled.get() { seg.end() } else { scanned.tail };
         }
-        // Live entries per segment, for garbage collection and compaction.
-        // Every entry must lie in a segment: one that does not was lost
-        // (e.g. a segment deleted while still referenced), never dropped.
-        for (id, l) in &st.ledgers {
-            for (i, e) in l.index.iter().enumerate() {
-                let Some(seg) =
-                    st.segments.range(..=e.position).next_back().map(|(_, s)| s).filter(|s| e.position < s.end())
-                else {
-                    return Err(StorageError::corrupt(
-                        paths.index(*id),
-                        0,
-                        CorruptReason::Field {
-                            field: "entry position (no segment holds it)",
-                            expected: i as u64,
-                            found: e.position,
-                        },
-                    ));
-                };
-                *st.seg_live.entry(seg.start).or_default() += 1;
-                *st.seg_live_bytes.entry(seg.start).or_default() += (RECORD_HEADER_BYTES as u64) + e.body_len as u64;
+        // Live entries per segment, for garbage collection and compaction:
+        // the index files are read again, a few pages at a time (memory
+        // keeps only their summaries). Every entry must lie in a segment:
+        // one that does not was lost (e.g. a segment deleted while still
+        // referenced), never dropped.
+        let mut ids: Vec<u64> = st.ledgers.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            let path = paths.index(id);
+            let mut entries: Vec<(u64, IndexEntry)> = Vec::new();
+            let mut p = 0u64;
+            loop {
+                let l = &st.ledgers[&id];
+                let npages = l.pages.len() as u64;
+                if let (Some(file), true) = (l.index_file.clone(), p < npages) {
+                    let n = (npages - p).min(crate::pages::PAGES_PER_READ_MAX);
+                    let firsts = crate::pages::firsts(&l.pages, p, n);
+                    let pages = crate::pages::read_pages(&*file, &path, id, p, &firsts).await?;
+                    for (first, es) in firsts.iter().zip(pages) {
+                        for (i, e) in es.into_iter().enumerate() {
+                            let entry = first + i as u64;
+                            // A moved entry lives at its copy, which must be
+                            // the same entry.
+                            let e = match st.relocated.get(&(id, entry)) {
+                                Some(m) if (m.body_len, m.extras) != (e.body_len, e.extras) => {
+                                    return Err(StorageError::corrupt(
+                                        &path,
+                                        0,
+                                        CorruptReason::Field {
+                                            field: "moved record length",
+                                            expected: e.body_len as u64,
+                                            found: m.body_len as u64,
+                                        },
+                                    ));
+                                }
+                                Some(m) => *m,
+                                None => e,
+                            };
+                            entries.push((entry, e));
+                        }
+                    }
+                    p += n;
+                } else {
+                    let l = &st.ledgers[&id];
+                    entries.extend(l.recent.iter().enumerate().map(|(i, e)| (l.file_entries + i as u64, *e)));
+                    p = u64::MAX;
+                }
+                for (i, e) in entries.drain(..) {
+                    let Some(seg) =
+                        st.segments.range(..=e.position).next_back().map(|(_, s)| s).filter(|s| e.position < s.end())
+                    else {
+                        return Err(StorageError::corrupt(
+                            &path,
+                            0,
+                            CorruptReason::Field {
+                                field: "entry position (no segment holds it)",
+                                expected: i,
+                                found: e.position,
+                            },
+                        ));
+                    };
+                    *st.seg_live.entry(seg.start).or_default() += 1;
+                    *st.seg_live_bytes.entry(seg.start).or_default() +=
+                        (RECORD_HEADER_BYTES as u64) + e.body_len as u64;
+                }
+                if p == u64::MAX {
+                    break;
+                }
             }
         }
         for start in st.segments.keys() {
@@ -413,6 +460,7 @@ impl<D: Disk> EntryLog<D> {
             zero_lock: glommio::sync::Semaphore::new(1),
             keys: RefCell::new(keys),
             space_short: std::cell::Cell::new(false),
+            ckpt_short: std::cell::Cell::new(false),
         });
         if rewrite_now {
             sh.checkpoint(false).await?;
@@ -521,9 +569,12 @@ async fn rebuild_index<F: DiskFile>(
     Ok(index)
 }
 
-/// Loads pages 0..pages of a ledger's index file, which the checkpoint says
-/// hold entries 0..entries. They were fsynced before that checkpoint was
-/// written, so any damage is corruption, not a torn write.
+/// Reads and checks pages 0..pages of a ledger's index file, which the
+/// checkpoint says hold entries 0..entries, keeping only their summaries
+/// (and, in `st.relocated`, the entries of `relocs` at their copies). They
+/// were fsynced before that checkpoint was written, so any damage is
+/// corruption, not a torn write.
+#[allow(clippy::too_many_arguments)]
 async fn load_index<D: Disk>(
     disk: &D,
     paths: &Paths,
@@ -531,56 +582,72 @@ async fn load_index<D: Disk>(
     entries: u64,
     pages: u64,
     ckpt_position: u64,
+    relocs: &[&crate::format::Relocation],
+    st: &mut State<D::File>,
 ) -> Result<Ledger<D::File>> {
     let path = paths.index(ledger);
     let file = disk.open(&path, OpenMode::Existing).await.map_err(io_err("open index file", &path))?;
-    let need = pages * PAGE_BYTES;
-    let b = file.read_at(0, need as usize).await.map_err(io_err("read index file", &path))?;
-    if (b.len() as u64) < need {
-        return Err(StorageError::corrupt(
-            &path,
-            b.len() as u64,
-            CorruptReason::ShortFile { len: b.len() as u64, need },
-        ));
-    }
-    let mut index: Vec<IndexEntry> = Vec::with_capacity(entries as usize);
-    for (i, page) in b.chunks(PAGE_BYTES as usize).enumerate() {
-        let off = i as u64 * PAGE_BYTES;
-        let (first, es) = decode_index_page(page, ledger).map_err(|r| StorageError::corrupt(&path, off, r))?;
-        if first != index.len() as u64 {
+    let mut l = Ledger::new();
+    let mut next = 0u64;
+    let mut p = 0u64;
+    while p < pages {
+        let n = (pages - p).min(crate::pages::PAGES_PER_READ_MAX);
+        let need = n * PAGE_BYTES;
+        let b = file.read_at(p * PAGE_BYTES, need as usize).await.map_err(io_err("read index file", &path))?;
+        if (b.len() as u64) < need {
+            let len = p * PAGE_BYTES + b.len() as u64;
             return Err(StorageError::corrupt(
                 &path,
-                off,
-                CorruptReason::Field { field: "index page first entry", expected: index.len() as u64, found: first },
+                len,
+                CorruptReason::ShortFile { len, need: p * PAGE_BYTES + need },
             ));
         }
-        for e in es {
-            if e.position >= ckpt_position {
+        for (i, page) in b.chunks(PAGE_BYTES as usize).enumerate() {
+            let off = (p + i as u64) * PAGE_BYTES;
+            let (first, es) = decode_index_page(page, ledger).map_err(|r| StorageError::corrupt(&path, off, r))?;
+            if first != next {
                 return Err(StorageError::corrupt(
                     &path,
                     off,
-                    CorruptReason::Field { field: "index entry position", expected: ckpt_position, found: e.position },
+                    CorruptReason::Field { field: "index page first entry", expected: next, found: first },
                 ));
             }
-            index.push(e);
+            for e in &es {
+                if e.position >= ckpt_position {
+                    return Err(StorageError::corrupt(
+                        &path,
+                        off,
+                        CorruptReason::Field {
+                            field: "index entry position",
+                            expected: ckpt_position,
+                            found: e.position,
+                        },
+                    ));
+                }
+                l.bytes += e.body_len as u64;
+            }
+            for r in relocs.iter().filter(|r| r.entry >= first && r.entry < first + es.len() as u64) {
+                let e = es[(r.entry - first) as usize];
+                st.relocated
+                    .insert((ledger, r.entry), IndexEntry { position: r.position, record_crc: r.record_crc, ..e });
+            }
+            l.pages.push(crate::pages::PageSum::of(first, &es));
+            next += es.len() as u64;
         }
+        p += n;
     }
-    if index.len() as u64 != entries {
+    if next != entries {
         return Err(StorageError::corrupt(
             &path,
             0,
-            CorruptReason::Field { field: "index entries", expected: entries, found: index.len() as u64 },
+            CorruptReason::Field { field: "index entries", expected: entries, found: next },
         ));
     }
-    Ok(Ledger {
-        next_entry: entries,
-        index,
-        file_entries: entries,
-        file_pages: pages,
-        index_file: Some(Rc::new(file)),
-        rewrite: false,
-        deleted: None,
-    })
+    l.next_entry = entries;
+    l.file_entries = entries;
+    l.file_pages = pages;
+    l.index_file = Some(Rc::new(file));
+    Ok(l)
 }
 
 /// The length a segment was preallocated to, as its first batch says
@@ -1058,57 +1125,65 @@ fn replay<F>(st: &mut State<F>, path: &Path, batch_off: u64, position: u64, h: &
         } else if rh.kind == KIND_MOVE {
             // A compaction copy: the entry now lives here. A copy for a
             // ledger deleted before it (or never indexed) is unreferenced.
-            let Some(l) = st.ledgers.get_mut(&rh.ledger) else { continue };
-            let Some(ie) = usize::try_from(rh.entry).ok().and_then(|i| l.index.get_mut(i)) else {
+            let Some(l) = st.ledgers.get(&rh.ledger) else { continue };
+            if rh.entry >= l.laid_out() {
                 return Err(corrupt(CorruptReason::EntryOrder {
                     ledger: rh.ledger,
-                    expected: l.index.len() as u64,
+                    expected: l.laid_out(),
                     found: rh.entry,
                 }));
-            };
-            if ie.body_len != rh.body_len || ie.extras != rh.extras {
-                return Err(corrupt(CorruptReason::Field {
-                    field: "moved record length",
-                    expected: ie.body_len as u64,
-                    found: rh.body_len as u64,
-                }));
             }
-            *ie = IndexEntry {
+            // The copy is checked against the original (same length and
+            // extras) once the index pages are read again, after the scan.
+            if let Some(ie) = st.relocated.get(&(rh.ledger, rh.entry)) {
+                if ie.body_len != rh.body_len || ie.extras != rh.extras {
+                    return Err(corrupt(CorruptReason::Field {
+                        field: "moved record length",
+                        expected: ie.body_len as u64,
+                        found: rh.body_len as u64,
+                    }));
+                }
+            }
+            let ie = IndexEntry {
                 position: position + r.offset as u64,
                 body_len: rh.body_len,
                 record_crc: rh.crc,
                 extras: rh.extras,
             };
-            // Only entries below the index file's count are ever moved; one
-            // above it would not be written to the next checkpoint.
             if rh.entry < l.file_entries {
-                st.relocated.insert((rh.ledger, rh.entry), *ie);
-            } else if st.ckpt_position.is_none() {
-                // Rebuilding without a checkpoint (it was damaged): no index
-                // file counts, the next checkpoint writes the copy's position.
+                st.relocated.insert((rh.ledger, rh.entry), ie);
             } else {
-                return Err(corrupt(CorruptReason::Field {
-                    field: "moved entry (not in an index file)",
-                    expected: l.file_entries,
-                    found: rh.entry,
-                }));
+                // Still in `recent` (an index rebuilt at open, or no usable
+                // checkpoint): the next checkpoint writes the copy's position.
+                let l = st.ledgers.get_mut(&rh.ledger).expect("looked up above");
+                let i = usize::try_from(rh.entry - l.file_entries).expect("below laid_out");
+                let old = &mut l.recent[i];
+                if old.body_len != rh.body_len || old.extras != rh.extras {
+                    return Err(corrupt(CorruptReason::Field {
+                        field: "moved record length",
+                        expected: old.body_len as u64,
+                        found: rh.body_len as u64,
+                    }));
+                }
+                *old = ie;
             }
         } else if rh.kind == KIND_ENTRY {
             let l = st.ledgers.entry(rh.ledger).or_insert_with(Ledger::new);
-            if rh.entry != l.index.len() as u64 {
+            if rh.entry != l.laid_out() {
                 return Err(corrupt(CorruptReason::EntryOrder {
                     ledger: rh.ledger,
-                    expected: l.index.len() as u64,
+                    expected: l.laid_out(),
                     found: rh.entry,
                 }));
             }
-            l.index.push(IndexEntry {
+            l.recent.push(IndexEntry {
                 position: position + r.offset as u64,
                 body_len: rh.body_len,
                 record_crc: rh.crc,
                 extras: rh.extras,
             });
-            l.next_entry = l.index.len() as u64;
+            l.bytes += rh.body_len as u64;
+            l.next_entry = l.laid_out();
             entries += 1;
         } else {
             let (k, v) = split_meta(r.body).map_err(corrupt)?;

@@ -74,7 +74,10 @@ fn sparse_segments_go_dense_ones_stay() {
         }
         log.wait_durable(last).await.unwrap();
         log.checkpoint().await.unwrap();
-        let dense_positions: Vec<u64> = (0..dense_n).map(|e| log.index_entry(DENSE, e).unwrap().position).collect();
+        let mut dense_positions: Vec<u64> = Vec::new();
+        for e in 0..dense_n {
+            dense_positions.push(log.index_entry(DENSE, e).await.unwrap().unwrap().position);
+        }
         let before = log.segments();
         // Retention deletes the fast ledger: no segment is empty (the slow
         // ledger's entries are everywhere), so garbage collection frees nothing.
@@ -112,7 +115,10 @@ fn sparse_segments_go_dense_ones_stay() {
         // ledger's segments stay and its entries did not move.
         check_all(&log, SLOW, slow_n, slow_len, "after compaction").await;
         check_all(&log, DENSE, dense_n, 1000, "after compaction").await;
-        let now: Vec<u64> = (0..dense_n).map(|e| log.index_entry(DENSE, e).unwrap().position).collect();
+        let mut now: Vec<u64> = Vec::new();
+        for e in 0..dense_n {
+            now.push(log.index_entry(DENSE, e).await.unwrap().unwrap().position);
+        }
         assert_eq!(now, dense_positions, "dense entries must not move");
         assert!(segs.iter().any(|s| s.0 == 0), "the dense first segment stays: {segs:?}");
         // The right segments went: every sparse one wholly before the

@@ -351,12 +351,13 @@ async fn one_seed(seed: u64) {
         if let Some((kind, error)) = fault {
             if disk.faults_fired() > fired_before {
                 FAULTS.with(|f| *f.borrow_mut().entry(format!("{kind:?}/{error:?}")).or_default() += 1);
-                if kind == FaultKind::Allocate && matches!(error, FaultError::NoSpace) {
-                    // No space for a segment wrote no batch: the creation is
-                    // retried, not a fail-stop. A close may still fail when
-                    // it needed that segment for appends it holds; either
-                    // way the check after the crash below finds every
-                    // acknowledged entry.
+                if kind != FaultKind::Sync && matches!(error, FaultError::NoSpace) {
+                    // No space for a segment or for a checkpoint's files
+                    // wrote nothing anything refers to: it is tried again,
+                    // not a fail-stop (no space for a batch in a segment
+                    // still is: basic.rs covers that). A close may still
+                    // fail when it needed that space; either way the check
+                    // after the crash below finds every acknowledged entry.
                     let _ = log.close().await;
                 } else {
                     // Fail-stop: whatever the log did since, it is failed by the

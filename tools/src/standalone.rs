@@ -74,6 +74,10 @@ pub struct StandaloneArgs {
     /// Recent entries kept in memory per shard, in MiB.
     #[arg(long, default_value_t = 256)]
     pub write_cache_mib: usize,
+    /// Ledger index pages kept in memory per shard, in MiB (least recently
+    /// used out; the rest of the index is read from disk when needed).
+    #[arg(long, default_value_t = 64)]
+    pub index_cache_mib: usize,
     /// Do not pin shards to CPUs.
     #[arg(long)]
     pub no_pin: bool,
@@ -377,6 +381,7 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     config.lone_yield_max = std::time::Duration::from_micros(args.lone_yield_max_us);
     config.recycle_segments = args.segment_recycle;
     config.write_cache_bytes = args.write_cache_mib * 1024 * 1024;
+    config.index_cache_bytes = args.index_cache_mib * 1024 * 1024;
     config.allow_tmpfs = args.allow_tmpfs;
     config.accept_data_loss = args.accept_data_loss;
     config.disk_watermarks.refuse_pct = args.disk_refuse_pct;

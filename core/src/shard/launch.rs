@@ -169,6 +169,7 @@ where
                 lc.lone_yield_max = config.lone_yield_max;
                 lc.recycle_segments = config.recycle_segments;
                 lc.write_cache_bytes = config.write_cache_bytes;
+                lc.index_cache_bytes = config.index_cache_bytes;
                 lc.flush_bytes_max = config.flush_bytes_max;
                 lc.allow_tmpfs = config.allow_tmpfs;
                 lc.accept_data_loss = config.accept_data_loss;

@@ -66,7 +66,7 @@ pub(crate) fn recovered_ledgers(ctx: &TopicCtx<'_>, topic: &str, mut list: Vec<L
     }
     let cur = list.last_mut().expect("a topic record lists a ledger");
     cur.entries = ctx.log.next_entry(cur.id);
-    cur.bytes = (0..cur.entries).filter_map(|e| ctx.log.index_entry(cur.id, e)).map(|i| u64::from(i.body_len)).sum();
+    cur.bytes = ctx.log.ledger_bytes(cur.id);
     if cur.created_ms == 0 {
         // A version 1 record does not say: count its age from now.
         cur.created_ms = now_ms();

@@ -140,7 +140,7 @@ impl Topic {
     /// unreadable): such an entry is never expired.
     async fn publish_time(&self, log: &EntryLog, pos: u64) -> Option<u64> {
         let (ledger, entry) = self.ledgers.borrow().locate(pos)?;
-        if let Some(ie) = log.index_entry(ledger, entry) {
+        if let Some(ie) = log.index_entry(ledger, entry).await.ok().flatten() {
             if ie.extras.publish_time_ms != 0 {
                 return Some(ie.extras.publish_time_ms);
             }

@@ -19,8 +19,8 @@ pub(crate) fn unmatched_by_index(log: &impl LogReader, sub: &Subscription, ledge
     };
     match log.tag_hash(ledger, entry) {
         Some(hash) => hash != 0 && hash != want,
-        // Not laid out yet (dispatch reads only durable entries, which are):
-        // decide on the entry itself.
+        // Not laid out yet (dispatch reads only durable entries, which are),
+        // or its index page is not in memory: decide on the entry itself.
         None => false,
     }
 }

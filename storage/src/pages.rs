@@ -1,0 +1,189 @@
+//! The ledger index in pages: what stays in memory of a ledger's index file
+//! (one [`PageSum`] per page), the per-shard bounded cache of decoded pages
+//! ([`IndexCache`]), and reading pages from an index file.
+//!
+//! A ledger's entries `0..file_entries` are in its index file (written at
+//! checkpoints, never rewritten); the later ones (laid out in a batch since
+//! the last checkpoint) are in memory (`Ledger::recent`), so the pages of
+//! the ledger being written are always at hand. A lookup of a file entry
+//! goes to the page holding it: from the cache, else one read of the page
+//! (async, on the shard's executor). Owned by the shard's executor.
+
+use crate::disk::{DiskFile, PAGE_BYTES};
+use crate::error::{CorruptReason, Result, StorageError};
+use crate::format::{decode_index_page, IndexEntry};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::rc::Rc;
+
+/// Pages read from an index file in one request at most (256 KiB).
+pub const PAGES_PER_READ_MAX: u64 = 64;
+
+/// What memory keeps of one index page (32 bytes a page of up to 127
+/// entries): where it starts, for lookups by entry id; its first publish
+/// time, for seeks by time; the range of log positions its entries had
+/// when it was written, for compaction's search of a segment's entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PageSum {
+    pub first_entry: u64,
+    pub first_time_ms: u64,
+    pub min_position: u64,
+    pub max_position: u64,
+}
+
+impl PageSum {
+    pub fn of(first_entry: u64, entries: &[IndexEntry]) -> PageSum {
+        assert!(!entries.is_empty(), "an index page holds at least one entry");
+        PageSum {
+            first_entry,
+            first_time_ms: entries[0].extras.publish_time_ms,
+            min_position: entries.iter().map(|e| e.position).min().unwrap_or(0),
+            max_position: entries.iter().map(|e| e.position).max().unwrap_or(0),
+        }
+    }
+}
+
+/// The page (index into `pages`) holding file entry `entry`, if any.
+pub(crate) fn page_of(pages: &[PageSum], entry: u64) -> Option<usize> {
+    pages.partition_point(|p| p.first_entry <= entry).checked_sub(1)
+}
+
+/// Bytes a cached page is charged: its entries plus the map's overhead.
+pub(crate) fn page_cost(entries: usize) -> usize {
+    entries * std::mem::size_of::<IndexEntry>() + 96
+}
+
+/// The per-shard cache of decoded index pages, least recently used out,
+/// within `max_bytes` (always at least the page just inserted, so a lookup
+/// that loaded its page finds it).
+/// A cached page: its entries and its last use (a stamp in `lru`).
+type Cached = (Rc<[IndexEntry]>, u64);
+
+pub(crate) struct IndexCache {
+    /// By (ledger, page number).
+    pages: BTreeMap<(u64, u64), Cached>,
+    lru: BTreeMap<u64, (u64, u64)>,
+    stamp: u64,
+    bytes: usize,
+    max_bytes: usize,
+    /// Lookups of file entries served from the cache, and pages read from
+    /// disk (counters).
+    pub hits: u64,
+    pub loads: u64,
+}
+
+impl IndexCache {
+    pub fn new(max_bytes: usize) -> IndexCache {
+        IndexCache { pages: BTreeMap::new(), lru: BTreeMap::new(), stamp: 0, bytes: 0, max_bytes, hits: 0, loads: 0 }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+
+    pub fn len(&self) -> usize {
+        self.pages.len()
+    }
+
+    /// Marks page `page` of `ledger` as just used (a lookup it served).
+    pub fn touch(&mut self, ledger: u64, page: u64) {
+        let Some((_, stamp)) = self.pages.get_mut(&(ledger, page)) else { return };
+        self.lru.remove(stamp);
+        self.stamp += 1;
+        *stamp = self.stamp;
+        self.lru.insert(self.stamp, (ledger, page));
+        self.hits += 1;
+    }
+
+    /// Page `page` of `ledger`, marked as just used.
+    pub fn get(&mut self, ledger: u64, page: u64) -> Option<Rc<[IndexEntry]>> {
+        self.touch(ledger, page);
+        self.peek(ledger, page).cloned()
+    }
+
+    /// Page `page` of `ledger`, leaving the eviction order as it is.
+    pub fn peek(&self, ledger: u64, page: u64) -> Option<&Rc<[IndexEntry]>> {
+        self.pages.get(&(ledger, page)).map(|(e, _)| e)
+    }
+
+    pub fn contains(&self, ledger: u64, page: u64) -> bool {
+        self.pages.contains_key(&(ledger, page))
+    }
+
+    pub fn insert(&mut self, ledger: u64, page: u64, entries: Rc<[IndexEntry]>) {
+        self.remove(ledger, page);
+        self.stamp += 1;
+        self.bytes += page_cost(entries.len());
+        self.pages.insert((ledger, page), (entries, self.stamp));
+        self.lru.insert(self.stamp, (ledger, page));
+        while self.bytes > self.max_bytes && self.pages.len() > 1 {
+            let Some((_, key)) = self.lru.pop_first() else { break };
+            if let Some((e, _)) = self.pages.remove(&key) {
+                self.bytes -= page_cost(e.len());
+            }
+        }
+        assert!(self.bytes <= self.max_bytes || self.pages.len() == 1, "index cache over its bound");
+    }
+
+    fn remove(&mut self, ledger: u64, page: u64) {
+        if let Some((e, stamp)) = self.pages.remove(&(ledger, page)) {
+            self.lru.remove(&stamp);
+            self.bytes -= page_cost(e.len());
+        }
+    }
+
+    /// Forgets every page of `ledger` (deleted).
+    pub fn drop_ledger(&mut self, ledger: u64) {
+        let keys: Vec<(u64, u64)> = self.pages.range((ledger, 0)..=(ledger, u64::MAX)).map(|(k, _)| *k).collect();
+        for (l, p) in keys {
+            self.remove(l, p);
+        }
+    }
+}
+
+/// Reads and checks pages `from..from + firsts.len()` of `ledger`'s index
+/// file; each page's first entry must be the one `firsts` says (from the
+/// pages' summaries). The pages were fdatasync'd before a checkpoint named
+/// them, so any damage is corruption.
+pub(crate) async fn read_pages<F: DiskFile>(
+    file: &F,
+    path: &Path,
+    ledger: u64,
+    from: u64,
+    firsts: &[u64],
+) -> Result<Vec<Vec<IndexEntry>>> {
+    let n = firsts.len() as u64;
+    assert!(n > 0, "reading no index page");
+    let need = n * PAGE_BYTES;
+    let b = file
+        .read_at(from * PAGE_BYTES, need as usize)
+        .await
+        .map_err(|e| StorageError::io("read index pages", path, e))?;
+    if (b.len() as u64) < need {
+        let len = from * PAGE_BYTES + b.len() as u64;
+        return Err(StorageError::corrupt(path, len, CorruptReason::ShortFile { len, need: from * PAGE_BYTES + need }));
+    }
+    let mut out = Vec::with_capacity(n as usize);
+    for (i, page) in b.chunks(PAGE_BYTES as usize).enumerate() {
+        let off = (from + i as u64) * PAGE_BYTES;
+        let (first, es) = decode_index_page(page, ledger).map_err(|r| StorageError::corrupt(path, off, r))?;
+        if first != firsts[i] {
+            return Err(StorageError::corrupt(
+                path,
+                off,
+                CorruptReason::Field { field: "index page first entry", expected: firsts[i], found: first },
+            ));
+        }
+        out.push(es);
+    }
+    Ok(out)
+}
+
+/// The first entries of pages `from..from + n` (for [`read_pages`]).
+pub(crate) fn firsts(sums: &[PageSum], from: u64, n: u64) -> Vec<u64> {
+    sums[from as usize..(from + n) as usize].iter().map(|s| s.first_entry).collect()
+}
