@@ -22,7 +22,7 @@
 
 use crate::api::{ConsumerEvent, ConsumerRef};
 use crate::error::{CoreError, ErrorCode};
-use crate::subscription::dispatcher::failover::choose_active;
+use crate::subscription::dispatcher::failover::{choose_active, Placement};
 use crate::subscription::dispatcher::ConsumerState;
 use crate::topic::producers::TopicProducers;
 use bytes::Bytes;
@@ -55,7 +55,7 @@ impl NpSub {
         if !matches!(self.sub_type, SubscriptionType::Exclusive | SubscriptionType::Failover) {
             return;
         }
-        let now = choose_active(&self.consumers, partition);
+        let now = choose_active(&self.consumers, &Placement::round_robin(partition));
         let old = std::mem::replace(&mut self.active, now);
         if old == now || self.sub_type != SubscriptionType::Failover {
             return;
@@ -133,6 +133,12 @@ impl NpTopic {
                 "Key_Shared sticky ranges are not supported on non-persistent topics",
             ));
         }
+        if req.model.allocation != magnetar_wire::AllocationStrategy::RoundRobin {
+            return Err(CoreError::new(
+                ErrorCode::NotAllowed,
+                "allocation strategies other than round-robin are not supported on non-persistent topics",
+            ));
+        }
         let count = self.consumer_count();
         let mut subs = self.subs.borrow_mut();
         let s = subs.entry(sub.to_string()).or_insert_with(|| NpSub {
@@ -175,6 +181,7 @@ impl NpTopic {
             joined_at: None,
             address: req.client_address.clone(),
             redelivered: 0,
+            zone: String::new(),
         });
         let mut events = Vec::new();
         let before = s.active;

@@ -275,6 +275,7 @@ impl Broker {
 
     /// Attaches a consumer; its messages go to `sink` (see `register_sink`).
     pub async fn subscribe(&self, mut req: SubscribeRequest, sink: u64) -> Result<ConsumerHandle, CoreError> {
+        broadcast_subscription(&mut req)?;
         let (topic, owner, policy) = self.resolve_client_topic(&req.topic, TopicAccess::Consume).await?;
         req.topic = topic.clone();
         let consumer = ConsumerRef { shard: self.shard.id, sink, consumer_id: req.consumer_id };
@@ -385,6 +386,26 @@ impl Broker {
             Op::CloseConsumer { topic: c.topic.clone(), subscription: c.subscription.clone(), consumer: c.consumer };
         self.shard.call(c.owner, op).await.map(|_| ())
     }
+}
+
+/// Broadcast mode: every consumer receives every message, so each has a
+/// subscription of its own, `<subscription>/<consumer-name>`, created with
+/// it and kept while it is away (a consumer coming back under the same name
+/// resumes where it left); it goes when the consumer unsubscribes (or an
+/// operator deletes it). Its type is the one asked for. A broadcast
+/// consumer must be named: its name is its cursor's.
+fn broadcast_subscription(req: &mut SubscribeRequest) -> Result<(), CoreError> {
+    if req.model.mode != magnetar_wire::SubscriptionMode::Broadcast {
+        return Ok(());
+    }
+    if req.consumer_name.is_empty() {
+        return Err(CoreError::new(
+            ErrorCode::NotAllowed,
+            "a broadcast consumer needs a name: its cursor is the subscription <subscription>/<consumer-name>",
+        ));
+    }
+    req.subscription = format!("{}/{}", req.subscription, req.consumer_name);
+    Ok(())
 }
 
 fn unexpected(r: Reply) -> CoreError {

@@ -57,6 +57,8 @@ pub struct SubscriptionStats {
     pub byte_rate_out: f64,
     pub durable: bool,
     pub filter_tag: Option<String>,
+    /// Failover's allocation strategy (`AllocationStrategy::as_str`).
+    pub allocation: &'static str,
     /// Entries the dispatcher read from storage.
     pub entries_read: u64,
     /// Entries a tag filter skipped from the index alone, unread.

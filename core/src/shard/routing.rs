@@ -28,6 +28,9 @@ pub(crate) struct TopicPolicy {
     /// The topic is partition i < N of a partitioned topic: it may be
     /// created whatever the auto-creation policy says.
     pub(crate) in_partitioned: bool,
+    /// When `in_partitioned`: the partitioned topic's partition count
+    /// (allocation strategies need it); else 0.
+    pub(crate) partitions: u32,
 }
 
 /// A request executed on the owner shard.

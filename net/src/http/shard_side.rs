@@ -121,6 +121,7 @@ async fn health_check(broker: &Broker) -> Result<(), CoreError> {
             priority_level: 0,
             filter_tag: String::new(),
             key_shared_ranges: Vec::new(),
+            model: Default::default(),
             client_address: "(broker health check)".into(),
         };
         let consumer = broker.subscribe(req, sink).await?;

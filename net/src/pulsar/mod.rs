@@ -399,6 +399,7 @@ impl Door for PulsarDoor {
                         priority_level: s.priority_level.unwrap_or(0),
                         filter_tag: String::new(),
                         key_shared_ranges,
+                        model: Default::default(),
                         client_address: String::new(),
                     },
                     start,
