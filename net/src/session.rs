@@ -95,6 +95,9 @@ pub(crate) enum Request<O> {
         topic: String,
         producer_name: String,
         access_mode: ProducerAccessMode,
+        /// The topic epoch a reconnecting exclusive producer names (Pulsar's
+        /// `topic_epoch`; the native protocol has none).
+        epoch: Option<u64>,
     },
     /// One entry (`num_messages` > 1 for a batch). `payload_crc` is the
     /// CRC-32 of `payload` when the door had it from checking the frame, so
@@ -1061,8 +1064,8 @@ impl<D: Door> Session<D> {
             Request::Send { producer_id, sequence_id, num_messages, payload, payload_crc } => {
                 self.on_send(producer_id, sequence_id, num_messages, payload, payload_crc);
             }
-            Request::CreateProducer { request_id, producer_id, topic, producer_name, access_mode } => {
-                self.create_producer(request_id, producer_id, topic, producer_name, access_mode);
+            Request::CreateProducer { request_id, producer_id, topic, producer_name, access_mode, epoch } => {
+                self.create_producer(request_id, producer_id, topic, producer_name, access_mode, epoch);
             }
             Request::CloseProducer { request_id, producer_id } => {
                 let p = self.producers.borrow_mut().remove(&producer_id);
@@ -1218,6 +1221,7 @@ impl<D: Door> Session<D> {
         topic: String,
         producer_name: String,
         access_mode: ProducerAccessMode,
+        epoch: Option<u64>,
     ) {
         if self.producers.borrow().contains_key(&producer_id) || self.pending_producers.borrow().contains(&producer_id)
         {
@@ -1243,7 +1247,7 @@ impl<D: Door> Session<D> {
                 // at once; if it is busy the client is told it waits before
                 // the producer joins the queue, so that word always comes
                 // before the creation.
-                match broker.create_producer_with(&topic, &producer_name, ProducerAccessMode::Exclusive).await {
+                match broker.create_producer_with(&topic, &producer_name, ProducerAccessMode::Exclusive, epoch).await {
                     Err(e) if e.code == ErrorCode::ProducerBusy && !me.out.is_closed() => {
                         me.out.put("a producer's wait", |d, dst| d.producer_waiting(dst, request_id));
                         None
@@ -1254,7 +1258,7 @@ impl<D: Door> Session<D> {
                 None
             };
             if created.is_none() {
-                created = Some(broker.create_producer_with(&topic, &producer_name, access_mode).await);
+                created = Some(broker.create_producer_with(&topic, &producer_name, access_mode, epoch).await);
             }
             let created = created.expect("set on every path above");
             me.pending_producers.borrow_mut().remove(&producer_id);

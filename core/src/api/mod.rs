@@ -207,22 +207,25 @@ impl Broker {
     }
 
     pub async fn create_producer(&self, topic: &str, producer_name: &str) -> Result<ProducerHandle, CoreError> {
-        self.create_producer_with(topic, producer_name, ProducerAccessMode::Shared).await
+        self.create_producer_with(topic, producer_name, ProducerAccessMode::Shared, None).await
     }
 
     /// Attaches a producer with an access mode; with `WaitForExclusive` this
-    /// resolves only when the producer holds the topic.
+    /// resolves only when the producer holds the topic. `epoch`: the topic
+    /// epoch a reconnecting exclusive producer names (it is refused with
+    /// `ProducerFenced` if another exclusive producer held the topic since).
     pub async fn create_producer_with(
         &self,
         topic: &str,
         producer_name: &str,
         mode: ProducerAccessMode,
+        epoch: Option<u64>,
     ) -> Result<ProducerHandle, CoreError> {
         let (topic, owner, policy) = self.resolve_client_topic(topic, TopicAccess::Produce).await?;
-        let op = Op::CreateProducer { topic: topic.clone(), name: producer_name.to_string(), mode, policy };
+        let op = Op::CreateProducer { topic: topic.clone(), name: producer_name.to_string(), mode, policy, epoch };
         match self.shard.call(owner, op).await? {
-            Reply::Producer { name, last_sequence_id } => {
-                Ok(ProducerHandle { topic, owner, producer_name: name, last_sequence_id })
+            Reply::Producer { name, last_sequence_id, epoch } => {
+                Ok(ProducerHandle { topic, owner, producer_name: name, last_sequence_id, topic_epoch: epoch })
             }
             other => Err(unexpected(other)),
         }
