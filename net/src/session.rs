@@ -1242,25 +1242,33 @@ impl<D: Door> Session<D> {
         let me = self.clone();
         glommio::spawn_local(async move {
             let broker = me.broker_handle();
-            let mut created = if access_mode == ProducerAccessMode::WaitForExclusive {
-                // Tried as Exclusive first: if the topic is free it is taken
-                // at once; if it is busy the client is told it waits before
-                // the producer joins the queue, so that word always comes
-                // before the creation.
-                match broker.create_producer_with(&topic, &producer_name, ProducerAccessMode::Exclusive, epoch).await {
-                    Err(e) if e.code == ErrorCode::ProducerBusy && !me.out.is_closed() => {
-                        me.out.put("a producer's wait", |d, dst| d.producer_waiting(dst, request_id));
-                        None
-                    }
-                    done => Some(done),
+            // The owner tells when a WaitForExclusive producer joins the
+            // topic's queue, before it attaches it; the client is told it
+            // waits then, and always before the creation.
+            let (queued_tx, queued_rx) = futures::channel::oneshot::channel();
+            let tell_waiting = || {
+                if !me.out.is_closed() {
+                    me.out.put("a producer's wait", |d, dst| d.producer_waiting(dst, request_id));
                 }
-            } else {
-                None
             };
-            if created.is_none() {
-                created = Some(broker.create_producer_with(&topic, &producer_name, access_mode, epoch).await);
-            }
-            let created = created.expect("set on every path above");
+            let creation = broker
+                .create_producer_queued(&topic, &producer_name, access_mode, epoch, Some(queued_tx))
+                .boxed_local();
+            let created = match futures::future::select(creation, queued_rx).await {
+                futures::future::Either::Left((created, mut queued_rx)) => {
+                    // Both ready at once: the wait was announced first.
+                    if let Ok(Some(())) = queued_rx.try_recv() {
+                        tell_waiting();
+                    }
+                    created
+                }
+                futures::future::Either::Right((queued, creation)) => {
+                    if queued.is_ok() {
+                        tell_waiting();
+                    }
+                    creation.await
+                }
+            };
             me.pending_producers.borrow_mut().remove(&producer_id);
             match created {
                 Ok(handle) if me.out.is_closed() || me.gone.get() => {

@@ -42,6 +42,9 @@ pub(crate) enum Op {
         /// The topic epoch the producer names (a reconnecting exclusive
         /// producer; see `topic/producers.rs`).
         epoch: Option<u64>,
+        /// Told when a `WaitForExclusive` producer joins the topic's queue,
+        /// before the reply (which comes once it holds the topic).
+        queued: Option<oneshot::Sender<()>>,
     },
     Send {
         topic: String,
@@ -283,9 +286,9 @@ impl Shard {
             Op::Send { topic, producer, num_messages, blob, blob_crc } => {
                 self.handle_send(&topic, &producer, num_messages, blob, blob_crc)
             }
-            Op::CreateProducer { topic, name, mode, policy, epoch } => {
+            Op::CreateProducer { topic, name, mode, policy, epoch, queued } => {
                 let me = self.clone();
-                async move { me.handle_create_producer(&topic, name, mode, policy, epoch).await }.boxed_local()
+                async move { me.handle_create_producer(&topic, name, mode, policy, epoch, queued).await }.boxed_local()
             }
             Op::CloseProducer { topic, name } => {
                 if let Some(t) = self.topics.borrow().get(&topic) {
@@ -430,7 +433,7 @@ impl Shard {
         let not_loaded =
             || CoreError::new(ErrorCode::TopicNotFound, "non-persistent topic has no producer or consumer");
         match op {
-            Op::CreateProducer { topic, name, mode, policy, epoch } => {
+            Op::CreateProducer { topic, name, mode, policy, epoch, .. } => {
                 if mode == ProducerAccessMode::WaitForExclusive {
                     return Err(CoreError::new(
                         ErrorCode::NotAllowed,

@@ -245,7 +245,9 @@ impl super::Topic {
     /// creation record (`created_lsn`) and the topic epoch it set to be
     /// durable. Returns the producer's last durable sequence id under
     /// deduplication (else -1) and the topic's epoch (`epoch` is the one the
-    /// producer names).
+    /// producer names). `queued` is told when the producer joins the
+    /// `WaitForExclusive` queue.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn add_producer(
         &self,
         ctx: &super::TopicCtx<'_>,
@@ -254,6 +256,7 @@ impl super::Topic {
         policies: &Policies,
         created_lsn: Option<u64>,
         epoch: Option<u64>,
+        queued: Option<oneshot::Sender<()>>,
     ) -> Result<(i64, Option<u64>), CoreError> {
         if policies.deduplication {
             self.ensure_dedup_loaded(ctx).await?;
@@ -267,11 +270,16 @@ impl super::Topic {
         let (epoch, took) = match admission {
             Admission::Attached { epoch, took } => (epoch, took),
             // WaitForExclusive: the topic attaches us when the holder leaves.
-            Admission::Wait(rx) => match rx.await {
-                Ok(Ok(epoch)) => (Some(epoch), true),
-                Ok(Err(e)) => return Err(e),
-                Err(_) => return Err(CoreError::new(ErrorCode::ServiceNotReady, "topic unloaded while waiting")),
-            },
+            Admission::Wait(rx) => {
+                if let Some(q) = queued {
+                    let _ = q.send(());
+                }
+                match rx.await {
+                    Ok(Ok(epoch)) => (Some(epoch), true),
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => return Err(CoreError::new(ErrorCode::ServiceNotReady, "topic unloaded while waiting")),
+                }
+            }
         };
         let epoch_lsn = match epoch.filter(|_| took) {
             Some(e) => match ctx.store.put_topic_epoch(&self.key, e) {
