@@ -179,8 +179,8 @@ struct PeekedEntry {
     properties: Vec<(String, String)>,
     /// Messages of a batch entry.
     batch: Option<u32>,
-    /// A compressed payload's codec (returned as stored: the broker never
-    /// decompresses).
+    /// A compressed payload's codec (the payload is returned as stored,
+    /// not decompressed as Pulsar's broker does).
     compression: Option<String>,
     payload: Bytes,
 }
