@@ -95,6 +95,9 @@ pub(crate) enum Request<O> {
         topic: String,
         producer_name: String,
         access_mode: ProducerAccessMode,
+        /// The topic epoch a reconnecting exclusive producer names (Pulsar's
+        /// `topic_epoch`; the native protocol has none).
+        epoch: Option<u64>,
     },
     /// One entry (`num_messages` > 1 for a batch). `payload_crc` is the
     /// CRC-32 of `payload` when the door had it from checking the frame, so
@@ -1061,8 +1064,8 @@ impl<D: Door> Session<D> {
             Request::Send { producer_id, sequence_id, num_messages, payload, payload_crc } => {
                 self.on_send(producer_id, sequence_id, num_messages, payload, payload_crc);
             }
-            Request::CreateProducer { request_id, producer_id, topic, producer_name, access_mode } => {
-                self.create_producer(request_id, producer_id, topic, producer_name, access_mode);
+            Request::CreateProducer { request_id, producer_id, topic, producer_name, access_mode, epoch } => {
+                self.create_producer(request_id, producer_id, topic, producer_name, access_mode, epoch);
             }
             Request::CloseProducer { request_id, producer_id } => {
                 let p = self.producers.borrow_mut().remove(&producer_id);
@@ -1218,6 +1221,7 @@ impl<D: Door> Session<D> {
         topic: String,
         producer_name: String,
         access_mode: ProducerAccessMode,
+        epoch: Option<u64>,
     ) {
         if self.producers.borrow().contains_key(&producer_id) || self.pending_producers.borrow().contains(&producer_id)
         {
@@ -1238,25 +1242,33 @@ impl<D: Door> Session<D> {
         let me = self.clone();
         glommio::spawn_local(async move {
             let broker = me.broker_handle();
-            let mut created = if access_mode == ProducerAccessMode::WaitForExclusive {
-                // Tried as Exclusive first: if the topic is free it is taken
-                // at once; if it is busy the client is told it waits before
-                // the producer joins the queue, so that word always comes
-                // before the creation.
-                match broker.create_producer_with(&topic, &producer_name, ProducerAccessMode::Exclusive).await {
-                    Err(e) if e.code == ErrorCode::ProducerBusy && !me.out.is_closed() => {
-                        me.out.put("a producer's wait", |d, dst| d.producer_waiting(dst, request_id));
-                        None
-                    }
-                    done => Some(done),
+            // The owner tells when a WaitForExclusive producer joins the
+            // topic's queue, before it attaches it; the client is told it
+            // waits then, and always before the creation.
+            let (queued_tx, queued_rx) = futures::channel::oneshot::channel();
+            let tell_waiting = || {
+                if !me.out.is_closed() {
+                    me.out.put("a producer's wait", |d, dst| d.producer_waiting(dst, request_id));
                 }
-            } else {
-                None
             };
-            if created.is_none() {
-                created = Some(broker.create_producer_with(&topic, &producer_name, access_mode).await);
-            }
-            let created = created.expect("set on every path above");
+            let creation = broker
+                .create_producer_queued(&topic, &producer_name, access_mode, epoch, Some(queued_tx))
+                .boxed_local();
+            let created = match futures::future::select(creation, queued_rx).await {
+                futures::future::Either::Left((created, mut queued_rx)) => {
+                    // Both ready at once: the wait was announced first.
+                    if let Ok(Some(())) = queued_rx.try_recv() {
+                        tell_waiting();
+                    }
+                    created
+                }
+                futures::future::Either::Right((queued, creation)) => {
+                    if queued.is_ok() {
+                        tell_waiting();
+                    }
+                    creation.await
+                }
+            };
             me.pending_producers.borrow_mut().remove(&producer_id);
             match created {
                 Ok(handle) if me.out.is_closed() || me.gone.get() => {

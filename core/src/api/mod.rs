@@ -207,22 +207,41 @@ impl Broker {
     }
 
     pub async fn create_producer(&self, topic: &str, producer_name: &str) -> Result<ProducerHandle, CoreError> {
-        self.create_producer_with(topic, producer_name, ProducerAccessMode::Shared).await
+        self.create_producer_with(topic, producer_name, ProducerAccessMode::Shared, None).await
     }
 
     /// Attaches a producer with an access mode; with `WaitForExclusive` this
-    /// resolves only when the producer holds the topic.
+    /// resolves only when the producer holds the topic. `epoch`: the topic
+    /// epoch a reconnecting exclusive producer names (it is refused with
+    /// `ProducerFenced` if another exclusive producer held the topic since).
     pub async fn create_producer_with(
         &self,
         topic: &str,
         producer_name: &str,
         mode: ProducerAccessMode,
+        epoch: Option<u64>,
+    ) -> Result<ProducerHandle, CoreError> {
+        self.create_producer_queued(topic, producer_name, mode, epoch, None).await
+    }
+
+    /// As [`create_producer_with`](Self::create_producer_with); `queued`
+    /// is told, before this resolves, when a `WaitForExclusive` producer
+    /// joins the topic's queue (it resolves once the producer holds the
+    /// topic), so that a door can say so first.
+    pub async fn create_producer_queued(
+        &self,
+        topic: &str,
+        producer_name: &str,
+        mode: ProducerAccessMode,
+        epoch: Option<u64>,
+        queued: Option<futures::channel::oneshot::Sender<()>>,
     ) -> Result<ProducerHandle, CoreError> {
         let (topic, owner, policy) = self.resolve_client_topic(topic, TopicAccess::Produce).await?;
-        let op = Op::CreateProducer { topic: topic.clone(), name: producer_name.to_string(), mode, policy };
+        let name = producer_name.to_string();
+        let op = Op::CreateProducer { topic: topic.clone(), name, mode, policy, epoch, queued };
         match self.shard.call(owner, op).await? {
-            Reply::Producer { name, last_sequence_id } => {
-                Ok(ProducerHandle { topic, owner, producer_name: name, last_sequence_id })
+            Reply::Producer { name, last_sequence_id, epoch } => {
+                Ok(ProducerHandle { topic, owner, producer_name: name, last_sequence_id, topic_epoch: epoch })
             }
             other => Err(unexpected(other)),
         }

@@ -61,6 +61,9 @@ pub struct ProducerHandle {
     pub owner: u32,
     pub producer_name: String,
     pub last_sequence_id: i64,
+    /// The topic's epoch (Pulsar's `topic_epoch`): how many times an
+    /// exclusive producer took the topic, less one; `None` if none ever did.
+    pub topic_epoch: Option<u64>,
 }
 
 /// A consumer attached to a subscription, as seen by its connection.

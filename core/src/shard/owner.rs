@@ -192,13 +192,16 @@ impl Shard {
         name: String,
         mode: ProducerAccessMode,
         policy: TopicPolicy,
+        epoch: Option<u64>,
+        queued: Option<futures::channel::oneshot::Sender<()>>,
     ) -> OpResult {
         let tn = TopicName::parse(topic)?;
         self.check_auto_creation(&tn, &policy)?;
         let (t, lsn) = self.get_or_create_topic(&tn)?;
         let name = self.producer_names.or_generate(name);
-        let last_sequence_id = t.add_producer(&self.topic_ctx(), &name, mode, &policy.policies, lsn).await?;
-        Ok(Reply::Producer { name, last_sequence_id })
+        let (last_sequence_id, epoch) =
+            t.add_producer(&self.topic_ctx(), &name, mode, &policy.policies, lsn, epoch, queued).await?;
+        Ok(Reply::Producer { name, last_sequence_id, epoch })
     }
 
     pub(super) async fn handle_subscribe(

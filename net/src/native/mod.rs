@@ -150,7 +150,7 @@ impl Door for NativeDoor {
                 Request::Send { producer_id, sequence_id, num_messages, payload, payload_crc }
             }
             Command::Producer { request_id, producer_id, topic, producer_name, access_mode } => {
-                Request::CreateProducer { request_id, producer_id, topic, producer_name, access_mode }
+                Request::CreateProducer { request_id, producer_id, topic, producer_name, access_mode, epoch: None }
             }
             Command::CloseProducer { request_id, producer_id } => Request::CloseProducer { request_id, producer_id },
             Command::Subscribe {

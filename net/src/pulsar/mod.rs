@@ -350,6 +350,7 @@ impl Door for PulsarDoor {
                     topic: p.topic,
                     producer_name: p.producer_name.unwrap_or_default(),
                     access_mode,
+                    epoch: p.topic_epoch,
                 }
             }
             Type::CloseProducer => {
@@ -684,6 +685,7 @@ impl Door for PulsarDoor {
                     producer_name: p.producer_name.clone(),
                     last_sequence_id: Some(p.last_sequence_id),
                     producer_ready: Some(true),
+                    topic_epoch: p.topic_epoch,
                     ..Default::default()
                 })
             }),
