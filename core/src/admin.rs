@@ -378,6 +378,7 @@ async fn subscription_op(
     match shard.call(owner, op).await? {
         Reply::Done => Ok(AdminReply::Done),
         Reply::Found(found) => Ok(AdminReply::Found(found)),
+        Reply::Entry(entry) => Ok(AdminReply::Entry(entry)),
         other => Err(unexpected(other)),
     }
 }
@@ -405,7 +406,7 @@ async fn subscription_op_partitioned(
         )),
     };
     match &op {
-        SubscriptionOp::Peek { .. } => {
+        SubscriptionOp::Peek { .. } | SubscriptionOp::PeekEntry { .. } => {
             return Err(CoreError::new(
                 ErrorCode::NotAllowed,
                 format!("peek on the partitioned topic {tn} is not allowed: name a partition ({tn}-partition-<i>)"),

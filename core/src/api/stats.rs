@@ -85,7 +85,7 @@ pub struct ConsumerStats {
 /// A topic's figures for a metrics exporter: what
 /// [`TopicStats`] has, less what costs index lookups (backlog bytes) or
 /// allocations per consumer, plus the totals counters need. Taken on the
-/// topic's owner shard by [`Broker::local_topic_metrics`](super::Broker::local_topic_metrics).
+/// topic's owner shard by [`Broker::for_each_topic_metrics`](super::Broker::for_each_topic_metrics).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TopicMetrics {
     pub topic: String,

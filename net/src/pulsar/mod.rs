@@ -11,7 +11,7 @@
 //! type). Everything the door does not serve is answered with an ERROR (or
 //! the command's own response type carrying an error), never ignored.
 
-mod convert;
+pub(crate) mod convert;
 mod refresh;
 
 pub(crate) use convert::pulsar_to_native;
