@@ -173,6 +173,7 @@ impl RawConnection {
                 priority_level: 0,
                 filter_tag: String::new(),
                 key_shared_ranges: Vec::new(),
+                model: Default::default(),
             },
             &[],
         );

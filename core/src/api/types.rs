@@ -91,6 +91,8 @@ pub struct SubscribeRequest {
     /// Key_Shared sticky mode: inclusive hash ranges this consumer owns;
     /// empty = auto split. Checked by `key_shared::check_sticky_ranges`.
     pub key_shared_ranges: Vec<(u32, u32)>,
+    /// Broadcast mode, and Failover's allocation strategy (with zones).
+    pub model: magnetar_wire::ConsumptionModel,
     /// Where the consumer's client connects from, as its door reports it
     /// (shown in stats; empty when unknown). The core reads nothing into it.
     pub client_address: String,

@@ -230,7 +230,7 @@ impl Shard {
                 sub_lsn = Some(self.persist_cursor(&t, &sub)?);
             }
         }
-        requests::attach(&t, &sub, &self, &self.cursors.dirty, &req, consumer)?;
+        requests::attach(&t, &sub, &self, &self.cursors.dirty, (&req, policy.partitions), consumer)?;
         for lsn in [created_lsn, sub_lsn].into_iter().flatten() {
             if let Err(e) = self.log.wait_durable(lsn).await {
                 sub.remove_consumer(&self, consumer);

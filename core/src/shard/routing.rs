@@ -29,6 +29,9 @@ pub(crate) struct TopicPolicy {
     /// The topic is partition i < N of a partitioned topic: it may be
     /// created whatever the auto-creation policy says.
     pub(crate) in_partitioned: bool,
+    /// When `in_partitioned`: the partitioned topic's partition count
+    /// (allocation strategies need it); else 0.
+    pub(crate) partitions: u32,
 }
 
 /// A request executed on the owner shard.
@@ -185,6 +188,8 @@ pub(crate) enum Reply {
     Traffic(ShardTraffic),
     LastMessageId(Option<MessageId>),
     Found(FoundMessages),
+    /// A stored entry, whole.
+    Entry(crate::api::StoredEntry),
     /// The damaged entry a subscription was moved past.
     Skipped(MessageId),
 }
@@ -521,6 +526,21 @@ impl Shard {
                 }
                 Ok(Reply::Done)
             }
+            Op::TopicStats { topic } => np(&topic).map(|t| Reply::TopicStats(t.stats())).ok_or_else(not_loaded),
+            // A non-persistent topic exists while it is used: deleting one
+            // that is in use is refused (as Pulsar does without `force`),
+            // one nobody uses is not there to delete.
+            Op::DeleteTopic { topic } => match np(&topic) {
+                Some(t) => Err(CoreError::new(
+                    ErrorCode::NotAllowed,
+                    format!(
+                        "non-persistent topic {topic} has {} producers and {} consumers: close them first",
+                        t.producers.borrow().len(),
+                        t.consumer_count()
+                    ),
+                )),
+                None => Err(not_loaded()),
+            },
             other => Err(CoreError::new(ErrorCode::UnknownError, format!("internal: {other:?} is not a topic op"))),
         }
     }
@@ -568,7 +588,9 @@ fn is_non_persistent(op: &Op) -> bool {
         | Op::Pause { topic, .. }
         | Op::Ack { topic, .. }
         | Op::CloseConsumer { topic, .. }
-        | Op::Unsubscribe { topic, .. } => topic.starts_with(NP),
+        | Op::Unsubscribe { topic, .. }
+        | Op::TopicStats { topic }
+        | Op::DeleteTopic { topic } => topic.starts_with(NP),
         Op::Subscribe { req, .. } => req.topic.starts_with(NP),
         _ => false,
     }

@@ -165,6 +165,7 @@ impl Door for NativeDoor {
                 priority_level,
                 filter_tag,
                 key_shared_ranges,
+                model,
             } => Request::Subscribe {
                 request_id,
                 request: SubscribeRequest {
@@ -178,6 +179,7 @@ impl Door for NativeDoor {
                     priority_level,
                     filter_tag,
                     key_shared_ranges,
+                    model,
                     client_address: String::new(),
                 },
                 start: None,
@@ -202,6 +204,9 @@ impl Door for NativeDoor {
                 Request::Redeliver { consumer_id, message_ids }
             }
             Command::CloseConsumer { request_id, consumer_id } => Request::CloseConsumer { request_id, consumer_id },
+            Command::Unsubscribe { request_id, consumer_id, force } => {
+                Request::Unsubscribe { request_id, consumer_id, force }
+            }
             Command::Ping => Request::Ping,
             Command::Pong => Request::Pong,
             Command::TopicStats { request_id, topic, .. } => {

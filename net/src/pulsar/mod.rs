@@ -11,7 +11,7 @@
 //! type). Everything the door does not serve is answered with an ERROR (or
 //! the command's own response type carrying an error), never ignored.
 
-mod convert;
+pub(crate) mod convert;
 mod refresh;
 
 pub(crate) use convert::pulsar_to_native;
@@ -394,6 +394,7 @@ impl Door for PulsarDoor {
                         priority_level: s.priority_level.unwrap_or(0),
                         filter_tag: String::new(),
                         key_shared_ranges,
+                        model: Default::default(),
                         client_address: String::new(),
                     },
                     start,
