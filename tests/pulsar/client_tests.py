@@ -645,6 +645,23 @@ def test_cross_produce(url, topic):
     c.close()
 
 
+def test_find_produce(url, topic):
+    """Produces for an admin lookup by key: one unbatched message with key
+    k1, then key-based batches of keys k0..k2 (6 messages each), every
+    message with properties naming it."""
+    c = client(url)
+    p = c.create_producer(topic, batching_enabled=False)
+    p.send(b"single-k1", partition_key="k1", properties={"n": "single", "key": "k1"})
+    p.close()
+    p = c.create_producer(topic, batching_enabled=True, batching_type=pulsar.BatchingType.KeyBased,
+                          batching_max_messages=18, batching_max_publish_delay_ms=1000)
+    for i in range(18):
+        key = f"k{i % 3}"
+        p.send_async(f"batched-{i}".encode(), None, partition_key=key, properties={"n": str(i), "key": key})
+    p.flush()
+    c.close()
+
+
 def test_cross_produce_compressed(url, topic):
     """Produces for the Rust side to consume natively, with each codec: a
     batch of 4 messages (binary payloads that compress, keys, properties)

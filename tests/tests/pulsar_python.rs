@@ -304,6 +304,42 @@ fn pulsar_cross_pulsar_to_native() {
     b.assert_running();
 }
 
+/// An admin lookup by key looks inside Pulsar batches: with key-based
+/// batching, `admin messages find` by one key returns exactly that key's
+/// messages, each with its own properties and batch index, newest first,
+/// and an unbatched Pulsar message with its properties.
+#[test]
+fn pulsar_find_by_key_in_batches() {
+    let (_dir, mut b) = broker("pulsar-find");
+    let topic = "persistent://public/default/find";
+    run_pulsar_test(&pulsar_url(&b), "find_produce", topic, &[], PY_TIMEOUT);
+    let url = b.url();
+    let run = run_cli(["admin", "messages", "find", topic, "--key", "k1", "--url", url.as_str()], CLI_TIMEOUT);
+    run.assert_success();
+    let found: Vec<serde_json::Value> = run
+        .stdout_lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let payloads: Vec<&str> = found.iter().map(|m| m["payload"].as_str().unwrap_or("<none>")).collect();
+    // Newest first: the batch's k1 messages (sent 1, 4, ..., 16), then the
+    // unbatched one sent before them.
+    let mut want: Vec<String> = (0..18).filter(|i| i % 3 == 1).rev().map(|i| format!("batched-{i}")).collect();
+    want.push("single-k1".into());
+    assert_eq!(payloads, want, "{found:?}");
+    for m in &found {
+        assert_eq!(m["key"], "k1", "{m}");
+        assert_eq!(m["properties"]["key"], "k1", "{m}");
+        let p = m["payload"].as_str().unwrap_or_default();
+        let n = p.strip_prefix("batched-").unwrap_or("single");
+        assert_eq!(m["properties"]["n"], n, "{m}");
+        let id = m["id"].as_str().unwrap_or_default();
+        assert_eq!(id.split(':').count(), 4, "{m}");
+        assert_eq!(id.ends_with(":-1"), n == "single", "batch index of {m}");
+    }
+    b.assert_running();
+}
+
 /// Pulsar produce → native CLI consume with each codec: a compressed batch
 /// is seen as its messages, and a compressed single message as itself, with
 /// payloads byte for byte, keys and properties.

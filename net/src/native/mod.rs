@@ -381,6 +381,10 @@ impl Door for NativeDoor {
         push(dst, &Command::Pong)
     }
 
+    fn ping(&self, dst: &mut BytesMut) -> Result<(), WireError> {
+        push(dst, &Command::Ping)
+    }
+
     fn protocol_error(&self, dst: &mut BytesMut, why: &str) -> Result<(), WireError> {
         push(dst, &Command::Error { request_id: 0, code: ErrorCode::ProtocolError, message: why.to_string() })
     }
