@@ -45,29 +45,7 @@ for r in $(seq 1 "$ROUNDS"); do
     extra=()
     [ $side = B ] && extra=("${TLS_FLAGS[@]}")
     "$BENCH" --broker-bin "$M" --no-history -q --json "$OUT/$side-$r.json" "${extra[@]}" "$@" >/dev/null
-    python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[2], 'round', sys.argv[3], '%.0f msg/s consumed %.0f' % (j['produce']['msgs_per_s'], j['consume']['msgs_per_s']), 'publish p50 %.3f p99 %.3f ms' % (j['publish_latency_ms']['p50'], j['publish_latency_ms']['p99']), 'broker %.2f client %.2f us/msg' % (j['cpu']['broker_us_per_msg'], j['cpu']['client_us_per_msg']))" \
-      "$OUT/$side-$r.json" "$([ $side = A ] && echo plain || echo tls)" "$r"
+    python3 "$(dirname "$0")/ab_report.py" round "$OUT/$side-$r.json" "$([ $side = A ] && echo plain || echo tls)" "$r"
   done
 done
-python3 - "$OUT" "$ROUNDS" <<'PY'
-import json, sys, statistics
-out, rounds = sys.argv[1], int(sys.argv[2])
-keys = [("cpu", "broker_us_per_msg"), ("cpu", "client_us_per_msg"), ("produce", "msgs_per_s"),
-        ("consume", "msgs_per_s"), ("publish_latency_ms", "p50"), ("publish_latency_ms", "p99"),
-        ("publish_latency_ms", "p999"), ("e2e_latency_ms", "p50"), ("e2e_latency_ms", "p99")]
-def get(side, r, k):
-    v = json.load(open(f"{out}/{side}-{r}.json"))
-    for p in k:
-        v = v.get(p) if isinstance(v, dict) else None
-    return v
-print("A = plain TCP, B = TLS")
-for k in keys:
-    av = [get("A", r, k) for r in range(1, rounds + 1)]
-    bv = [get("B", r, k) for r in range(1, rounds + 1)]
-    if None in av or None in bv:
-        continue
-    a, b = statistics.median(av), statistics.median(bv)
-    name = ".".join(k)
-    print(f"median {name:<30}: plain {a:12.3f}  tls {b:12.3f}  tls/plain {b / a if a else float('nan'):.3f}")
-print(f"runs: {out}")
-PY
+python3 "$(dirname "$0")/ab_report.py" median "$OUT" "$ROUNDS" plain tls

@@ -4,6 +4,8 @@
 //!   file, flags) and the refusal of features the broker lacks yet.
 //! - [`run`]: producers and consumers on the Rust client, open-loop rate
 //!   control, progress.
+//! - [`pulsar`]: the same run through the Pulsar door with the `pulsar`
+//!   crate (`--protocol pulsar`).
 //! - [`pace`]: the producers' shared rate, and the sustainable-rate search.
 //! - [`stats`]: HDR histograms and the latency accounting (from the intended
 //!   send time: no coordinated omission).
@@ -21,6 +23,7 @@ pub mod cpu;
 pub mod dist;
 pub mod pace;
 pub mod plot;
+pub mod pulsar;
 pub mod report;
 pub mod run;
 pub mod stats;

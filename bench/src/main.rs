@@ -10,6 +10,13 @@ use magnetar_bench::{plot, report};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// Which client drives the broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Protocol {
+    Native,
+    Pulsar,
+}
+
 #[derive(Parser, Debug)]
 #[command(name = "magnetar-bench", version, about = "Magnetar's benchmark harness")]
 struct Args {
@@ -24,6 +31,11 @@ struct Args {
     /// bench/scripts/tls_ab.sh).
     #[arg(long, value_name = "FILE")]
     tls_ca: Option<PathBuf>,
+    /// Client protocol: `native` (Magnetar's client) or `pulsar` (Apache
+    /// Pulsar's Rust client, the `pulsar` crate, through the broker's Pulsar
+    /// door on the same port); the workload and the report are the same.
+    #[arg(long, value_enum, default_value_t = Protocol::Native)]
+    protocol: Protocol,
     /// Workload file (TOML, keys as in `Workload`); flags override it.
     #[arg(long)]
     workload: Option<PathBuf>,
@@ -249,11 +261,24 @@ fn main_inner(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     options.progress = !args.quiet;
     options.client_options.shard_aware = !args.no_shard_aware;
     options.broker_pid = broker.as_ref().map(|b| b.pid());
-    let outcome = runtime.block_on(run(options))?;
+    let outcome = match args.protocol {
+        Protocol::Native => runtime.block_on(run(options))?,
+        Protocol::Pulsar => {
+            if args.tls_ca.is_some() {
+                return Err("--protocol pulsar: TLS (--tls-ca) is not supported by the bench".into());
+            }
+            runtime.block_on(magnetar_bench::pulsar::run_pulsar(options))?
+        }
+    };
     let mut broker_args = args.broker_args.clone();
     if let Some(s) = args.shards {
         broker_args.push(format!("--shards={s}"));
     }
+    // A Pulsar run names its door by the URL's scheme (`pulsar://`).
+    let url = match args.protocol {
+        Protocol::Native => url,
+        Protocol::Pulsar => magnetar_bench::pulsar::pulsar_url(&url)?,
+    };
     let env = report::environment(
         &url,
         broker.is_some(),

@@ -59,7 +59,7 @@ pub enum RunError {
     Other(String),
 }
 
-fn client_err(what: impl Into<String>) -> impl FnOnce(ClientError) -> RunError {
+pub(crate) fn client_err(what: impl Into<String>) -> impl FnOnce(ClientError) -> RunError {
     let what = what.into();
     move |source| RunError::Client { what, source }
 }
@@ -130,7 +130,7 @@ pub struct RunOutcome {
 }
 
 /// Random, incompressible filler that payloads are cut from.
-fn filler(len: usize, seed: u64) -> Bytes {
+pub(crate) fn filler(len: usize, seed: u64) -> Bytes {
     let mut rng = Rng::new(seed ^ 0xF111);
     let mut b = BytesMut::with_capacity(len + 8);
     while b.len() < len {
@@ -151,7 +151,7 @@ pub fn payload(filler: &Bytes, size: usize, stamp: u64) -> Bytes {
     b.freeze()
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
@@ -212,7 +212,7 @@ impl Handoff {
 }
 
 /// Most permits the produce loop takes at once.
-const PERMITS_CHUNK_MAX: u32 = 64;
+pub(crate) const PERMITS_CHUNK_MAX: u32 = 64;
 /// Most receipts a collector holds before recording them and giving their
 /// permits back.
 const RECEIPTS_RUN_MAX: usize = 256;
@@ -592,7 +592,12 @@ pub fn progress_line(t: &Tick) -> String {
     )
 }
 
-fn spawn_ticker(rec: &Recorder, every: Duration, print: bool, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+pub(crate) fn spawn_ticker(
+    rec: &Recorder,
+    every: Duration,
+    print: bool,
+    mut stop: watch::Receiver<bool>,
+) -> JoinHandle<()> {
     let rec = rec.clone();
     tokio::spawn(async move {
         let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
@@ -610,7 +615,11 @@ fn spawn_ticker(rec: &Recorder, every: Duration, print: bool, mut stop: watch::R
 }
 
 /// Wait until `done()` or until `progress()` stops changing for `idle_max`.
-async fn wait_quiet(mut done: impl FnMut() -> bool, mut progress: impl FnMut() -> u64, idle_max: Duration) -> bool {
+pub(crate) async fn wait_quiet(
+    mut done: impl FnMut() -> bool,
+    mut progress: impl FnMut() -> u64,
+    idle_max: Duration,
+) -> bool {
     let mut last = progress();
     let mut last_change = Instant::now();
     loop {
@@ -631,7 +640,7 @@ async fn wait_quiet(mut done: impl FnMut() -> bool, mut progress: impl FnMut() -
 /// Whether a measured window kept up with `rate`: it produced at least 99 %
 /// of the rate and its consumers received at least 99 % of that (a
 /// shortfall of 1 % adds 10 ms of lag per second).
-fn held(totals: &Totals, rate: f64) -> bool {
+pub(crate) fn held(totals: &Totals, rate: f64) -> bool {
     let secs = totals.window.as_secs_f64().max(1e-9);
     let produced = totals.produced_msgs as f64 / secs;
     let consumed = totals.consumed_msgs as f64 / secs;
@@ -641,13 +650,13 @@ fn held(totals: &Totals, rate: f64) -> bool {
 /// The sustainable-rate search (see [`crate::pace`]): one period at a time,
 /// until the controller settles, `search_max_s` runs out, or every producer
 /// has stopped. Prints a line per period with `progress`.
-async fn search_rate(
+pub(crate) async fn search_rate<T>(
     rec: &Recorder,
     pace: &Pace,
     start_rate: f64,
     w: &Workload,
     progress: bool,
-    producers: &[JoinHandle<()>],
+    producers: &[JoinHandle<T>],
 ) -> SearchResult {
     let subs = f64::from(w.subscriptions.max(1));
     let began = Instant::now();
@@ -718,7 +727,7 @@ const PLACEMENT_TRIES: u32 = 256;
 /// A run id whose first topic's first partition is owned by broker shard
 /// `shard`, found by asking the broker (`topics.owner`, which creates
 /// nothing) about candidate names.
-async fn placed_run_id(probe: &Client, w: &Workload, shard: u32) -> Result<String, RunError> {
+pub(crate) async fn placed_run_id(probe: &Client, w: &Workload, shard: u32) -> Result<String, RunError> {
     let base = new_run_id();
     let mut seen_max = 0;
     for k in 0..PLACEMENT_TRIES {

@@ -69,8 +69,8 @@ pub use producer::{Producer, ProducerBuilder, SendFuture, DEFAULT_CHUNK_BYTES, D
 // The protocol types an application needs, so it does not have to depend on
 // magnetar-wire itself.
 pub use magnetar_wire::{
-    AckType, CompressionType, ErrorCode, InitialPosition, MessageId, MessageMetadata, ProducerAccessMode,
-    SubscriptionType, WireError,
+    AckType, AllocationStrategy, CompressionType, ConsumptionModel, ErrorCode, InitialPosition, MessageId,
+    MessageMetadata, ProducerAccessMode, SubscriptionMode, SubscriptionType, WireError,
 };
 
 use conn::pool::{Origin, Pool};

@@ -314,6 +314,7 @@ async fn consume_flow_replenishment_and_acks() {
                     priority_level,
                     filter_tag: _,
                     key_shared_ranges: _,
+                    model: _,
                 } => {
                     assert_eq!(topic, "persistent://public/default/orders");
                     assert_eq!(subscription, "s1");

@@ -52,6 +52,7 @@ pub(crate) async fn topic_policy(shard: &Rc<Shard>, topic: &str) -> Result<Topic
         ));
     }
     let mut in_partitioned = false;
+    let mut partitions = 0;
     let mut partitioned_base = None;
     if let (Some(i), Some((base, _))) = (tn.partition(), tn.local.rsplit_once("-partition-")) {
         let base = TopicName { local: base.to_string(), ..tn.clone() };
@@ -63,12 +64,13 @@ pub(crate) async fn topic_policy(shard: &Rc<Shard>, topic: &str) -> Result<Topic
                 ));
             }
             in_partitioned = true;
+            partitions = p.partitions;
             partitioned_base = Some(base.to_string());
         }
     }
     // Topic-level retention and TTL win over the namespace's.
     let policies = crate::topic_policies::apply(md, &tn.to_string(), partitioned_base.as_deref(), policies).await?;
-    Ok(TopicPolicy { policies, in_partitioned })
+    Ok(TopicPolicy { policies, in_partitioned, partitions })
 }
 
 fn not_found(what: &str, name: &str) -> CoreError {
@@ -378,6 +380,7 @@ async fn subscription_op(
     match shard.call(owner, op).await? {
         Reply::Done => Ok(AdminReply::Done),
         Reply::Found(found) => Ok(AdminReply::Found(found)),
+        Reply::Entry(entry) => Ok(AdminReply::Entry(entry)),
         other => Err(unexpected(other)),
     }
 }
@@ -405,7 +408,7 @@ async fn subscription_op_partitioned(
         )),
     };
     match &op {
-        SubscriptionOp::Peek { .. } => {
+        SubscriptionOp::Peek { .. } | SubscriptionOp::PeekEntry { .. } => {
             return Err(CoreError::new(
                 ErrorCode::NotAllowed,
                 format!("peek on the partitioned topic {tn} is not allowed: name a partition ({tn}-partition-<i>)"),

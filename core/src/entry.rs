@@ -346,26 +346,63 @@ fn select(blob: &Bytes, want: impl Fn(Option<&str>) -> bool) -> Result<KeyedMess
             })
         }
         Format::Pulsar => {
-            // A Pulsar entry is taken whole by its own partition key; the
-            // messages inside a Pulsar batch are not looked into (yet).
             let m = pulsar_meta(blob)?;
-            let (_, _, payload) = magnetar_pulsar_wire::metadata::split_stored(blob).map_err(EntryError::Pulsar)?;
+            let (_, metadata, payload) =
+                magnetar_pulsar_wire::metadata::split_stored(blob).map_err(EntryError::Pulsar)?;
+            let compressed = m.compression != 0;
+            let owned = |kv: Vec<(&str, &str)>| kv.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
             let mut messages = Vec::new();
-            if m.num_messages_in_batch.is_none() && want(m.partition_key) {
+            match m.num_messages_in_batch {
+                // A compressed batch is taken whole by its own key (its
+                // first message's): the broker never decompresses.
+                None => {}
+                Some(n) if !compressed => {
+                    if let Ok(records) =
+                        magnetar_pulsar_wire::metadata::batch_records(payload, n.min(BATCH_MESSAGES_MAX))
+                    {
+                        for (i, r) in records.into_iter().enumerate() {
+                            if want(r.partition_key) {
+                                messages.push(KeyedMessage {
+                                    batch_index: i as i64,
+                                    key: r.partition_key.map(str::to_string),
+                                    properties: owned(r.properties),
+                                    payload: blob.slice_ref(r.payload),
+                                });
+                            }
+                        }
+                    }
+                }
+                Some(_) => {}
+            }
+            let whole = m.num_messages_in_batch.is_none() || compressed;
+            if whole && want(m.partition_key) {
+                let properties =
+                    magnetar_pulsar_wire::metadata::metadata_properties(metadata).map_err(EntryError::Pulsar)?;
                 messages.push(KeyedMessage {
                     batch_index: -1,
                     key: m.partition_key.map(str::to_string),
-                    properties: Vec::new(),
+                    properties: owned(properties),
                     payload: blob.slice_ref(payload),
                 });
             }
             Ok(KeyedMessages {
                 publish_time_ms: m.publish_time_ms,
                 num_messages: m.num_messages_in_batch.unwrap_or(0),
-                compression: None,
+                compression: if compressed && !messages.is_empty() { pulsar_compression(m.compression) } else { None },
                 messages,
             })
         }
+    }
+}
+
+/// The native name of a Pulsar codec (`CompressionType` in PulsarApi.proto).
+fn pulsar_compression(codec: u32) -> Option<CompressionType> {
+    match codec {
+        1 => Some(CompressionType::Lz4),
+        2 => Some(CompressionType::Zlib),
+        3 => Some(CompressionType::Zstd),
+        4 => Some(CompressionType::Snappy),
+        _ => None,
     }
 }
 

@@ -20,9 +20,12 @@
 //!
 //! Owned by the topic's shard; never crosses cores.
 
-use crate::api::{ConsumerEvent, ConsumerRef};
+use crate::api::{
+    ConsumerEvent, ConsumerRef, ConsumerStats, SubscriptionMetrics, SubscriptionStats, TopicMetrics, TopicStats,
+};
 use crate::error::{CoreError, ErrorCode};
-use crate::subscription::dispatcher::failover::choose_active;
+use crate::stats::RateMeter;
+use crate::subscription::dispatcher::failover::{choose_active, Placement};
 use crate::subscription::dispatcher::ConsumerState;
 use crate::topic::producers::TopicProducers;
 use bytes::Bytes;
@@ -46,6 +49,8 @@ struct NpSub {
     active: Option<ConsumerRef>,
     /// Shared: where the round robin goes on.
     next: usize,
+    /// Messages and bytes handed to its consumers.
+    out: RateMeter,
 }
 
 impl NpSub {
@@ -55,7 +60,7 @@ impl NpSub {
         if !matches!(self.sub_type, SubscriptionType::Exclusive | SubscriptionType::Failover) {
             return;
         }
-        let now = choose_active(&self.consumers, partition);
+        let now = choose_active(&self.consumers, &Placement::round_robin(partition));
         let old = std::mem::replace(&mut self.active, now);
         if old == now || self.sub_type != SubscriptionType::Failover {
             return;
@@ -99,6 +104,8 @@ pub(crate) struct NpTopic {
     subs: RefCell<HashMap<String, NpSub>>,
     /// Messages a subscription missed (no consumer permits), for the log.
     dropped: Cell<u64>,
+    /// Messages and bytes published.
+    rate_in: RateMeter,
 }
 
 impl NpTopic {
@@ -110,6 +117,7 @@ impl NpTopic {
             producers: RefCell::new(TopicProducers::default()),
             subs: RefCell::new(HashMap::new()),
             dropped: Cell::new(0),
+            rate_in: RateMeter::default(),
         }
     }
 
@@ -133,6 +141,12 @@ impl NpTopic {
                 "Key_Shared sticky ranges are not supported on non-persistent topics",
             ));
         }
+        if req.model.allocation != magnetar_wire::AllocationStrategy::RoundRobin {
+            return Err(CoreError::new(
+                ErrorCode::NotAllowed,
+                "allocation strategies other than round-robin are not supported on non-persistent topics",
+            ));
+        }
         let count = self.consumer_count();
         let mut subs = self.subs.borrow_mut();
         let s = subs.entry(sub.to_string()).or_insert_with(|| NpSub {
@@ -141,6 +155,7 @@ impl NpTopic {
             paused: Vec::new(),
             active: None,
             next: 0,
+            out: RateMeter::default(),
         });
         if s.consumers.iter().any(|c| c.consumer == consumer) {
             return Ok(Vec::new());
@@ -175,6 +190,7 @@ impl NpTopic {
             joined_at: None,
             address: req.client_address.clone(),
             redelivered: 0,
+            zone: String::new(),
         });
         let mut events = Vec::new();
         let before = s.active;
@@ -237,14 +253,19 @@ impl NpTopic {
         let n = self.next_id.get();
         self.next_id.set(n + 1);
         let message_id = MessageId::new(0, n, self.partition, -1);
+        let now = crate::clock::now_ms();
+        let msgs = u64::from(num_messages.max(1));
+        let bytes = blob.len() as u64;
+        self.rate_in.record(now, msgs, bytes);
         let mut out = Vec::new();
         for s in self.subs.borrow_mut().values_mut() {
             let Some(i) = s.pick(key_hash) else {
                 self.dropped.set(self.dropped.get() + 1);
                 continue;
             };
+            s.out.record(now, msgs, bytes);
             let c = &mut s.consumers[i];
-            c.permits = c.permits.saturating_sub(u64::from(num_messages.max(1)));
+            c.permits = c.permits.saturating_sub(msgs);
             out.push((
                 c.consumer,
                 ConsumerEvent::Message {
@@ -257,5 +278,107 @@ impl NpTopic {
             ));
         }
         (message_id, out)
+    }
+}
+
+impl NpTopic {
+    /// Its figures for a metrics exporter: nothing is stored, so storage
+    /// and backlogs are 0.
+    pub(crate) fn metrics(&self) -> TopicMetrics {
+        let now = crate::clock::now_ms();
+        let (msg_rate_in, byte_rate_in) = self.rate_in.rates(now);
+        let (msg_in_total, bytes_in_total) = self.rate_in.totals();
+        let mut subscriptions: Vec<SubscriptionMetrics> = self
+            .subs
+            .borrow()
+            .iter()
+            .map(|(name, s)| {
+                let (msg_rate_out, byte_rate_out) = s.out.rates(now);
+                let (msg_out_total, bytes_out_total) = s.out.totals();
+                SubscriptionMetrics {
+                    name: name.clone(),
+                    backlog_messages: 0,
+                    unacked: 0,
+                    delayed: 0,
+                    msg_rate_out,
+                    byte_rate_out,
+                    msg_out_total,
+                    bytes_out_total,
+                    consumers: s.consumers.len() as u64,
+                }
+            })
+            .collect();
+        subscriptions.sort_by(|a, b| a.name.cmp(&b.name));
+        TopicMetrics {
+            topic: self.key.clone(),
+            producers: self.producers.borrow().len() as u64,
+            msg_rate_in,
+            byte_rate_in,
+            msg_in_total,
+            bytes_in_total,
+            storage_bytes: 0,
+            subscriptions,
+        }
+    }
+
+    /// Its statistics now: no ledgers, no backlog; `next_entry` counts the
+    /// messages published since the topic was loaded.
+    pub(crate) fn stats(&self) -> TopicStats {
+        let now = crate::clock::now_ms();
+        let (msg_rate_in, byte_rate_in) = self.rate_in.rates(now);
+        let subs = self.subs.borrow();
+        let mut names: Vec<&String> = subs.keys().collect();
+        names.sort();
+        let subscriptions = names
+            .into_iter()
+            .filter_map(|name| subs.get(name).map(|s| (name, s)))
+            .map(|(name, s)| {
+                let (msg_rate_out, byte_rate_out) = s.out.rates(now);
+                let single = matches!(s.sub_type, SubscriptionType::Exclusive | SubscriptionType::Failover);
+                let consumers = s
+                    .consumers
+                    .iter()
+                    .map(|c| ConsumerStats {
+                        name: c.name.clone(),
+                        priority: c.priority,
+                        permits: c.permits,
+                        unacked: 0,
+                        active: !single || s.active == Some(c.consumer),
+                        address: c.address.clone(),
+                        redelivered: 0,
+                    })
+                    .collect();
+                SubscriptionStats {
+                    name: name.clone(),
+                    sub_type: s.sub_type,
+                    ack_floor: 0,
+                    msg_backlog: 0,
+                    backlog_messages: 0,
+                    backlog_bytes: 0,
+                    unacked: 0,
+                    delayed: 0,
+                    replay: 0,
+                    msg_out_total: s.out.totals().0,
+                    msg_rate_out,
+                    byte_rate_out,
+                    durable: false,
+                    filter_tag: None,
+                    // The only strategy non-persistent topics take.
+                    allocation: magnetar_wire::AllocationStrategy::RoundRobin.as_str(),
+                    entries_read: 0,
+                    skipped_by_index: 0,
+                    partial_batches: 0,
+                    consumers,
+                }
+            })
+            .collect();
+        TopicStats {
+            topic: self.key.clone(),
+            next_entry: self.next_id.get(),
+            ledgers: Vec::new(),
+            msg_rate_in,
+            byte_rate_in,
+            subscriptions,
+        }
     }
 }

@@ -245,6 +245,7 @@ pub(crate) fn topic_stats(log: &magnetar_storage::EntryLog, t: &Topic) -> TopicS
             byte_rate_out,
             durable: s.durable,
             filter_tag: s.filter_tag.borrow().clone(),
+            allocation: s.allocation.borrow().strategy.as_str(),
             entries_read: s.counters.entries_read.get(),
             skipped_by_index: s.counters.skipped_by_index.get(),
             partial_batches: s.batch_acks.borrow().len() as u64,

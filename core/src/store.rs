@@ -8,6 +8,7 @@
 //! | `c/<topic>\n<subscription>` | the cursor (`cursor.rs`) |
 //! | `s/<topic>\n<subscription>` | the subscription's state (`sub_state.rs`) |
 //! | `d/<topic>` | the dedup snapshot (`dedup.rs`) |
+//! | `e/<topic>` | the topic epoch, u64 little-endian (`producers.rs`) |
 //! | `x/<ledger>` | a deleted topic's newest ledger, kept reserved |
 //! | `m/…` | namespace metadata (`metadata.rs`) |
 
@@ -26,6 +27,8 @@ const META_CURSOR_PREFIX: &[u8] = b"c/";
 const META_SUB_STATE_PREFIX: &[u8] = b"s/";
 /// `d/<topic>`: the topic's dedup snapshot (see `dedup.rs`).
 const META_DEDUP_PREFIX: &[u8] = b"d/";
+/// `e/<topic>`: the topic's epoch (see `topic/producers.rs`).
+const META_EPOCH_PREFIX: &[u8] = b"e/";
 /// `x/<ledger>`: the ledger of a deleted topic, kept so that its id is never
 /// handed out again (the log may still hold its entries).
 const META_DELETED_LEDGER_PREFIX: &[u8] = b"x/";
@@ -51,6 +54,12 @@ fn sub_meta_key(prefix: &[u8], topic: &str, sub: &str) -> Vec<u8> {
 
 fn dedup_meta_key(topic: &str) -> Vec<u8> {
     let mut k = META_DEDUP_PREFIX.to_vec();
+    k.extend_from_slice(topic.as_bytes());
+    k
+}
+
+fn epoch_meta_key(topic: &str) -> Vec<u8> {
+    let mut k = META_EPOCH_PREFIX.to_vec();
     k.extend_from_slice(topic.as_bytes());
     k
 }
@@ -172,6 +181,17 @@ impl Store {
         self.log.meta(&dedup_meta_key(topic))
     }
 
+    /// The topic's epoch; `None` without one (or an unreadable record,
+    /// which only the next exclusive producer's epoch replaces).
+    pub(crate) fn topic_epoch(&self, topic: &str) -> Option<u64> {
+        let v = self.log.meta(&epoch_meta_key(topic))?;
+        Some(u64::from_le_bytes(v.as_ref().try_into().ok()?))
+    }
+
+    pub(crate) fn put_topic_epoch(&self, topic: &str, epoch: u64) -> Result<u64, StorageError> {
+        self.log.put_meta(&epoch_meta_key(topic), Bytes::copy_from_slice(&epoch.to_le_bytes()))
+    }
+
     pub(crate) fn put_dedup_snapshot(&self, topic: &str, snapshot: Bytes) -> Result<u64, StorageError> {
         self.log.put_meta(&dedup_meta_key(topic), snapshot)
     }
@@ -196,6 +216,9 @@ impl Store {
         }
         if self.log.meta(&dedup_meta_key(topic)).is_some() {
             self.log.put_meta(&dedup_meta_key(topic), Bytes::new())?;
+        }
+        if self.log.meta(&epoch_meta_key(topic)).is_some() {
+            self.log.put_meta(&epoch_meta_key(topic), Bytes::new())?;
         }
         self.log.put_meta(&topic_meta_key(topic), Bytes::new())
     }

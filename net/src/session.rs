@@ -95,6 +95,9 @@ pub(crate) enum Request<O> {
         topic: String,
         producer_name: String,
         access_mode: ProducerAccessMode,
+        /// The topic epoch a reconnecting exclusive producer names (Pulsar's
+        /// `topic_epoch`; the native protocol has none).
+        epoch: Option<u64>,
     },
     /// One entry (`num_messages` > 1 for a batch). `payload_crc` is the
     /// CRC-32 of `payload` when the door had it from checking the frame, so
@@ -274,6 +277,15 @@ pub(crate) trait Door: Sized + 'static {
     fn success(&self, dst: &mut BytesMut, request_id: u64) -> Result<(), Self::Error>;
     fn error(&self, dst: &mut BytesMut, request_id: u64, error: &CoreError) -> Result<(), Self::Error>;
     fn pong(&self, dst: &mut BytesMut) -> Result<(), Self::Error>;
+    /// A PING to the client (the keep-alive's probe).
+    fn ping(&self, dst: &mut BytesMut) -> Result<(), Self::Error>;
+    /// The broker's keep-alive, once the handshake is done: a connection
+    /// that sent nothing for this long is pinged, and closed when it sends
+    /// nothing for as long again (Apache Pulsar's `keepAliveIntervalSeconds`).
+    /// `None`: the door keeps none (its clients ping the broker).
+    fn keep_alive(&self) -> Option<Duration> {
+        None
+    }
     /// The last frame before the session closes a connection that broke
     /// the protocol.
     fn protocol_error(&self, dst: &mut BytesMut, why: &str) -> Result<(), Self::Error>;
@@ -704,6 +716,8 @@ struct Watch<'a, D: Door> {
     /// The connection has no producer and no consumer (the idle timeout
     /// applies).
     idle: &'a dyn Fn() -> bool,
+    /// The door's keep-alive period, once the handshake is done.
+    keep_alive: Option<Duration>,
 }
 
 /// The reading side of a connection: bytes from the stream, frames out.
@@ -722,6 +736,12 @@ struct Reader<D: Door> {
     partial_since: Option<Instant>,
     /// `buf`'s bytes as counted in the shard's buffered bytes (see `count`).
     counted: usize,
+    /// When the client last sent anything (time spent not reading, when
+    /// its bytes may be waiting unread, not counted): the keep-alive's
+    /// clock.
+    heard: Instant,
+    /// A keep-alive PING went out since `heard`.
+    pinged: bool,
 }
 
 impl<D: Door> Reader<D> {
@@ -732,6 +752,8 @@ impl<D: Door> Reader<D> {
             scratch: vec![0u8; READ_CHUNK_BYTES],
             partial_since: None,
             counted: 0,
+            heard: Instant::now(),
+            pinged: false,
         }
     }
 
@@ -788,6 +810,10 @@ impl<D: Door> Reader<D> {
                 )));
             }
             let n = self.read_some(reader, w).await?;
+            if n > 0 {
+                self.heard = Instant::now();
+                self.pinged = false;
+            }
             self.buf.extend_from_slice(&self.scratch[..n]);
             self.count(w.control);
             if n == 0 {
@@ -805,7 +831,7 @@ impl<D: Door> Reader<D> {
     /// end of the stream).
     async fn read_some<R: AsyncRead + Unpin>(&mut self, reader: &mut R, w: &Watch<'_, D>) -> Result<usize, End> {
         use std::task::Poll;
-        let Self { decoder, buf, scratch, partial_since, .. } = self;
+        let Self { decoder, buf, scratch, partial_since, heard, pinged, .. } = self;
         // Started once there is room, then kept across wake-ups (dropping
         // a read under way could lose what it read).
         let mut read = std::pin::pin!(None);
@@ -832,10 +858,34 @@ impl<D: Door> Reader<D> {
                     return Err(End::Timeout(which.reason::<D>(w.limits, decoder, buf)));
                 }
             }
-            let mut timer = deadline.map(|(at, _)| Box::pin(glommio::timer::Timer::new(at - now)));
+            // Keep-alive, as Apache Pulsar's broker does it: silent for a
+            // period, the client is pinged; silent for another, closed. Not
+            // while reading is paused: its answer may be waiting unread.
+            let keep_alive =
+                w.keep_alive.filter(|_| room).map(|every| *heard + if *pinged { every * 2 } else { every });
+            if let (Some(at), Some(every)) = (keep_alive, w.keep_alive) {
+                if at <= now {
+                    if *pinged {
+                        return Err(End::Timeout(format!(
+                            "nothing received for {} s, a PING unanswered (keep-alive interval {} s)",
+                            now.duration_since(*heard).as_secs_f64().round(),
+                            every.as_secs_f64()
+                        )));
+                    }
+                    *pinged = true;
+                    w.out.put("a PING", |d, dst| d.ping(dst));
+                    continue;
+                }
+            }
+            let wake_at = match (deadline.map(|(at, _)| at), keep_alive) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let mut timer = wake_at.map(|at| Box::pin(glommio::timer::Timer::new(at - now)));
             let mut woken = std::pin::pin!(w.control.wake.wait());
             let mut drained = std::pin::pin!(w.inflight.drained.wait());
             let paused_at = own_pause.then_some(now);
+            let unread_at = (!room).then_some(now);
             let outcome = std::future::poll_fn(|cx| {
                 if let Some(r) = read.as_mut().as_pin_mut() {
                     if let Poll::Ready(r) = r.poll(cx) {
@@ -857,6 +907,9 @@ impl<D: Door> Reader<D> {
                 // Waiting for the connection's own sends to be stored does
                 // not count against its partial frame.
                 *since += at.elapsed();
+            }
+            if let Some(at) = unread_at {
+                *heard += at.elapsed();
             }
             if let Some(r) = outcome {
                 return r.map_err(End::Io);
@@ -1014,6 +1067,7 @@ impl<D: Door> Session<D> {
                 limits: &self.limits,
                 connected,
                 idle: &idle,
+                keep_alive: if connected { self.out.door.keep_alive() } else { None },
             };
             let frame = match frames.next(reader, &watch).await {
                 Ok(frame) => frame,
@@ -1061,8 +1115,8 @@ impl<D: Door> Session<D> {
             Request::Send { producer_id, sequence_id, num_messages, payload, payload_crc } => {
                 self.on_send(producer_id, sequence_id, num_messages, payload, payload_crc);
             }
-            Request::CreateProducer { request_id, producer_id, topic, producer_name, access_mode } => {
-                self.create_producer(request_id, producer_id, topic, producer_name, access_mode);
+            Request::CreateProducer { request_id, producer_id, topic, producer_name, access_mode, epoch } => {
+                self.create_producer(request_id, producer_id, topic, producer_name, access_mode, epoch);
             }
             Request::CloseProducer { request_id, producer_id } => {
                 let p = self.producers.borrow_mut().remove(&producer_id);
@@ -1218,6 +1272,7 @@ impl<D: Door> Session<D> {
         topic: String,
         producer_name: String,
         access_mode: ProducerAccessMode,
+        epoch: Option<u64>,
     ) {
         if self.producers.borrow().contains_key(&producer_id) || self.pending_producers.borrow().contains(&producer_id)
         {
@@ -1238,25 +1293,33 @@ impl<D: Door> Session<D> {
         let me = self.clone();
         glommio::spawn_local(async move {
             let broker = me.broker_handle();
-            let mut created = if access_mode == ProducerAccessMode::WaitForExclusive {
-                // Tried as Exclusive first: if the topic is free it is taken
-                // at once; if it is busy the client is told it waits before
-                // the producer joins the queue, so that word always comes
-                // before the creation.
-                match broker.create_producer_with(&topic, &producer_name, ProducerAccessMode::Exclusive).await {
-                    Err(e) if e.code == ErrorCode::ProducerBusy && !me.out.is_closed() => {
-                        me.out.put("a producer's wait", |d, dst| d.producer_waiting(dst, request_id));
-                        None
-                    }
-                    done => Some(done),
+            // The owner tells when a WaitForExclusive producer joins the
+            // topic's queue, before it attaches it; the client is told it
+            // waits then, and always before the creation.
+            let (queued_tx, queued_rx) = futures::channel::oneshot::channel();
+            let tell_waiting = || {
+                if !me.out.is_closed() {
+                    me.out.put("a producer's wait", |d, dst| d.producer_waiting(dst, request_id));
                 }
-            } else {
-                None
             };
-            if created.is_none() {
-                created = Some(broker.create_producer_with(&topic, &producer_name, access_mode).await);
-            }
-            let created = created.expect("set on every path above");
+            let creation = broker
+                .create_producer_queued(&topic, &producer_name, access_mode, epoch, Some(queued_tx))
+                .boxed_local();
+            let created = match futures::future::select(creation, queued_rx).await {
+                futures::future::Either::Left((created, mut queued_rx)) => {
+                    // Both ready at once: the wait was announced first.
+                    if let Ok(Some(())) = queued_rx.try_recv() {
+                        tell_waiting();
+                    }
+                    created
+                }
+                futures::future::Either::Right((queued, creation)) => {
+                    if queued.is_ok() {
+                        tell_waiting();
+                    }
+                    creation.await
+                }
+            };
             me.pending_producers.borrow_mut().remove(&producer_id);
             match created {
                 Ok(handle) if me.out.is_closed() || me.gone.get() => {
@@ -1484,6 +1547,9 @@ mod tests {
         fn pong(&self, dst: &mut BytesMut) -> Result<(), Infallible> {
             line(dst, format_args!("pong"))
         }
+        fn ping(&self, dst: &mut BytesMut) -> Result<(), Infallible> {
+            line(dst, format_args!("ping"))
+        }
         fn protocol_error(&self, dst: &mut BytesMut, why: &str) -> Result<(), Infallible> {
             line(dst, format_args!("protocol error {why}"))
         }
@@ -1564,6 +1630,7 @@ mod tests {
             limits: &limits,
             connected: true,
             idle: &|| false,
+            keep_alive: None,
         };
         let mut next = |reader: &mut Reader<Lines>, _: &InFlight| {
             let frame = pin!(reader.next(&mut stream, &watch)).now_or_never();
@@ -1612,6 +1679,7 @@ mod tests {
             limits: &limits,
             connected: true,
             idle: &|| false,
+            keep_alive: None,
         };
         let mut reader = Reader::<Lines>::new(());
         let first = pin!(reader.next(&mut stream, &watch)).now_or_never().unwrap().ok().unwrap();
@@ -1652,6 +1720,7 @@ mod tests {
             limits: &limits,
             connected: false,
             idle: &|| false,
+            keep_alive: None,
         };
         let mut reader = Reader::<Lines>::new(());
         // The handshake deadline needs a timer, which needs an executor.

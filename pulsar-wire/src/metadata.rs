@@ -206,6 +206,74 @@ pub fn peek_metadata(b: &[u8]) -> Result<MetadataPeek<'_>, MetadataError> {
     Ok(m)
 }
 
+/// One `KeyValue` (a property), borrowed.
+fn key_value(b: &[u8]) -> Result<(&str, &str), MetadataError> {
+    let (mut key, mut value) = (None, None);
+    walk(b, |field, v| {
+        match (field, v) {
+            (1, Value::Bytes(v)) => key = Some(text(1, v)?),
+            (2, Value::Bytes(v)) => value = Some(text(2, v)?),
+            _ => {}
+        }
+        Ok(())
+    })?;
+    Ok((key.ok_or(MetadataError::Missing("key"))?, value.ok_or(MetadataError::Missing("value"))?))
+}
+
+/// The properties of a `MessageMetadata` (those of a whole message, or a
+/// batch's first message's), in order.
+pub fn metadata_properties(b: &[u8]) -> Result<Vec<(&str, &str)>, MetadataError> {
+    let mut out = Vec::new();
+    walk(b, |field, v| {
+        if let (4, Value::Bytes(v)) = (field, v) {
+            out.push(key_value(v)?);
+        }
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// One message of an uncompressed Pulsar batch, borrowed from its payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchRecord<'a> {
+    pub partition_key: Option<&'a str>,
+    pub properties: Vec<(&'a str, &'a str)>,
+    pub payload: &'a [u8],
+}
+
+/// The messages of an uncompressed batch payload (each a big-endian `u32`
+/// length, a `SingleMessageMetadata`, then `payload_size` bytes), at most
+/// `n` of them. Every length is checked against the bytes there.
+pub fn batch_records(payload: &[u8], n: u32) -> Result<Vec<BatchRecord<'_>>, MetadataError> {
+    let mut at = 0usize;
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let len =
+            payload.get(at..at.checked_add(4).ok_or(MetadataError::Truncated)?).ok_or(MetadataError::Truncated)?;
+        let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
+        let start = at + 4;
+        let meta_end = start.checked_add(len).filter(|&e| e <= payload.len()).ok_or(MetadataError::Truncated)?;
+        let mut record = BatchRecord { partition_key: None, properties: Vec::new(), payload: &[] };
+        let mut size = None;
+        walk(&payload[start..meta_end], |field, v| {
+            match (field, v) {
+                (1, Value::Bytes(v)) => record.properties.push(key_value(v)?),
+                (2, Value::Bytes(v)) => record.partition_key = Some(text(2, v)?),
+                // int32: a negative size is encoded as a 10-byte varint.
+                (3, Value::Varint(v)) => size = Some(usize::try_from(v).map_err(|_| MetadataError::Truncated)?),
+                _ => {}
+            }
+            Ok(())
+        })?;
+        let size = size.ok_or(MetadataError::Missing("payload_size"))?;
+        let end = meta_end.checked_add(size).filter(|&e| e <= payload.len()).ok_or(MetadataError::Truncated)?;
+        record.payload = &payload[meta_end..end];
+        out.push(record);
+        at = end;
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -250,5 +318,40 @@ mod tests {
         for cut in 0..bytes.len() {
             let _ = peek_metadata(&bytes[..cut]);
         }
+    }
+
+    /// Goal: a batch payload as Pulsar clients build it splits into its
+    /// messages with their keys, properties and payloads; a record that
+    /// claims more bytes than there are is refused, not read past.
+    #[test]
+    fn splits_a_batch_payload() {
+        use crate::proto::SingleMessageMetadata;
+        let mut payload = Vec::new();
+        for (key, body) in [(Some("a"), &b"one"[..]), (None, b"two!")] {
+            let single = SingleMessageMetadata {
+                properties: vec![KeyValue { key: "p".into(), value: body.len().to_string() }],
+                partition_key: key.map(str::to_string),
+                payload_size: body.len() as i32,
+                ..Default::default()
+            }
+            .encode_to_vec();
+            payload.extend_from_slice(&(single.len() as u32).to_be_bytes());
+            payload.extend_from_slice(&single);
+            payload.extend_from_slice(body);
+        }
+        let records = batch_records(&payload, 2).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(records.len(), 2);
+        assert_eq!((records[0].partition_key, records[0].payload), (Some("a"), &b"one"[..]));
+        assert_eq!(records[0].properties, vec![("p", "3")]);
+        assert_eq!((records[1].partition_key, records[1].payload), (None, &b"two!"[..]));
+        assert_eq!(batch_records(&payload, 3), Err(MetadataError::Truncated));
+        assert_eq!(batch_records(&payload[..payload.len() - 1], 2), Err(MetadataError::Truncated));
+        let meta = MessageMetadata {
+            producer_name: "p".into(),
+            properties: vec![KeyValue { key: "k".into(), value: "v".into() }],
+            ..Default::default()
+        }
+        .encode_to_vec();
+        assert_eq!(metadata_properties(&meta), Ok(vec![("k", "v")]));
     }
 }

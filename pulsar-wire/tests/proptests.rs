@@ -68,6 +68,8 @@ proptest! {
         while let Ok(Some(_)) = d.decode(&mut buf) {}
         let _ = peek_metadata(&garbage);
         let _ = metadata::split_stored(&garbage);
+        let _ = metadata::batch_records(&garbage, 1000);
+        let _ = metadata::metadata_properties(&garbage);
 
         let meta = MessageMetadata { producer_name: "p".into(), sequence_id: 1, publish_time: 2, ..Default::default() }.encode_to_vec();
         let mut wire = BytesMut::new();

@@ -16,6 +16,8 @@ pub struct HttpAnswer {
     pub status: u16,
     pub content_type: String,
     pub body: String,
+    /// The body's bytes as received (`body` is their lossy UTF-8 text).
+    pub body_bytes: Vec<u8>,
     /// Names lowercased, in the order received.
     pub headers: Vec<(String, String)>,
 }
@@ -75,7 +77,8 @@ async fn try_request(
         .map(|(k, v)| (k.as_str().to_ascii_lowercase(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
         .collect();
     let bytes = resp.into_body().collect().await?.to_bytes();
-    Ok(HttpAnswer { status, content_type, body: String::from_utf8_lossy(&bytes).into_owned(), headers })
+    let body = String::from_utf8_lossy(&bytes).into_owned();
+    Ok(HttpAnswer { status, content_type, body, body_bytes: bytes.to_vec(), headers })
 }
 
 /// One sample of a scrape: its family's name, its labels (values as

@@ -43,7 +43,9 @@ pub use data::{
 pub use process::{magnetar_bin, ChildGuard, LogBuffer};
 pub use pulsar::{pulsar_python, pulsar_tests_dir, run_pulsar_test, PulsarRun};
 pub use python::{python_venv, run_python_test, target_dir, PythonRun};
-pub use raw::{connect_frame, connect_frame_of, frame_bytes, Ending, RawConnection, RawFrame, RAW_TIMEOUT};
+pub use raw::{
+    connect_frame, connect_frame_of, frame_bytes, message_blob, Ending, RawConnection, RawFrame, RAW_TIMEOUT,
+};
 pub use scope::{run_async_with_timeout, run_with_timeout, Scope};
 
 use magnetar_client::Client;

@@ -29,6 +29,19 @@ pub struct Ending {
     pub trailing: usize,
 }
 
+/// A message blob of `producer_name`'s `seq` with `payload`, its metadata
+/// claiming `num_messages` (a raw producer may claim what it likes).
+pub fn message_blob(producer_name: &str, seq: u64, num_messages: u32, payload: &[u8]) -> bytes::Bytes {
+    let meta = magnetar_wire::MessageMetadata {
+        producer_name: producer_name.into(),
+        sequence_id: seq,
+        publish_time_ms: 1,
+        num_messages,
+        ..Default::default()
+    };
+    magnetar_wire::encode_message(&meta, payload)
+}
+
 /// Encodes one frame.
 pub fn frame_bytes(command: &Command, payload: &[u8]) -> Vec<u8> {
     let mut buf = BytesMut::new();
@@ -160,10 +173,40 @@ impl RawConnection {
                 priority_level: 0,
                 filter_tag: String::new(),
                 key_shared_ranges: Vec::new(),
+                model: Default::default(),
             },
             &[],
         );
         self.next_command("subscribe")
+    }
+
+    /// Opens producer `producer_id` on `topic` as `name` (shared access)
+    /// and expects `ProducerSuccess`.
+    pub fn open_producer(&mut self, producer_id: u64, topic: &str, name: &str) {
+        self.send(
+            &Command::Producer {
+                request_id: producer_id,
+                producer_id,
+                topic: topic.into(),
+                producer_name: name.into(),
+                access_mode: Default::default(),
+            },
+            &[],
+        );
+        match self.next_command("producer") {
+            Command::ProducerSuccess { .. } => {}
+            other => panic!("producer {producer_id} on {topic} answered with {other:?}"),
+        }
+    }
+
+    /// Sends `blob` (holding `num_messages`) as `sequence_id` of producer
+    /// `producer_id` and expects its receipt.
+    pub fn send_receipted(&mut self, producer_id: u64, sequence_id: u64, num_messages: u32, blob: &[u8]) {
+        self.send(&Command::Send { producer_id, sequence_id, num_messages }, blob);
+        match self.next_command("send") {
+            Command::SendReceipt { .. } => {}
+            other => panic!("send {sequence_id} answered with {other:?}"),
+        }
     }
 
     /// Sends `Connect` of `protocol_version` announcing `max_frame_bytes`

@@ -175,3 +175,90 @@ fn full_disk_refuses_produce_keeps_reads_and_resumes() {
     drop(broker);
     drop(mount);
 }
+
+/// Goal (issue #17, item 7): a shutdown that cannot write its clean
+/// checkpoint because the disk is full makes SIGTERM exit non-zero (a
+/// service manager must see the failure), and nothing acknowledged is lost:
+/// a restart once space is back serves every message.
+///
+/// Method: acknowledged messages since the last checkpoint (so the clean
+/// close has index pages and a checkpoint to write), then the filesystem
+/// filled to the last block by a ballast file, then SIGTERM.
+#[test]
+fn sigterm_exits_non_zero_when_shutdown_fails_on_a_full_disk() {
+    let dir = test_dir("full-disk-stop");
+    let mount = match LoopMount::new(dir.path()) {
+        Ok(m) => m,
+        Err(why) => {
+            eprintln!(
+                "SKIPPED sigterm_exits_non_zero_when_shutdown_fails_on_a_full_disk: cannot mount a loop filesystem: {why}"
+            );
+            return;
+        }
+    };
+    let data = mount.dir.join("data");
+    let options = BrokerOptions { segment_mib: Some(8), ..BrokerOptions::new(1) };
+    let mut broker = BrokerProcess::start_with(&data, &options);
+    let url = broker.url();
+    const SENT: u64 = 300;
+    magnetar_tests::run_async_with_timeout(Duration::from_secs(120), || async move {
+        let client = Client::connect(&url).await.expect("connect");
+        let producer = client.producer("stop-full").name("p").create().await.expect("producer");
+        for i in 0..SENT {
+            producer.send(OutgoingMessage::new(format!("m{i}:").into_bytes())).await.expect("send");
+        }
+        client.close();
+    });
+
+    // Fill the filesystem to its last block (root may use the reserved
+    // blocks too, and this test runs as root in CI).
+    let ballast = mount.dir.join("ballast");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&ballast).expect("ballast");
+        let mut chunk = vec![0x5au8; 1 << 20];
+        loop {
+            match f.write(&chunk) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::StorageFull => {
+                    if chunk.len() == 4096 {
+                        break;
+                    }
+                    chunk.truncate(4096);
+                }
+                Err(e) => panic!("filling the filesystem: {e}"),
+            }
+        }
+        let _ = f.sync_all();
+    }
+
+    let status = broker.terminate();
+    assert!(!status.success(), "a shutdown that failed on a full disk must not exit 0:\n{}", broker.log_tail());
+    eprintln!("SIGTERM on a full disk: {status}");
+    drop(broker);
+
+    // Space back: every acknowledged message is there after a restart.
+    std::fs::remove_file(&ballast).expect("remove ballast");
+    let broker = BrokerProcess::start_with(&data, &options);
+    let url = broker.url();
+    magnetar_tests::run_async_with_timeout(Duration::from_secs(120), || async move {
+        let client = Client::connect(&url).await.expect("connect");
+        let consumer = client
+            .subscribe("stop-full", "check")
+            .initial_position(InitialPosition::Earliest)
+            .subscribe()
+            .await
+            .expect("subscribe");
+        for i in 0..SENT {
+            let m = tokio::time::timeout(Duration::from_secs(30), consumer.receive())
+                .await
+                .unwrap_or_else(|_| panic!("message {i} of {SENT} missing after the restart"))
+                .expect("receive");
+            assert_eq!(m.payload, format!("m{i}:").into_bytes(), "message {i} in order after the restart");
+        }
+        client.close();
+    });
+    drop(broker);
+    drop(mount);
+}

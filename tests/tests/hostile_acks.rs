@@ -15,8 +15,8 @@
 #![allow(clippy::unwrap_used)]
 
 use magnetar_client::{Client, InitialPosition, OutgoingMessage};
-use magnetar_tests::{run_async_with_timeout, test_dir, BrokerProcess, RawConnection};
-use magnetar_wire::{AckType, Command, MessageId, MessageMetadata, SubscriptionType, BATCH_MESSAGES_MAX};
+use magnetar_tests::{message_blob, run_async_with_timeout, test_dir, BrokerProcess, RawConnection};
+use magnetar_wire::{AckType, Command, MessageId, SubscriptionType, BATCH_MESSAGES_MAX};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -25,14 +25,7 @@ use std::time::Duration;
 const HUGE: u64 = 48;
 
 fn blob(seq: u64, num_messages: u32) -> bytes::Bytes {
-    let meta = MessageMetadata {
-        producer_name: "hostile".into(),
-        sequence_id: seq,
-        publish_time_ms: 1,
-        num_messages,
-        ..Default::default()
-    };
-    magnetar_wire::encode_message(&meta, b"x")
+    message_blob("hostile", seq, num_messages, b"x")
 }
 
 fn subscribe(c: &mut RawConnection, topic: &str, sub: &str, sub_type: SubscriptionType, consumer_id: u64) {
@@ -77,24 +70,10 @@ fn in_batch(id: MessageId, index: i32) -> MessageId {
 fn hostile_huge_batches(addr: SocketAddr, topic: &str) -> Vec<MessageId> {
     let mut c = RawConnection::connect(addr);
     c.handshake();
-    c.send(
-        &Command::Producer {
-            request_id: 1,
-            producer_id: 1,
-            topic: topic.into(),
-            producer_name: "hostile".into(),
-            access_mode: Default::default(),
-        },
-        &[],
-    );
-    assert!(matches!(c.next_command("producer"), Command::ProducerSuccess { .. }));
+    c.open_producer(1, topic, "hostile");
     for seq in 0..=HUGE {
         let n = if seq < HUGE { BATCH_MESSAGES_MAX } else { 1 };
-        c.send(&Command::Send { producer_id: 1, sequence_id: seq, num_messages: n }, &blob(seq, n));
-        match c.next_command("send") {
-            Command::SendReceipt { .. } => {}
-            other => panic!("send {seq} answered with {other:?}"),
-        }
+        c.send_receipted(1, seq, n, &blob(seq, n));
     }
     subscribe(&mut c, topic, "hostile", SubscriptionType::Exclusive, 7);
     let got = receive(&mut c, HUGE + 1, 7);
@@ -179,20 +158,9 @@ fn bad_batch_index_acks_are_refused_and_the_connection_goes_on() {
         tokio::task::spawn_blocking(move || {
             let mut c = RawConnection::connect(addr);
             c.handshake();
-            c.send(
-                &Command::Producer {
-                    request_id: 1,
-                    producer_id: 1,
-                    topic: "bad-acks".into(),
-                    producer_name: "bad".into(),
-                    access_mode: Default::default(),
-                },
-                &[],
-            );
-            assert!(matches!(c.next_command("producer"), Command::ProducerSuccess { .. }));
+            c.open_producer(1, "bad-acks", "bad");
             for seq in 0..4u64 {
-                c.send(&Command::Send { producer_id: 1, sequence_id: seq, num_messages: 4 }, &blob(seq, 4));
-                assert!(matches!(c.next_command("send"), Command::SendReceipt { .. }));
+                c.send_receipted(1, seq, 4, &blob(seq, 4));
             }
             subscribe(&mut c, "bad-acks", "s", SubscriptionType::Shared, 3);
             let ids: Vec<MessageId> = receive(&mut c, 4, 3).into_iter().map(|(id, _)| id).collect();
@@ -298,20 +266,9 @@ fn an_ack_refused_midway_keeps_and_persists_what_it_applied() {
         let (c, ids) = tokio::task::spawn_blocking(move || {
             let mut c = RawConnection::connect(addr);
             c.handshake();
-            c.send(
-                &Command::Producer {
-                    request_id: 1,
-                    producer_id: 1,
-                    topic: "midway".into(),
-                    producer_name: "midway".into(),
-                    access_mode: Default::default(),
-                },
-                &[],
-            );
-            assert!(matches!(c.next_command("producer"), Command::ProducerSuccess { .. }));
+            c.open_producer(1, "midway", "midway");
             for (seq, n) in [(0u64, 1u32), (1, 1), (2, 4)] {
-                c.send(&Command::Send { producer_id: 1, sequence_id: seq, num_messages: n }, &blob(seq, n));
-                assert!(matches!(c.next_command("send"), Command::SendReceipt { .. }));
+                c.send_receipted(1, seq, n, &blob(seq, n));
             }
             subscribe(&mut c, "midway", "s", SubscriptionType::Exclusive, 5);
             let ids: Vec<MessageId> = receive(&mut c, 3, 5).into_iter().map(|(id, _)| id).collect();
@@ -364,20 +321,9 @@ fn a_refused_cumulative_index_ack_changes_nothing() {
         let c = tokio::task::spawn_blocking(move || {
             let mut c = RawConnection::connect(addr);
             c.handshake();
-            c.send(
-                &Command::Producer {
-                    request_id: 1,
-                    producer_id: 1,
-                    topic: "cumulative".into(),
-                    producer_name: "cumulative".into(),
-                    access_mode: Default::default(),
-                },
-                &[],
-            );
-            assert!(matches!(c.next_command("producer"), Command::ProducerSuccess { .. }));
+            c.open_producer(1, "cumulative", "cumulative");
             for (seq, n) in [(0u64, 1u32), (1, 4)] {
-                c.send(&Command::Send { producer_id: 1, sequence_id: seq, num_messages: n }, &blob(seq, n));
-                assert!(matches!(c.next_command("send"), Command::SendReceipt { .. }));
+                c.send_receipted(1, seq, n, &blob(seq, n));
             }
             subscribe(&mut c, "cumulative", "s", SubscriptionType::Exclusive, 5);
             let ids: Vec<MessageId> = receive(&mut c, 2, 5).into_iter().map(|(id, _)| id).collect();

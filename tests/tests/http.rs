@@ -8,6 +8,7 @@
 //! grammar-based Prometheus text parser (openmetrics-parser) and its counts compared
 //! exactly.
 
+use magnetar_client::{Client, OutgoingMessage, SubscriptionType};
 use magnetar_tests::http::{parse_prometheus_text, request};
 use magnetar_tests::{run_async_with_timeout, run_cli, test_dir, BrokerProcess, ConsumeCmd, ProduceCmd};
 use std::collections::HashMap;
@@ -252,7 +253,7 @@ fn rest_admin_answers_pulsars_codes_and_shapes() {
                 404,
                 Some(|v| v["reason"].is_string()),
             ),
-            ("GET", "/admin/v2/non-persistent/acme/orders", None, 501, None),
+            ("GET", "/admin/v2/non-persistent/acme/orders", None, 200, Some(|v| v == &serde_json::json!([]))),
             ("GET", "/admin/v2/schemas/acme/orders/p/schema", None, 501, None),
             ("DELETE", "/admin/v2/namespaces/acme/orders", None, 409, None),
             ("DELETE", "/admin/v2/persistent/acme/orders/single", None, 204, None),
@@ -296,5 +297,133 @@ fn rest_admin_answers_pulsars_codes_and_shapes() {
         let run = run_cli(["admin", "topics", "get-partitioned-metadata", topic, "--url", &url], CLI_TIMEOUT);
         assert!(run.status.success(), "{}", run.stderr);
         assert_eq!(run.stdout_lines, vec![r#"{"partitions":4}"#.to_string()]);
+    });
+}
+
+/// Goal: non-persistent topics have Pulsar's REST endpoints where they make
+/// sense (list, partitions, stats, partitioned-stats, subscriptions,
+/// delete), 501 with a reason where Magnetar keeps nothing to show or move,
+/// and their series in /metrics under the same names as persistent topics'
+/// with `topic="non-persistent://..."`, counted exactly.
+#[test]
+fn non_persistent_topics_in_rest_and_metrics() {
+    run_async_with_timeout(Duration::from_secs(180), || async {
+        let dir = test_dir("http-non-persistent");
+        let broker = BrokerProcess::start(dir.path(), SHARDS);
+        let http = broker.http_addr();
+        let np = "/admin/v2/non-persistent/public/default";
+        // (method, path, body, status, JSON check)
+        type Check = fn(&serde_json::Value) -> bool;
+        type Row = (&'static str, String, Option<&'static str>, u16, Option<Check>);
+        let rows: Vec<Row> = vec![
+            ("GET", np.to_string(), None, 200, Some(|v| v == &serde_json::json!([]))),
+            ("PUT", format!("{np}/np-p/partitions"), Some("2"), 204, None),
+            ("PUT", format!("{np}/np-p/partitions"), Some("2"), 409, None),
+            ("GET", format!("{np}/np-p/partitions"), None, 200, Some(|v| v["partitions"] == 2)),
+            ("POST", format!("{np}/np-p/partitions"), Some("3"), 204, None),
+            ("GET", format!("{np}/np-p/partitions"), None, 200, Some(|v| v["partitions"] == 3)),
+            (
+                "GET",
+                format!("{np}/partitioned"),
+                None,
+                200,
+                Some(|v| v == &serde_json::json!(["non-persistent://public/default/np-p"])),
+            ),
+            (
+                "GET",
+                np.to_string(),
+                None,
+                200,
+                Some(|v| {
+                    v.as_array().map(Vec::len) == Some(3) && v[0] == "non-persistent://public/default/np-p-partition-0"
+                }),
+            ),
+            (
+                "GET",
+                format!("{np}/np-p/partitioned-stats"),
+                None,
+                200,
+                Some(|v| v["metadata"]["partitions"] == 3 && v["partitions"].as_object().map(|o| o.len()) == Some(3)),
+            ),
+            // Not in use: not there.
+            ("GET", format!("{np}/idle/stats"), None, 404, None),
+            ("GET", format!("{np}/idle/subscriptions"), None, 404, None),
+            ("GET", format!("{np}/idle/partitioned-stats"), None, 404, None),
+            ("DELETE", format!("{np}/idle"), None, 404, None),
+            // What Magnetar keeps nothing of.
+            ("PUT", format!("{np}/idle"), None, 501, None),
+            ("GET", format!("{np}/idle/internalStats"), None, 501, None),
+            ("GET", format!("{np}/idle/lastMessageId"), None, 501, None),
+            ("PUT", format!("{np}/idle/subscription/s"), None, 501, None),
+            ("POST", format!("{np}/idle/subscription/s/skip_all"), None, 501, None),
+            ("GET", format!("{np}/idle/subscription/s/position/1"), None, 501, None),
+            ("GET", "/admin/v2/non-persistent/nobody/ns".to_string(), None, 404, None),
+            ("DELETE", format!("{np}/np-p/partitions"), None, 204, None),
+            ("GET", format!("{np}/np-p/partitions"), None, 200, Some(|v| v["partitions"] == 0)),
+        ];
+        for (method, path, body, status, check) in rows {
+            let a = request(http, method, &path, body, &[]).await;
+            assert_eq!(a.status, status, "{method} {path}: {}", a.body);
+            if let Some(check) = check {
+                let v = a.json();
+                assert!(check(&v), "{method} {path}: unexpected JSON {v}");
+            }
+            if a.status >= 400 {
+                assert!(a.json()["reason"].is_string(), "{method} {path}: error without a reason: {}", a.body);
+            }
+        }
+
+        // A topic in use: a consumer and a producer attached.
+        let topic = "non-persistent://public/default/np-live";
+        let client = Client::connect(&broker.url()).await.expect("connect");
+        let consumer =
+            client.subscribe(topic, "watch").sub_type(SubscriptionType::Shared).subscribe().await.expect("subscribe");
+        let producer = client.producer(topic).create().await.expect("producer");
+        // Flow permits travel after the subscribe answer.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        const N: usize = 20;
+        for i in 0..N {
+            producer.send(OutgoingMessage::new(format!("m{i:02}"))).await.expect("send");
+        }
+        for _ in 0..N {
+            tokio::time::timeout(Duration::from_secs(10), consumer.receive()).await.expect("in time").expect("receive");
+        }
+        let list = request(http, "GET", np, None, &[]).await.json();
+        assert_eq!(list, serde_json::json!([topic]), "{list}");
+        let stats = request(http, "GET", &format!("{np}/np-live/stats"), None, &[]).await;
+        assert_eq!(stats.status, 200, "{}", stats.body);
+        let stats = stats.json();
+        assert_eq!(stats["storageSize"], 0, "{stats}");
+        assert!(stats["msgRateIn"].is_number(), "{stats}");
+        assert_eq!(stats["subscriptions"]["watch"]["type"], "Shared", "{stats}");
+        assert_eq!(stats["subscriptions"]["watch"]["consumers"].as_array().map(Vec::len), Some(1), "{stats}");
+        let subs = request(http, "GET", &format!("{np}/np-live/subscriptions"), None, &[]).await.json();
+        assert_eq!(subs, serde_json::json!(["watch"]));
+        let refused = request(http, "DELETE", &format!("{np}/np-live"), None, &[]).await;
+        assert_eq!(refused.status, 409, "in use: {}", refused.body);
+
+        let m = parse_metrics(&request(http, "GET", "/metrics", None, &[]).await.body);
+        let t = [("cluster", "standalone"), ("namespace", "public/default"), ("topic", topic)];
+        assert_eq!(sample(&m, "pulsar_in_messages_total", &t), N as f64);
+        assert_eq!(sample(&m, "pulsar_out_messages_total", &t), N as f64);
+        assert_eq!(sample(&m, "pulsar_in_bytes_total", &t), sample(&m, "pulsar_out_bytes_total", &t));
+        assert_eq!(sample(&m, "pulsar_producers_count", &t), 1.0);
+        assert_eq!(sample(&m, "pulsar_consumers_count", &t), 1.0);
+        assert_eq!(sample(&m, "pulsar_subscriptions_count", &t), 1.0);
+        assert_eq!(sample(&m, "pulsar_storage_size", &t), 0.0);
+        assert_eq!(sample(&m, "pulsar_msg_backlog", &t), 0.0);
+        assert_eq!(
+            sample(&m, "pulsar_subscription_consumers_count", &[("topic", topic), ("subscription", "watch")]),
+            1.0
+        );
+
+        // Once nobody uses it, it is gone from both.
+        producer.close().await.expect("close producer");
+        consumer.close().await.expect("close consumer");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(request(http, "GET", &format!("{np}/np-live/stats"), None, &[]).await.status, 404);
+        let body = request(http, "GET", "/metrics", None, &[]).await.body;
+        assert!(!body.contains("np-live"), "a topic nobody uses is not exported");
+        client.close();
     });
 }

@@ -270,6 +270,7 @@ fn next_command(c: &mut Conn, rng: &mut SplitMix64) -> (Command, Vec<u8>) {
                 priority_level: 0,
                 filter_tag: String::new(),
                 key_shared_ranges: Vec::new(),
+                model: Default::default(),
             },
             Vec::new(),
         ),

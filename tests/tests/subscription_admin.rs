@@ -12,7 +12,7 @@
 //! deletions close connected consumers (as Pulsar does): the test sees the
 //! close and subscribes again. The cursor a reset left survives a restart.
 
-use magnetar_client::{Client, ClientError, Consumer, InitialPosition, MessageId, OutgoingMessage};
+use magnetar_client::{BatchingOptions, Client, ClientError, Consumer, InitialPosition, MessageId, OutgoingMessage};
 use magnetar_tests::consume::{assert_quiet, receive, topic_stats};
 use magnetar_tests::http::request;
 use magnetar_tests::{run_async_with_timeout, run_cli, test_dir, BrokerProcess, CliRun};
@@ -349,6 +349,84 @@ fn rest_subscription_endpoints_follow_pulsar() {
         assert_eq!(call("DELETE", format!("{pbase}/subscription/ps"), None).await.status, 204);
         let after = call("GET", format!("{pbase}/partitioned-stats"), None).await.json();
         assert_eq!(backlog(after), vec![-1, -1], "the subscription is gone from both partitions");
+        client.close();
+    });
+}
+
+/// The messages of a Pulsar batch payload: each one's
+/// `SingleMessageMetadata` (4-byte length first) and payload, as Pulsar's
+/// admin client splits a peeked batch.
+fn split_pulsar_batch(mut body: &[u8], n: usize) -> Vec<(magnetar_pulsar_wire::proto::SingleMessageMetadata, Vec<u8>)> {
+    use prost::Message;
+    let mut out = Vec::new();
+    for i in 0..n {
+        assert!(body.len() >= 4, "message {i}: truncated batch");
+        let len = u32::from_be_bytes([body[0], body[1], body[2], body[3]]) as usize;
+        let meta = magnetar_pulsar_wire::proto::SingleMessageMetadata::decode(&body[4..4 + len])
+            .unwrap_or_else(|e| panic!("message {i}: bad SingleMessageMetadata: {e}"));
+        let size = meta.payload_size as usize;
+        out.push((meta, body[4 + len..4 + len + size].to_vec()));
+        body = &body[4 + len + size..];
+    }
+    assert!(body.is_empty(), "{} bytes after the batch's {n} messages", body.len());
+    out
+}
+
+/// Goal: Pulsar's peek answers the n-th *entry*; a batch published by a
+/// Magnetar producer comes whole, in Pulsar's batch format (each message
+/// with its `SingleMessageMetadata`) with `X-Pulsar-num-batch-message`, so
+/// that Pulsar's admin clients split it into every message, as they do a
+/// batch published through the Pulsar door.
+#[test]
+fn rest_peek_of_a_native_batch_answers_every_message() {
+    run_async_with_timeout(Duration::from_secs(120), || async {
+        let dir = test_dir("sub-admin-peek-batch");
+        let broker = BrokerProcess::start(dir.path(), SHARDS);
+        let (url, http) = (broker.url(), broker.http_addr());
+        let topic = "persistent://public/default/peek-batch";
+        let base = "/admin/v2/persistent/public/default/peek-batch/subscription";
+        let client = Client::connect(&url).await.expect("connect");
+        let created = request(http, "PUT", "/admin/v2/persistent/public/default/peek-batch", None, &[]).await;
+        assert_eq!(created.status, 204, "{}", created.body);
+        let earliest = r#"{"ledgerId":-1,"entryId":-1}"#;
+        assert_eq!(request(http, "PUT", &format!("{base}/s"), Some(earliest), &[]).await.status, 204);
+
+        let single = client.producer(topic).create().await.expect("producer");
+        single.send(OutgoingMessage::new("alone")).await.expect("send");
+        single.close().await.expect("close");
+        let options = BatchingOptions { max_messages: 5, max_delay: Duration::from_secs(5), ..Default::default() };
+        let batched = client.producer(topic).batching(options).create().await.expect("batching producer");
+        let mut receipts = Vec::new();
+        for i in 0..5 {
+            let m = OutgoingMessage::new(format!("b{i}")).with_key(format!("k{i}")).with_property("i", i.to_string());
+            receipts.push(batched.send_async(m).await.expect("send"));
+        }
+        let mut ids = Vec::new();
+        for r in receipts {
+            ids.push(r.await.expect("receipt"));
+        }
+        batched.close().await.expect("close");
+        assert!(ids.iter().all(|id| (id.ledger, id.entry) == (ids[0].ledger, ids[0].entry)), "one batch: {ids:?}");
+
+        // Position 1: the single message, as before.
+        let p = request(http, "GET", &format!("{base}/s/position/1"), None, &[]).await;
+        assert_eq!((p.status, p.body.as_str()), (200, "alone"));
+        assert_eq!(p.header("X-Pulsar-num-batch-message"), None);
+        // Position 2: the whole batch entry.
+        let p = request(http, "GET", &format!("{base}/s/position/2"), None, &[]).await;
+        assert_eq!(p.status, 200, "{}", p.body);
+        assert_eq!(p.header("X-Pulsar-Message-ID"), Some(format!("{}:{}", ids[0].ledger, ids[0].entry).as_str()));
+        assert_eq!(p.header("X-Pulsar-num-batch-message"), Some("5"));
+        assert_eq!(p.header("X-Pulsar-batch-size"), Some(p.body_bytes.len().to_string().as_str()));
+        let messages = split_pulsar_batch(&p.body_bytes, 5);
+        for (i, (meta, payload)) in messages.iter().enumerate() {
+            assert_eq!(payload, format!("b{i}").as_bytes(), "message {i}");
+            assert_eq!(meta.partition_key.as_deref(), Some(format!("k{i}").as_str()), "message {i}");
+            let props: Vec<(&str, &str)> = meta.properties.iter().map(|p| (p.key.as_str(), p.value.as_str())).collect();
+            assert_eq!(props, vec![("i", i.to_string().as_str())], "message {i}");
+        }
+        // One entry past the batch: nothing.
+        assert_eq!(request(http, "GET", &format!("{base}/s/position/3"), None, &[]).await.status, 404);
         client.close();
     });
 }

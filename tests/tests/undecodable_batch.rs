@@ -15,22 +15,11 @@
 #![allow(clippy::unwrap_used)]
 
 use magnetar_client::{Client, ClientError, InitialPosition};
-use magnetar_tests::{run_async_with_timeout, test_dir, BrokerProcess, RawConnection};
-use magnetar_wire::{Command, MessageMetadata, BATCH_MESSAGES_MAX};
+use magnetar_tests::{message_blob, run_async_with_timeout, test_dir, BrokerProcess, RawConnection};
+use magnetar_wire::BATCH_MESSAGES_MAX;
 use std::time::Duration;
 
 const COUNT: u64 = 50;
-
-fn blob(seq: u64, num_messages: u32, payload: &[u8]) -> bytes::Bytes {
-    let meta = MessageMetadata {
-        producer_name: "raw".into(),
-        sequence_id: seq,
-        publish_time_ms: 1,
-        num_messages,
-        ..Default::default()
-    };
-    magnetar_wire::encode_message(&meta, payload)
-}
 
 #[test]
 fn a_batch_that_claims_more_than_it_holds_does_not_stall_the_consumer() {
@@ -40,28 +29,14 @@ fn a_batch_that_claims_more_than_it_holds_does_not_stall_the_consumer() {
         let topic = "undecodable-batch";
         let mut c = RawConnection::connect(broker.addr());
         c.handshake();
-        c.send(
-            &Command::Producer {
-                request_id: 1,
-                producer_id: 1,
-                topic: topic.into(),
-                producer_name: "raw".into(),
-                access_mode: Default::default(),
-            },
-            &[],
-        );
-        assert!(matches!(c.next_command("producer"), Command::ProducerSuccess { .. }));
+        c.open_producer(1, topic, "raw");
         for seq in 0..=COUNT {
             let (n, b) = if seq == 0 {
-                (BATCH_MESSAGES_MAX, blob(seq, BATCH_MESSAGES_MAX, b"x"))
+                (BATCH_MESSAGES_MAX, message_blob("raw", seq, BATCH_MESSAGES_MAX, b"x"))
             } else {
-                (1, blob(seq, 1, format!("m{seq}").as_bytes()))
+                (1, message_blob("raw", seq, 1, format!("m{seq}").as_bytes()))
             };
-            c.send(&Command::Send { producer_id: 1, sequence_id: seq, num_messages: n }, &b);
-            match c.next_command("send") {
-                Command::SendReceipt { .. } => {}
-                other => panic!("send {seq} answered with {other:?}"),
-            }
+            c.send_receipted(1, seq, n, &b);
         }
 
         let client = Client::connect(&broker.url()).await.expect("client");

@@ -54,6 +54,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("pulsar", "listen", "pulsar_listen"),
     ("pulsar", "advertised_address", "advertised_address"),
     ("pulsar", "max_message_bytes", "pulsar_max_message_bytes"),
+    ("pulsar", "keep_alive_interval_s", "pulsar_keep_alive_interval_s"),
     ("auth", "token_secret_key", "auth_token_secret_key"),
     ("auth", "token_public_key", "auth_token_public_key"),
     ("auth", "anonymous_role", "anonymous_role"),

@@ -19,19 +19,34 @@
 //! Issue #22: `--retry-max N` (with `--reconsume-every N` and
 //! `--retry-delays rocketmq|MS,...`): a message reconsumed N times goes to
 //! the dead-letter topic; a status line on stderr says so. `--pull --batch
-//! N` (with `--poll-ms`): pull consumption, same output.
+//! N` (with `--poll-ms`): pull consumption, same output. `--allocation
+//! average|round-robin|consistent-hash|zone` (with `--zone Z` and
+//! `--partition-zones Z0,Z1,...`): which Failover consumer owns which
+//! partition. `--mode broadcast --name N`: every consumer gets every
+//! message, with its own cursor `<subscription>/<N>`.
 //! Semantics: `docs/semantics.md`.
 
 use crate::broker::{BrokerArgs, SubType};
 use crate::produce::OutputFormat;
 use base64::Engine as _;
 use magnetar_client::{
-    ClientError, DeadLetterPolicy, InitialPosition, Message, Reconsumed, RetryPolicy, SubscriptionType,
+    AllocationStrategy, ClientError, DeadLetterPolicy, InitialPosition, Message, Reconsumed, RetryPolicy,
+    SubscriptionMode, SubscriptionType,
 };
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Clustering,
+    Broadcast,
+}
+
+fn parse_allocation(s: &str) -> Result<AllocationStrategy, String> {
+    AllocationStrategy::parse(s).ok_or_else(|| format!("{s:?}: expected average, round-robin, consistent-hash or zone"))
+}
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Position {
@@ -153,9 +168,34 @@ pub struct ConsumeArgs {
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub receiver_queue_size: u32,
 
-    /// Consumer name (default: chosen by the broker).
-    #[arg(long)]
+    /// Consumer name (default: chosen by the broker); `--name` is an alias.
+    #[arg(long, visible_alias = "name")]
     pub consumer_name: Option<String>,
+
+    /// `clustering`: the subscription's consumers share its cursor.
+    /// `broadcast`: every consumer receives every message, with a cursor of
+    /// its own (the subscription `<subscription>/<name>`, needs `--name`),
+    /// kept while it is away.
+    #[arg(long, value_enum, default_value_t = Mode::Clustering)]
+    pub mode: Mode,
+
+    /// Failover on a partitioned topic: which consumer owns which partition.
+    /// `round-robin`: partition p to the (p % n)-th consumer by name.
+    /// `average`: contiguous blocks. `consistent-hash`: a hash ring (a
+    /// consumer joining or leaving moves only its share). `zone`: a
+    /// partition to a consumer of its zone while one exists (see `--zone`,
+    /// `--partition-zones`), else by `average`. Kept with the subscription.
+    #[arg(long, value_parser = parse_allocation, default_value = "round-robin")]
+    pub allocation: AllocationStrategy,
+
+    /// With `--allocation zone`: this consumer's zone.
+    #[arg(long)]
+    pub zone: Option<String>,
+
+    /// With `--allocation zone`: each partition's zone, comma separated
+    /// (item i is partition i's; an empty item is no zone).
+    #[arg(long)]
+    pub partition_zones: Option<String>,
 
     #[command(flatten)]
     pub broker: BrokerArgs,
@@ -267,6 +307,19 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
         .priority_level(args.priority);
     if let Some(name) = &args.consumer_name {
         builder = builder.consumer_name(name.as_str());
+    }
+    if args.mode == Mode::Broadcast {
+        if args.consumer_name.is_none() {
+            return Err("--mode broadcast needs --name: the consumer's cursor is <subscription>/<name>".into());
+        }
+        builder = builder.mode(SubscriptionMode::Broadcast);
+    }
+    builder = builder.allocation(args.allocation);
+    if let Some(z) = &args.zone {
+        builder = builder.zone(z.as_str());
+    }
+    if let Some(zs) = &args.partition_zones {
+        builder = builder.partition_zones(zs.split(',').map(str::to_string).collect());
     }
     let nack_delay = Duration::from_millis(args.nack_delay_ms);
     builder = builder.negative_ack_backoff(nack_delay, nack_delay.max(Duration::from_secs(60)));

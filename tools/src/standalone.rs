@@ -136,6 +136,11 @@ pub struct StandaloneArgs {
     /// (larger ones fail in the client unless it chunks them).
     #[arg(long, default_value_t = 5 * 1024 * 1024, value_parser = clap::value_parser!(u32).range(1024..=(1 << 30)))]
     pub pulsar_max_message_bytes: u32,
+    /// Seconds a Pulsar client may stay silent before the broker pings it;
+    /// silent as long again, its connection is closed (Pulsar's
+    /// keepAliveIntervalSeconds).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub pulsar_keep_alive_interval_s: u64,
     /// Most connections one shard holds (docs/reliability.md).
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub connections_per_shard_max: u64,
@@ -422,6 +427,7 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
         max_message_bytes: args.pulsar_max_message_bytes,
         advertised_address: args.advertised_address.clone(),
         tls: false,
+        keep_alive: Duration::from_secs(args.pulsar_keep_alive_interval_s),
     };
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => {

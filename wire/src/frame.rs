@@ -23,7 +23,8 @@ use flatbuffers::{FlatBufferBuilder, WIPOffset};
 
 use crate::error::WireError;
 use crate::types::{
-    AckType, AuthData, Command, ErrorCode, Frame, InitialPosition, MessageId, ProducerAccessMode, SubscriptionType,
+    AckType, AllocationStrategy, AuthData, Command, ConsumptionModel, ErrorCode, Frame, InitialPosition, MessageId,
+    ProducerAccessMode, SubscriptionMode, SubscriptionType,
 };
 use crate::{fb, verifier_options, ENCODE_VARIABLE_BYTES_MAX};
 
@@ -526,11 +527,14 @@ fn command_variable_bytes(command: &Command) -> u64 {
         Command::AdminRequest { op, json, .. } => s(op).saturating_add(s(json)),
         Command::AdminResponse { json, .. } => s(json),
         Command::TopicStats { topic, json, .. } => s(topic).saturating_add(s(json)),
-        Command::Subscribe { topic, subscription, consumer_name, filter_tag, key_shared_ranges, .. } => s(topic)
+        Command::Subscribe { topic, subscription, consumer_name, filter_tag, key_shared_ranges, model, .. } => s(topic)
             .saturating_add(s(subscription))
             .saturating_add(s(consumer_name))
             .saturating_add(s(filter_tag))
-            .saturating_add(len_u64(key_shared_ranges.len()).saturating_mul(8)),
+            .saturating_add(len_u64(key_shared_ranges.len()).saturating_mul(8))
+            .saturating_add(s(&model.zone))
+            // Each string also costs its offset in the vector.
+            .saturating_add(model.partition_zones.iter().fold(0u64, |n, z| n.saturating_add(s(z)).saturating_add(4))),
         Command::Ack { message_ids, batch_sizes, .. } => len_u64(message_ids.len())
             .saturating_mul(len_u64(std::mem::size_of::<fb::MessageIdData>()))
             .saturating_add(len_u64(batch_sizes.len()).saturating_mul(4)),
@@ -545,6 +549,7 @@ fn command_variable_bytes(command: &Command) -> u64 {
         | Command::Flow { .. }
         | Command::CloseProducer { .. }
         | Command::CloseConsumer { .. }
+        | Command::Unsubscribe { .. }
         | Command::ActiveConsumerChange { .. }
         | Command::Seek { .. }
         | Command::Ping
@@ -580,6 +585,25 @@ fn sub_type_from_fb(t: fb::SubscriptionType) -> Result<SubscriptionType, WireErr
         fb::SubscriptionType::Shared => Ok(SubscriptionType::Shared),
         fb::SubscriptionType::KeyShared => Ok(SubscriptionType::KeyShared),
         other => Err(WireError::BadEnum { field: "Subscribe.sub_type", value: u64::from(other.0) }),
+    }
+}
+
+fn allocation_to_fb(a: AllocationStrategy) -> fb::AllocationStrategy {
+    match a {
+        AllocationStrategy::RoundRobin => fb::AllocationStrategy::RoundRobin,
+        AllocationStrategy::Average => fb::AllocationStrategy::Average,
+        AllocationStrategy::ConsistentHash => fb::AllocationStrategy::ConsistentHash,
+        AllocationStrategy::Zone => fb::AllocationStrategy::Zone,
+    }
+}
+
+fn allocation_from_fb(a: fb::AllocationStrategy) -> Result<AllocationStrategy, WireError> {
+    match a {
+        fb::AllocationStrategy::RoundRobin => Ok(AllocationStrategy::RoundRobin),
+        fb::AllocationStrategy::Average => Ok(AllocationStrategy::Average),
+        fb::AllocationStrategy::ConsistentHash => Ok(AllocationStrategy::ConsistentHash),
+        fb::AllocationStrategy::Zone => Ok(AllocationStrategy::Zone),
+        other => Err(WireError::BadEnum { field: "Subscribe.allocation", value: u64::from(other.0) }),
     }
 }
 
@@ -718,6 +742,7 @@ fn build_command<'b>(fbb: &mut FlatBufferBuilder<'b>, command: &Command) -> WIPO
             priority_level,
             filter_tag,
             key_shared_ranges,
+            model,
         } => {
             let topic = Some(fbb.create_string(topic));
             let subscription = Some(fbb.create_string(subscription));
@@ -728,6 +753,11 @@ fn build_command<'b>(fbb: &mut FlatBufferBuilder<'b>, command: &Command) -> WIPO
                 let ranges: Vec<fb::KeyHashRange> =
                     key_shared_ranges.iter().map(|&(start, end)| fb::KeyHashRange::new(start, end)).collect();
                 fbb.create_vector(&ranges)
+            });
+            let zone = (!model.zone.is_empty()).then(|| fbb.create_string(&model.zone));
+            let partition_zones = (!model.partition_zones.is_empty()).then(|| {
+                let zones: Vec<_> = model.partition_zones.iter().map(|z| fbb.create_string(z)).collect();
+                fbb.create_vector(&zones)
             });
             let args = fb::SubscribeArgs {
                 request_id: *request_id,
@@ -741,6 +771,13 @@ fn build_command<'b>(fbb: &mut FlatBufferBuilder<'b>, command: &Command) -> WIPO
                 priority_level: *priority_level,
                 filter_tag,
                 key_shared_ranges,
+                allocation: allocation_to_fb(model.allocation),
+                zone,
+                partition_zones,
+                mode: match model.mode {
+                    SubscriptionMode::Clustering => fb::SubscriptionMode::Clustering,
+                    SubscriptionMode::Broadcast => fb::SubscriptionMode::Broadcast,
+                },
             };
             (fb::AnyCommand::Subscribe, fb::Subscribe::create(fbb, &args).as_union_value())
         }
@@ -800,6 +837,11 @@ fn build_command<'b>(fbb: &mut FlatBufferBuilder<'b>, command: &Command) -> WIPO
             let args = fb::CloseConsumerArgs { request_id: *request_id, consumer_id: *consumer_id };
             let table = fb::CloseConsumer::create(fbb, &args);
             (fb::AnyCommand::CloseConsumer, table.as_union_value())
+        }
+        Command::Unsubscribe { request_id, consumer_id, force } => {
+            let args = fb::UnsubscribeArgs { request_id: *request_id, consumer_id: *consumer_id, force: *force };
+            let table = fb::Unsubscribe::create(fbb, &args);
+            (fb::AnyCommand::Unsubscribe, table.as_union_value())
         }
         Command::Ping => (fb::AnyCommand::Ping, fb::Ping::create(fbb, &fb::PingArgs {}).as_union_value()),
         Command::Pong => (fb::AnyCommand::Pong, fb::Pong::create(fbb, &fb::PongArgs {}).as_union_value()),
@@ -955,6 +997,19 @@ fn command_from_fb(base: &fb::BaseCommand<'_>) -> Result<Command, WireError> {
                     .key_shared_ranges()
                     .map(|v| v.iter().map(|r| (r.start(), r.end())).collect())
                     .unwrap_or_default(),
+                model: ConsumptionModel {
+                    mode: match c.mode() {
+                        fb::SubscriptionMode::Clustering => SubscriptionMode::Clustering,
+                        fb::SubscriptionMode::Broadcast => SubscriptionMode::Broadcast,
+                        other => return Err(WireError::BadEnum { field: "Subscribe.mode", value: u64::from(other.0) }),
+                    },
+                    allocation: allocation_from_fb(c.allocation())?,
+                    zone: c.zone().unwrap_or_default().to_owned(),
+                    partition_zones: c
+                        .partition_zones()
+                        .map(|v| v.iter().map(str::to_owned).collect())
+                        .unwrap_or_default(),
+                },
             }
         }
         fb::AnyCommand::Success => {
@@ -1013,6 +1068,10 @@ fn command_from_fb(base: &fb::BaseCommand<'_>) -> Result<Command, WireError> {
         fb::AnyCommand::CloseConsumer => {
             let c = base.command_as_close_consumer().ok_or(MISSING)?;
             Command::CloseConsumer { request_id: c.request_id(), consumer_id: c.consumer_id() }
+        }
+        fb::AnyCommand::Unsubscribe => {
+            let c = base.command_as_unsubscribe().ok_or(MISSING)?;
+            Command::Unsubscribe { request_id: c.request_id(), consumer_id: c.consumer_id(), force: c.force() }
         }
         fb::AnyCommand::Ping => {
             base.command_as_ping().ok_or(MISSING)?;

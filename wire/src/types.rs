@@ -170,6 +170,64 @@ pub enum SubscriptionType {
     KeyShared,
 }
 
+/// Failover on a partitioned topic: which consumer owns which partition
+/// (RocketMQ's allocation strategies). The subscription keeps one; a
+/// consumer asking for another is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum AllocationStrategy {
+    /// Partition `p` to the `p % n`-th consumer (RocketMQ's circle).
+    #[default]
+    RoundRobin,
+    /// Contiguous blocks of partitions, the first ones one larger
+    /// (RocketMQ's average).
+    Average,
+    /// A hash ring with virtual nodes per consumer: a consumer joining or
+    /// leaving moves only its share of partitions.
+    ConsistentHash,
+    /// A partition goes to a consumer of its zone while one exists, else
+    /// by `Average` over all consumers.
+    Zone,
+}
+
+impl AllocationStrategy {
+    /// The name on the command line and in stats.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RoundRobin => "round-robin",
+            Self::Average => "average",
+            Self::ConsistentHash => "consistent-hash",
+            Self::Zone => "zone",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::RoundRobin, Self::Average, Self::ConsistentHash, Self::Zone].into_iter().find(|a| a.as_str() == s)
+    }
+}
+
+/// Whether the consumers of a subscription share one cursor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SubscriptionMode {
+    /// One cursor; the subscription type says who gets which message.
+    #[default]
+    Clustering,
+    /// Every consumer receives every message: each (it must be named) has
+    /// its own cursor, the subscription `<subscription>/<consumer-name>`.
+    Broadcast,
+}
+
+/// A consumer's consumption model beyond the subscription type (issue #22).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ConsumptionModel {
+    pub mode: SubscriptionMode,
+    pub allocation: AllocationStrategy,
+    /// Zone allocation: this consumer's zone ("" = none).
+    pub zone: String,
+    /// Zone allocation: item `i` is partition `i`'s zone ("" or missing =
+    /// none).
+    pub partition_zones: Vec<String>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum InitialPosition {
     #[default]
@@ -292,6 +350,8 @@ pub enum Command {
         /// consumer owns (the broker checks them: `start <= end <= 65535`).
         /// Empty = auto split.
         key_shared_ranges: Vec<(u32, u32)>,
+        /// Broadcast mode and Failover's allocation strategy.
+        model: ConsumptionModel,
     },
     /// Generic success answer to a request.
     Success {
@@ -355,6 +415,13 @@ pub enum Command {
     CloseConsumer {
         request_id: u64,
         consumer_id: u64,
+    },
+    /// Delete the consumer's subscription and detach it (refused with other
+    /// consumers attached unless `force`). Answered with `Success`.
+    Unsubscribe {
+        request_id: u64,
+        consumer_id: u64,
+        force: bool,
     },
     Ping,
     Pong,
@@ -472,6 +539,7 @@ impl Command {
             Self::Ack { .. } => "Ack",
             Self::CloseProducer { .. } => "CloseProducer",
             Self::CloseConsumer { .. } => "CloseConsumer",
+            Self::Unsubscribe { .. } => "Unsubscribe",
             Self::Ping => "Ping",
             Self::Pong => "Pong",
             Self::Error { .. } => "Error",

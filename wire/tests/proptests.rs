@@ -130,12 +130,14 @@ fn arb_command() -> impl Strategy<Value = Command> {
             (any::<u64>(), any::<u64>(), arb_string(), arb_string()),
             (sub_type, arb_string(), position, any::<bool>(), any::<i32>(), arb_string()),
             proptest::collection::vec((any::<u32>(), any::<u32>()), 0..4),
+            (0..4usize, any::<bool>(), arb_string(), proptest::collection::vec(arb_string(), 0..4)),
         )
             .prop_map(
                 |(
                     (request_id, consumer_id, topic, subscription),
                     (sub_type, consumer_name, initial_position, durable, priority_level, filter_tag),
                     key_shared_ranges,
+                    (allocation, broadcast, zone, partition_zones),
                 )| Command::Subscribe {
                     request_id,
                     consumer_id,
@@ -148,9 +150,25 @@ fn arb_command() -> impl Strategy<Value = Command> {
                     priority_level,
                     filter_tag,
                     key_shared_ranges,
+                    model: ConsumptionModel {
+                        mode: if broadcast { SubscriptionMode::Broadcast } else { SubscriptionMode::Clustering },
+                        allocation: [
+                            AllocationStrategy::RoundRobin,
+                            AllocationStrategy::Average,
+                            AllocationStrategy::ConsistentHash,
+                            AllocationStrategy::Zone,
+                        ][allocation],
+                        zone,
+                        partition_zones,
+                    },
                 }
             ),
         any::<u64>().prop_map(|request_id| Command::Success { request_id }),
+        (any::<u64>(), any::<u64>(), any::<bool>()).prop_map(|(request_id, consumer_id, force)| Command::Unsubscribe {
+            request_id,
+            consumer_id,
+            force
+        }),
         (any::<u64>(), any::<u32>()).prop_map(|(consumer_id, permits)| Command::Flow { consumer_id, permits }),
         (any::<u64>(), arb_id(), any::<u32>(), proptest::collection::vec(any::<u64>(), 0..3)).prop_map(
             |(consumer_id, message_id, redelivery_count, ack_set)| {

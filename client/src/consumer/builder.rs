@@ -15,7 +15,9 @@ use crate::conn::pool::Origin;
 use crate::conn::{expect_success, Connection, ConsumerSlot};
 use crate::error::{ClientError, Result};
 use crate::names::normalize_topic;
-use magnetar_wire::{Command, InitialPosition, SubscriptionType};
+use magnetar_wire::{
+    AllocationStrategy, Command, ConsumptionModel, InitialPosition, SubscriptionMode, SubscriptionType,
+};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,6 +50,7 @@ pub struct ConsumerBuilder {
     pub(crate) priority_level: i32,
     pub(crate) filter_tag: String,
     pub(crate) key_shared_ranges: Vec<(u16, u16)>,
+    pub(crate) model: ConsumptionModel,
     pub(crate) nack_backoff: NackBackoff,
     pub(crate) ack_timeout: Option<Duration>,
     pub(crate) dead_letter: Option<DeadLetterPolicy>,
@@ -123,6 +126,45 @@ impl ConsumerBuilder {
     /// them attaches.
     pub fn key_shared_ranges(mut self, ranges: Vec<(u16, u16)>) -> Self {
         self.key_shared_ranges = ranges;
+        self
+    }
+
+    /// Failover on a partitioned topic: how partitions are spread over the
+    /// subscription's consumers (default round robin: partition `p` to the
+    /// `p % n`-th consumer by name). The first consumer of an idle
+    /// subscription sets it, and it is kept with the subscription; a
+    /// consumer asking for another is refused (`ConsumerBusy`), and a
+    /// strategy other than round robin on another subscription type
+    /// (`NotAllowed`). When a consumer joins or leaves, the partitions that
+    /// change owner go to their new owner, unacknowledged messages first,
+    /// in order.
+    pub fn allocation(mut self, strategy: AllocationStrategy) -> Self {
+        self.model.allocation = strategy;
+        self
+    }
+
+    /// Zone allocation: this consumer's zone label.
+    pub fn zone(mut self, zone: impl Into<String>) -> Self {
+        self.model.zone = zone.into();
+        self
+    }
+
+    /// Zone allocation: the zone label of each partition (item `i` is
+    /// partition `i`'s; missing or empty = no zone). Kept with the
+    /// subscription like the strategy: every consumer must give the same.
+    pub fn partition_zones(mut self, zones: Vec<String>) -> Self {
+        self.model.partition_zones = zones;
+        self
+    }
+
+    /// Broadcast (RocketMQ's broadcasting consumption): this consumer
+    /// receives every message of the topic, with a cursor of its own, the
+    /// subscription `<subscription>/<consumer-name>`; reconnecting under the
+    /// same name resumes where it left, and unsubscribing deletes it. Needs
+    /// a consumer name (`NotAllowed` otherwise). Default clustering: the
+    /// subscription's consumers share one cursor.
+    pub fn mode(mut self, mode: SubscriptionMode) -> Self {
+        self.model.mode = mode;
         self
     }
 
@@ -442,6 +484,7 @@ impl ConsumerBuilder {
                 filter_tag: s.filter_tag,
                 // The retry topic's keys have the same owners.
                 key_shared_ranges: self.wire_ranges(),
+                model: self.model.clone(),
             })
             .await;
         let subscribed = answer.and_then(|answer| expect_success(answer, "Subscribe"));
@@ -476,6 +519,7 @@ impl ConsumerBuilder {
             priority_level: 0,
             filter_tag: String::new(),
             key_shared_ranges: Vec::new(),
+            model: ConsumptionModel::default(),
             nack_backoff: NackBackoff::default(),
             ack_timeout: None,
             dead_letter: None,

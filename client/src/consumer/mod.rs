@@ -632,6 +632,30 @@ impl Consumer {
         self.conn.remove_consumer(consumer_id);
         expect_success(answer?, "CloseConsumer")
     }
+
+    /// Deletes this consumer's subscription (for a broadcast consumer, its
+    /// own cursor `<subscription>/<name>`) and closes the consumer. With
+    /// other consumers attached the broker refuses (`ConsumerBusy`) unless
+    /// `force`; the consumer then stays open. A retry topic's subscription
+    /// is left alone.
+    pub async fn unsubscribe(&self, force: bool) -> Result<()> {
+        if self.is_closed() {
+            return Err(self.closed_error());
+        }
+        let consumer_id = self.consumer_id;
+        let answer = self
+            .conn
+            .request("unsubscribe", |request_id| Command::Unsubscribe { request_id, consumer_id, force })
+            .await;
+        expect_success(answer?, "Unsubscribe")?;
+        // The broker detached it; closing the rest (the retry consumer, the
+        // timers) may find it gone.
+        self.conn.remove_consumer(consumer_id);
+        match self.close().await {
+            Ok(()) | Err(ClientError::Broker { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 impl Drop for Consumer {

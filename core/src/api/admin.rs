@@ -199,6 +199,11 @@ pub enum SubscriptionOp {
     /// `count` messages (at most 1,000) and 4 MiB of payload. Changes
     /// nothing.
     Peek { position: u64, count: u32 },
+    /// The `position`-th unacknowledged entry (1 is the next one
+    /// delivered) whole, as its door stored it: what Pulsar's admin peek
+    /// answers (a batch is one entry, split by the admin client).
+    /// [`AdminReply::Entry`]. Changes nothing.
+    PeekEntry { position: u64 },
 }
 
 /// Where [`SubscriptionOp::Create`] puts the new cursor.
@@ -262,6 +267,16 @@ pub enum AdminReply {
     Skipped(MessageId),
     /// Role -> actions, sorted.
     Permissions(Permissions),
+    /// A stored entry ([`SubscriptionOp::PeekEntry`]).
+    Entry(StoredEntry),
+}
+
+/// A stored entry as its door wrote it (Magnetar's or Pulsar's format).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredEntry {
+    /// Batch index -1.
+    pub id: MessageId,
+    pub blob: Bytes,
 }
 
 /// Some of a namespace's [`Policies`]: the fields that are set replace the

@@ -26,7 +26,7 @@ use glommio::channels::local_channel::LocalSender;
 use magnetar_wire::{AckType, MessageId, ProducerAccessMode};
 use std::rc::Rc;
 
-/// Topics whose metrics [`Broker::local_topic_metrics`] takes between
+/// Topics whose metrics [`Broker::for_each_topic_metrics`] takes between
 /// two yields to the shard's other tasks.
 pub const TOPIC_METRICS_PER_YIELD: usize = 64;
 
@@ -102,23 +102,29 @@ impl Broker {
         self.shard.metrics_snapshot()
     }
 
-    /// The metrics figures of every topic this shard owns and has loaded,
-    /// sorted by name (no mesh hop: an exporter asks each shard). Yields to
-    /// the shard's other tasks every [`TOPIC_METRICS_PER_YIELD`] topics, so
-    /// that many topics never hold up produce for long.
-    pub async fn local_topic_metrics(&self) -> Vec<TopicMetrics> {
+    /// Hands `visit` the metrics figures of every topic this shard owns and
+    /// has loaded, persistent ones first, then non-persistent ones (those
+    /// with a producer or a consumer now), in no particular order (no mesh
+    /// hop: an exporter asks each shard). Yields to the shard's other tasks
+    /// every [`TOPIC_METRICS_PER_YIELD`] topics, so that many topics never
+    /// hold up produce for long: `visit` should do bounded work per topic.
+    pub async fn for_each_topic_metrics(&self, mut visit: impl FnMut(&TopicMetrics)) {
         let topics: Vec<Rc<crate::topic::Topic>> = self.shard.topics.borrow().values().cloned().collect();
-        let mut out = Vec::with_capacity(topics.len());
         for (i, t) in topics.iter().enumerate() {
             if i > 0 && i % TOPIC_METRICS_PER_YIELD == 0 {
                 futures_lite::future::yield_now().await;
             }
             if !t.deleted.get() {
-                out.push(crate::stats::topic_metrics(t));
+                visit(&crate::stats::topic_metrics(t));
             }
         }
-        out.sort_by(|a, b| a.topic.cmp(&b.topic));
-        out
+        let np: Vec<Rc<crate::nonpersistent::NpTopic>> = self.shard.np_topics.borrow().values().cloned().collect();
+        for (i, t) in np.iter().enumerate() {
+            if i % TOPIC_METRICS_PER_YIELD == 0 {
+                futures_lite::future::yield_now().await;
+            }
+            visit(&t.metrics());
+        }
     }
 
     pub fn shards(&self) -> u32 {
@@ -207,22 +213,41 @@ impl Broker {
     }
 
     pub async fn create_producer(&self, topic: &str, producer_name: &str) -> Result<ProducerHandle, CoreError> {
-        self.create_producer_with(topic, producer_name, ProducerAccessMode::Shared).await
+        self.create_producer_with(topic, producer_name, ProducerAccessMode::Shared, None).await
     }
 
     /// Attaches a producer with an access mode; with `WaitForExclusive` this
-    /// resolves only when the producer holds the topic.
+    /// resolves only when the producer holds the topic. `epoch`: the topic
+    /// epoch a reconnecting exclusive producer names (it is refused with
+    /// `ProducerFenced` if another exclusive producer held the topic since).
     pub async fn create_producer_with(
         &self,
         topic: &str,
         producer_name: &str,
         mode: ProducerAccessMode,
+        epoch: Option<u64>,
+    ) -> Result<ProducerHandle, CoreError> {
+        self.create_producer_queued(topic, producer_name, mode, epoch, None).await
+    }
+
+    /// As [`create_producer_with`](Self::create_producer_with); `queued`
+    /// is told, before this resolves, when a `WaitForExclusive` producer
+    /// joins the topic's queue (it resolves once the producer holds the
+    /// topic), so that a door can say so first.
+    pub async fn create_producer_queued(
+        &self,
+        topic: &str,
+        producer_name: &str,
+        mode: ProducerAccessMode,
+        epoch: Option<u64>,
+        queued: Option<futures::channel::oneshot::Sender<()>>,
     ) -> Result<ProducerHandle, CoreError> {
         let (topic, owner, policy) = self.resolve_client_topic(topic, TopicAccess::Produce).await?;
-        let op = Op::CreateProducer { topic: topic.clone(), name: producer_name.to_string(), mode, policy };
+        let name = producer_name.to_string();
+        let op = Op::CreateProducer { topic: topic.clone(), name, mode, policy, epoch, queued };
         match self.shard.call(owner, op).await? {
-            Reply::Producer { name, last_sequence_id } => {
-                Ok(ProducerHandle { topic, owner, producer_name: name, last_sequence_id })
+            Reply::Producer { name, last_sequence_id, epoch } => {
+                Ok(ProducerHandle { topic, owner, producer_name: name, last_sequence_id, topic_epoch: epoch })
             }
             other => Err(unexpected(other)),
         }
@@ -275,6 +300,7 @@ impl Broker {
 
     /// Attaches a consumer; its messages go to `sink` (see `register_sink`).
     pub async fn subscribe(&self, mut req: SubscribeRequest, sink: u64) -> Result<ConsumerHandle, CoreError> {
+        broadcast_subscription(&mut req)?;
         let (topic, owner, policy) = self.resolve_client_topic(&req.topic, TopicAccess::Consume).await?;
         req.topic = topic.clone();
         let consumer = ConsumerRef { shard: self.shard.id, sink, consumer_id: req.consumer_id };
@@ -385,6 +411,26 @@ impl Broker {
             Op::CloseConsumer { topic: c.topic.clone(), subscription: c.subscription.clone(), consumer: c.consumer };
         self.shard.call(c.owner, op).await.map(|_| ())
     }
+}
+
+/// Broadcast mode: every consumer receives every message, so each has a
+/// subscription of its own, `<subscription>/<consumer-name>`, created with
+/// it and kept while it is away (a consumer coming back under the same name
+/// resumes where it left); it goes when the consumer unsubscribes (or an
+/// operator deletes it). Its type is the one asked for. A broadcast
+/// consumer must be named: its name is its cursor's.
+fn broadcast_subscription(req: &mut SubscribeRequest) -> Result<(), CoreError> {
+    if req.model.mode != magnetar_wire::SubscriptionMode::Broadcast {
+        return Ok(());
+    }
+    if req.consumer_name.is_empty() {
+        return Err(CoreError::new(
+            ErrorCode::NotAllowed,
+            "a broadcast consumer needs a name: its cursor is the subscription <subscription>/<consumer-name>",
+        ));
+    }
+    req.subscription = format!("{}/{}", req.subscription, req.consumer_name);
+    Ok(())
 }
 
 fn unexpected(r: Reply) -> CoreError {

@@ -57,6 +57,8 @@ pub struct SubscriptionStats {
     pub byte_rate_out: f64,
     pub durable: bool,
     pub filter_tag: Option<String>,
+    /// Failover's allocation strategy (`AllocationStrategy::as_str`).
+    pub allocation: &'static str,
     /// Entries the dispatcher read from storage.
     pub entries_read: u64,
     /// Entries a tag filter skipped from the index alone, unread.
@@ -85,7 +87,7 @@ pub struct ConsumerStats {
 /// A topic's figures for a metrics exporter: what
 /// [`TopicStats`] has, less what costs index lookups (backlog bytes) or
 /// allocations per consumer, plus the totals counters need. Taken on the
-/// topic's owner shard by [`Broker::local_topic_metrics`](super::Broker::local_topic_metrics).
+/// topic's owner shard by [`Broker::for_each_topic_metrics`](super::Broker::for_each_topic_metrics).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TopicMetrics {
     pub topic: String,

@@ -61,6 +61,9 @@ pub struct ProducerHandle {
     pub owner: u32,
     pub producer_name: String,
     pub last_sequence_id: i64,
+    /// The topic's epoch (Pulsar's `topic_epoch`): how many times an
+    /// exclusive producer took the topic, less one; `None` if none ever did.
+    pub topic_epoch: Option<u64>,
 }
 
 /// A consumer attached to a subscription, as seen by its connection.
@@ -88,6 +91,8 @@ pub struct SubscribeRequest {
     /// Key_Shared sticky mode: inclusive hash ranges this consumer owns;
     /// empty = auto split. Checked by `key_shared::check_sticky_ranges`.
     pub key_shared_ranges: Vec<(u32, u32)>,
+    /// Broadcast mode, and Failover's allocation strategy (with zones).
+    pub model: magnetar_wire::ConsumptionModel,
     /// Where the consumer's client connects from, as its door reports it
     /// (shown in stats; empty when unknown). The core reads nothing into it.
     pub client_address: String,

@@ -192,13 +192,16 @@ impl Shard {
         name: String,
         mode: ProducerAccessMode,
         policy: TopicPolicy,
+        epoch: Option<u64>,
+        queued: Option<futures::channel::oneshot::Sender<()>>,
     ) -> OpResult {
         let tn = TopicName::parse(topic)?;
         self.check_auto_creation(&tn, &policy)?;
         let (t, lsn) = self.get_or_create_topic(&tn)?;
         let name = self.producer_names.or_generate(name);
-        let last_sequence_id = t.add_producer(&self.topic_ctx(), &name, mode, &policy.policies, lsn).await?;
-        Ok(Reply::Producer { name, last_sequence_id })
+        let (last_sequence_id, epoch) =
+            t.add_producer(&self.topic_ctx(), &name, mode, &policy.policies, lsn, epoch, queued).await?;
+        Ok(Reply::Producer { name, last_sequence_id, epoch })
     }
 
     pub(super) async fn handle_subscribe(
@@ -227,7 +230,7 @@ impl Shard {
                 sub_lsn = Some(self.persist_cursor(&t, &sub)?);
             }
         }
-        requests::attach(&t, &sub, &self, &self.cursors.dirty, &req, consumer)?;
+        requests::attach(&t, &sub, &self, &self.cursors.dirty, (&req, policy.partitions), consumer)?;
         for lsn in [created_lsn, sub_lsn].into_iter().flatten() {
             if let Err(e) = self.log.wait_durable(lsn).await {
                 sub.remove_consumer(&self, consumer);

@@ -12,6 +12,7 @@ use crate::api::{
 use crate::error::{CoreError, ErrorCode};
 use crate::metadata::Policies;
 use crate::subscription::Subscription;
+use crate::topic::producers::Admission;
 use crate::topic::Topic;
 use crate::topic_name::TopicName;
 use bytes::Bytes;
@@ -28,6 +29,9 @@ pub(crate) struct TopicPolicy {
     /// The topic is partition i < N of a partitioned topic: it may be
     /// created whatever the auto-creation policy says.
     pub(crate) in_partitioned: bool,
+    /// When `in_partitioned`: the partitioned topic's partition count
+    /// (allocation strategies need it); else 0.
+    pub(crate) partitions: u32,
 }
 
 /// A request executed on the owner shard.
@@ -38,6 +42,12 @@ pub(crate) enum Op {
         name: String,
         mode: ProducerAccessMode,
         policy: TopicPolicy,
+        /// The topic epoch the producer names (a reconnecting exclusive
+        /// producer; see `topic/producers.rs`).
+        epoch: Option<u64>,
+        /// Told when a `WaitForExclusive` producer joins the topic's queue,
+        /// before the reply (which comes once it holds the topic).
+        queued: Option<oneshot::Sender<()>>,
     },
     Send {
         topic: String,
@@ -166,6 +176,8 @@ pub(crate) enum Reply {
     Producer {
         name: String,
         last_sequence_id: i64,
+        /// The topic epoch (`None`: no exclusive producer ever took it).
+        epoch: Option<u64>,
     },
     Sent(MessageId),
     Done,
@@ -176,6 +188,8 @@ pub(crate) enum Reply {
     Traffic(ShardTraffic),
     LastMessageId(Option<MessageId>),
     Found(FoundMessages),
+    /// A stored entry, whole.
+    Entry(crate::api::StoredEntry),
     /// The damaged entry a subscription was moved past.
     Skipped(MessageId),
 }
@@ -277,13 +291,13 @@ impl Shard {
             Op::Send { topic, producer, num_messages, blob, blob_crc } => {
                 self.handle_send(&topic, &producer, num_messages, blob, blob_crc)
             }
-            Op::CreateProducer { topic, name, mode, policy } => {
+            Op::CreateProducer { topic, name, mode, policy, epoch, queued } => {
                 let me = self.clone();
-                async move { me.handle_create_producer(&topic, name, mode, policy).await }.boxed_local()
+                async move { me.handle_create_producer(&topic, name, mode, policy, epoch, queued).await }.boxed_local()
             }
             Op::CloseProducer { topic, name } => {
                 if let Some(t) = self.topics.borrow().get(&topic) {
-                    t.producers.borrow_mut().remove(&name);
+                    t.producers.borrow_mut().remove(&topic, &name);
                 }
                 futures::future::ready(Ok(Reply::Done)).boxed_local()
             }
@@ -424,7 +438,7 @@ impl Shard {
         let not_loaded =
             || CoreError::new(ErrorCode::TopicNotFound, "non-persistent topic has no producer or consumer");
         match op {
-            Op::CreateProducer { topic, name, mode, policy } => {
+            Op::CreateProducer { topic, name, mode, policy, epoch, .. } => {
                 if mode == ProducerAccessMode::WaitForExclusive {
                     return Err(CoreError::new(
                         ErrorCode::NotAllowed,
@@ -433,8 +447,14 @@ impl Shard {
                 }
                 let t = self.np_topic(&topic);
                 let name = self.producer_names.or_generate(name);
-                let added = t.producers.borrow_mut().add(&topic, &name, mode, policy.policies.max_producers_per_topic);
-                added.map(|_| Reply::Producer { name, last_sequence_id: -1 })
+                // The epoch of a non-persistent topic lives as long as the
+                // topic (as in Pulsar).
+                let max = policy.policies.max_producers_per_topic;
+                let added = t.producers.borrow_mut().add(&topic, &name, mode, max, epoch)?;
+                match added {
+                    Admission::Attached { epoch, .. } => Ok(Reply::Producer { name, last_sequence_id: -1, epoch }),
+                    Admission::Wait(_) => unreachable!("WaitForExclusive is refused above"),
+                }
             }
             Op::Send { topic, producer, num_messages, blob, .. } => {
                 let t = np(&topic).ok_or_else(not_loaded)?;
@@ -451,7 +471,7 @@ impl Shard {
             }
             Op::CloseProducer { topic, name } => {
                 if let Some(t) = np(&topic) {
-                    t.producers.borrow_mut().remove(&name);
+                    t.producers.borrow_mut().remove(&topic, &name);
                     self.drop_idle_np(&t);
                 }
                 Ok(Reply::Done)
@@ -506,6 +526,21 @@ impl Shard {
                 }
                 Ok(Reply::Done)
             }
+            Op::TopicStats { topic } => np(&topic).map(|t| Reply::TopicStats(t.stats())).ok_or_else(not_loaded),
+            // A non-persistent topic exists while it is used: deleting one
+            // that is in use is refused (as Pulsar does without `force`),
+            // one nobody uses is not there to delete.
+            Op::DeleteTopic { topic } => match np(&topic) {
+                Some(t) => Err(CoreError::new(
+                    ErrorCode::NotAllowed,
+                    format!(
+                        "non-persistent topic {topic} has {} producers and {} consumers: close them first",
+                        t.producers.borrow().len(),
+                        t.consumer_count()
+                    ),
+                )),
+                None => Err(not_loaded()),
+            },
             other => Err(CoreError::new(ErrorCode::UnknownError, format!("internal: {other:?} is not a topic op"))),
         }
     }
@@ -553,7 +588,9 @@ fn is_non_persistent(op: &Op) -> bool {
         | Op::Pause { topic, .. }
         | Op::Ack { topic, .. }
         | Op::CloseConsumer { topic, .. }
-        | Op::Unsubscribe { topic, .. } => topic.starts_with(NP),
+        | Op::Unsubscribe { topic, .. }
+        | Op::TopicStats { topic }
+        | Op::DeleteTopic { topic } => topic.starts_with(NP),
         Op::Subscribe { req, .. } => req.topic.starts_with(NP),
         _ => false,
     }

@@ -8,7 +8,7 @@
 
 use super::routing::{OpResult, Reply};
 use super::Shard;
-use crate::api::{FoundMessage, FoundMessages, SeekTarget, SubscriptionOp, SubscriptionStart};
+use crate::api::{FoundMessage, FoundMessages, SeekTarget, StoredEntry, SubscriptionOp, SubscriptionStart};
 use crate::clock::now_ms;
 use crate::error::{CoreError, ErrorCode};
 use crate::subscription::cursor::Cursor;
@@ -77,6 +77,7 @@ impl Shard {
                 Ok(Reply::Done)
             }
             SubscriptionOp::Peek { position, count } => self.peek(&t, &sub, position, count).await.map(Reply::Found),
+            SubscriptionOp::PeekEntry { position } => self.peek_entry(&t, &sub, position).await.map(Reply::Entry),
         }
     }
 
@@ -184,6 +185,24 @@ impl Shard {
         }
         tracing::info!(topic = %t.key, subscription = %sub.name, from = before, to = end, "admin: {what}");
         Ok(Reply::Done)
+    }
+
+    /// `sub`'s `position`-th unacknowledged entry, as
+    /// [`SubscriptionOp::PeekEntry`] says.
+    async fn peek_entry(&self, t: &Rc<Topic>, sub: &Rc<Subscription>, position: u64) -> Result<StoredEntry, CoreError> {
+        if position == 0 {
+            return Err(CoreError::new(ErrorCode::NotAllowed, "peek positions start at 1"));
+        }
+        let not_found = || {
+            CoreError::new(
+                ErrorCode::TopicNotFound,
+                format!("subscription {:?} of {} has no message at position {position}", sub.name, t.key),
+            )
+        };
+        let pos = *sub.unacked_from(position, 1, t.durable_next.get()).first().ok_or_else(not_found)?;
+        let (ledger, entry) = t.ledgers.borrow().locate(pos).ok_or_else(not_found)?;
+        let blob = self.log.read(ledger, entry).await?;
+        Ok(StoredEntry { id: MessageId::new(ledger, entry, t.partition, -1), blob })
     }
 
     /// The messages of `sub`'s unacknowledged entries from the

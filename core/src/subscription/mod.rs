@@ -26,7 +26,7 @@ use cursor::Cursor;
 use delayed::DelayedIndex;
 use dispatcher::context::DeliverySink;
 use dispatcher::{failover, ConsumerState, Policy};
-use magnetar_wire::{AckType, MessageId, SubscriptionType};
+use magnetar_wire::{AckType, AllocationStrategy, MessageId, SubscriptionType};
 use pending::PendingMap;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -71,6 +71,12 @@ pub(crate) struct Subscription {
     pub(crate) filter_tag: RefCell<Option<String>>,
     /// Partition index of the topic (Failover spreads partitions by it).
     pub(crate) partition: i32,
+    /// The partitioned topic's partition count, the largest a subscribe
+    /// reported (0: not a partition, or not known yet). Average and Zone
+    /// allocation need it.
+    pub(crate) partitions: Cell<u32>,
+    /// Failover's allocation strategy and partition zones (persisted).
+    pub(crate) allocation: RefCell<Allocation>,
     /// Messages sent to consumers since the subscription was loaded.
     pub(crate) delivered_total: Cell<u64>,
     pub(crate) wake: Signal,
@@ -109,6 +115,15 @@ pub(crate) struct Subscription {
     pub(crate) damaged: Cell<Option<u64>>,
 }
 
+/// How a Failover subscription spreads partitions over its consumers; kept
+/// with the subscription (its state record), like its type.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Allocation {
+    pub(crate) strategy: AllocationStrategy,
+    /// Zone strategy: item `i` is partition `i`'s zone label.
+    pub(crate) partition_zones: Vec<String>,
+}
+
 pub(crate) fn policy_for(t: SubscriptionType) -> Policy {
     match t {
         SubscriptionType::Exclusive | SubscriptionType::Failover => Policy::Single(failover::Active::default()),
@@ -128,6 +143,13 @@ pub(crate) struct NewConsumer {
     pub(crate) key_shared_ranges: Vec<(u32, u32)>,
     /// For stats only.
     pub(crate) address: String,
+    /// Its zone label (Zone allocation).
+    pub(crate) zone: String,
+    /// The allocation it asks for; the subscription's when it has
+    /// consumers already (else refused).
+    pub(crate) allocation: Allocation,
+    /// The partitioned topic's partition count (0: not a partition).
+    pub(crate) partitions: u32,
 }
 
 impl Subscription {
@@ -155,6 +177,8 @@ impl Subscription {
             deliveries: RefCell::new(HashMap::new()),
             filter_tag: RefCell::new(None),
             partition,
+            partitions: Cell::new(0),
+            allocation: RefCell::new(Allocation::default()),
             delivered_total: Cell::new(0),
             wake: Signal::new(),
             removed: Cell::new(false),
@@ -202,6 +226,10 @@ impl Subscription {
                 *self.filter_tag.borrow_mut() = filter;
                 self.state_dirty.set(true);
             }
+            if *self.allocation.borrow() != new.allocation {
+                *self.allocation.borrow_mut() = new.allocation;
+                self.state_dirty.set(true);
+            }
         } else if self.sub_type.get() == SubscriptionType::Exclusive {
             return Err(CoreError::new(
                 ErrorCode::ConsumerBusy,
@@ -229,6 +257,26 @@ impl Subscription {
                     new.filter_tag
                 ),
             ));
+        } else if *self.allocation.borrow() != new.allocation {
+            // Admitted, it would own partitions by a strategy it did not
+            // ask for.
+            let a = self.allocation.borrow();
+            return Err(CoreError::new(
+                ErrorCode::ConsumerBusy,
+                format!(
+                    "subscription {:?} has consumers with allocation {} (partition zones {:?}); \
+                     cannot attach a consumer with allocation {} (partition zones {:?})",
+                    self.name,
+                    a.strategy.as_str(),
+                    a.partition_zones,
+                    new.allocation.strategy.as_str(),
+                    new.allocation.partition_zones
+                ),
+            ));
+        }
+        // Partitions only grow: the largest count reported is the current one.
+        if new.partitions > self.partitions.get() {
+            self.partitions.set(new.partitions);
         }
         if let Policy::KeyShared(ranges) = &mut *self.policy.borrow_mut() {
             // Before the consumer is listed: a refused one leaves no trace.
@@ -243,10 +291,11 @@ impl Subscription {
             joined_at: None,
             address: new.address,
             redelivered: 0,
+            zone: new.zone,
         });
         match &mut *self.policy.borrow_mut() {
             Policy::Single(active) => {
-                let change = active.choose(&consumers, self.partition);
+                let change = self.choose_active(active, &consumers);
                 drop(consumers);
                 match change {
                     Some((old, now)) => self.active_changed(sink, old, now),
@@ -267,6 +316,23 @@ impl Subscription {
         }
         self.wake.notify();
         Ok(())
+    }
+
+    /// Recomputes the active consumer of this partition by the allocation
+    /// strategy; returns `(old, new)` when it changed.
+    fn choose_active(
+        &self,
+        active: &mut failover::Active,
+        consumers: &[ConsumerState],
+    ) -> Option<(Option<ConsumerRef>, Option<ConsumerRef>)> {
+        let a = self.allocation.borrow();
+        let placement = failover::Placement {
+            strategy: a.strategy,
+            partition: self.partition,
+            partitions: self.partitions.get(),
+            partition_zones: &a.partition_zones,
+        };
+        active.choose(consumers, &placement)
     }
 
     /// The active consumer of a Failover/Exclusive subscription changed:
@@ -312,7 +378,7 @@ impl Subscription {
         self.consumers.borrow_mut().retain(|s| s.consumer != c);
         self.paused.borrow_mut().remove(&c);
         let change = match &mut *self.policy.borrow_mut() {
-            Policy::Single(active) => active.choose(&self.consumers.borrow(), self.partition),
+            Policy::Single(active) => self.choose_active(active, &self.consumers.borrow()),
             Policy::Shared(_) => None,
             Policy::KeyShared(ranges) => {
                 ranges.remove(c);

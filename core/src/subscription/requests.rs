@@ -44,6 +44,7 @@ pub(crate) fn check_subscribe(req: &SubscribeRequest) -> Result<(), CoreError> {
         ));
     }
     super::sub_state::check_filter_tag(&req.filter_tag)?;
+    super::sub_state::check_allocation(req.sub_type, &req.model)?;
     super::dispatcher::key_shared::check_sticky_ranges(req.sub_type, &req.key_shared_ranges)
 }
 
@@ -78,7 +79,7 @@ pub(crate) fn attach(
     sub: &Rc<Subscription>,
     sink: &impl DeliverySink,
     dirty: &Dirty,
-    req: &SubscribeRequest,
+    (req, partitions): (&SubscribeRequest, u32),
     consumer: ConsumerRef,
 ) -> Result<(), CoreError> {
     let name = if req.consumer_name.is_empty() {
@@ -96,6 +97,12 @@ pub(crate) fn attach(
             filter_tag: req.filter_tag.clone(),
             key_shared_ranges: req.key_shared_ranges.clone(),
             address: req.client_address.clone(),
+            zone: req.model.zone.clone(),
+            allocation: super::Allocation {
+                strategy: req.model.allocation,
+                partition_zones: req.model.partition_zones.clone(),
+            },
+            partitions,
         },
     )?;
     if sub.state_dirty.get() {

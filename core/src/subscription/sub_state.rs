@@ -19,7 +19,7 @@
 //! several ledgers. Owned by the topic's shard; never crosses cores.
 
 use crate::topic::ledgers::{Lookup, TopicLedgers};
-use magnetar_wire::SubscriptionType;
+use magnetar_wire::{AllocationStrategy, SubscriptionType};
 use std::collections::{BTreeMap, HashMap};
 
 /// `(ledger, entry)`: one entry of a topic's log.
@@ -66,7 +66,12 @@ pub const BATCH_ACK_WORDS_MAX: usize = 1 << 17;
 /// Longest tag filter kept (tags are short labels).
 pub const FILTER_TAG_BYTES_MAX: usize = 1024;
 
-const STATE_FORMAT_VERSION: u8 = 1;
+/// Version 2 appends the allocation strategy and partition zones; version
+/// 1 records (written before) are read with the defaults.
+const STATE_FORMAT_VERSION: u8 = 2;
+
+/// Longest zone label kept (a consumer's or a partition's).
+pub const ZONE_BYTES_MAX: usize = 256;
 
 /// Which messages of one batch entry are acknowledged.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,6 +215,8 @@ pub struct SubState {
     pub(crate) batch_acks: BatchAcks,
     /// Deliveries so far of entries delivered more than once.
     pub(crate) deliveries: Vec<(EntryKey, u32)>,
+    /// Failover's allocation strategy and partition zones.
+    pub(crate) allocation: crate::subscription::Allocation,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -229,12 +236,15 @@ fn type_code(t: SubscriptionType) -> u8 {
 }
 
 impl SubState {
-    /// Layout (little-endian), version 1:
-    /// `u8 version=1, u8 type (0 exclusive, 1 failover, 2 shared,
+    /// Layout (little-endian), version 2:
+    /// `u8 version=2, u8 type (0 exclusive, 1 failover, 2 shared,
     /// 3 key_shared), u16 tag_len, tag_len bytes UTF-8 tag filter (0: none),
     /// u32 batch_count, batch_count × (u64 ledger, u64 entry, u32 size,
     /// ceil(size/64) × u64 acked-bit words), u32 count_n, count_n × (u64
-    /// ledger, u64 entry, u32 deliveries)`. Batches and counts ascend by
+    /// ledger, u64 entry, u32 deliveries), u8 allocation (0 round-robin,
+    /// 1 average, 2 consistent-hash, 3 zone), u16 zone_n, zone_n × (u16
+    /// len, len bytes UTF-8 zone label of partition i)` (version 1 ends
+    /// before the allocation). Batches and counts ascend by
     /// `(ledger, entry)`; past the `*_PERSISTED_MAX` bounds the highest are
     /// left out. The bit words of all batches total at most
     /// [`BATCH_ACK_WORDS_MAX`] (the bound held in memory).
@@ -263,12 +273,28 @@ impl SubState {
             out.extend_from_slice(&entry.to_le_bytes());
             out.extend_from_slice(&n.to_le_bytes());
         }
+        out.push(match self.allocation.strategy {
+            AllocationStrategy::RoundRobin => 0,
+            AllocationStrategy::Average => 1,
+            AllocationStrategy::ConsistentHash => 2,
+            AllocationStrategy::Zone => 3,
+        });
+        // Bounded by `check_allocation` on the way in.
+        let zones = &self.allocation.partition_zones;
+        assert!(zones.len() <= PARTITION_ZONES_MAX);
+        out.extend_from_slice(&(zones.len() as u16).to_le_bytes());
+        for z in zones {
+            assert!(z.len() <= ZONE_BYTES_MAX);
+            out.extend_from_slice(&(z.len() as u16).to_le_bytes());
+            out.extend_from_slice(z.as_bytes());
+        }
         out
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, SubStateDecodeError> {
         let mut r = Reader { b: bytes, at: 0 };
-        if r.u8()? != STATE_FORMAT_VERSION {
+        let version = r.u8()?;
+        if version != 1 && version != STATE_FORMAT_VERSION {
             return Err(r.err("unknown version"));
         }
         let sub_type = match r.u8()? {
@@ -327,10 +353,32 @@ impl SubState {
         for _ in 0..n {
             deliveries.push(((r.u64()?, r.u64()?), r.u32()?));
         }
+        let mut allocation = crate::subscription::Allocation::default();
+        if version >= 2 {
+            allocation.strategy = match r.u8()? {
+                0 => AllocationStrategy::RoundRobin,
+                1 => AllocationStrategy::Average,
+                2 => AllocationStrategy::ConsistentHash,
+                3 => AllocationStrategy::Zone,
+                _ => return Err(r.err("unknown allocation strategy")),
+            };
+            let n = usize::from(r.u16()?);
+            if n > PARTITION_ZONES_MAX {
+                return Err(r.err("too many partition zones"));
+            }
+            for _ in 0..n {
+                let len = usize::from(r.u16()?);
+                if len > ZONE_BYTES_MAX {
+                    return Err(r.err("zone label too long"));
+                }
+                let z = std::str::from_utf8(r.bytes(len)?).map_err(|_| r.err("zone label is not UTF-8"))?;
+                allocation.partition_zones.push(z.to_string());
+            }
+        }
         if r.at != bytes.len() {
             return Err(r.err("trailing bytes"));
         }
-        Ok(Self { sub_type, filter_tag, batch_acks, deliveries })
+        Ok(Self { sub_type, filter_tag, batch_acks, deliveries, allocation })
     }
 }
 
@@ -484,6 +532,36 @@ pub(crate) fn check_filter_tag(tag: &str) -> Result<(), crate::error::CoreError>
     Ok(())
 }
 
+/// Most partition zones a subscribe may list (one per partition).
+pub const PARTITION_ZONES_MAX: usize = crate::metadata::PARTITIONS_MAX as usize;
+
+/// Refuses an allocation request that cannot apply: a strategy other than
+/// round robin on a subscription type that is not Failover (only Failover
+/// spreads partitions over consumers), zones without the Zone strategy, or
+/// labels over the bounds the state record keeps.
+pub(crate) fn check_allocation(
+    sub_type: SubscriptionType,
+    model: &magnetar_wire::ConsumptionModel,
+) -> Result<(), crate::error::CoreError> {
+    let refuse = |why: String| Err(crate::error::CoreError::new(crate::error::ErrorCode::NotAllowed, why));
+    if model.allocation != AllocationStrategy::RoundRobin && sub_type != SubscriptionType::Failover {
+        return refuse(format!(
+            "allocation {} applies to Failover subscriptions, not {sub_type:?}",
+            model.allocation.as_str()
+        ));
+    }
+    if model.allocation != AllocationStrategy::Zone && (!model.zone.is_empty() || !model.partition_zones.is_empty()) {
+        return refuse("zone labels apply to the zone allocation strategy only".into());
+    }
+    if model.partition_zones.len() > PARTITION_ZONES_MAX {
+        return refuse(format!("{} partition zones; at most {PARTITION_ZONES_MAX}", model.partition_zones.len()));
+    }
+    if let Some(z) = std::iter::once(&model.zone).chain(&model.partition_zones).find(|z| z.len() > ZONE_BYTES_MAX) {
+        return refuse(format!("a zone label of {} bytes; at most {ZONE_BYTES_MAX}", z.len()));
+    }
+    Ok(())
+}
+
 /// Refuses a consumer of another type than the subscription had before a
 /// restart while the hold lasts; a consumer that may attach ends the hold.
 pub(crate) fn check_type_hold(
@@ -515,6 +593,7 @@ pub(crate) fn encode(sub: &crate::subscription::Subscription, ledgers: &TopicLed
         filter_tag: sub.filter_tag.borrow().clone(),
         batch_acks: sub.batch_acks.borrow().clone(),
         deliveries: redelivered(ledgers, &sub.deliveries.borrow(), &sub.pending.borrow()),
+        allocation: sub.allocation.borrow().clone(),
     }
     .encode()
 }
@@ -531,6 +610,7 @@ pub(crate) fn restore(
     sub.sub_type.set(state.sub_type);
     *sub.policy.borrow_mut() = crate::subscription::policy_for(state.sub_type);
     *sub.filter_tag.borrow_mut() = state.filter_tag;
+    *sub.allocation.borrow_mut() = state.allocation;
     let cursor = sub.cursor.borrow();
     let mut acks = state.batch_acks;
     // The cursor may have been written after the last state record: an
@@ -598,7 +678,13 @@ mod tests {
             assert_eq!(acks.ack((1, e), per_batch, 0, 0), Ok(IndexAck::Partial));
         }
         let deliveries = (0..REDELIVERY_COUNTS_PERSISTED_MAX as u64).map(|e| ((2, e), 7)).collect();
-        let state = SubState { sub_type: SubscriptionType::Shared, filter_tag: None, batch_acks: acks, deliveries };
+        let state = SubState {
+            sub_type: SubscriptionType::Shared,
+            filter_tag: None,
+            batch_acks: acks,
+            deliveries,
+            allocation: Default::default(),
+        };
         let bytes = state.encode().len();
         let flush_ms = 100u64;
         println!(
@@ -644,6 +730,10 @@ mod tests {
             filter_tag: Some("tagA".into()),
             batch_acks,
             deliveries: vec![((9, 4), 3), ((7, 2), 2)],
+            allocation: crate::subscription::Allocation {
+                strategy: AllocationStrategy::Zone,
+                partition_zones: vec!["eu".into(), String::new(), "us".into()],
+            },
         };
         let bytes = s.encode();
         let back = SubState::decode(&bytes).unwrap();
@@ -651,11 +741,12 @@ mod tests {
         assert_eq!(back.filter_tag, s.filter_tag);
         assert_eq!(back.batch_acks, s.batch_acks);
         assert_eq!(back.deliveries, vec![((7, 2), 2), ((9, 4), 3)]);
+        assert_eq!(back.allocation, s.allocation);
         for cut in 0..bytes.len() {
             assert!(SubState::decode(&bytes[..cut]).is_err(), "cut at {cut}");
         }
         let mut bad = bytes.clone();
-        bad[0] = 2;
+        bad[0] = 3;
         assert!(SubState::decode(&bad).is_err());
         let mut bad = bytes.clone();
         bad[1] = 9;
@@ -685,6 +776,7 @@ mod tests {
             filter_tag: None,
             batch_acks: b.clone(),
             deliveries: Vec::new(),
+            allocation: Default::default(),
         };
         let bytes = s.encode();
         assert!(bytes.len() < 2 << 20, "a record of {} bytes", bytes.len());
@@ -742,6 +834,7 @@ mod tests {
                     filter_tag: (!tag.is_empty()).then(|| tag.to_string()),
                     batch_acks,
                     deliveries: (0..rng.below(4)).map(|e| ((v, e), 2 + e as u32)).collect(),
+                    allocation: Default::default(),
                 }
                 .encode(),
             );
@@ -776,8 +869,12 @@ mod tests {
             filter_tag: None,
             batch_acks: BatchAcks::default(),
             deliveries: Vec::new(),
+            allocation: Default::default(),
         };
-        assert_eq!(s.encode(), vec![1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(s.encode(), vec![2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(SubState::decode(&s.encode()).unwrap(), s);
+        // A version 1 record (written before allocation strategies) reads
+        // with the default allocation.
+        assert_eq!(SubState::decode(&[1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).unwrap(), s);
     }
 }

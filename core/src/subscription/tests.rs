@@ -143,6 +143,9 @@ impl Bed {
             filter_tag: String::new(),
             key_shared_ranges: Vec::new(),
             address: String::new(),
+            zone: String::new(),
+            allocation: Default::default(),
+            partitions: 0,
         };
         self.sub.add_consumer(&self.ctx.sink, new).expect("admitted");
         self.sub.flow(c, permits);

@@ -19,6 +19,7 @@ pub fn exclusive_from_earliest(topic: &str) -> SubscribeRequest {
         priority_level: 0,
         filter_tag: String::new(),
         key_shared_ranges: Vec::new(),
+        model: Default::default(),
         client_address: String::new(),
     }
 }

@@ -85,7 +85,9 @@ fn param_usize(q: &HashMap<String, String>, k: &str, default: usize) -> Result<u
 async fn reports(state: &State) -> Result<Vec<ShardReport>, Response<Body>> {
     let mut out = Vec::with_capacity(state.shards.len());
     for shard in 0..state.shards.len() {
-        out.push(state.call(shard, |reply| ShardCall::Metrics { reply }).await.map_err(|e| e.response())?);
+        out.push(
+            state.call(shard, |reply| ShardCall::Metrics { series: None, reply }).await.map_err(|e| e.response())?,
+        );
     }
     Ok(out)
 }

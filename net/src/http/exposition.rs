@@ -1,10 +1,18 @@
-//! `GET /metrics`: every shard's figures, encoded by `prometheus-client`
-//! on the HTTP thread (the shards only copy values).
+//! `GET /metrics`: every shard's figures in Prometheus' text format
+//! (OpenMetrics when asked).
 //!
 //! Pulsar's own names, types and labels (`cluster`, `namespace`, `topic`,
 //! `subscription`) for what Magnetar has, so Pulsar's dashboards and alerts
 //! work; Magnetar's own figures as `magnetar_*`, per shard (label `shard`)
 //! and summed (`shard="total"`).
+//!
+//! The topic series are most of a scrape (a dozen lines per topic): each
+//! shard writes its own topics' sample lines, family by family, into text
+//! fragments ([`TopicSeriesWriter`], fed by the core's bounded slices of
+//! topics), and the HTTP thread only puts each family's header before the
+//! shards' fragments. Sample lines are the same in both formats; only the
+//! headers differ. The few `magnetar_*` families are encoded by
+//! `prometheus-client` on the HTTP thread.
 
 use super::{ShardCall, ShardReport, State};
 use hyper::{Response, StatusCode};
@@ -19,31 +27,106 @@ use std::fmt::Write;
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 const TEXT_004: &str = "text/plain; version=0.0.4; charset=utf-8";
 
+/// Which text format a scrape is answered in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// Prometheus' text format 0.0.4.
+    Text004,
+    OpenMetrics,
+}
+
 pub(super) async fn scrape(state: &State, accept: &str) -> Response<super::Body> {
     if !state.is_ready() {
         return super::error(StatusCode::SERVICE_UNAVAILABLE, "the broker is starting (recovery not finished)");
     }
+    let cluster: std::sync::Arc<str> = state.config.cluster.as_str().into();
+    let topic_level = state.config.topic_level_metrics;
+    // All shards at once: each answers in its own time.
+    let calls = (0..state.shards.len()).map(|shard| {
+        let series = Some(SeriesWanted { cluster: cluster.clone(), topic_level });
+        state.call(shard, move |reply| ShardCall::Metrics { series, reply })
+    });
     let mut reports = Vec::with_capacity(state.shards.len());
-    for shard in 0..state.shards.len() {
-        match state.call(shard, |reply| ShardCall::Metrics { reply }).await {
+    for r in futures::future::join_all(calls).await {
+        match r {
             Ok(r) => reports.push(r),
             Err(e) => return e.response(),
         }
     }
-    let openmetrics = accept.contains("application/openmetrics-text");
-    match encode(&state.config.cluster, state.config.topic_level_metrics, reports) {
-        Ok(body) if openmetrics => super::text(StatusCode::OK, OPENMETRICS, body),
-        Ok(body) => super::text(StatusCode::OK, TEXT_004, to_text_004(&body)),
+    let format = if accept.contains("application/openmetrics-text") { Format::OpenMetrics } else { Format::Text004 };
+    match encode(&state.config.cluster, topic_level, reports, format) {
+        Ok(body) if format == Format::OpenMetrics => super::text(StatusCode::OK, OPENMETRICS, body),
+        Ok(body) => super::text(StatusCode::OK, TEXT_004, body),
         Err(_) => super::error(StatusCode::INTERNAL_SERVER_ERROR, "encoding the metrics failed"),
     }
 }
 
-/// The exposition of `reports` in OpenMetrics text.
-pub(crate) fn encode(cluster: &str, topic_level: bool, reports: Vec<ShardReport>) -> Result<String, std::fmt::Error> {
+/// What a shard writes of its topics for a scrape.
+#[derive(Debug, Clone)]
+pub(crate) struct SeriesWanted {
+    pub(crate) cluster: std::sync::Arc<str>,
+    pub(crate) topic_level: bool,
+}
+
+/// The exposition of `reports` in `format`. With `topic_level`, each
+/// report's topic series are its fragments; without, its namespaces'
+/// sums, summed again over shards here.
+pub(crate) fn encode(
+    cluster: &str,
+    topic_level: bool,
+    reports: Vec<ShardReport>,
+    format: Format,
+) -> Result<String, std::fmt::Error> {
+    let fragments: usize = reports.iter().map(|r| r.series.bytes()).sum();
+    let mut out = String::with_capacity(fragments + 64 * 1024);
+    if topic_level {
+        let families = TOPIC_FAMILIES.iter().map(|f| f as &dyn Family);
+        let families = families.chain(SUBSCRIPTION_FAMILIES.iter().map(|f| f as &dyn Family));
+        for (i, f) in families.enumerate() {
+            let parts: Vec<&str> = reports.iter().filter_map(|r| r.series.lines.get(i).map(String::as_str)).collect();
+            if parts.iter().all(|p| p.is_empty()) {
+                continue;
+            }
+            header(&mut out, f, format);
+            for p in parts {
+                out.push_str(p);
+            }
+        }
+    } else {
+        let mut by_ns: BTreeMap<&str, Agg> = BTreeMap::new();
+        for r in &reports {
+            for (ns, a) in &r.series.namespaces {
+                by_ns.entry(ns.as_str()).or_default().merge(a);
+            }
+        }
+        let mut cluster_escaped = String::new();
+        escape_into(&mut cluster_escaped, cluster);
+        let rows: Vec<(String, &Agg)> = by_ns
+            .iter()
+            .map(|(ns, a)| {
+                let mut labels = String::new();
+                namespace_labels(&mut labels, &cluster_escaped, ns);
+                (labels, a)
+            })
+            .collect();
+        for f in NAMESPACE_FAMILIES.iter() {
+            if rows.is_empty() {
+                break;
+            }
+            header(&mut out, f, format);
+            for (labels, a) in &rows {
+                sample(&mut out, f, labels, (f.topic)(a));
+            }
+        }
+    }
     let mut registry = prometheus_client::registry::Registry::default();
-    registry.register_collector(Box::new(Snapshot { cluster: cluster.to_string(), topic_level, reports }));
-    let mut out = String::new();
-    prometheus_client::encoding::text::encode(&mut out, &registry)?;
+    registry.register_collector(Box::new(Snapshot { reports }));
+    let mut magnetar = String::new();
+    prometheus_client::encoding::text::encode(&mut magnetar, &registry)?;
+    match format {
+        Format::OpenMetrics => out.push_str(&magnetar),
+        Format::Text004 => out.push_str(&to_text_004(&magnetar)),
+    }
     Ok(out)
 }
 
@@ -78,6 +161,327 @@ pub(crate) fn to_text_004(openmetrics: &str) -> String {
     out
 }
 
+/// One `pulsar_*` family of topic (or namespace) figures.
+struct TopicFamily {
+    name: &'static str,
+    help: &'static str,
+    counter: bool,
+    topic: fn(&Agg) -> V,
+}
+
+/// One `pulsar_subscription_*` family.
+struct SubscriptionFamily {
+    name: &'static str,
+    help: &'static str,
+    sub: fn(&magnetar_core::api::SubscriptionMetrics) -> V,
+}
+
+/// What [`header`] and [`sample`] need of a family.
+trait Family {
+    fn name(&self) -> &'static str;
+    fn help(&self) -> &'static str;
+    fn counter(&self) -> bool;
+}
+
+impl Family for TopicFamily {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn help(&self) -> &'static str {
+        self.help
+    }
+    fn counter(&self) -> bool {
+        self.counter
+    }
+}
+
+impl Family for SubscriptionFamily {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn help(&self) -> &'static str {
+        self.help
+    }
+    fn counter(&self) -> bool {
+        false
+    }
+}
+
+impl<F: Family + ?Sized> Family for &F {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn help(&self) -> &'static str {
+        (**self).help()
+    }
+    fn counter(&self) -> bool {
+        (**self).counter()
+    }
+}
+
+/// Families over topics and namespaces alike, in the order written.
+const TOPIC_FAMILIES: [TopicFamily; 13] = [
+    TopicFamily {
+        name: "pulsar_rate_in",
+        help: "Messages per second published",
+        counter: false,
+        topic: |a| V::Gauge(a.rate_in),
+    },
+    TopicFamily {
+        name: "pulsar_rate_out",
+        help: "Messages per second sent to consumers",
+        counter: false,
+        topic: |a| V::Gauge(a.rate_out),
+    },
+    TopicFamily {
+        name: "pulsar_throughput_in",
+        help: "Bytes per second published",
+        counter: false,
+        topic: |a| V::Gauge(a.throughput_in),
+    },
+    TopicFamily {
+        name: "pulsar_throughput_out",
+        help: "Bytes per second sent to consumers",
+        counter: false,
+        topic: |a| V::Gauge(a.throughput_out),
+    },
+    TopicFamily {
+        name: "pulsar_storage_size",
+        help: "Bytes of stored entries",
+        counter: false,
+        topic: |a| V::Count(a.storage),
+    },
+    TopicFamily {
+        name: "pulsar_msg_backlog",
+        help: "Messages not acknowledged, summed over subscriptions",
+        counter: false,
+        topic: |a| V::Count(a.backlog),
+    },
+    TopicFamily {
+        name: "pulsar_producers_count",
+        help: "Producers attached",
+        counter: false,
+        topic: |a| V::Count(a.producers),
+    },
+    TopicFamily {
+        name: "pulsar_consumers_count",
+        help: "Consumers attached",
+        counter: false,
+        topic: |a| V::Count(a.consumers),
+    },
+    TopicFamily {
+        name: "pulsar_subscriptions_count",
+        help: "Subscriptions",
+        counter: false,
+        topic: |a| V::Count(a.subscriptions),
+    },
+    TopicFamily {
+        name: "pulsar_in_messages",
+        help: "Messages published since the topic was loaded",
+        counter: true,
+        topic: |a| V::Count(a.in_total),
+    },
+    TopicFamily {
+        name: "pulsar_out_messages",
+        help: "Messages sent to consumers since the topic was loaded",
+        counter: true,
+        topic: |a| V::Count(a.out_total),
+    },
+    TopicFamily {
+        name: "pulsar_in_bytes",
+        help: "Bytes published since the topic was loaded",
+        counter: true,
+        topic: |a| V::Count(a.bytes_in_total),
+    },
+    TopicFamily {
+        name: "pulsar_out_bytes",
+        help: "Bytes sent to consumers since the topic was loaded",
+        counter: true,
+        topic: |a| V::Count(a.bytes_out_total),
+    },
+];
+
+/// Only when aggregated to namespaces (between the gauges and the counters).
+const TOPICS_COUNT: TopicFamily =
+    TopicFamily { name: "pulsar_topics_count", help: "Topics loaded", counter: false, topic: |a| V::Count(a.topics) };
+
+/// The namespace-level families, in the order written.
+static NAMESPACE_FAMILIES: std::sync::LazyLock<Vec<&'static TopicFamily>> = std::sync::LazyLock::new(|| {
+    let (gauges, counters) = TOPIC_FAMILIES.split_at(9);
+    gauges.iter().chain(std::iter::once(&TOPICS_COUNT)).chain(counters.iter()).collect()
+});
+
+/// Per subscription (topic level only, as in Pulsar).
+const SUBSCRIPTION_FAMILIES: [SubscriptionFamily; 6] = [
+    SubscriptionFamily {
+        name: "pulsar_subscription_back_log",
+        help: "Messages not acknowledged",
+        sub: |s| V::Count(s.backlog_messages),
+    },
+    SubscriptionFamily {
+        name: "pulsar_subscription_msg_rate_out",
+        help: "Messages per second sent to consumers",
+        sub: |s| V::Gauge(s.msg_rate_out),
+    },
+    SubscriptionFamily {
+        name: "pulsar_subscription_msg_throughput_out",
+        help: "Bytes per second sent to consumers",
+        sub: |s| V::Gauge(s.byte_rate_out),
+    },
+    SubscriptionFamily {
+        name: "pulsar_subscription_unacked_messages",
+        help: "Entries delivered and not acknowledged",
+        sub: |s| V::Count(s.unacked),
+    },
+    SubscriptionFamily {
+        name: "pulsar_subscription_delayed",
+        help: "Delayed messages not yet due",
+        sub: |s| V::Count(s.delayed),
+    },
+    SubscriptionFamily {
+        name: "pulsar_subscription_consumers_count",
+        help: "Consumers attached",
+        sub: |s| V::Count(s.consumers),
+    },
+];
+
+/// A family's `# HELP` and `# TYPE` lines: a counter is named without its
+/// `_total` suffix in OpenMetrics, with it in text 0.0.4.
+fn header(out: &mut String, f: &(impl Family + ?Sized), format: Format) {
+    let suffix = if f.counter() && format == Format::Text004 { "_total" } else { "" };
+    let ty = if f.counter() { "counter" } else { "gauge" };
+    for (what, tail) in [("# HELP ", f.help()), ("# TYPE ", ty)] {
+        out.push_str(what);
+        out.push_str(f.name());
+        out.push_str(suffix);
+        out.push(' ');
+        out.push_str(tail);
+        out.push('\n');
+    }
+}
+
+/// One sample line: `name{labels} value` (a counter's sample is named
+/// `_total` in both formats).
+fn sample(out: &mut String, f: &(impl Family + ?Sized), labels: &str, v: V) {
+    out.push_str(f.name());
+    if f.counter() {
+        out.push_str("_total");
+    }
+    out.push('{');
+    out.push_str(labels);
+    out.push_str("} ");
+    match v {
+        V::Gauge(x) => out.push_str(dtoa::Buffer::new().format(x)),
+        V::Count(n) => out.push_str(itoa::Buffer::new().format(n)),
+    }
+    out.push('\n');
+}
+
+/// `s` as a label value, escaped as the text formats require (`\`, `"`,
+/// newline): topic and subscription names are client input.
+fn escape_into(out: &mut String, s: &str) {
+    if !s.contains(['\\', '"', '\n']) {
+        out.push_str(s);
+        return;
+    }
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+}
+
+fn namespace_labels(out: &mut String, cluster_escaped: &str, namespace: &str) {
+    out.clear();
+    out.push_str("cluster=\"");
+    out.push_str(cluster_escaped);
+    out.push_str("\",namespace=\"");
+    escape_into(out, namespace);
+    out.push('"');
+}
+
+/// A shard's topic series for one scrape (see [`TopicSeriesWriter`]).
+#[derive(Debug, Default)]
+pub(crate) struct TopicSeries {
+    /// Topic level: per family of [`TOPIC_FAMILIES`] then
+    /// [`SUBSCRIPTION_FAMILIES`], this shard's sample lines.
+    lines: Vec<String>,
+    /// Namespace level: this shard's topics summed per namespace.
+    namespaces: BTreeMap<String, Agg>,
+}
+
+impl TopicSeries {
+    fn bytes(&self) -> usize {
+        self.lines.iter().map(String::len).sum()
+    }
+}
+
+/// Writes a shard's topics into a [`TopicSeries`], one topic at a time:
+/// labels escaped once per topic into a reused buffer, values appended to
+/// each family's fragment; nothing allocated per line.
+pub(crate) struct TopicSeriesWriter {
+    cluster_escaped: String,
+    topic_level: bool,
+    labels: String,
+    sub_labels: String,
+    series: TopicSeries,
+}
+
+impl TopicSeriesWriter {
+    pub(crate) fn new(want: &SeriesWanted) -> Self {
+        let mut cluster_escaped = String::new();
+        escape_into(&mut cluster_escaped, &want.cluster);
+        let families = if want.topic_level { TOPIC_FAMILIES.len() + SUBSCRIPTION_FAMILIES.len() } else { 0 };
+        TopicSeriesWriter {
+            cluster_escaped,
+            topic_level: want.topic_level,
+            labels: String::new(),
+            sub_labels: String::new(),
+            series: TopicSeries { lines: vec![String::new(); families], namespaces: BTreeMap::new() },
+        }
+    }
+
+    pub(crate) fn add(&mut self, t: &TopicMetrics) {
+        let namespace = namespace_of(&t.topic);
+        let mut a = Agg::default();
+        a.add(t);
+        if !self.topic_level {
+            match self.series.namespaces.get_mut(namespace) {
+                Some(sum) => sum.merge(&a),
+                None => {
+                    self.series.namespaces.insert(namespace.to_string(), a);
+                }
+            }
+            return;
+        }
+        namespace_labels(&mut self.labels, &self.cluster_escaped, namespace);
+        self.labels.push_str(",topic=\"");
+        escape_into(&mut self.labels, &t.topic);
+        self.labels.push('"');
+        let (topic_lines, sub_lines) = self.series.lines.split_at_mut(TOPIC_FAMILIES.len());
+        for (f, out) in TOPIC_FAMILIES.iter().zip(topic_lines.iter_mut()) {
+            sample(out, f, &self.labels, (f.topic)(&a));
+        }
+        for s in &t.subscriptions {
+            self.sub_labels.clear();
+            self.sub_labels.push_str(&self.labels);
+            self.sub_labels.push_str(",subscription=\"");
+            escape_into(&mut self.sub_labels, &s.name);
+            self.sub_labels.push('"');
+            for (f, out) in SUBSCRIPTION_FAMILIES.iter().zip(sub_lines.iter_mut()) {
+                sample(out, f, &self.sub_labels, (f.sub)(s));
+            }
+        }
+    }
+
+    pub(crate) fn finish(self) -> TopicSeries {
+        self.series
+    }
+}
+
 /// A label value, escaped as the text formats require (`\`, `"`, newline):
 /// topic and subscription names are client input.
 #[derive(Debug, Clone)]
@@ -99,16 +503,18 @@ impl EncodeLabelValue for Lv<'_> {
 
 type Labels<'a> = Vec<(&'static str, Lv<'a>)>;
 
+/// The `magnetar_*` families of a scrape, encoded by `prometheus-client`.
 #[derive(Debug)]
 struct Snapshot {
-    cluster: String,
-    topic_level: bool,
     reports: Vec<ShardReport>,
 }
 
 impl std::fmt::Debug for ShardReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ShardReport").field("shard", &self.metrics.shard).field("topics", &self.topics.len()).finish()
+        f.debug_struct("ShardReport")
+            .field("shard", &self.metrics.shard)
+            .field("topics", &self.topics.len())
+            .finish_non_exhaustive()
     }
 }
 
@@ -192,8 +598,8 @@ fn namespace_of(topic: &str) -> &str {
 }
 
 /// Figures of a topic, or of a namespace's topics summed.
-#[derive(Default, Clone)]
-struct Agg {
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Agg {
     rate_in: f64,
     rate_out: f64,
     throughput_in: f64,
@@ -211,6 +617,23 @@ struct Agg {
 }
 
 impl Agg {
+    fn merge(&mut self, o: &Agg) {
+        self.rate_in += o.rate_in;
+        self.rate_out += o.rate_out;
+        self.throughput_in += o.throughput_in;
+        self.throughput_out += o.throughput_out;
+        self.storage += o.storage;
+        self.backlog += o.backlog;
+        self.producers += o.producers;
+        self.consumers += o.consumers;
+        self.subscriptions += o.subscriptions;
+        self.in_total += o.in_total;
+        self.out_total += o.out_total;
+        self.bytes_in_total += o.bytes_in_total;
+        self.bytes_out_total += o.bytes_out_total;
+        self.topics += o.topics;
+    }
+
     fn add(&mut self, t: &TopicMetrics) {
         self.rate_in += t.msg_rate_in;
         self.throughput_in += t.byte_rate_in;
@@ -233,105 +656,11 @@ impl Agg {
 
 impl Collector for Snapshot {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        self.encode_pulsar(&mut enc)?;
         self.encode_magnetar(&mut enc)
     }
 }
 
 impl Snapshot {
-    fn encode_pulsar(&self, enc: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let cluster = self.cluster.as_str();
-        let topics: Vec<&TopicMetrics> = self.reports.iter().flat_map(|r| r.topics.iter()).collect();
-        // (labels, figures) per topic, or per namespace.
-        let rows: Vec<(Labels<'_>, Agg)> = if self.topic_level {
-            topics
-                .iter()
-                .map(|t| {
-                    let mut a = Agg::default();
-                    a.add(t);
-                    let labels = vec![
-                        ("cluster", Lv(cluster)),
-                        ("namespace", Lv(namespace_of(&t.topic))),
-                        ("topic", Lv(&t.topic)),
-                    ];
-                    (labels, a)
-                })
-                .collect()
-        } else {
-            let mut by_ns: BTreeMap<&str, Agg> = BTreeMap::new();
-            for t in &topics {
-                by_ns.entry(namespace_of(&t.topic)).or_default().add(t);
-            }
-            by_ns.into_iter().map(|(ns, a)| (vec![("cluster", Lv(cluster)), ("namespace", Lv(ns))], a)).collect()
-        };
-        type Pick = fn(&Agg) -> V;
-        let gauges: [(&str, &str, Pick); 9] = [
-            ("pulsar_rate_in", "Messages per second published", |a| V::Gauge(a.rate_in)),
-            ("pulsar_rate_out", "Messages per second sent to consumers", |a| V::Gauge(a.rate_out)),
-            ("pulsar_throughput_in", "Bytes per second published", |a| V::Gauge(a.throughput_in)),
-            ("pulsar_throughput_out", "Bytes per second sent to consumers", |a| V::Gauge(a.throughput_out)),
-            ("pulsar_storage_size", "Bytes of stored entries", |a| V::Count(a.storage)),
-            ("pulsar_msg_backlog", "Messages not acknowledged, summed over subscriptions", |a| V::Count(a.backlog)),
-            ("pulsar_producers_count", "Producers attached", |a| V::Count(a.producers)),
-            ("pulsar_consumers_count", "Consumers attached", |a| V::Count(a.consumers)),
-            ("pulsar_subscriptions_count", "Subscriptions", |a| V::Count(a.subscriptions)),
-        ];
-        for (name, help, pick) in gauges {
-            family(enc, name, help, MetricType::Gauge, rows.iter().map(|(l, a)| (l.clone(), pick(a))))?;
-        }
-        if !self.topic_level {
-            family(
-                enc,
-                "pulsar_topics_count",
-                "Topics loaded",
-                MetricType::Gauge,
-                rows.iter().map(|(l, a)| (l.clone(), V::Count(a.topics))),
-            )?;
-        }
-        let counters: [(&str, &str, Pick); 4] = [
-            ("pulsar_in_messages", "Messages published since the topic was loaded", |a| V::Count(a.in_total)),
-            ("pulsar_out_messages", "Messages sent to consumers since the topic was loaded", |a| V::Count(a.out_total)),
-            ("pulsar_in_bytes", "Bytes published since the topic was loaded", |a| V::Count(a.bytes_in_total)),
-            ("pulsar_out_bytes", "Bytes sent to consumers since the topic was loaded", |a| V::Count(a.bytes_out_total)),
-        ];
-        for (name, help, pick) in counters {
-            family(enc, name, help, MetricType::Counter, rows.iter().map(|(l, a)| (l.clone(), pick(a))))?;
-        }
-        if !self.topic_level {
-            return Ok(());
-        }
-        // Per subscription (topic level only, as in Pulsar).
-        let subs: Vec<(Labels<'_>, &magnetar_core::api::SubscriptionMetrics)> = topics
-            .iter()
-            .flat_map(|t| {
-                t.subscriptions.iter().map(move |s| {
-                    let labels = vec![
-                        ("cluster", Lv(cluster)),
-                        ("namespace", Lv(namespace_of(&t.topic))),
-                        ("topic", Lv(&t.topic)),
-                        ("subscription", Lv(&s.name)),
-                    ];
-                    (labels, s)
-                })
-            })
-            .collect();
-        type SubPick = fn(&magnetar_core::api::SubscriptionMetrics) -> V;
-        let sub_gauges: [(&str, &str, SubPick); 6] = [
-            ("pulsar_subscription_back_log", "Messages not acknowledged", |s| V::Count(s.backlog_messages)),
-            ("pulsar_subscription_msg_rate_out", "Messages per second sent to consumers", |s| V::Gauge(s.msg_rate_out)),
-            ("pulsar_subscription_msg_throughput_out", "Bytes per second sent to consumers", |s| {
-                V::Gauge(s.byte_rate_out)
-            }),
-            ("pulsar_subscription_unacked_messages", "Entries delivered and not acknowledged", |s| V::Count(s.unacked)),
-            ("pulsar_subscription_delayed", "Delayed messages not yet due", |s| V::Count(s.delayed)),
-            ("pulsar_subscription_consumers_count", "Consumers attached", |s| V::Count(s.consumers)),
-        ];
-        for (name, help, pick) in sub_gauges {
-            family(enc, name, help, MetricType::Gauge, subs.iter().map(|(l, s)| (l.clone(), pick(s))))?;
-        }
-        Ok(())
-    }
-
     fn encode_magnetar(&self, enc: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let shard_names: Vec<String> = self.reports.iter().map(|r| r.metrics.shard.to_string()).collect();
         // The total is the sum, or for figures of the one data disk all
@@ -448,11 +777,17 @@ mod tests {
     use magnetar_core::api::SubscriptionMetrics;
     use magnetar_core::metrics::ShardMetrics;
 
-    fn report(shard: u32, topics: Vec<TopicMetrics>) -> ShardReport {
+    /// A shard's report as a scrape gets it: its topics written on the
+    /// shard's side.
+    fn report(shard: u32, topic_level: bool, topics: Vec<TopicMetrics>) -> ShardReport {
         let m = ShardMetrics::new();
         m.messages_in.add(7);
         m.publish_latency_us.record(300);
-        ShardReport { metrics: m.snapshot(shard, Default::default()), topics }
+        let mut w = TopicSeriesWriter::new(&SeriesWanted { cluster: "stand\"alone".into(), topic_level });
+        for t in &topics {
+            w.add(t);
+        }
+        ShardReport { metrics: m.snapshot(shard, Default::default()), topics: Vec::new(), series: w.finish() }
     }
 
     fn topic(name: &str, sub: &str, backlog: u64) -> TopicMetrics {
@@ -513,14 +848,24 @@ mod tests {
     #[test]
     fn label_values_are_escaped_and_shards_summed() {
         let weird = "a\"b\\c\nd";
-        let reports = vec![
-            report(0, vec![topic("persistent://t/ns/x", weird, 3)]),
-            report(1, vec![topic("persistent://t/ns/y", "s", 4)]),
-        ];
-        let om = encode("standalone", true, reports).expect("encodes");
+        let reports = || {
+            vec![
+                report(0, true, vec![topic("persistent://t/ns/x", weird, 3)]),
+                report(1, true, vec![topic("non-persistent://t/ns/y", "s", 4)]),
+            ]
+        };
+        let om = encode("stand\"alone", true, reports(), Format::OpenMetrics).expect("encodes");
         openmetrics_parser::openmetrics::parse_openmetrics(&om).unwrap_or_else(|e| panic!("{e}\n{om}"));
-        let text = to_text_004(&om);
+        let text = encode("stand\"alone", true, reports(), Format::Text004).expect("encodes");
+        // The same samples in both formats, as prometheus-client converts them.
+        assert_eq!(text, to_text_004(&om));
         let samples = parse(&text);
+        let rate = find(&samples, "pulsar_rate_in", ("topic", "non-persistent://t/ns/y"));
+        assert_eq!(rate.len(), 1, "{text}");
+        assert_eq!(rate[0].2, 2.5);
+        assert!(rate[0].1.contains(&("cluster".to_string(), r#"stand\"alone"#.to_string())), "{text}");
+        let sent = find(&samples, "pulsar_out_messages_total", ("topic", "persistent://t/ns/x"));
+        assert_eq!(sent[0].2, 5.0, "{text}");
         let escaped = r#"a\"b\\c\nd"#;
         let backlog = find(&samples, "pulsar_subscription_back_log", ("subscription", escaped));
         assert_eq!(backlog.len(), 1, "{text}");
@@ -536,11 +881,16 @@ mod tests {
     /// namespace, summed, and no subscription series are written.
     #[test]
     fn namespace_level_sums_topics() {
-        let reports = vec![
-            report(0, vec![topic("persistent://t/ns/x", "s", 3)]),
-            report(1, vec![topic("persistent://t/ns/y", "s", 4), topic("persistent://t/other/z", "s", 1)]),
-        ];
-        let text = to_text_004(&encode("standalone", false, reports).expect("encodes"));
+        let reports = || {
+            vec![
+                report(0, false, vec![topic("persistent://t/ns/x", "s", 3)]),
+                report(1, false, vec![topic("persistent://t/ns/y", "s", 4), topic("persistent://t/other/z", "s", 1)]),
+            ]
+        };
+        let om = encode("standalone", false, reports(), Format::OpenMetrics).expect("encodes");
+        openmetrics_parser::openmetrics::parse_openmetrics(&om).unwrap_or_else(|e| panic!("{e}\n{om}"));
+        let text = encode("standalone", false, reports(), Format::Text004).expect("encodes");
+        assert_eq!(text, to_text_004(&om));
         let samples = parse(&text);
         let ns = find(&samples, "pulsar_msg_backlog", ("namespace", "t/ns"));
         assert_eq!(ns.len(), 1, "{text}");

@@ -104,8 +104,9 @@ impl HttpConfig {
 
 /// What the HTTP thread asks a shard's task for.
 pub(crate) enum ShardCall {
-    /// The shard's metrics and its topics' figures.
-    Metrics { reply: oneshot::Sender<ShardReport> },
+    /// The shard's metrics and its topics': their figures (`series`
+    /// `None`: the console) or their series written for a scrape.
+    Metrics { series: Option<exposition::SeriesWanted>, reply: oneshot::Sender<ShardReport> },
     /// An admin operation (sent to shard 0, which runs them) for
     /// `principal`, which the core authorizes.
     Admin { request: AdminRequest, principal: Principal, reply: oneshot::Sender<Result<AdminReply, CoreError>> },
@@ -118,7 +119,10 @@ pub(crate) enum ShardCall {
 /// One shard's answer to [`ShardCall::Metrics`].
 pub(crate) struct ShardReport {
     pub(crate) metrics: ShardMetricsSnapshot,
+    /// The topics' figures (empty for a scrape).
     pub(crate) topics: Vec<TopicMetrics>,
+    /// The topics' series written for a scrape (empty for the console).
+    pub(crate) series: exposition::TopicSeries,
 }
 
 /// What every request handler shares.

@@ -158,22 +158,28 @@ pub(super) async fn handle(state: &State, req: Request<Incoming>, segs: Vec<Stri
             namespace_policy(state, req, &method, namespace, policy).await
         }
         // ----------------------------------------------------------- topics
-        (_, ["non-persistent", ..]) => not_supported("the REST admin of non-persistent topics"),
-        (&Method::GET, ["persistent", t, ns]) => match persistent_topics(state, &format!("{t}/{ns}")).await {
-            Ok((topics, _)) => json(StatusCode::OK, &json!(topics)),
-            Err(r) => r,
-        },
-        (&Method::GET, ["persistent", t, ns, "partitioned"]) => {
-            match persistent_topics(state, &format!("{t}/{ns}")).await {
+        (&Method::GET, [domain @ ("persistent" | "non-persistent"), t, ns]) => {
+            match namespace_topics(state, domain, &format!("{t}/{ns}")).await {
+                Ok((topics, _)) => json(StatusCode::OK, &json!(topics)),
+                Err(r) => r,
+            }
+        }
+        (&Method::GET, [domain @ ("persistent" | "non-persistent"), t, ns, "partitioned"]) => {
+            match namespace_topics(state, domain, &format!("{t}/{ns}")).await {
                 Ok((_, partitioned)) => json(StatusCode::OK, &json!(partitioned)),
                 Err(r) => r,
             }
         }
-        (_, ["persistent", t, ns, topic, rest @ ..]) => {
-            let name = match topic_name("persistent", t, ns, topic) {
+        (_, [domain @ ("persistent" | "non-persistent"), t, ns, topic, rest @ ..]) => {
+            let name = match topic_name(domain, t, ns, topic) {
                 Ok(n) => n,
                 Err(r) => return r,
             };
+            if name.domain == magnetar_core::topic_name::Domain::NonPersistent {
+                if let Some(why) = non_persistent_unsupported(&method, rest) {
+                    return error(StatusCode::NOT_IMPLEMENTED, why);
+                }
+            }
             topic_op(state, req, &method, name, rest).await
         }
         _ => not_supported(&format!("{method} /admin/v2/{}", segs.join("/"))),
@@ -408,16 +414,43 @@ async fn namespace_policy(
     }
 }
 
-/// A namespace's persistent topics as Pulsar lists them: (non-partitioned
-/// topics and every partition, partitioned topics by their own name).
-async fn persistent_topics(state: &State, namespace: &str) -> Result<(Vec<String>, Vec<String>), Response<Body>> {
+/// What Magnetar cannot do on a non-persistent topic, and why (`None`:
+/// served as for a persistent topic). A non-persistent topic exists while
+/// it has a producer or a consumer, and keeps nothing: no ledgers, no
+/// cursors, so nothing to create ahead, to look into or to move.
+fn non_persistent_unsupported(method: &Method, rest: &[&str]) -> Option<String> {
+    let why = match (method, rest) {
+        (&Method::PUT, []) => {
+            "creating a non-persistent topic ahead of use (Magnetar's exist while they have a \
+                               producer or a consumer; a partitioned one can be created)"
+        }
+        (_, ["internalStats"]) => "internalStats of a non-persistent topic (it has no ledgers or cursors)",
+        (_, ["lastMessageId"]) => "lastMessageId of a non-persistent topic (it keeps no messages)",
+        (_, ["subscription", ..]) => {
+            "subscription administration on a non-persistent topic (its subscriptions keep no cursor: they \
+             exist while they have consumers)"
+        }
+        _ => return None,
+    };
+    Some(format!("{why} is not supported by Magnetar"))
+}
+
+/// A namespace's topics of `domain` (`persistent` or `non-persistent`) as
+/// Pulsar lists them: (non-partitioned topics and every partition,
+/// partitioned topics by their own name).
+async fn namespace_topics(
+    state: &State,
+    domain: &str,
+    namespace: &str,
+) -> Result<(Vec<String>, Vec<String>), Response<Body>> {
     let names = match admin(state, AdminRequest::ListTopics { namespace: namespace.to_string() }).await? {
         AdminReply::Names(n) => n,
         other => return Err(unexpected(other)),
     };
+    let prefix = format!("{domain}://");
     let mut topics = Vec::new();
     let mut partitioned = Vec::new();
-    for name in names.into_iter().filter(|n| n.starts_with("persistent://")) {
+    for name in names.into_iter().filter(|n| n.starts_with(&prefix)) {
         if is_partition(&name) {
             topics.push(name);
             continue;
@@ -488,7 +521,8 @@ async fn body_partitions(state: &State, req: Request<Incoming>) -> Result<u32, R
     }
 }
 
-/// `/persistent/{tenant}/{namespace}/{topic}/...`.
+/// `/persistent/{tenant}/{namespace}/{topic}/...` and
+/// `/non-persistent/...` (less [`non_persistent_unsupported`]).
 async fn topic_op(
     state: &State,
     req: Request<Incoming>,

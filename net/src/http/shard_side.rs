@@ -1,6 +1,7 @@
 //! The shards' side of the HTTP door: one bounded channel per shard, and
 //! the task on each shard that answers what the HTTP thread asks.
 
+use super::exposition::TopicSeriesWriter;
 use super::{ShardCall, ShardReport};
 use futures::channel::mpsc;
 use futures::StreamExt;
@@ -68,9 +69,20 @@ impl HttpShards {
 
 async fn answer(broker: Broker, call: ShardCall) {
     match call {
-        ShardCall::Metrics { reply } => {
-            let topics = broker.local_topic_metrics().await;
-            let report = ShardReport { metrics: broker.metrics_snapshot(), topics };
+        ShardCall::Metrics { series: None, reply } => {
+            let mut topics = Vec::new();
+            broker.for_each_topic_metrics(|t| topics.push(t.clone())).await;
+            topics.sort_by(|a, b| a.topic.cmp(&b.topic));
+            let report = ShardReport { metrics: broker.metrics_snapshot(), topics, series: Default::default() };
+            let _ = reply.send(report);
+        }
+        ShardCall::Metrics { series: Some(want), reply } => {
+            // Written here, a bounded slice of topics at a time (the core
+            // yields between slices), so the HTTP thread only concatenates.
+            let mut writer = TopicSeriesWriter::new(&want);
+            broker.for_each_topic_metrics(|t| writer.add(t)).await;
+            let series = writer.finish();
+            let report = ShardReport { metrics: broker.metrics_snapshot(), topics: Vec::new(), series };
             let _ = reply.send(report);
         }
         ShardCall::Admin { request, principal, reply } => {
@@ -121,6 +133,7 @@ async fn health_check(broker: &Broker) -> Result<(), CoreError> {
             priority_level: 0,
             filter_tag: String::new(),
             key_shared_ranges: Vec::new(),
+            model: Default::default(),
             client_address: "(broker health check)".into(),
         };
         let consumer = broker.subscribe(req, sink).await?;

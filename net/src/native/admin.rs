@@ -420,6 +420,9 @@ pub(crate) fn render(reply: &AdminReply) -> String {
             let messages: Vec<Value> = found.messages.iter().map(found_json).collect();
             json!({ "messages": messages, "truncated": found.truncated })
         }
+        // Not asked for over this door (its peek is by message); the
+        // entry's id and size if it ever is.
+        AdminReply::Entry(e) => json!({ "id": e.id.to_string(), "bytes": e.blob.len() }),
         AdminReply::Lookup(l) => {
             let answer = LookupJson {
                 bundle: l.owner.bundle,
@@ -466,7 +469,7 @@ pub(crate) fn render(reply: &AdminReply) -> String {
 /// "backlog_messages":…,"backlog_bytes":…,"unacked":…,"delayed":…,
 /// "replay":…,"msg_out_total":…,"msg_rate_in":…,"byte_rate_in":…,
 /// "msg_rate_out":…,"byte_rate_out":…,"durable":…,"filter_tag":…,
-/// "entries_read":…,"skipped_by_index":…,"partial_batches":…,
+/// "allocation":…,"entries_read":…,"skipped_by_index":…,"partial_batches":…,
 /// "consumers":[{"name":…,"priority":…,"permits":…,"unacked":…,
 /// "active":…,"address":…,"redelivered":…}]}}}`; rates with one decimal; `msg_rate_in` and
 /// `byte_rate_in` are the topic's, repeated in every subscription.
@@ -490,7 +493,7 @@ pub(crate) fn render_topic_stats(s: &TopicStats) -> String {
         }
         let filter = sub.filter_tag.as_deref().map_or_else(|| "null".to_string(), quote);
         out.push_str(&format!(
-            "{}:{{\"type\":\"{:?}\",\"ack_floor\":{},\"msg_backlog\":{},\"backlog_messages\":{},\"backlog_bytes\":{},\"unacked\":{},\"delayed\":{},\"replay\":{},\"msg_out_total\":{},\"msg_rate_in\":{:.1},\"byte_rate_in\":{:.1},\"msg_rate_out\":{:.1},\"byte_rate_out\":{:.1},\"durable\":{},\"filter_tag\":{},\"entries_read\":{},\"skipped_by_index\":{},\"partial_batches\":{},\"consumers\":[",
+            "{}:{{\"type\":\"{:?}\",\"ack_floor\":{},\"msg_backlog\":{},\"backlog_messages\":{},\"backlog_bytes\":{},\"unacked\":{},\"delayed\":{},\"replay\":{},\"msg_out_total\":{},\"msg_rate_in\":{:.1},\"byte_rate_in\":{:.1},\"msg_rate_out\":{:.1},\"byte_rate_out\":{:.1},\"durable\":{},\"filter_tag\":{},\"allocation\":\"{}\",\"entries_read\":{},\"skipped_by_index\":{},\"partial_batches\":{},\"consumers\":[",
             quote(&sub.name),
             sub.sub_type,
             sub.ack_floor,
@@ -507,6 +510,7 @@ pub(crate) fn render_topic_stats(s: &TopicStats) -> String {
             sub.byte_rate_out,
             sub.durable,
             filter,
+            sub.allocation,
             sub.entries_read,
             sub.skipped_by_index,
             sub.partial_batches,
@@ -843,6 +847,7 @@ mod tests {
             byte_rate_out: 0.0,
             durable: true,
             filter_tag: None,
+            allocation: "round-robin",
             entries_read: 11,
             skipped_by_index: 12,
             partial_batches: 13,
@@ -875,8 +880,8 @@ mod tests {
             render_topic_stats(&stats),
             concat!(
                 r#"{"topic":"persistent://public/default/t","next_entry":42,"ledgers":[{"ledger":1,"first":0,"entries":40,"bytes":4000},{"ledger":2,"first":40,"entries":2,"bytes":200}],"subscriptions":{"#,
-                r#""s1":{"type":"KeyShared","ack_floor":3,"msg_backlog":4,"backlog_messages":5,"backlog_bytes":6,"unacked":7,"delayed":8,"replay":9,"msg_out_total":10,"msg_rate_in":1.0,"byte_rate_in":1234.6,"msg_rate_out":2.2,"byte_rate_out":0.0,"durable":true,"filter_tag":null,"entries_read":11,"skipped_by_index":12,"partial_batches":13,"consumers":[{"name":"a","priority":-1,"permits":100,"unacked":2,"active":true,"address":"","redelivered":0},{"name":"b","priority":-1,"permits":100,"unacked":2,"active":false,"address":"","redelivered":0}]},"#,
-                r#""s\u000a2":{"type":"Failover","ack_floor":3,"msg_backlog":4,"backlog_messages":5,"backlog_bytes":6,"unacked":7,"delayed":8,"replay":9,"msg_out_total":10,"msg_rate_in":1.0,"byte_rate_in":1234.6,"msg_rate_out":2.2,"byte_rate_out":0.0,"durable":true,"filter_tag":"x\"","entries_read":11,"skipped_by_index":12,"partial_batches":13,"consumers":[]}}}"#
+                r#""s1":{"type":"KeyShared","ack_floor":3,"msg_backlog":4,"backlog_messages":5,"backlog_bytes":6,"unacked":7,"delayed":8,"replay":9,"msg_out_total":10,"msg_rate_in":1.0,"byte_rate_in":1234.6,"msg_rate_out":2.2,"byte_rate_out":0.0,"durable":true,"filter_tag":null,"allocation":"round-robin","entries_read":11,"skipped_by_index":12,"partial_batches":13,"consumers":[{"name":"a","priority":-1,"permits":100,"unacked":2,"active":true,"address":"","redelivered":0},{"name":"b","priority":-1,"permits":100,"unacked":2,"active":false,"address":"","redelivered":0}]},"#,
+                r#""s\u000a2":{"type":"Failover","ack_floor":3,"msg_backlog":4,"backlog_messages":5,"backlog_bytes":6,"unacked":7,"delayed":8,"replay":9,"msg_out_total":10,"msg_rate_in":1.0,"byte_rate_in":1234.6,"msg_rate_out":2.2,"byte_rate_out":0.0,"durable":true,"filter_tag":"x\"","allocation":"round-robin","entries_read":11,"skipped_by_index":12,"partial_batches":13,"consumers":[]}}}"#
             )
         );
         // Whatever the names hold, the text is JSON.

@@ -150,7 +150,7 @@ impl Door for NativeDoor {
                 Request::Send { producer_id, sequence_id, num_messages, payload, payload_crc }
             }
             Command::Producer { request_id, producer_id, topic, producer_name, access_mode } => {
-                Request::CreateProducer { request_id, producer_id, topic, producer_name, access_mode }
+                Request::CreateProducer { request_id, producer_id, topic, producer_name, access_mode, epoch: None }
             }
             Command::CloseProducer { request_id, producer_id } => Request::CloseProducer { request_id, producer_id },
             Command::Subscribe {
@@ -165,6 +165,7 @@ impl Door for NativeDoor {
                 priority_level,
                 filter_tag,
                 key_shared_ranges,
+                model,
             } => Request::Subscribe {
                 request_id,
                 request: SubscribeRequest {
@@ -178,6 +179,7 @@ impl Door for NativeDoor {
                     priority_level,
                     filter_tag,
                     key_shared_ranges,
+                    model,
                     client_address: String::new(),
                 },
                 start: None,
@@ -202,6 +204,9 @@ impl Door for NativeDoor {
                 Request::Redeliver { consumer_id, message_ids }
             }
             Command::CloseConsumer { request_id, consumer_id } => Request::CloseConsumer { request_id, consumer_id },
+            Command::Unsubscribe { request_id, consumer_id, force } => {
+                Request::Unsubscribe { request_id, consumer_id, force }
+            }
             Command::Ping => Request::Ping,
             Command::Pong => Request::Pong,
             Command::TopicStats { request_id, topic, .. } => {
@@ -374,6 +379,10 @@ impl Door for NativeDoor {
 
     fn pong(&self, dst: &mut BytesMut) -> Result<(), WireError> {
         push(dst, &Command::Pong)
+    }
+
+    fn ping(&self, dst: &mut BytesMut) -> Result<(), WireError> {
+        push(dst, &Command::Ping)
     }
 
     fn protocol_error(&self, dst: &mut BytesMut, why: &str) -> Result<(), WireError> {

@@ -1,8 +1,10 @@
 //! Messages crossing doors: a blob stored by one door, delivered through
 //! the other, is converted field for field (payload bytes, keys,
 //! properties, times, producer name, sequence ids; a batch stays a batch
-//! of the same messages). The broker never decompresses, so a compressed
-//! batch cannot be converted: its records are inside the compressed bytes.
+//! of the same messages). A compressed batch's records are inside the
+//! compressed bytes: it is decompressed, converted and compressed again
+//! with the same codec (the only place the broker decompresses; a single
+//! message's compressed payload is passed on as it is).
 
 use bytes::{BufMut, Bytes, BytesMut};
 use magnetar_pulsar_wire::proto as pb;
@@ -29,6 +31,32 @@ fn codec_to_native(c: i32) -> Result<CompressionType, String> {
     })
 }
 
+/// Largest uncompressed batch converted between doors: bounds the memory
+/// and time one delivery takes on a shard. Clients' batches are far smaller
+/// (the native and Pulsar clients close a batch at 128 KiB by default).
+pub(crate) const CROSS_DOOR_BATCH_BYTES_MAX: u32 = 16 * 1024 * 1024;
+
+/// A compressed batch payload, decompressed for conversion.
+fn decompress_batch(codec: CompressionType, payload: &Bytes, uncompressed_size: u32) -> Result<Bytes, String> {
+    if codec == CompressionType::None {
+        return Ok(payload.clone());
+    }
+    if uncompressed_size > CROSS_DOOR_BATCH_BYTES_MAX {
+        return Err(format!(
+            "a compressed batch of {uncompressed_size} bytes uncompressed is over the {CROSS_DOOR_BATCH_BYTES_MAX} \
+             converted between doors"
+        ));
+    }
+    magnetar_wire::decompress(codec, payload, uncompressed_size).map_err(|e| e.to_string())
+}
+
+/// A converted batch payload compressed again with its codec: the payload
+/// and its uncompressed size.
+fn recompress(codec: CompressionType, data: &[u8]) -> Result<(Bytes, u32), String> {
+    let size = u32::try_from(data.len()).map_err(|_| "converted batch too large")?;
+    Ok((magnetar_wire::compress(codec, data).map_err(|e| e.to_string())?, size))
+}
+
 fn kv(props: &[(String, String)]) -> Vec<pb::KeyValue> {
     props.iter().map(|(k, v)| pb::KeyValue { key: k.clone(), value: v.clone() }).collect()
 }
@@ -42,11 +70,6 @@ pub(crate) fn native_to_pulsar(blob: &[u8]) -> Result<(Vec<u8>, Bytes), String> 
     let blob = Bytes::copy_from_slice(blob);
     let (meta, payload) = magnetar_wire::decode_message(&blob).map_err(|e| e.to_string())?;
     let batched = meta.num_messages > 1 && meta.chunk.is_none();
-    if batched && meta.compression != CompressionType::None {
-        return Err("a compressed native batch cannot be delivered through the Pulsar door (the broker never \
-                    decompresses)"
-            .into());
-    }
     let mut m = pb::MessageMetadata {
         producer_name: meta.producer_name,
         sequence_id: meta.sequence_id,
@@ -71,6 +94,8 @@ pub(crate) fn native_to_pulsar(blob: &[u8]) -> Result<(Vec<u8>, Bytes), String> 
     if !batched {
         return Ok((m.encode_to_vec(), payload));
     }
+    let codec = meta.compression;
+    let payload = decompress_batch(codec, &payload, meta.uncompressed_size)?;
     let records = magnetar_wire::decode_batch(&payload, meta.num_messages).map_err(|e| e.to_string())?;
     let mut out = BytesMut::new();
     for r in &records {
@@ -89,12 +114,16 @@ pub(crate) fn native_to_pulsar(blob: &[u8]) -> Result<(Vec<u8>, Bytes), String> 
     }
     m.num_messages_in_batch = Some(records.len() as i32);
     m.highest_sequence_id = records.last().map(|r| r.sequence_id);
-    Ok((m.encode_to_vec(), out.freeze()))
+    if codec == CompressionType::None {
+        return Ok((m.encode_to_vec(), out.freeze()));
+    }
+    let (payload, size) = recompress(codec, &out)?;
+    m.uncompressed_size = Some(size);
+    Ok((m.encode_to_vec(), payload))
 }
 
 /// The records of an uncompressed Pulsar batch payload, at most `n`.
-fn pulsar_records(payload: &[u8], n: u32) -> Result<Vec<(pb::SingleMessageMetadata, Bytes)>, String> {
-    let payload = Bytes::copy_from_slice(payload);
+fn pulsar_records(payload: &Bytes, n: u32) -> Result<Vec<(pb::SingleMessageMetadata, Bytes)>, String> {
     let mut at = 0usize;
     let mut out = Vec::new();
     for _ in 0..n.min(magnetar_wire::BATCH_MESSAGES_MAX) {
@@ -142,12 +171,17 @@ pub(crate) fn pulsar_to_native(blob: &[u8]) -> Result<Bytes, String> {
     let Some(n) = m.num_messages_in_batch else {
         return Ok(magnetar_wire::encode_message(&meta, payload));
     };
-    if compression != CompressionType::None {
-        return Err("a compressed Pulsar batch cannot be delivered through the native door (the broker never \
-                    decompresses)"
-            .into());
-    }
-    let records = pulsar_records(payload, n.max(0) as u32)?;
+    let payload = decompress_batch(compression, &Bytes::copy_from_slice(payload), meta.uncompressed_size)?;
+    let records = pulsar_records(&payload, n.max(0) as u32)?;
+    // The converted payload, compressed again as it came.
+    let encode = |mut meta: MessageMetadata, data: &[u8]| -> Result<Bytes, String> {
+        if compression == CompressionType::None {
+            return Ok(magnetar_wire::encode_message(&meta, data));
+        }
+        let (payload, size) = recompress(compression, data)?;
+        meta.uncompressed_size = size;
+        Ok(magnetar_wire::encode_message(&meta, &payload))
+    };
     if let [(single, body)] = &records[..] {
         // A batch of one is a single message to a native consumer.
         meta.properties = pairs(single.properties.clone());
@@ -157,7 +191,7 @@ pub(crate) fn pulsar_to_native(blob: &[u8]) -> Result<Bytes, String> {
             meta.event_time_ms = t;
         }
         meta.num_messages = 1;
-        return Ok(magnetar_wire::encode_message(&meta, body));
+        return encode(meta, body);
     }
     let mut out = BytesMut::new();
     for (single, body) in &records {
@@ -172,7 +206,7 @@ pub(crate) fn pulsar_to_native(blob: &[u8]) -> Result<Bytes, String> {
         magnetar_wire::encode_batch_record_into(&r, &mut out);
     }
     meta.num_messages = records.len() as u32;
-    Ok(magnetar_wire::encode_message(&meta, &out))
+    encode(meta, &out)
 }
 
 #[cfg(test)]
@@ -180,7 +214,9 @@ mod tests {
     use super::*;
 
     /// Goal: a native batch converts to a Pulsar batch and back with every
-    /// message's payload, key, properties, event time and sequence id.
+    /// message's payload, key, properties, event time and sequence id,
+    /// uncompressed and compressed with each codec (compressed again with
+    /// the same codec, its uncompressed size recomputed).
     #[test]
     fn batches_cross_both_ways() {
         let mut payload = BytesMut::new();
@@ -191,25 +227,64 @@ mod tests {
                 ordering_key: None,
                 event_time_ms: 100 + i,
                 sequence_id: 10 + i,
-                payload: Bytes::from(vec![i as u8; 5]),
+                payload: Bytes::from(vec![i as u8; 500]),
             };
             magnetar_wire::encode_batch_record_into(&r, &mut payload);
         }
+        let payload = payload.freeze();
+        for codec in [
+            CompressionType::None,
+            CompressionType::Lz4,
+            CompressionType::Zlib,
+            CompressionType::Zstd,
+            CompressionType::Snappy,
+        ] {
+            let meta = MessageMetadata {
+                producer_name: "p".into(),
+                sequence_id: 10,
+                publish_time_ms: 7,
+                num_messages: 3,
+                compression: codec,
+                uncompressed_size: if codec == CompressionType::None { 0 } else { payload.len() as u32 },
+                ..Default::default()
+            };
+            let native = magnetar_wire::encode_message(&meta, &magnetar_wire::compress(codec, &payload).unwrap());
+            let (pm, pp) = native_to_pulsar(&native).unwrap();
+            let decoded = pb::MessageMetadata::decode(&pm[..]).unwrap();
+            assert_eq!(decoded.compression.unwrap_or(0), codec_to_pulsar(codec) as i32, "{codec:?}");
+            if codec != CompressionType::None {
+                let size = decoded.uncompressed_size.unwrap();
+                let plain = magnetar_wire::decompress(codec, &pp, size).unwrap();
+                assert_eq!(pulsar_records(&plain, 3).unwrap().len(), 3, "{codec:?}");
+            }
+            let stored = magnetar_pulsar_wire::metadata::stored_blob_from_parts(&pm, &pp);
+            let back = pulsar_to_native(&stored).unwrap();
+            let (m2, p2) = magnetar_wire::decode_message(&back).unwrap();
+            assert_eq!(
+                (m2.producer_name.as_str(), m2.sequence_id, m2.publish_time_ms, m2.num_messages, m2.compression),
+                ("p", 10, 7, 3, codec)
+            );
+            let p2 = magnetar_wire::decompress(codec, &p2, m2.uncompressed_size).unwrap();
+            let a = magnetar_wire::decode_batch(&payload, 3).unwrap();
+            let b = magnetar_wire::decode_batch(&p2, 3).unwrap();
+            assert_eq!(a, b, "{codec:?}");
+        }
+    }
+
+    /// Goal: a compressed batch that says it decompresses to more than the
+    /// door converts, or does not decompress as it says, is refused (not
+    /// delivered, no panic).
+    #[test]
+    fn bad_compressed_batches_are_refused() {
         let meta = MessageMetadata {
-            producer_name: "p".into(),
-            sequence_id: 10,
-            publish_time_ms: 7,
-            num_messages: 3,
+            num_messages: 2,
+            compression: CompressionType::Lz4,
+            uncompressed_size: CROSS_DOOR_BATCH_BYTES_MAX + 1,
             ..Default::default()
         };
-        let native = magnetar_wire::encode_message(&meta, &payload);
-        let (pm, pp) = native_to_pulsar(&native).unwrap();
-        let stored = magnetar_pulsar_wire::metadata::stored_blob_from_parts(&pm, &pp);
-        let back = pulsar_to_native(&stored).unwrap();
-        let (m2, p2) = magnetar_wire::decode_message(&back).unwrap();
-        assert_eq!((m2.producer_name.as_str(), m2.sequence_id, m2.publish_time_ms, m2.num_messages), ("p", 10, 7, 3));
-        let a = magnetar_wire::decode_batch(&payload.freeze(), 3).unwrap();
-        let b = magnetar_wire::decode_batch(&p2, 3).unwrap();
-        assert_eq!(a, b);
+        let err = native_to_pulsar(&magnetar_wire::encode_message(&meta, b"xx")).unwrap_err();
+        assert!(err.contains("over the"), "{err}");
+        let meta = MessageMetadata { uncompressed_size: 1000, ..meta };
+        assert!(native_to_pulsar(&magnetar_wire::encode_message(&meta, b"garbage")).is_err());
     }
 }

@@ -11,7 +11,7 @@
 //! type). Everything the door does not serve is answered with an ERROR (or
 //! the command's own response type carrying an error), never ignored.
 
-mod convert;
+pub(crate) mod convert;
 mod refresh;
 
 pub(crate) use convert::pulsar_to_native;
@@ -34,8 +34,8 @@ pub const PROTOCOL_VERSION: i32 = 21;
 const V_ACTIVE_CONSUMER_CHANGE: i32 = 12;
 /// Protocol version from which a client understands ACK_RESPONSE.
 const V_ACK_RESPONSE: i32 = 17;
-/// How often the broker pings an idle client (Pulsar's keep-alive period).
-const KEEP_ALIVE: Duration = Duration::from_secs(30);
+/// Protocol version from which a client answers PING.
+const V_PING: i32 = 1;
 /// Pending ack requests remembered per connection (to answer them as
 /// ACK_RESPONSE); past this, further acks with a request id are answered
 /// with SUCCESS, which Pulsar clients also accept for a pending request.
@@ -53,11 +53,19 @@ pub struct PulsarConfig {
     /// TLS client connects to `broker_service_url_tls`). Set by
     /// [`crate::serve`] from the TLS settings.
     pub tls: bool,
+    /// A client silent this long is pinged, and its connection closed when
+    /// it stays silent as long again (Pulsar's `keepAliveIntervalSeconds`).
+    pub keep_alive: Duration,
 }
 
 impl Default for PulsarConfig {
     fn default() -> Self {
-        Self { max_message_bytes: 5 * 1024 * 1024, advertised_address: None, tls: false }
+        Self {
+            max_message_bytes: 5 * 1024 * 1024,
+            advertised_address: None,
+            tls: false,
+            keep_alive: Duration::from_secs(30),
+        }
     }
 }
 
@@ -303,20 +311,6 @@ impl Door for PulsarDoor {
                 refresh::watch(out, p, connect.auth_data.as_deref().unwrap_or_default(), refresh);
             }
         }
-        if version >= 1 {
-            // Pulsar's keep-alive: the broker pings too, so a half-open
-            // connection is noticed from this side as well.
-            let weak = Rc::downgrade(out);
-            glommio::spawn_local(async move {
-                loop {
-                    glommio::timer::sleep(KEEP_ALIVE).await;
-                    let Some(out) = weak.upgrade() else { break };
-                    let ping = command(Type::Ping, |c| c.ping = Some(pb::CommandPing {}));
-                    out.put("a PING", |_, dst| push(dst, &ping));
-                }
-            })
-            .detach();
-        }
         Handshake::Accepted(principal)
     }
 
@@ -350,6 +344,7 @@ impl Door for PulsarDoor {
                     topic: p.topic,
                     producer_name: p.producer_name.unwrap_or_default(),
                     access_mode,
+                    epoch: p.topic_epoch,
                 }
             }
             Type::CloseProducer => {
@@ -399,6 +394,7 @@ impl Door for PulsarDoor {
                         priority_level: s.priority_level.unwrap_or(0),
                         filter_tag: String::new(),
                         key_shared_ranges,
+                        model: Default::default(),
                         client_address: String::new(),
                     },
                     start,
@@ -684,6 +680,7 @@ impl Door for PulsarDoor {
                     producer_name: p.producer_name.clone(),
                     last_sequence_id: Some(p.last_sequence_id),
                     producer_ready: Some(true),
+                    topic_epoch: p.topic_epoch,
                     ..Default::default()
                 })
             }),
@@ -855,6 +852,14 @@ impl Door for PulsarDoor {
 
     fn pong(&self, dst: &mut BytesMut) -> Result<(), FrameError> {
         push(dst, &command(Type::Pong, |c| c.pong = Some(pb::CommandPong {})))
+    }
+
+    fn ping(&self, dst: &mut BytesMut) -> Result<(), FrameError> {
+        push(dst, &command(Type::Ping, |c| c.ping = Some(pb::CommandPing {})))
+    }
+
+    fn keep_alive(&self) -> Option<Duration> {
+        (self.client_version.get() >= V_PING).then_some(self.config.keep_alive)
     }
 
     fn protocol_error(&self, dst: &mut BytesMut, why: &str) -> Result<(), FrameError> {

@@ -274,6 +274,190 @@ impl<'a> ::flatbuffers::Verifiable for SubscriptionType {
 
 impl ::flatbuffers::SimpleToVerifyInSlice for SubscriptionType {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MIN_ALLOCATION_STRATEGY: u8 = 0;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MAX_ALLOCATION_STRATEGY: u8 = 3;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+#[allow(non_camel_case_types)]
+pub const ENUM_VALUES_ALLOCATION_STRATEGY: [AllocationStrategy; 4] = [
+  AllocationStrategy::RoundRobin,
+  AllocationStrategy::Average,
+  AllocationStrategy::ConsistentHash,
+  AllocationStrategy::Zone,
+];
+
+/// Failover on a partitioned topic: which consumer owns which partition
+/// (RocketMQ's allocation strategies; docs/semantics.md).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[repr(transparent)]
+pub struct AllocationStrategy(pub u8);
+#[allow(non_upper_case_globals)]
+impl AllocationStrategy {
+  /// Partition p to the (p % n)-th consumer (RocketMQ's circle).
+  pub const RoundRobin: Self = Self(0);
+  /// Contiguous blocks of partitions (RocketMQ's average).
+  pub const Average: Self = Self(1);
+  /// A hash ring with virtual nodes per consumer.
+  pub const ConsistentHash: Self = Self(2);
+  /// A partition to a consumer of its zone while one exists.
+  pub const Zone: Self = Self(3);
+
+  pub const ENUM_MIN: u8 = 0;
+  pub const ENUM_MAX: u8 = 3;
+  pub const ENUM_VALUES: &'static [Self] = &[
+    Self::RoundRobin,
+    Self::Average,
+    Self::ConsistentHash,
+    Self::Zone,
+  ];
+  /// Returns the variant's name or "" if unknown.
+  pub fn variant_name(self) -> Option<&'static str> {
+    match self {
+      Self::RoundRobin => Some("RoundRobin"),
+      Self::Average => Some("Average"),
+      Self::ConsistentHash => Some("ConsistentHash"),
+      Self::Zone => Some("Zone"),
+      _ => None,
+    }
+  }
+}
+impl ::core::fmt::Debug for AllocationStrategy {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter) -> ::core::fmt::Result {
+    if let Some(name) = self.variant_name() {
+      f.write_str(name)
+    } else {
+      f.write_fmt(format_args!("<UNKNOWN {:?}>", self.0))
+    }
+  }
+}
+impl<'a> ::flatbuffers::Follow<'a> for AllocationStrategy {
+  type Inner = Self;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    let b = unsafe { ::flatbuffers::read_scalar_at::<u8>(buf, loc) };
+    Self(b)
+  }
+}
+
+impl ::flatbuffers::Push for AllocationStrategy {
+    type Output = AllocationStrategy;
+    #[inline]
+    unsafe fn push(&self, dst: &mut [u8], _written_len: usize) {
+        unsafe { ::flatbuffers::emplace_scalar::<u8>(dst, self.0) };
+    }
+}
+
+impl ::flatbuffers::EndianScalar for AllocationStrategy {
+  type Scalar = u8;
+  #[inline]
+  fn to_little_endian(self) -> u8 {
+    self.0.to_le()
+  }
+  #[inline]
+  #[allow(clippy::wrong_self_convention)]
+  fn from_little_endian(v: u8) -> Self {
+    let b = u8::from_le(v);
+    Self(b)
+  }
+}
+
+impl<'a> ::flatbuffers::Verifiable for AllocationStrategy {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    u8::run_verifier(v, pos)
+  }
+}
+
+impl ::flatbuffers::SimpleToVerifyInSlice for AllocationStrategy {}
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MIN_SUBSCRIPTION_MODE: u8 = 0;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MAX_SUBSCRIPTION_MODE: u8 = 1;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+#[allow(non_camel_case_types)]
+pub const ENUM_VALUES_SUBSCRIPTION_MODE: [SubscriptionMode; 2] = [
+  SubscriptionMode::Clustering,
+  SubscriptionMode::Broadcast,
+];
+
+/// Clustering: the consumers share the subscription's cursor. Broadcast:
+/// each consumer has its own, `<subscription>/<consumer-name>`.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[repr(transparent)]
+pub struct SubscriptionMode(pub u8);
+#[allow(non_upper_case_globals)]
+impl SubscriptionMode {
+  pub const Clustering: Self = Self(0);
+  pub const Broadcast: Self = Self(1);
+
+  pub const ENUM_MIN: u8 = 0;
+  pub const ENUM_MAX: u8 = 1;
+  pub const ENUM_VALUES: &'static [Self] = &[
+    Self::Clustering,
+    Self::Broadcast,
+  ];
+  /// Returns the variant's name or "" if unknown.
+  pub fn variant_name(self) -> Option<&'static str> {
+    match self {
+      Self::Clustering => Some("Clustering"),
+      Self::Broadcast => Some("Broadcast"),
+      _ => None,
+    }
+  }
+}
+impl ::core::fmt::Debug for SubscriptionMode {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter) -> ::core::fmt::Result {
+    if let Some(name) = self.variant_name() {
+      f.write_str(name)
+    } else {
+      f.write_fmt(format_args!("<UNKNOWN {:?}>", self.0))
+    }
+  }
+}
+impl<'a> ::flatbuffers::Follow<'a> for SubscriptionMode {
+  type Inner = Self;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    let b = unsafe { ::flatbuffers::read_scalar_at::<u8>(buf, loc) };
+    Self(b)
+  }
+}
+
+impl ::flatbuffers::Push for SubscriptionMode {
+    type Output = SubscriptionMode;
+    #[inline]
+    unsafe fn push(&self, dst: &mut [u8], _written_len: usize) {
+        unsafe { ::flatbuffers::emplace_scalar::<u8>(dst, self.0) };
+    }
+}
+
+impl ::flatbuffers::EndianScalar for SubscriptionMode {
+  type Scalar = u8;
+  #[inline]
+  fn to_little_endian(self) -> u8 {
+    self.0.to_le()
+  }
+  #[inline]
+  #[allow(clippy::wrong_self_convention)]
+  fn from_little_endian(v: u8) -> Self {
+    let b = u8::from_le(v);
+    Self(b)
+  }
+}
+
+impl<'a> ::flatbuffers::Verifiable for SubscriptionMode {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    u8::run_verifier(v, pos)
+  }
+}
+
+impl ::flatbuffers::SimpleToVerifyInSlice for SubscriptionMode {}
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_INITIAL_POSITION: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MAX_INITIAL_POSITION: u8 = 1;
@@ -633,10 +817,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for CompressionType {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_ANY_COMMAND: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_ANY_COMMAND: u8 = 25;
+pub const ENUM_MAX_ANY_COMMAND: u8 = 26;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ANY_COMMAND: [AnyCommand; 26] = [
+pub const ENUM_VALUES_ANY_COMMAND: [AnyCommand; 27] = [
   AnyCommand::NONE,
   AnyCommand::Connect,
   AnyCommand::Connected,
@@ -663,6 +847,7 @@ pub const ENUM_VALUES_ANY_COMMAND: [AnyCommand; 26] = [
   AnyCommand::AdminResponse,
   AnyCommand::MessageRun,
   AnyCommand::ConsumerClosed,
+  AnyCommand::Unsubscribe,
 ];
 
 /// Add new commands only at the end.
@@ -697,9 +882,10 @@ impl AnyCommand {
   pub const AdminResponse: Self = Self(23);
   pub const MessageRun: Self = Self(24);
   pub const ConsumerClosed: Self = Self(25);
+  pub const Unsubscribe: Self = Self(26);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 25;
+  pub const ENUM_MAX: u8 = 26;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::Connect,
@@ -727,6 +913,7 @@ impl AnyCommand {
     Self::AdminResponse,
     Self::MessageRun,
     Self::ConsumerClosed,
+    Self::Unsubscribe,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -757,6 +944,7 @@ impl AnyCommand {
       Self::AdminResponse => Some("AdminResponse"),
       Self::MessageRun => Some("MessageRun"),
       Self::ConsumerClosed => Some("ConsumerClosed"),
+      Self::Unsubscribe => Some("Unsubscribe"),
       _ => None,
     }
   }
@@ -2199,6 +2387,10 @@ impl<'a> Subscribe<'a> {
   pub const VT_PRIORITY_LEVEL: ::flatbuffers::VOffsetT = 20;
   pub const VT_FILTER_TAG: ::flatbuffers::VOffsetT = 22;
   pub const VT_KEY_SHARED_RANGES: ::flatbuffers::VOffsetT = 24;
+  pub const VT_ALLOCATION: ::flatbuffers::VOffsetT = 26;
+  pub const VT_ZONE: ::flatbuffers::VOffsetT = 28;
+  pub const VT_PARTITION_ZONES: ::flatbuffers::VOffsetT = 30;
+  pub const VT_MODE: ::flatbuffers::VOffsetT = 32;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -2212,12 +2404,16 @@ impl<'a> Subscribe<'a> {
     let mut builder = SubscribeBuilder::new(_fbb);
     builder.add_consumer_id(args.consumer_id);
     builder.add_request_id(args.request_id);
+    if let Some(x) = args.partition_zones { builder.add_partition_zones(x); }
+    if let Some(x) = args.zone { builder.add_zone(x); }
     if let Some(x) = args.key_shared_ranges { builder.add_key_shared_ranges(x); }
     if let Some(x) = args.filter_tag { builder.add_filter_tag(x); }
     builder.add_priority_level(args.priority_level);
     if let Some(x) = args.consumer_name { builder.add_consumer_name(x); }
     if let Some(x) = args.subscription { builder.add_subscription(x); }
     if let Some(x) = args.topic { builder.add_topic(x); }
+    builder.add_mode(args.mode);
+    builder.add_allocation(args.allocation);
     builder.add_durable(args.durable);
     builder.add_initial_position(args.initial_position);
     builder.add_sub_type(args.sub_type);
@@ -2307,6 +2503,39 @@ impl<'a> Subscribe<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, KeyHashRange>>>(Subscribe::VT_KEY_SHARED_RANGES, None)}
   }
+  /// Failover: how partitions are spread over the consumers; a consumer
+  /// asking for another strategy than the subscription's is refused.
+  #[inline]
+  pub fn allocation(&self) -> AllocationStrategy {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<AllocationStrategy>(Subscribe::VT_ALLOCATION, Some(AllocationStrategy::RoundRobin)).unwrap()}
+  }
+  /// Zone allocation: this consumer's zone label (absent = none).
+  #[inline]
+  pub fn zone(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(Subscribe::VT_ZONE, None)}
+  }
+  /// Zone allocation: the zone label of partition i is item i (missing or
+  /// empty = no zone). Kept with the subscription, like the strategy.
+  #[inline]
+  pub fn partition_zones(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>(Subscribe::VT_PARTITION_ZONES, None)}
+  }
+  #[inline]
+  pub fn mode(&self) -> SubscriptionMode {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<SubscriptionMode>(Subscribe::VT_MODE, Some(SubscriptionMode::Clustering)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for Subscribe<'_> {
@@ -2326,6 +2555,10 @@ impl ::flatbuffers::Verifiable for Subscribe<'_> {
      .visit_field::<i32>("priority_level", Self::VT_PRIORITY_LEVEL, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("filter_tag", Self::VT_FILTER_TAG, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, KeyHashRange>>>("key_shared_ranges", Self::VT_KEY_SHARED_RANGES, false)?
+     .visit_field::<AllocationStrategy>("allocation", Self::VT_ALLOCATION, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("zone", Self::VT_ZONE, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<&'_ str>>>>("partition_zones", Self::VT_PARTITION_ZONES, false)?
+     .visit_field::<SubscriptionMode>("mode", Self::VT_MODE, false)?
      .finish();
     Ok(())
   }
@@ -2342,6 +2575,10 @@ pub struct SubscribeArgs<'a> {
     pub priority_level: i32,
     pub filter_tag: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub key_shared_ranges: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, KeyHashRange>>>,
+    pub allocation: AllocationStrategy,
+    pub zone: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub partition_zones: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>,
+    pub mode: SubscriptionMode,
 }
 impl<'a> Default for SubscribeArgs<'a> {
   #[inline]
@@ -2358,6 +2595,10 @@ impl<'a> Default for SubscribeArgs<'a> {
       priority_level: 0,
       filter_tag: None,
       key_shared_ranges: None,
+      allocation: AllocationStrategy::RoundRobin,
+      zone: None,
+      partition_zones: None,
+      mode: SubscriptionMode::Clustering,
     }
   }
 }
@@ -2412,6 +2653,22 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> SubscribeBuilder<'a, 'b, A> {
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Subscribe::VT_KEY_SHARED_RANGES, key_shared_ranges);
   }
   #[inline]
+  pub fn add_allocation(&mut self, allocation: AllocationStrategy) {
+    self.fbb_.push_slot::<AllocationStrategy>(Subscribe::VT_ALLOCATION, allocation, AllocationStrategy::RoundRobin);
+  }
+  #[inline]
+  pub fn add_zone(&mut self, zone: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Subscribe::VT_ZONE, zone);
+  }
+  #[inline]
+  pub fn add_partition_zones(&mut self, partition_zones: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<&'b  str>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Subscribe::VT_PARTITION_ZONES, partition_zones);
+  }
+  #[inline]
+  pub fn add_mode(&mut self, mode: SubscriptionMode) {
+    self.fbb_.push_slot::<SubscriptionMode>(Subscribe::VT_MODE, mode, SubscriptionMode::Clustering);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> SubscribeBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     SubscribeBuilder {
@@ -2440,6 +2697,10 @@ impl ::core::fmt::Debug for Subscribe<'_> {
       ds.field("priority_level", &self.priority_level());
       ds.field("filter_tag", &self.filter_tag());
       ds.field("key_shared_ranges", &self.key_shared_ranges());
+      ds.field("allocation", &self.allocation());
+      ds.field("zone", &self.zone());
+      ds.field("partition_zones", &self.partition_zones());
+      ds.field("mode", &self.mode());
       ds.finish()
   }
 }
@@ -3347,6 +3608,139 @@ impl ::core::fmt::Debug for CloseConsumer<'_> {
     let mut ds = f.debug_struct("CloseConsumer");
       ds.field("request_id", &self.request_id());
       ds.field("consumer_id", &self.consumer_id());
+      ds.finish()
+  }
+}
+pub enum UnsubscribeOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Deletes the consumer's subscription (a broadcast consumer's own cursor
+/// among them) and detaches it; with other consumers attached it is refused
+/// unless `force`.
+pub struct Unsubscribe<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for Unsubscribe<'a> {
+  type Inner = Unsubscribe<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> Unsubscribe<'a> {
+  pub const VT_REQUEST_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_CONSUMER_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_FORCE: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    Unsubscribe { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args UnsubscribeArgs
+  ) -> ::flatbuffers::WIPOffset<Unsubscribe<'bldr>> {
+    let mut builder = UnsubscribeBuilder::new(_fbb);
+    builder.add_consumer_id(args.consumer_id);
+    builder.add_request_id(args.request_id);
+    builder.add_force(args.force);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn request_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(Unsubscribe::VT_REQUEST_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn consumer_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(Unsubscribe::VT_CONSUMER_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn force(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(Unsubscribe::VT_FORCE, Some(false)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for Unsubscribe<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("request_id", Self::VT_REQUEST_ID, false)?
+     .visit_field::<u64>("consumer_id", Self::VT_CONSUMER_ID, false)?
+     .visit_field::<bool>("force", Self::VT_FORCE, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct UnsubscribeArgs {
+    pub request_id: u64,
+    pub consumer_id: u64,
+    pub force: bool,
+}
+impl<'a> Default for UnsubscribeArgs {
+  #[inline]
+  fn default() -> Self {
+    UnsubscribeArgs {
+      request_id: 0,
+      consumer_id: 0,
+      force: false,
+    }
+  }
+}
+
+pub struct UnsubscribeBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> UnsubscribeBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_request_id(&mut self, request_id: u64) {
+    self.fbb_.push_slot::<u64>(Unsubscribe::VT_REQUEST_ID, request_id, 0);
+  }
+  #[inline]
+  pub fn add_consumer_id(&mut self, consumer_id: u64) {
+    self.fbb_.push_slot::<u64>(Unsubscribe::VT_CONSUMER_ID, consumer_id, 0);
+  }
+  #[inline]
+  pub fn add_force(&mut self, force: bool) {
+    self.fbb_.push_slot::<bool>(Unsubscribe::VT_FORCE, force, false);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> UnsubscribeBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    UnsubscribeBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<Unsubscribe<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for Unsubscribe<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("Unsubscribe");
+      ds.field("request_id", &self.request_id());
+      ds.field("consumer_id", &self.consumer_id());
+      ds.field("force", &self.force());
       ds.finish()
   }
 }
@@ -4974,6 +5368,21 @@ impl<'a> BaseCommand<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn command_as_unsubscribe(&self) -> Option<Unsubscribe<'a>> {
+    if self.command_type() == AnyCommand::Unsubscribe {
+      self.command().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Unsubscribe::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for BaseCommand<'_> {
@@ -5009,6 +5418,7 @@ impl ::flatbuffers::Verifiable for BaseCommand<'_> {
           AnyCommand::AdminResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<AdminResponse>>("AnyCommand::AdminResponse", pos),
           AnyCommand::MessageRun => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<MessageRun>>("AnyCommand::MessageRun", pos),
           AnyCommand::ConsumerClosed => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ConsumerClosed>>("AnyCommand::ConsumerClosed", pos),
+          AnyCommand::Unsubscribe => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsubscribe>>("AnyCommand::Unsubscribe", pos),
           _ => Ok(()),
         }
      })?
@@ -5233,6 +5643,13 @@ impl ::core::fmt::Debug for BaseCommand<'_> {
         },
         AnyCommand::ConsumerClosed => {
           if let Some(x) = self.command_as_consumer_closed() {
+            ds.field("command", &x)
+          } else {
+            ds.field("command", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        AnyCommand::Unsubscribe => {
+          if let Some(x) = self.command_as_unsubscribe() {
             ds.field("command", &x)
           } else {
             ds.field("command", &"InvalidFlatbuffer: Union discriminant does not match value.")

@@ -87,6 +87,12 @@ pub fn all_commands() -> Vec<Command> {
             priority_level: i32::MIN,
             filter_tag: "TagA".into(),
             key_shared_ranges: vec![(0, 100), (200, 65535)],
+            model: ConsumptionModel {
+                mode: SubscriptionMode::Broadcast,
+                allocation: AllocationStrategy::Zone,
+                zone: "eu-1".into(),
+                partition_zones: vec!["eu-1".into(), String::new(), "us-2".into()],
+            },
         },
         Command::Subscribe {
             request_id: 0,
@@ -100,10 +106,12 @@ pub fn all_commands() -> Vec<Command> {
             priority_level: 0,
             filter_tag: String::new(),
             key_shared_ranges: Vec::new(),
+            model: ConsumptionModel::default(),
         },
         Command::Success { request_id: u64::MAX },
         Command::Flow { consumer_id: 9, permits: u32::MAX },
         Command::Flow { consumer_id: 0, permits: 0 },
+        Command::Unsubscribe { request_id: 7, consumer_id: u64::MAX, force: true },
         Command::Message { consumer_id: 5, message_id: id_neg, redelivery_count: u32::MAX, ack_set: vec![] },
         Command::Message { consumer_id: 5, message_id: id_max, redelivery_count: 1, ack_set: vec![0b101, u64::MAX] },
         Command::Ack {
@@ -186,6 +194,7 @@ pub fn command_names() -> Vec<&'static str> {
         "AdminResponse",
         "MessageRun",
         "ConsumerClosed",
+        "Unsubscribe",
     ]
 }
 

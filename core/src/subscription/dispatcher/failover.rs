@@ -2,12 +2,36 @@
 //!
 //! The active consumer is chosen among those with the lowest priority level
 //! (Pulsar: 0 is the highest priority), ordered by name; on a partitioned
-//! topic partition `p` takes the `p % n`-th of them, so partitions spread
-//! over the consumers. Exclusive is the same policy with at most one
-//! consumer. Owned by the topic's shard; never crosses cores.
+//! topic the subscription's allocation strategy (`allocation.rs`; by default
+//! round robin, partition `p` to the `p % n`-th) says which of them owns
+//! partition `p`, so partitions spread over the consumers. Exclusive is the
+//! same policy with at most one consumer. Owned by the topic's shard; never
+//! crosses cores.
 
+use super::allocation::{self, Member};
 use super::{Ask, ConsumerState, Pick};
 use crate::api::ConsumerRef;
+use magnetar_wire::AllocationStrategy;
+
+/// Where this copy of the subscription sits among the partitions, and how
+/// they are allocated.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Placement<'a> {
+    pub(crate) strategy: AllocationStrategy,
+    /// -1 when the topic is not a partition.
+    pub(crate) partition: i32,
+    /// The partitioned topic's partition count as last reported (0: unknown).
+    pub(crate) partitions: u32,
+    pub(crate) partition_zones: &'a [String],
+}
+
+impl Placement<'_> {
+    /// Round robin with no partition count known (non-persistent topics
+    /// know no other strategy).
+    pub(crate) fn round_robin(partition: i32) -> Placement<'static> {
+        Placement { strategy: AllocationStrategy::RoundRobin, partition, partitions: 0, partition_zones: &[] }
+    }
+}
 
 #[derive(Debug, Default)]
 pub(crate) struct Active {
@@ -19,9 +43,9 @@ impl Active {
     pub(crate) fn choose(
         &mut self,
         consumers: &[ConsumerState],
-        partition: i32,
+        placement: &Placement<'_>,
     ) -> Option<(Option<ConsumerRef>, Option<ConsumerRef>)> {
-        let new = choose_active(consumers, partition);
+        let new = choose_active(consumers, placement);
         if new == self.current {
             return None;
         }
@@ -38,7 +62,7 @@ impl Active {
     }
 }
 
-pub(crate) fn choose_active(consumers: &[ConsumerState], partition: i32) -> Option<ConsumerRef> {
+pub(crate) fn choose_active(consumers: &[ConsumerState], placement: &Placement<'_>) -> Option<ConsumerRef> {
     let best = consumers.iter().map(|c| c.priority).min()?;
     let mut candidates: Vec<&ConsumerState> = consumers.iter().filter(|c| c.priority == best).collect();
     // Name first; the consumer ref breaks ties between equal names so the
@@ -50,7 +74,14 @@ pub(crate) fn choose_active(consumers: &[ConsumerState], partition: i32) -> Opti
             b.consumer.consumer_id,
         )))
     });
-    let i = usize::try_from(partition.max(0)).unwrap_or(0) % candidates.len();
+    let members: Vec<Member<'_>> = candidates.iter().map(|c| Member { name: &c.name, zone: &c.zone }).collect();
+    let i = allocation::owner(
+        placement.strategy,
+        &members,
+        placement.partition,
+        placement.partitions,
+        placement.partition_zones,
+    )?;
     Some(candidates[i].consumer)
 }
 
@@ -68,17 +99,18 @@ mod tests {
             joined_at: None,
             address: String::new(),
             redelivered: 0,
+            zone: String::new(),
         }
     }
 
     #[test]
     fn lowest_priority_then_name_wins_and_partitions_spread() {
         let cs = vec![c(1, "b", 1), c(2, "c", 0), c(3, "a", 0)];
-        assert_eq!(choose_active(&cs, -1).map(|r| r.consumer_id), Some(3));
-        assert_eq!(choose_active(&cs, 0).map(|r| r.consumer_id), Some(3));
-        assert_eq!(choose_active(&cs, 1).map(|r| r.consumer_id), Some(2));
-        assert_eq!(choose_active(&cs, 2).map(|r| r.consumer_id), Some(3));
-        assert_eq!(choose_active(&cs[..1], 5).map(|r| r.consumer_id), Some(1));
-        assert_eq!(choose_active(&[], 0), None);
+        assert_eq!(choose_active(&cs, &Placement::round_robin(-1)).map(|r| r.consumer_id), Some(3));
+        assert_eq!(choose_active(&cs, &Placement::round_robin(0)).map(|r| r.consumer_id), Some(3));
+        assert_eq!(choose_active(&cs, &Placement::round_robin(1)).map(|r| r.consumer_id), Some(2));
+        assert_eq!(choose_active(&cs, &Placement::round_robin(2)).map(|r| r.consumer_id), Some(3));
+        assert_eq!(choose_active(&cs[..1], &Placement::round_robin(5)).map(|r| r.consumer_id), Some(1));
+        assert_eq!(choose_active(&[], &Placement::round_robin(0)), None);
     }
 }

@@ -260,6 +260,7 @@ mod tests {
             joined_at: Some(10),
             address: String::new(),
             redelivered: 0,
+            zone: String::new(),
         }];
         let blocked = Default::default();
         let ask = |entry, outstanding_floor| Ask {
@@ -284,6 +285,7 @@ mod tests {
             joined_at: None,
             address: String::new(),
             redelivered: 0,
+            zone: String::new(),
         }
     }
 

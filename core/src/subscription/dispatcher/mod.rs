@@ -11,6 +11,7 @@
 //! reads fresh durable entries from `read_pos`. Everything here is owned by
 //! the topic's shard and never crosses cores.
 
+pub(crate) mod allocation;
 pub(crate) mod context;
 pub(crate) mod failover;
 pub(crate) mod filter;
@@ -40,6 +41,8 @@ pub(crate) struct ConsumerState {
     /// Messages sent to it that had been delivered before (redelivery
     /// count above 0), for stats.
     pub(crate) redelivered: u64,
+    /// Its zone label for the Zone allocation strategy ("" = none).
+    pub(crate) zone: String,
 }
 
 impl ConsumerState {

@@ -39,6 +39,7 @@ mod tests {
                 joined_at: None,
                 address: String::new(),
                 redelivered: 0,
+                zone: String::new(),
             })
             .collect();
         cs[1].permits = 0;

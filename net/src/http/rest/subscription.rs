@@ -7,12 +7,15 @@
 
 use super::{bad_body, body_json, core_error, not_supported, partitions_of, unexpected};
 use crate::http::{error, no_content, Body, State};
+use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
-use magnetar_core::api::{AdminReply, AdminRequest, FoundMessage, SeekTarget, SubscriptionOp, SubscriptionStart};
+use magnetar_core::api::{AdminReply, AdminRequest, SeekTarget, StoredEntry, SubscriptionOp, SubscriptionStart};
 use magnetar_core::TopicName;
+use magnetar_pulsar_wire::proto as pb;
 use magnetar_wire::{ErrorCode, MessageId};
+use prost::Message;
 use serde_json::Value;
 
 /// Handles `rest` = `[sub, …]` after `…/{topic}/subscription/`.
@@ -78,12 +81,12 @@ pub(super) async fn handle(
             if is_partitioned(state, &topic).await {
                 return error(StatusCode::METHOD_NOT_ALLOWED, "Peek messages on a partitioned topic is not allowed");
             }
-            SubscriptionOp::Peek { position, count: 1 }
+            SubscriptionOp::PeekEntry { position }
         }
         _ => return not_supported(&format!("{method} on a subscription's {:?}", tail.join("/"))),
     };
     let deleting = matches!(op, SubscriptionOp::Delete { .. });
-    let peeking = matches!(op, SubscriptionOp::Peek { .. });
+    let peeking = matches!(op, SubscriptionOp::PeekEntry { .. });
     let reply = match state.admin(AdminRequest::Subscription { topic, subscription, op }).await {
         Ok(Ok(r)) => r,
         // Pulsar refuses to delete a subscription with consumers with 412.
@@ -94,9 +97,12 @@ pub(super) async fn handle(
         Err(e) => return e.response(),
     };
     match reply {
-        AdminReply::Found(found) if peeking => match found.messages.first() {
-            Some(m) => peeked(m),
-            None => error(StatusCode::NOT_FOUND, "Message not found"),
+        AdminReply::Entry(entry) if peeking => match peeked(&entry) {
+            Ok(r) => r,
+            Err(why) => error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("entry {}:{} cannot be read: {why}", entry.id.ledger, entry.id.entry),
+            ),
         },
         AdminReply::Done if !peeking => no_content(),
         other => unexpected(other),
@@ -163,9 +169,65 @@ fn start_of(body: &Value) -> Result<SubscriptionStart, Response<Body>> {
     }
 }
 
-/// A peeked message as Pulsar's admin answers it: the payload as the body,
-/// the rest in `X-Pulsar-*` headers.
-fn peeked(m: &FoundMessage) -> Response<Body> {
+/// What Pulsar's admin peek answers of an entry: its metadata's figures
+/// and its payload, a batch's being every message with its
+/// `SingleMessageMetadata` (Pulsar's batch format, which Pulsar's admin
+/// clients split).
+struct PeekedEntry {
+    publish_time_ms: u64,
+    key: Option<String>,
+    properties: Vec<(String, String)>,
+    /// Messages of a batch entry.
+    batch: Option<u32>,
+    /// A compressed payload's codec (the payload is returned as stored,
+    /// not decompressed as Pulsar's broker does).
+    compression: Option<String>,
+    payload: Bytes,
+}
+
+impl PeekedEntry {
+    /// Either door's stored entry: a Pulsar entry as it is; a Magnetar
+    /// batch converted to Pulsar's batch format, as the Pulsar door
+    /// delivers it.
+    fn of(blob: &Bytes) -> Result<Self, String> {
+        if magnetar_pulsar_wire::metadata::is_stored(blob) {
+            let (_, metadata, payload) =
+                magnetar_pulsar_wire::metadata::split_stored(blob).map_err(|e| e.to_string())?;
+            let m = pb::MessageMetadata::decode(metadata).map_err(|e| e.to_string())?;
+            let compression = match pb::CompressionType::try_from(m.compression.unwrap_or(0)) {
+                Ok(pb::CompressionType::None) => None,
+                Ok(c) => Some(c.as_str_name().to_string()),
+                Err(_) => Some(format!("{:?}", m.compression)),
+            };
+            return Ok(PeekedEntry {
+                publish_time_ms: m.publish_time,
+                key: m.partition_key,
+                properties: m.properties.into_iter().map(|kv| (kv.key, kv.value)).collect(),
+                batch: m.num_messages_in_batch.and_then(|n| u32::try_from(n).ok()),
+                compression,
+                payload: blob.slice_ref(payload),
+            });
+        }
+        let (meta, payload) = magnetar_wire::decode_message(blob).map_err(|e| e.to_string())?;
+        let batched = meta.num_messages > 1 && meta.chunk.is_none();
+        let compressed = meta.compression != magnetar_wire::CompressionType::None;
+        let payload = if batched && !compressed { crate::pulsar::convert::native_to_pulsar(blob)?.1 } else { payload };
+        Ok(PeekedEntry {
+            publish_time_ms: meta.publish_time_ms,
+            key: meta.partition_key,
+            properties: meta.properties,
+            batch: batched.then_some(meta.num_messages),
+            compression: compressed.then(|| format!("{:?}", meta.compression).to_uppercase()),
+            payload,
+        })
+    }
+}
+
+/// A peeked entry as Pulsar's admin answers it (`generateResponseWithEntry`):
+/// the payload as the body, the rest in `X-Pulsar-*` headers; a batch with
+/// `X-Pulsar-num-batch-message`.
+fn peeked(entry: &StoredEntry) -> Result<Response<Body>, String> {
+    let m = PeekedEntry::of(&entry.blob)?;
     let mut r = Response::new(Body::new(m.payload.clone()));
     let h = r.headers_mut();
     h.insert(hyper::header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
@@ -174,26 +236,28 @@ fn peeked(m: &FoundMessage) -> Response<Body> {
             h.insert(n, v);
         }
     };
-    put("X-Pulsar-Message-ID", format!("{}:{}", m.id.ledger, m.id.entry));
+    put("X-Pulsar-Message-ID", format!("{}:{}", entry.id.ledger, entry.id.entry));
     let published = std::time::UNIX_EPOCH + std::time::Duration::from_millis(m.publish_time_ms);
     put("X-Pulsar-publish-time", humantime::format_rfc3339_millis(published).to_string());
-    if !m.key.is_empty() {
-        put("X-Pulsar-partition-key", m.key.clone());
+    if let Some(key) = m.key.filter(|k| !k.is_empty()) {
+        put("X-Pulsar-partition-key", key);
     }
-    if m.id.batch_index >= 0 {
-        put("X-Pulsar-batch-index", m.id.batch_index.to_string());
+    if let Some(n) = m.batch {
+        put("X-Pulsar-num-batch-message", n.to_string());
+        put("X-Pulsar-batch-size", m.payload.len().to_string());
     }
-    if let Some(c) = m.compressed {
-        put("X-Pulsar-num-batch-message", c.messages.to_string());
-        put("X-Pulsar-compression", format!("{:?}", c.compression).to_uppercase());
+    if let Some(c) = m.compression {
+        put("X-Pulsar-compression", c);
     }
     // Both of Pulsar's forms: one header per property (older brokers) and
     // all of them as one JSON object (newer ones).
-    for (k, v) in &m.properties {
-        put(&format!("X-Pulsar-PROPERTY-{k}"), v.clone());
+    let properties: std::collections::BTreeMap<&str, &str> =
+        m.properties.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    for (k, v) in &properties {
+        put(&format!("X-Pulsar-PROPERTY-{k}"), v.to_string());
     }
-    if !m.properties.is_empty() {
-        put("X-Pulsar-PROPERTY", serde_json::to_string(&m.properties).unwrap_or_default());
+    if !properties.is_empty() {
+        put("X-Pulsar-PROPERTY", serde_json::to_string(&properties).unwrap_or_default());
     }
-    r
+    Ok(r)
 }
