@@ -31,6 +31,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("storage", "lone_yield_max_us", "lone_yield_max_us"),
     ("storage", "segment_recycle", "segment_recycle"),
     ("storage", "write_cache_mib", "write_cache_mib"),
+    ("storage", "index_cache_mib", "index_cache_mib"),
     ("storage", "allow_tmpfs", "allow_tmpfs"),
     ("storage", "accept_data_loss", "accept_data_loss"),
     ("storage", "disk_refuse_pct", "disk_refuse_pct"),
