@@ -354,7 +354,8 @@ fn select(blob: &Bytes, want: impl Fn(Option<&str>) -> bool) -> Result<KeyedMess
             let mut messages = Vec::new();
             match m.num_messages_in_batch {
                 // A compressed batch is taken whole by its own key (its
-                // first message's): the broker never decompresses.
+                // first message's): finding by key does not decompress
+                // (only the Pulsar door's converter does, between doors).
                 None => {}
                 Some(n) if !compressed => {
                     if let Ok(records) =

@@ -140,7 +140,7 @@ pub(crate) struct SubCounters {
 fn backlog_bytes(log: &magnetar_storage::EntryLog, t: &Topic, cursor: &crate::subscription::cursor::Cursor) -> u64 {
     backlog_bytes_by(cursor, t.durable_next.get(), |e| {
         let (l, e) = t.ledgers.borrow().locate(e)?;
-        log.index_entry_cached(l, e).map(|ie| u64::from(ie.body_len))
+        log.index_entry_peek(l, e).map(|ie| u64::from(ie.body_len))
     })
 }
 

@@ -796,6 +796,10 @@ pub(crate) struct Shared<D: Disk> {
     pub space_short: std::cell::Cell<bool>,
     /// The last checkpoint failed for lack of space (logged once).
     pub ckpt_short: std::cell::Cell<bool>,
+    /// The checkpoint's copy is older than the checkpoint (its write
+    /// failed): the next checkpoint is written even with nothing new, so
+    /// the copy and garbage collection catch up.
+    pub copy_stale: std::cell::Cell<bool>,
 }
 
 impl<D: Disk> Drop for Shared<D> {
@@ -1218,7 +1222,7 @@ impl<D: Disk> Shared<D> {
                 return Err(StorageError::Closed);
             }
             let position = st.tail;
-            if !clean && st.ckpt_position == Some(position) {
+            if !clean && st.ckpt_position == Some(position) && !self.copy_stale.get() {
                 return Ok(()); // nothing became durable since the last one
             }
             let mut ids: Vec<u64> = st.ledgers.keys().copied().collect();
@@ -1336,7 +1340,9 @@ impl<D: Disk> Shared<D> {
         // already follows the checkpoint (durable by now): a failure here
         // leaves a stale copy and no garbage collected, and the next
         // checkpoint appends its pages after this one's.
+        self.copy_stale.set(true);
         self.write_atomically(&self.paths.checkpoint_copy_tmp, &self.paths.checkpoint_copy, &bytes).await?;
+        self.copy_stale.set(false);
         if clean {
             let marker = CleanMarker { ckpt_seq, position, next_batch_seq: next_seq };
             let path = &self.paths.clean;
@@ -2397,6 +2403,16 @@ impl<D: Disk> EntryLog<D> {
     /// when its index page is not in the cache.
     pub fn index_entry_cached(&self, ledger: u64, entry: u64) -> Option<IndexEntry> {
         match lookup(&mut self.sh.st.borrow_mut(), ledger, entry) {
+            Lookup::Found(ie) => Some(ie),
+            _ => None,
+        }
+    }
+
+    /// [`index_entry_cached`](Self::index_entry_cached) leaving the cache's
+    /// eviction order and hit count alone: for statistics, which must not
+    /// steer what stays cached for readers.
+    pub fn index_entry_peek(&self, ledger: u64, entry: u64) -> Option<IndexEntry> {
+        match peek(&self.sh.st.borrow(), ledger, entry) {
             Lookup::Found(ie) => Some(ie),
             _ => None,
         }

@@ -246,11 +246,20 @@ impl<D: Disk> EntryLog<D> {
                         // in `recent` with no index file, so the next
                         // checkpoint writes the file afresh from page 0.
                         let mut recent = rebuild_index(&segs, cl.ledger, cl.indexed_entries, c.position).await?;
+                        // `recent` is the ledger's whole index now, and the
+                        // pages the next checkpoint writes come from it: no
+                        // relocation may stand beside it (a later copy found
+                        // by the scan updates `recent` only), including any
+                        // the failed load put there before the damage.
+                        let stale: Vec<(u64, u64)> =
+                            st.relocated.range((cl.ledger, 0)..=(cl.ledger, u64::MAX)).map(|(k, _)| *k).collect();
+                        for k in stale {
+                            st.relocated.remove(&k);
+                        }
                         for r in &rs {
                             let ie = &mut recent[r.entry as usize];
                             ie.position = r.position;
                             ie.record_crc = r.record_crc;
-                            st.relocated.insert((cl.ledger, r.entry), *ie);
                         }
                         let line = format!(
                             "{damage}; rebuilt the index of ledger {} ({} entries) from the log",
@@ -461,6 +470,7 @@ impl<D: Disk> EntryLog<D> {
             keys: RefCell::new(keys),
             space_short: std::cell::Cell::new(false),
             ckpt_short: std::cell::Cell::new(false),
+            copy_stale: std::cell::Cell::new(false),
         });
         if rewrite_now {
             sh.checkpoint(false).await?;

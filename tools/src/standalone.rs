@@ -76,7 +76,7 @@ pub struct StandaloneArgs {
     pub write_cache_mib: usize,
     /// Ledger index pages kept in memory per shard, in MiB (least recently
     /// used out; the rest of the index is read from disk when needed).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=(1 << 20)))]
     pub index_cache_mib: usize,
     /// Do not pin shards to CPUs.
     #[arg(long)]
@@ -139,7 +139,7 @@ pub struct StandaloneArgs {
     /// Seconds a Pulsar client may stay silent before the broker pings it;
     /// silent as long again, its connection is closed (Pulsar's
     /// keepAliveIntervalSeconds).
-    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub pulsar_keep_alive_interval_s: u64,
     /// Most connections one shard holds (docs/reliability.md).
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]

@@ -114,18 +114,24 @@ fn ring_owner(ring: &[(u32, usize)], p: u32) -> usize {
 }
 
 fn zone(members: &[Member<'_>], p: u32, n: u32, partition_zones: &[String]) -> usize {
+    // Partitions at or past the labelled ones have no zone: they are
+    // counted, not walked, so the work is bounded by the labels (a partition
+    // number comes from a topic name and may be huge).
+    let labelled = u32::try_from(partition_zones.len()).unwrap_or(u32::MAX);
     let zone_of = |q: u32| partition_zones.get(q as usize).map_or("", String::as_str);
     let has_consumer = |z: &str| !z.is_empty() && members.iter().any(|m| m.zone == z);
     let z = zone_of(p);
     if has_consumer(z) {
         let local: Vec<usize> = (0..members.len()).filter(|&i| members[i].zone == z).collect();
-        let same: Vec<u32> = (0..n).filter(|&q| zone_of(q) == z).collect();
+        let same: Vec<u32> = (0..n.min(labelled)).filter(|&q| zone_of(q) == z).collect();
         let at = same.iter().position(|&q| q == p).expect("p is in its own zone");
         return local[average(at as u32, same.len() as u32, local.len())];
     }
-    let orphans: Vec<u32> = (0..n).filter(|&q| !has_consumer(zone_of(q))).collect();
-    let at = orphans.iter().position(|&q| q == p).expect("p has no consumer of its zone");
-    average(at as u32, orphans.len() as u32, members.len())
+    let orphans_below = |end: u32| {
+        let walked = (0..end.min(labelled)).filter(|&q| !has_consumer(zone_of(q))).count() as u32;
+        walked + end.saturating_sub(labelled)
+    };
+    average(orphans_below(p), orphans_below(n), members.len())
 }
 
 #[cfg(test)]
@@ -248,5 +254,27 @@ mod tests {
         let t2 = table(Zone, &ms2, 8, &zones);
         assert_eq!((t2[0], t2[1], t2[6]), (0, 0, 1));
         assert_eq!(vec![t2[2], t2[3], t2[4], t2[5], t2[7]], vec![0, 0, 0, 1, 1]);
+    }
+
+    /// Goal: a partition number from a topic name (up to 2^31) costs work
+    /// bounded by the zone labels, not by the number; and partitions past
+    /// the labels agree with the walked answer (zone labels shorter than the
+    /// partition count).
+    #[test]
+    fn zone_work_is_bounded_by_the_labels() {
+        let ns = names(3);
+        let zones: Vec<String> = ["a", "", "b"].iter().map(|z| z.to_string()).collect();
+        let ms = members(&ns, &["a", "b", "c"]);
+        let huge = i32::MAX as u32;
+        let start = std::time::Instant::now();
+        let o = owner(Zone, &ms, huge as i32, 0, &zones).expect("owner");
+        assert!(start.elapsed() < std::time::Duration::from_secs(1), "walked up to the partition number");
+        // Orphans are 1 and 3.. (2^31 - 3 of them with p = 2^31 - 1 last).
+        assert_eq!(o, average(huge - 2, huge - 1, 3));
+        // Against a walk of every partition, 6 partitions, 3 labelled.
+        let t = table(Zone, &ms, 6, &zones);
+        assert_eq!((t[0], t[2]), (0, 1), "labelled partitions go to their zone's consumer");
+        // Orphans 1, 3, 4, 5: Average of 4 over 3 consumers: 0, 0, 1, 2.
+        assert_eq!((t[1], t[3], t[4], t[5]), (0, 0, 1, 2));
     }
 }
