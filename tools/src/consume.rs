@@ -386,6 +386,7 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     let mut received = 0u64;
+    let mut acks_lost = false;
     let stop = loop {
         if args.count > 0 && received >= args.count {
             break Stop::CountReached;
@@ -437,7 +438,7 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
         } else if args.nack_every.is_some_and(|n| received.is_multiple_of(n)) {
             consumer.negative_acknowledge(&msg);
         } else {
-            consumer.ack(&msg).await?;
+            ack_unless_closed(consumer.ack(&msg).await, &mut acks_lost)?;
         }
     };
     stdout.flush()?;
@@ -452,6 +453,23 @@ async fn consume(args: ConsumeArgs) -> Result<(), Box<dyn Error>> {
     client.close();
     report(received, stop);
     Ok(())
+}
+
+/// An ack's outcome. Once the broker has closed the consumer (or the
+/// connection broke) an ack cannot reach it, but the messages delivered
+/// before the close are still queued: they are printed all the same (they
+/// come again to the next consumer: at-least-once), and the receive after
+/// them fails with the reason for the close, which is what the user needs.
+fn ack_unless_closed(acked: Result<(), ClientError>, acks_lost: &mut bool) -> Result<(), ClientError> {
+    match acked {
+        Err(ClientError::ConsumerClosed { .. } | ClientError::Disconnected { .. }) => {
+            if !std::mem::replace(acks_lost, true) {
+                tracing::warn!("the consumer is closed: the messages printed from here on are not acknowledged");
+            }
+            Ok(())
+        }
+        other => other,
+    }
 }
 
 fn report(received: u64, stop: Stop) {
@@ -475,6 +493,7 @@ async fn pull_loop(
     tokio::pin!(ctrl_c);
     let poll = Duration::from_millis(args.poll_ms.max(1));
     let mut received = 0u64;
+    let mut acks_lost = false;
     let mut idle_since = tokio::time::Instant::now();
     let stop = loop {
         if args.count > 0 && received >= args.count {
@@ -505,7 +524,7 @@ async fn pull_loop(
             if args.nack_every.is_some_and(|n| received.is_multiple_of(n)) {
                 consumer.negative_acknowledge(msg);
             } else {
-                consumer.ack(&msg.id).await?;
+                ack_unless_closed(consumer.ack(&msg.id).await, &mut acks_lost)?;
             }
         }
         stdout.flush()?;
