@@ -13,6 +13,7 @@
 //! waits for or allocates anything more, and every later length against the
 //! bytes of its frame.
 
+use crate::metadata::STORED_MARKER;
 use crate::proto::BaseCommand;
 use bytes::{BufMut, Bytes, BytesMut};
 use prost::Message;
@@ -49,10 +50,14 @@ pub enum FrameError {
 }
 
 /// The checksummed part of a payload command, kept as received: from the
-/// `0x0e01` magic to the end of the payload.
+/// `0x0e01` magic to the end of the payload. A slice of the bytes read, not
+/// a copy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Payload {
-    checksummed: Bytes,
+    /// The checksummed part, preceded by the stored marker when `marked`
+    /// (see [`Payload::stored_blob`]).
+    bytes: Bytes,
+    marked: bool,
     metadata_bytes: usize,
     /// The broker-entry metadata a broker put before it, if any (only
     /// ever in frames from a broker).
@@ -62,23 +67,49 @@ pub struct Payload {
 impl Payload {
     /// Magic, CRC-32C, metadata length, metadata and payload, as received
     /// (the checksum verified).
-    pub fn checksummed(&self) -> &Bytes {
-        &self.checksummed
+    pub fn checksummed(&self) -> Bytes {
+        if self.marked {
+            self.bytes.slice(STORED_MARKER.len()..)
+        } else {
+            self.bytes.clone()
+        }
+    }
+
+    fn checksummed_slice(&self) -> &[u8] {
+        let skip = if self.marked { STORED_MARKER.len() } else { 0 };
+        self.bytes.get(skip..).unwrap_or(&[])
+    }
+
+    /// The message in the layout a broker stores it (the marker, then the
+    /// checksummed part: [`crate::metadata::stored_blob`]). The decoder
+    /// writes the marker over the 4 bytes before the checksummed part (the
+    /// end of the command, already decoded), so this is a slice of the
+    /// bytes read, not a copy; only a frame with broker-entry metadata (a
+    /// broker's, never a client's SEND) has no room and is copied.
+    pub fn stored_blob(&self) -> Bytes {
+        if self.marked {
+            self.bytes.clone()
+        } else {
+            crate::metadata::stored_blob(&self.bytes)
+        }
     }
 
     /// The encoded `MessageMetadata`.
     pub fn metadata(&self) -> &[u8] {
-        self.checksummed.get(CHECKSUMMED_HEADER_BYTES..CHECKSUMMED_HEADER_BYTES + self.metadata_bytes).unwrap_or(&[])
+        self.checksummed_slice()
+            .get(CHECKSUMMED_HEADER_BYTES..CHECKSUMMED_HEADER_BYTES + self.metadata_bytes)
+            .unwrap_or(&[])
     }
 
     /// The message payload (a batch's records when batched).
     pub fn payload(&self) -> Bytes {
-        self.checksummed.slice((CHECKSUMMED_HEADER_BYTES + self.metadata_bytes).min(self.checksummed.len())..)
+        let skip = if self.marked { STORED_MARKER.len() } else { 0 };
+        self.bytes.slice((skip + CHECKSUMMED_HEADER_BYTES + self.metadata_bytes).min(self.bytes.len())..)
     }
 
     /// The CRC-32C the frame carried (and the bytes matched).
     pub fn checksum(&self) -> u32 {
-        read_u32(&self.checksummed, 2).unwrap_or(0)
+        read_u32(self.checksummed_slice(), 2).unwrap_or(0)
     }
 }
 
@@ -128,20 +159,61 @@ impl FrameDecoder {
     /// Takes the next whole frame off the front of `buf`; `Ok(None)` until
     /// it has all arrived. The frame's bytes are consumed before they are
     /// parsed, so an `Err` leaves `buf` at the next frame (though callers
-    /// close the connection).
+    /// close the connection). A payload is a slice of `buf`'s bytes, laid
+    /// out for storing (see [`Payload::stored_blob`]).
     pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
         let Some(bytes) = self.next_frame_bytes(buf)? else { return Ok(None) };
         if buf.len() < bytes {
             return Ok(None);
         }
-        let frame = buf.split_to(bytes).freeze();
-        parse_frame(frame.slice(4..)).map(Some)
+        let mut frame = buf.split_to(bytes);
+        let layout = parse_frame(&frame[4..])?;
+        let Some(p) = layout.payload else {
+            return Ok(Some(Frame { command: layout.command, payload: None }));
+        };
+        // Offsets in `frame`, past its `total` field.
+        let start = 4 + p.checksummed_at;
+        let broker_entry_metadata = p.broker_entry_metadata.map(|(from, to)| (4 + from, 4 + to));
+        // Without broker-entry metadata the 4 bytes before the checksummed
+        // part are the command's (or its length's), decoded already: the
+        // stored marker goes there.
+        let marked = broker_entry_metadata.is_none();
+        if marked {
+            frame[start - STORED_MARKER.len()..start].copy_from_slice(&STORED_MARKER);
+        }
+        let frame = frame.freeze();
+        let from = if marked { start - STORED_MARKER.len() } else { start };
+        Ok(Some(Frame {
+            command: layout.command,
+            payload: Some(Payload {
+                bytes: frame.slice(from..),
+                marked,
+                metadata_bytes: p.metadata_bytes,
+                broker_entry_metadata: broker_entry_metadata.map(|(f, t)| frame.slice(f..t)),
+            }),
+        }))
     }
 }
 
-/// Parses a frame's bytes after its `total` field.
-fn parse_frame(body: Bytes) -> Result<Frame, FrameError> {
-    let cmd_len = read_u32(&body, 0).ok_or(FrameError::TooSmall { size: body.len() as u32 })?;
+/// Where a frame's parts are, as offsets in its bytes after `total`.
+struct Layout {
+    command: BaseCommand,
+    payload: Option<PayloadLayout>,
+}
+
+struct PayloadLayout {
+    /// Where the checksummed part starts (it runs to the end); at least 4
+    /// (after the command length), so the 4 bytes before it are the
+    /// frame's.
+    checksummed_at: usize,
+    metadata_bytes: usize,
+    broker_entry_metadata: Option<(usize, usize)>,
+}
+
+/// Parses a frame's bytes after its `total` field, checking every length
+/// and the CRC-32C.
+fn parse_frame(body: &[u8]) -> Result<Layout, FrameError> {
+    let cmd_len = read_u32(body, 0).ok_or(FrameError::TooSmall { size: body.len() as u32 })?;
     let available = body.len() - 4;
     if cmd_len as usize > available {
         return Err(FrameError::CommandTruncated { cmd_len, available });
@@ -149,29 +221,29 @@ fn parse_frame(body: Bytes) -> Result<Frame, FrameError> {
     let cmd_end = 4 + cmd_len as usize;
     let command = BaseCommand::decode(&body[4..cmd_end]).map_err(|e| FrameError::BadCommand(e.to_string()))?;
     if cmd_end == body.len() {
-        return Ok(Frame { command, payload: None });
+        return Ok(Layout { command, payload: None });
     }
-    let rest = body.slice(cmd_end..);
+    let rest = &body[cmd_end..];
     let mut at = 0usize;
     let truncated = |offset: usize, need: usize, have: usize| FrameError::PayloadTruncated { offset, need, have };
     let mut broker_entry_metadata = None;
-    if read_u16(&rest, 0) == Some(MAGIC_BROKER_ENTRY_METADATA) {
-        let len = read_u32(&rest, 2).ok_or_else(|| truncated(2, 4, rest.len().saturating_sub(2)))? as usize;
+    if read_u16(rest, 0) == Some(MAGIC_BROKER_ENTRY_METADATA) {
+        let len = read_u32(rest, 2).ok_or_else(|| truncated(2, 4, rest.len().saturating_sub(2)))? as usize;
         let end =
             6usize.checked_add(len).filter(|&e| e <= rest.len()).ok_or_else(|| truncated(6, len, rest.len() - 6))?;
-        broker_entry_metadata = Some(rest.slice(6..end));
+        broker_entry_metadata = Some((cmd_end + 6, cmd_end + end));
         at = end;
     }
-    let checksummed = rest.slice(at..);
+    let checksummed = &rest[at..];
     if checksummed.len() < CHECKSUMMED_HEADER_BYTES {
         return Err(truncated(at, CHECKSUMMED_HEADER_BYTES, checksummed.len()));
     }
-    let magic = read_u16(&checksummed, 0).unwrap_or(0);
+    let magic = read_u16(checksummed, 0).unwrap_or(0);
     if magic != MAGIC_CRC32C {
         return Err(FrameError::BadMagic { found: magic });
     }
-    let expected = read_u32(&checksummed, 2).unwrap_or(0);
-    let metadata_bytes = read_u32(&checksummed, 6).unwrap_or(0) as usize;
+    let expected = read_u32(checksummed, 2).unwrap_or(0);
+    let metadata_bytes = read_u32(checksummed, 6).unwrap_or(0) as usize;
     let have = checksummed.len() - CHECKSUMMED_HEADER_BYTES;
     if metadata_bytes > have {
         return Err(truncated(at + CHECKSUMMED_HEADER_BYTES, metadata_bytes, have));
@@ -180,7 +252,10 @@ fn parse_frame(body: Bytes) -> Result<Frame, FrameError> {
     if actual != expected {
         return Err(FrameError::ChecksumMismatch { expected, actual });
     }
-    Ok(Frame { command, payload: Some(Payload { checksummed, metadata_bytes, broker_entry_metadata }) })
+    Ok(Layout {
+        command,
+        payload: Some(PayloadLayout { checksummed_at: cmd_end + at, metadata_bytes, broker_entry_metadata }),
+    })
 }
 
 fn too_large(size: usize) -> FrameError {
@@ -272,6 +347,47 @@ mod tests {
         assert_eq!((payload.metadata(), &payload.payload()[..]), (&b"meta"[..], &b"data"[..]));
         assert_eq!(payload.checksum(), crc);
         assert!(dst.is_empty());
+    }
+
+    /// Goal: a SEND's stored form is the very bytes read (no copy): the
+    /// marker laid over the end of the already decoded command, then the
+    /// checksummed part; a frame with broker-entry metadata (no room for
+    /// the marker) gets the same layout by a copy.
+    #[test]
+    fn stored_blob_is_laid_out_in_the_read_buffer() {
+        let mut wire = BytesMut::new();
+        encode_payload_command(&send(), b"meta", b"data", &mut wire).unwrap();
+        let read = wire.as_ptr_range();
+        let read = read.start as usize..read.end as usize;
+        let frame = FrameDecoder::new(1 << 20).decode(&mut wire).unwrap().unwrap();
+        assert_eq!(frame.command, send());
+        let payload = frame.payload.unwrap();
+        let stored = payload.stored_blob();
+        assert!(read.contains(&(stored.as_ptr() as usize)), "the stored blob was copied");
+        assert_eq!(stored, crate::metadata::stored_blob(&payload.checksummed()));
+        let (_, metadata, body) = crate::metadata::split_stored(&stored).unwrap();
+        assert_eq!((metadata, body), (&b"meta"[..], &b"data"[..]));
+        assert_eq!((payload.metadata(), &payload.payload()[..]), (&b"meta"[..], &b"data"[..]));
+
+        // A broker's frame with broker-entry metadata before the checksummed part.
+        let mut plain = BytesMut::new();
+        encode_payload_command(&send(), b"meta", b"data", &mut plain).unwrap();
+        let cmd_end = 8 + send().encoded_len();
+        let mut with_bem = BytesMut::new();
+        with_bem.put_u32(0);
+        with_bem.extend_from_slice(&plain[4..cmd_end]);
+        with_bem.put_u16(MAGIC_BROKER_ENTRY_METADATA);
+        with_bem.put_u32(3);
+        with_bem.extend_from_slice(b"bem");
+        with_bem.extend_from_slice(&plain[cmd_end..]);
+        let total = (with_bem.len() - 4) as u32;
+        with_bem[..4].copy_from_slice(&total.to_be_bytes());
+        let frame = FrameDecoder::new(1 << 20).decode(&mut with_bem).unwrap().unwrap();
+        let payload = frame.payload.unwrap();
+        assert_eq!(payload.broker_entry_metadata.as_deref(), Some(&b"bem"[..]));
+        assert_eq!(payload.stored_blob(), stored);
+        assert_eq!((payload.metadata(), &payload.payload()[..]), (&b"meta"[..], &b"data"[..]));
+        assert_eq!(payload.checksum(), u32::from_be_bytes(plain[cmd_end + 2..cmd_end + 6].try_into().unwrap()));
     }
 
     /// Goal: over-size is refused from the length alone, a wrong CRC and a

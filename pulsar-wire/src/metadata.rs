@@ -238,6 +238,11 @@ pub fn metadata_properties(b: &[u8]) -> Result<Vec<(&str, &str)>, MetadataError>
 pub struct BatchRecord<'a> {
     pub partition_key: Option<&'a str>,
     pub properties: Vec<(&'a str, &'a str)>,
+    /// `event_time` when present.
+    pub event_time_ms: Option<u64>,
+    pub ordering_key: Option<&'a [u8]>,
+    /// The `sequence_id` its producer gave it, when present.
+    pub sequence_id: Option<u64>,
     pub payload: &'a [u8],
 }
 
@@ -253,7 +258,14 @@ pub fn batch_records(payload: &[u8], n: u32) -> Result<Vec<BatchRecord<'_>>, Met
         let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
         let start = at + 4;
         let meta_end = start.checked_add(len).filter(|&e| e <= payload.len()).ok_or(MetadataError::Truncated)?;
-        let mut record = BatchRecord { partition_key: None, properties: Vec::new(), payload: &[] };
+        let mut record = BatchRecord {
+            partition_key: None,
+            properties: Vec::new(),
+            event_time_ms: None,
+            ordering_key: None,
+            sequence_id: None,
+            payload: &[],
+        };
         let mut size = None;
         walk(&payload[start..meta_end], |field, v| {
             match (field, v) {
@@ -261,6 +273,9 @@ pub fn batch_records(payload: &[u8], n: u32) -> Result<Vec<BatchRecord<'_>>, Met
                 (2, Value::Bytes(v)) => record.partition_key = Some(text(2, v)?),
                 // int32: a negative size is encoded as a 10-byte varint.
                 (3, Value::Varint(v)) => size = Some(usize::try_from(v).map_err(|_| MetadataError::Truncated)?),
+                (5, Value::Varint(v)) => record.event_time_ms = Some(v),
+                (7, Value::Bytes(v)) => record.ordering_key = Some(v),
+                (8, Value::Varint(v)) => record.sequence_id = Some(v),
                 _ => {}
             }
             Ok(())
@@ -327,11 +342,14 @@ mod tests {
     fn splits_a_batch_payload() {
         use crate::proto::SingleMessageMetadata;
         let mut payload = Vec::new();
-        for (key, body) in [(Some("a"), &b"one"[..]), (None, b"two!")] {
+        for (i, (key, body)) in [(Some("a"), &b"one"[..]), (None, b"two!")].into_iter().enumerate() {
             let single = SingleMessageMetadata {
                 properties: vec![KeyValue { key: "p".into(), value: body.len().to_string() }],
                 partition_key: key.map(str::to_string),
                 payload_size: body.len() as i32,
+                event_time: (i == 0).then_some(77),
+                ordering_key: (i == 0).then(|| b"ord".to_vec()),
+                sequence_id: (i == 0).then_some(9),
                 ..Default::default()
             }
             .encode_to_vec();
@@ -344,6 +362,11 @@ mod tests {
         assert_eq!((records[0].partition_key, records[0].payload), (Some("a"), &b"one"[..]));
         assert_eq!(records[0].properties, vec![("p", "3")]);
         assert_eq!((records[1].partition_key, records[1].payload), (None, &b"two!"[..]));
+        assert_eq!(
+            (records[0].event_time_ms, records[0].ordering_key, records[0].sequence_id),
+            (Some(77), Some(&b"ord"[..]), Some(9))
+        );
+        assert_eq!((records[1].event_time_ms, records[1].ordering_key, records[1].sequence_id), (None, None, None));
         assert_eq!(batch_records(&payload, 3), Err(MetadataError::Truncated));
         assert_eq!(batch_records(&payload[..payload.len() - 1], 2), Err(MetadataError::Truncated));
         let meta = MessageMetadata {

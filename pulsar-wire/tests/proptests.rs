@@ -54,7 +54,8 @@ proptest! {
         prop_assert_eq!(&p.payload()[..], &payload[..]);
         let m = peek_metadata(p.metadata()).unwrap();
         prop_assert_eq!((m.producer_name, m.sequence_id, m.partition_key), (name.as_str(), sequence_id, key.as_deref()));
-        let stored = metadata::stored_blob(p.checksummed());
+        let stored = p.stored_blob();
+        prop_assert_eq!(&stored, &metadata::stored_blob(&p.checksummed()));
         let (_, sm, sp) = metadata::split_stored(&stored).unwrap();
         prop_assert_eq!((sm, sp), (&meta[..], &payload[..]));
     }

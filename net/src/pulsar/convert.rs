@@ -122,23 +122,6 @@ pub(crate) fn native_to_pulsar(blob: &[u8]) -> Result<(Vec<u8>, Bytes), String> 
     Ok((m.encode_to_vec(), payload))
 }
 
-/// The records of an uncompressed Pulsar batch payload, at most `n`.
-fn pulsar_records(payload: &Bytes, n: u32) -> Result<Vec<(pb::SingleMessageMetadata, Bytes)>, String> {
-    let mut at = 0usize;
-    let mut out = Vec::new();
-    for _ in 0..n.min(magnetar_wire::BATCH_MESSAGES_MAX) {
-        let len = payload.get(at..at + 4).ok_or("batch record truncated")?;
-        let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
-        let meta_end = (at + 4).checked_add(len).filter(|&e| e <= payload.len()).ok_or("batch record truncated")?;
-        let single = pb::SingleMessageMetadata::decode(&payload[at + 4..meta_end]).map_err(|e| e.to_string())?;
-        let size = usize::try_from(single.payload_size).map_err(|_| "negative payload size")?;
-        let end = meta_end.checked_add(size).filter(|&e| e <= payload.len()).ok_or("batch record truncated")?;
-        out.push((single, payload.slice(meta_end..end)));
-        at = end;
-    }
-    Ok(out)
-}
-
 /// A stored Pulsar blob as a native blob.
 pub(crate) fn pulsar_to_native(blob: &[u8]) -> Result<Bytes, String> {
     let (_, metadata, payload) = magnetar_pulsar_wire::metadata::split_stored(blob).map_err(|e| e.to_string())?;
@@ -172,7 +155,9 @@ pub(crate) fn pulsar_to_native(blob: &[u8]) -> Result<Bytes, String> {
         return Ok(magnetar_wire::encode_message(&meta, payload));
     };
     let payload = decompress_batch(compression, &Bytes::copy_from_slice(payload), meta.uncompressed_size)?;
-    let records = pulsar_records(&payload, n.max(0) as u32)?;
+    let n = u32::try_from(n).unwrap_or(0).min(magnetar_wire::BATCH_MESSAGES_MAX);
+    let records = magnetar_pulsar_wire::metadata::batch_records(&payload, n).map_err(|e| e.to_string())?;
+    let owned = |kv: &[(&str, &str)]| kv.iter().map(|&(k, v)| (k.to_string(), v.to_string())).collect();
     // The converted payload, compressed again as it came.
     let encode = |mut meta: MessageMetadata, data: &[u8]| -> Result<Bytes, String> {
         if compression == CompressionType::None {
@@ -182,26 +167,26 @@ pub(crate) fn pulsar_to_native(blob: &[u8]) -> Result<Bytes, String> {
         meta.uncompressed_size = size;
         Ok(magnetar_wire::encode_message(&meta, &payload))
     };
-    if let [(single, body)] = &records[..] {
+    if let [single] = &records[..] {
         // A batch of one is a single message to a native consumer.
-        meta.properties = pairs(single.properties.clone());
-        meta.partition_key = single.partition_key.clone();
-        meta.ordering_key = single.ordering_key.clone().map(Bytes::from);
-        if let Some(t) = single.event_time {
+        meta.properties = owned(&single.properties);
+        meta.partition_key = single.partition_key.map(str::to_string);
+        meta.ordering_key = single.ordering_key.map(|k| payload.slice_ref(k));
+        if let Some(t) = single.event_time_ms {
             meta.event_time_ms = t;
         }
         meta.num_messages = 1;
-        return encode(meta, body);
+        return encode(meta, single.payload);
     }
     let mut out = BytesMut::new();
-    for (single, body) in &records {
+    for record in &records {
         let r = BatchMessage {
-            properties: pairs(single.properties.clone()),
-            partition_key: single.partition_key.clone(),
-            ordering_key: single.ordering_key.clone().map(Bytes::from),
-            event_time_ms: single.event_time.unwrap_or(0),
-            sequence_id: single.sequence_id.unwrap_or(0),
-            payload: body.clone(),
+            properties: owned(&record.properties),
+            partition_key: record.partition_key.map(str::to_string),
+            ordering_key: record.ordering_key.map(|k| payload.slice_ref(k)),
+            event_time_ms: record.event_time_ms.unwrap_or(0),
+            sequence_id: record.sequence_id.unwrap_or(0),
+            payload: payload.slice_ref(record.payload),
         };
         magnetar_wire::encode_batch_record_into(&r, &mut out);
     }
@@ -214,7 +199,7 @@ mod tests {
     use super::*;
 
     /// Goal: a native batch converts to a Pulsar batch and back with every
-    /// message's payload, key, properties, event time and sequence id,
+    /// message's payload, key, ordering key, properties, event time and sequence id,
     /// uncompressed and compressed with each codec (compressed again with
     /// the same codec, its uncompressed size recomputed).
     #[test]
@@ -224,7 +209,7 @@ mod tests {
             let r = BatchMessage {
                 properties: vec![("k".into(), format!("v{i}"))],
                 partition_key: Some(format!("key-{i}")),
-                ordering_key: None,
+                ordering_key: (i == 1).then(|| Bytes::from_static(b"ord")),
                 event_time_ms: 100 + i,
                 sequence_id: 10 + i,
                 payload: Bytes::from(vec![i as u8; 500]),
@@ -255,7 +240,7 @@ mod tests {
             if codec != CompressionType::None {
                 let size = decoded.uncompressed_size.unwrap();
                 let plain = magnetar_wire::decompress(codec, &pp, size).unwrap();
-                assert_eq!(pulsar_records(&plain, 3).unwrap().len(), 3, "{codec:?}");
+                assert_eq!(magnetar_pulsar_wire::metadata::batch_records(&plain, 3).unwrap().len(), 3, "{codec:?}");
             }
             let stored = magnetar_pulsar_wire::metadata::stored_blob_from_parts(&pm, &pp);
             let back = pulsar_to_native(&stored).unwrap();

@@ -326,7 +326,7 @@ impl Door for PulsarDoor {
                     producer_id: send.producer_id,
                     sequence_id: send.sequence_id,
                     num_messages: u32::try_from(send.num_messages.unwrap_or(1)).unwrap_or(0),
-                    payload: magnetar_pulsar_wire::metadata::stored_blob(payload.checksummed()),
+                    payload: payload.stored_blob(),
                     payload_crc: None,
                 }
             }
