@@ -186,7 +186,11 @@ async fn accept_loop(
     shard_ports: Rc<[u16]>,
     protocol: Protocol,
 ) {
-    let pulsar = Rc::new(PulsarConfig { tls: config.tls.is_some(), ..config.pulsar.clone() });
+    let pulsar = Rc::new(PulsarConfig {
+        tls: config.tls.is_some(),
+        shard_addrs: config.shard_addrs.clone(),
+        ..config.pulsar.clone()
+    });
     // TLS handshakes in progress on this listener.
     let handshakes = Rc::new(Cell::new(0usize));
     loop {

@@ -207,6 +207,32 @@ fn pulsar_partitioned() {
     b.assert_running();
 }
 
+/// The same on a two-shard broker, whose partitions span both shards:
+/// LOOKUP sends the C++ client to each partition's owner shard's own port,
+/// and it still produces to and consumes from every partition.
+#[test]
+fn pulsar_partitioned_two_shards() {
+    let dir = test_dir("pulsar-partitioned-two-shards");
+    let mut b = BrokerProcess::start(dir.path(), 2);
+    let topic = "persistent://public/default/parts";
+    let url = b.url();
+    run_cli(["admin", "topics", "create-partitioned", topic, "-p", "3", "--url", url.as_str()], CLI_TIMEOUT)
+        .assert_success();
+    let mut shards = std::collections::BTreeSet::new();
+    for i in 0..3 {
+        let name = format!("{topic}-partition-{i}");
+        let run = run_cli(["admin", "topics", "owner", name.as_str(), "--url", url.as_str()], CLI_TIMEOUT);
+        run.assert_success();
+        let owner: serde_json::Value = serde_json::from_str(&run.stdout_lines.join("\n")).expect("owner JSON");
+        shards.insert(owner["shard"].as_u64().expect("shard"));
+    }
+    assert_eq!(shards.len(), 2, "the partitions should span both shards");
+    let run = run_pulsar_test(&pulsar_url(&b), "partitioned", topic, &[], PY_TIMEOUT);
+    eprintln!("{}", run.stdout);
+    b.assert_running();
+    assert!(!b.log().contains("panicked"), "broker panicked:\n{}", b.log_tail());
+}
+
 /// Regex subscriptions (GET_TOPICS_OF_NAMESPACE): the matching topics that
 /// exist, a partitioned one whole, and one created after subscribing, found
 /// by the client's periodic discovery.

@@ -240,6 +240,92 @@ fn rust_partitioned() {
     });
 }
 
+/// On a two-shard broker, LOOKUP sends the client to the port of the shard
+/// owning each partition (as the native SDK connects to it), or keeps it
+/// on the address it reached when the connection it asked on is already
+/// on that shard; the crate then produces to and consumes from every
+/// partition through those ports, each message once with its partition.
+#[test]
+fn rust_partitioned_on_owner_shards() {
+    run_async_with_timeout(TEST_TIMEOUT, || async {
+        let dir = test_dir("pulsar-rust-owner-shards");
+        let mut b = BrokerProcess::start(dir.path(), 2);
+        let native = b.url();
+        let t = topic("owned");
+        let partitions = 6;
+        run_cli(
+            ["admin", "topics", "create-partitioned", t.as_str(), "-p", "6", "--url", native.as_str()],
+            CLI_TIMEOUT,
+        )
+        .assert_success();
+        // Each partition's owner and its own port, from the native admin.
+        let mut owner_ports = Vec::new();
+        for i in 0..partitions {
+            let name = format!("{t}-partition-{i}");
+            let run = run_cli(["admin", "topics", "owner", name.as_str(), "--url", native.as_str()], CLI_TIMEOUT);
+            run.assert_success();
+            let owner: serde_json::Value = serde_json::from_str(&run.stdout_lines.join("\n")).expect("owner JSON");
+            let shard = owner["shard"].as_u64().expect("shard");
+            let port = owner["shard_port"].as_u64().and_then(|p| u16::try_from(p).ok()).expect("shard_port");
+            owner_ports.push((shard, port));
+        }
+        let shards: BTreeSet<u64> = owner_ports.iter().map(|o| o.0).collect();
+        assert_eq!(shards.len(), 2, "the partitions should span both shards: {owner_ports:?}");
+
+        let c = client(&format!("pulsar://{native}")).await;
+        let shared_port = b.addr().port();
+        let mut kept_on = BTreeSet::new();
+        let mut sent_to_owner = 0;
+        for (i, &(shard, port)) in owner_ports.iter().enumerate() {
+            let answer = c.lookup_topic(format!("{t}-partition-{i}")).await.expect("lookup");
+            let got = answer.url.port().expect("a port in the lookup answer");
+            assert_eq!(answer.url.host_str(), Some("127.0.0.1"), "{answer:?}");
+            if got == shared_port {
+                kept_on.insert(shard);
+            } else {
+                assert_eq!(got, port, "partition {i} (shard {shard}) looked up at {answer:?}");
+                sent_to_owner += 1;
+            }
+        }
+        // The connection asked on is on one shard: only that shard's
+        // partitions may stay on it; the other shard's go to its port.
+        assert!(kept_on.len() <= 1 && sent_to_owner > 0, "kept on {kept_on:?}, {sent_to_owner} sent to their owner");
+
+        let mut sub = subscribe(&c, &t, "s", SubType::Exclusive).await;
+        let mut p = producer(&c, &t, ProducerOptions::default()).await;
+        let n = 60;
+        let mut sent_partitions = BTreeSet::new();
+        for i in 0..n {
+            let receipt = p
+                .create_message()
+                .with_content(format!("{i}").into_bytes())
+                .with_key(format!("k{i}"))
+                .send_non_blocking()
+                .await
+                .expect("send")
+                .await
+                .expect("receipt");
+            sent_partitions.insert(receipt.message_id.expect("id").partition.expect("partition"));
+        }
+        assert_eq!(sent_partitions.len(), partitions, "60 keys should reach all 6 partitions: {sent_partitions:?}");
+        let mut got = BTreeSet::new();
+        for _ in 0..n {
+            let m = receive(&mut sub).await;
+            let partition = m.message_id().partition.expect("a partition's message carries its index");
+            assert!(m.topic.ends_with(&format!("-partition-{partition}")), "{} vs {partition}", m.topic);
+            assert!(got.insert(text(&m)), "{} twice", text(&m));
+            sub.ack(&m).await.expect("ack");
+        }
+        assert_eq!(got, (0..n).map(|i| i.to_string()).collect::<BTreeSet<_>>());
+        expect_nothing(&mut sub).await;
+        // Served where they live: no producer or consumer was refused by a
+        // shard port for a topic of the other shard.
+        assert!(!b.log().contains("look it up again"), "a stale owner:\n{}", b.log_tail());
+        b.assert_running();
+        assert!(!b.log().contains("panicked"), "broker panicked:\n{}", b.log_tail());
+    });
+}
+
 /// Exclusive refuses a second consumer; Shared spreads messages over its
 /// consumers; Failover gives them all to one; Key_Shared gives each key to
 /// one consumer.

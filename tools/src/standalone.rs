@@ -426,8 +426,8 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
     let pulsar = magnetar_net::PulsarConfig {
         max_message_bytes: args.pulsar_max_message_bytes,
         advertised_address: args.advertised_address.clone(),
-        tls: false,
         keep_alive: Duration::from_secs(args.pulsar_keep_alive_interval_s),
+        ..Default::default()
     };
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => {

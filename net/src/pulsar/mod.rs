@@ -25,6 +25,7 @@ use magnetar_pulsar_wire::{encode_command, encode_stored_payload_command, Frame,
 use magnetar_wire::{AckType, ErrorCode, InitialPosition, MessageId, ProducerAccessMode, SubscriptionType};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -56,6 +57,10 @@ pub struct PulsarConfig {
     /// A client silent this long is pinged, and its connection closed when
     /// it stays silent as long again (Pulsar's `keepAliveIntervalSeconds`).
     pub keep_alive: Duration,
+    /// The address shard `i` listens on by itself (`NetConfig::shard_addrs`):
+    /// LOOKUP sends a client to the port of the topic's owner. Set by
+    /// [`crate::serve`].
+    pub shard_addrs: Vec<SocketAddr>,
 }
 
 impl Default for PulsarConfig {
@@ -65,6 +70,7 @@ impl Default for PulsarConfig {
             advertised_address: None,
             tls: false,
             keep_alive: Duration::from_secs(30),
+            shard_addrs: Vec::new(),
         }
     }
 }
@@ -520,17 +526,19 @@ impl Door for PulsarDoor {
                 refresh::answer(&out, session.broker().config().authentication.as_ref(), &method, &data)?;
             }
             PulsarOther::Lookup { request_id, topic } => {
-                let address = lookup_address(session);
                 let tls = session.out().door().config.tls;
                 let answer = match TopicName::parse(&topic) {
-                    Ok(_) => pb::CommandLookupTopicResponse {
-                        broker_service_url: Some(format!("pulsar://{address}")),
-                        broker_service_url_tls: tls.then(|| format!("pulsar+ssl://{address}")),
-                        response: Some(pb::command_lookup_topic_response::LookupType::Connect as i32),
-                        request_id,
-                        authoritative: Some(true),
-                        ..Default::default()
-                    },
+                    Ok(topic) => {
+                        let address = lookup_address(session, owner_port(session, topic).await);
+                        pb::CommandLookupTopicResponse {
+                            broker_service_url: Some(format!("pulsar://{address}")),
+                            broker_service_url_tls: tls.then(|| format!("pulsar+ssl://{address}")),
+                            response: Some(pb::command_lookup_topic_response::LookupType::Connect as i32),
+                            request_id,
+                            authoritative: Some(true),
+                            ..Default::default()
+                        }
+                    }
                     Err(e) => pb::CommandLookupTopicResponse {
                         response: Some(pb::command_lookup_topic_response::LookupType::Failed as i32),
                         request_id,
@@ -929,17 +937,42 @@ fn pulsar_ack_set(acked: &[u64]) -> Vec<i64> {
     acked.iter().map(|w| !w as i64).collect()
 }
 
-/// `host:port` for LOOKUP answers: the advertised host, else the address
-/// the client reached.
-fn lookup_address(session: &Session<PulsarDoor>) -> String {
+/// `host:port` for LOOKUP answers: the advertised host, else the host the
+/// client reached; `port`, else the port the client reached.
+fn lookup_address(session: &Session<PulsarDoor>, port: Option<u16>) -> String {
     let local = session.local_addr().unwrap_or("127.0.0.1:6650");
-    match &session.out().door().config.advertised_address {
-        Some(host) => {
-            let port = local.rsplit_once(':').map_or("6650", |(_, p)| p);
-            format!("{host}:{port}")
-        }
-        None => local.to_string(),
+    let (host, local_port) = local.rsplit_once(':').unwrap_or(("127.0.0.1", "6650"));
+    let host = session.out().door().config.advertised_address.as_deref().unwrap_or(host);
+    match port {
+        Some(port) => format!("{host}:{port}"),
+        None => format!("{host}:{local_port}"),
     }
+}
+
+/// The own port of the shard owning `topic`, when the client should go
+/// there rather than stay on this connection: as the native SDK does, so
+/// that the topic's producers and consumers are served on their owner's
+/// core, not forwarded to it over the mesh (a cross-core hop each way for
+/// every send, receipt, delivery and ack). `None` (answer the address the
+/// client reached, which serves every topic): no per-shard ports, this
+/// shard owns the topic, the owner's port is not on the address the client
+/// reached, or the owner is unknown (the producer's or consumer's own
+/// request then reports why, as without shard ports).
+async fn owner_port(session: &Session<PulsarDoor>, topic: TopicName) -> Option<u16> {
+    let shard_addrs = &session.out().door().config.shard_addrs;
+    if shard_addrs.len() < 2 {
+        return None;
+    }
+    let local: SocketAddr = session.local_addr()?.parse().ok()?;
+    let owner = match session.broker_handle().admin(AdminRequest::Owner { topic }).await {
+        Ok(AdminReply::Owner(owner)) => owner,
+        _ => return None,
+    };
+    if owner.shard == session.broker().shard_id() {
+        return None;
+    }
+    let addr = shard_addrs.get(owner.shard as usize)?;
+    (addr.ip().is_unspecified() || addr.ip() == local.ip()).then_some(addr.port())
 }
 
 /// A namespace's topics for GET_TOPICS_OF_NAMESPACE: partitions collapsed to
