@@ -1175,30 +1175,42 @@ impl<D: Door> Session<D> {
                 }
             }
             Request::Ack { request_id, consumer_id, ack_type, message_ids, batch_sizes } => {
-                let Some(c) = self.consumer(consumer_id) else {
-                    if let Some(request_id) = request_id {
-                        self.out.error(request_id, &consumer_not_found());
-                    }
-                    return Ok(());
-                };
-                if message_ids.is_empty() || (ack_type == AckType::Cumulative && message_ids.len() != 1) {
-                    return Err("an ack carries at least one id, and a cumulative ack exactly one".into());
-                }
-                if !batch_sizes.is_empty() && batch_sizes.len() != message_ids.len() {
-                    return Err("an ack's batch sizes are one per id, or none".into());
-                }
                 let durable = request_id.is_some();
-                let fut = self.broker().ack_with_batch_sizes(&c, ack_type, message_ids, batch_sizes, durable);
-                let out = self.out.clone();
-                glommio::spawn_local(async move {
-                    match (fut.await, request_id) {
-                        (Ok(()), Some(request_id)) => out.success(request_id),
-                        (Ok(()), None) => {}
-                        (Err(e), Some(request_id)) => out.error(request_id, &e),
-                        (Err(e), None) => tracing::debug!("ack failed: {e}"),
+                // The handle is borrowed, not cloned: a Pulsar client acks
+                // every message by itself. Nothing here awaits, and the
+                // core reaches the session only through its sink's channel.
+                let fut = {
+                    let consumers = self.consumers.borrow();
+                    let Some(c) = consumers.get(&consumer_id) else {
+                        if let Some(request_id) = request_id {
+                            self.out.error(request_id, &consumer_not_found());
+                        }
+                        return Ok(());
+                    };
+                    if message_ids.is_empty() || (ack_type == AckType::Cumulative && message_ids.len() != 1) {
+                        return Err("an ack carries at least one id, and a cumulative ack exactly one".into());
                     }
-                })
-                .detach();
+                    if !batch_sizes.is_empty() && batch_sizes.len() != message_ids.len() {
+                        return Err("an ack's batch sizes are one per id, or none".into());
+                    }
+                    self.broker().ack_with_batch_sizes(c, ack_type, message_ids, batch_sizes, durable)
+                };
+                let out = self.out.clone();
+                let answer = move |result: Result<(), CoreError>| match (result, request_id) {
+                    (Ok(()), Some(request_id)) => out.success(request_id),
+                    (Ok(()), None) => {}
+                    (Err(e), Some(request_id)) => out.error(request_id, &e),
+                    (Err(e), None) => tracing::debug!("ack failed: {e}"),
+                };
+                // On the owner shard an ack that need not be durable is
+                // done when the call returns: answered here, without a task.
+                let mut fut = fut;
+                match (&mut fut).now_or_never() {
+                    Some(result) => answer(result),
+                    None => {
+                        glommio::spawn_local(async move { answer(fut.await) }).detach();
+                    }
+                }
             }
             Request::Seek { request_id, consumer_id, target } => {
                 let Some(c) = self.consumer(consumer_id) else {
