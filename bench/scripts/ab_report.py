@@ -2,9 +2,13 @@
 """Reports of side-by-side runs (ab.sh, tls_ab.sh, and siblings).
 
   ab_report.py round FILE LABEL R          one line for run R of side LABEL
-  ab_report.py median OUT ROUNDS [A B]     medians of OUT/{A,B}-{1..ROUNDS}.json
+  ab_report.py median OUT ROUNDS [A B] [--goal G]
+                                           medians of OUT/{A,B}-{1..ROUNDS}.json
                                            and the B/A ratio; A and B name the
-                                           sides in the output (default A, B)
+                                           sides in the output (default A, B);
+                                           with --goal, a last line says whether
+                                           B/A of broker CPU per message is
+                                           within G
 
 The run files are `magnetar-bench --json` reports.
 """
@@ -39,7 +43,7 @@ def round_line(path, label, r):
     print(line)
 
 
-def medians(out, rounds, a_name, b_name):
+def medians(out, rounds, a_name, b_name, goal=None):
     runs = {side: [json.load(open(f"{out}/{side}-{r}.json")) for r in range(1, rounds + 1)] for side in "AB"}
     for k in KEYS:
         av = [get(j, k) for j in runs["A"]]
@@ -49,14 +53,26 @@ def medians(out, rounds, a_name, b_name):
         a, b = statistics.median(av), statistics.median(bv)
         ratio = b / a if a else float("nan")
         print(f"median {'.'.join(k):<40}: {a_name} {a:12.3f}  {b_name} {b:12.3f}  {b_name}/{a_name} {ratio:.3f}")
+    if goal is not None:
+        key = ("cpu", "broker_us_per_msg")
+        a = statistics.median(get(j, key) for j in runs["A"])
+        b = statistics.median(get(j, key) for j in runs["B"])
+        ratio = b / a if a else float("nan")
+        verdict = "within" if a and ratio <= goal else "above"
+        print(f"broker CPU per message {b_name}/{a_name}: {ratio:.3f} ({verdict} the {goal} goal)")
     print(f"runs: {out}")
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "round":
         round_line(sys.argv[2], sys.argv[3], sys.argv[4])
-    elif len(sys.argv) in (4, 6) and sys.argv[1] == "median":
-        names = sys.argv[4:6] if len(sys.argv) == 6 else ["A", "B"]
-        medians(sys.argv[2], int(sys.argv[3]), *names)
+    elif len(sys.argv) >= 4 and sys.argv[1] == "median":
+        args, goal = sys.argv[4:], None
+        if len(args) >= 2 and args[-2] == "--goal":
+            goal, args = float(args[-1]), args[:-2]
+        if len(args) not in (0, 2):
+            sys.exit(__doc__)
+        names = args if args else ["A", "B"]
+        medians(sys.argv[2], int(sys.argv[3]), *names, goal=goal)
     else:
         sys.exit(__doc__)

@@ -29,43 +29,23 @@ for b in "$M" "$BENCH"; do
   [ -x "$b" ] || { echo "no $b: cargo build --release -p magnetar -p magnetar-bench" >&2; exit 1; }
 done
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/door_ab.XXXXXX")
+REPORT="$(dirname "$0")/ab_report.py"
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for shape in $SHAPES; do
   [ -f "bench/workloads/$shape.toml" ] || { echo "no bench/workloads/$shape.toml" >&2; exit 1; }
+  # ab_report.py's layout: side A (native) and side B (pulsar) per shape.
+  mkdir -p "$OUT/$shape"
   for r in $(seq 1 "$ROUNDS"); do
     for door in native pulsar; do
+      side=A; [ $door = pulsar ] && side=B
       "$BENCH" --broker-bin "$M" --no-history -q --workload "bench/workloads/$shape.toml" \
-        --protocol "$door" --json "$OUT/$shape-$door-$r.json" "$@" >/dev/null
-      python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('%-14s %-6s round %s' % (sys.argv[2], sys.argv[3], sys.argv[4]), '%9.0f msg/s consumed %9.0f' % (j['produce']['msgs_per_s'], j['consume']['msgs_per_s']), 'publish p50 %.3f p99 %.3f ms' % (j['publish_latency_ms']['p50'], j['publish_latency_ms']['p99']), 'broker %.2f client %.2f us/msg' % (j['cpu']['broker_us_per_msg'], j['cpu']['client_us_per_msg']))" \
-        "$OUT/$shape-$door-$r.json" "$shape" "$door" "$r"
+        --protocol "$door" --json "$OUT/$shape/$side-$r.json" "$@" >/dev/null
+      python3 "$REPORT" round "$OUT/$shape/$side-$r.json" "$shape $door" "$r"
     done
   done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
-python3 - "$OUT" "$ROUNDS" $SHAPES <<'PY'
-import json, sys, statistics
-out, rounds, shapes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-keys = [("produce", "msgs_per_s"), ("consume", "msgs_per_s"), ("cpu", "broker_us_per_msg"),
-        ("cpu", "client_us_per_msg"), ("publish_latency_ms", "p50"), ("publish_latency_ms", "p99"),
-        ("e2e_latency_ms", "p50"), ("e2e_latency_ms", "p99")]
-def get(shape, door, r, k):
-    v = json.load(open(f"{out}/{shape}-{door}-{r}.json"))
-    for p in k:
-        v = v.get(p) if isinstance(v, dict) else None
-    return v
-for shape in shapes:
-    print(f"== {shape} (median of {rounds})")
-    for k in keys:
-        nv = [get(shape, "native", r, k) for r in range(1, rounds + 1)]
-        pv = [get(shape, "pulsar", r, k) for r in range(1, rounds + 1)]
-        if None in nv or None in pv:
-            continue
-        n, p = statistics.median(nv), statistics.median(pv)
-        name = ".".join(k)
-        print(f"{name:<24}: native {n:12.3f}  pulsar {p:12.3f}  pulsar/native {p / n if n else float('nan'):.3f}")
-    n = statistics.median([get(shape, "native", r, ("cpu", "broker_us_per_msg")) for r in range(1, rounds + 1)])
-    p = statistics.median([get(shape, "pulsar", r, ("cpu", "broker_us_per_msg")) for r in range(1, rounds + 1)])
-    verdict = "within" if n and p / n <= 1.15 else "above"
-    print(f"broker CPU per message pulsar/native: {p / n if n else float('nan'):.3f} ({verdict} the 1.15 goal)")
-print(f"runs: {out}")
-PY
+for shape in $SHAPES; do
+  echo "== $shape (median of $ROUNDS)"
+  python3 "$REPORT" median "$OUT/$shape" "$ROUNDS" native pulsar --goal 1.15
+done
