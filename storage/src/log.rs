@@ -1561,7 +1561,7 @@ fn make_spare<D: Disk>(sh: &Rc<Shared<D>>, spare: &mut Option<Spare<D::File>>) {
 const SPACE_RETRY: Duration = Duration::from_millis(250);
 
 /// Whether `e` says the filesystem (or the quota) has no room.
-fn is_no_space(e: &std::io::Error) -> bool {
+pub(crate) fn is_no_space(e: &std::io::Error) -> bool {
     // glommio's errors become `io::Error`s that keep the kind but not
     // always the raw errno.
     matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
@@ -2341,6 +2341,24 @@ impl<D: Disk> EntryLog<D> {
             .range(prefix.to_vec()..)
             .take_while(|(k, _)| k.starts_with(prefix))
             .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// At most `limit` metadata keys starting with `prefix` and sorting
+    /// after `after` (all of them from the first when `None`), in key order,
+    /// without their values: a page of a listing that may be long.
+    pub fn meta_keys_page(&self, prefix: &[u8], after: Option<&[u8]>, limit: usize) -> Vec<Vec<u8>> {
+        use std::ops::Bound;
+        let from = match after {
+            Some(a) if a >= prefix => Bound::Excluded(a.to_vec()),
+            _ => Bound::Included(prefix.to_vec()),
+        };
+        let st = self.sh.st.borrow();
+        st.meta
+            .range((from, Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .take(limit)
+            .map(|(k, _)| k.clone())
             .collect()
     }
 
