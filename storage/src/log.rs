@@ -1401,34 +1401,21 @@ impl<D: Disk> Shared<D> {
         // files a few pages at a time (a checkpoint holds `ckpt_lock`, so
         // no other garbage collection runs meanwhile).
         for (ledger, l, moved) in removed {
-            let path = self.paths.index(ledger);
-            let npages = l.pages.len() as u64;
             let mut gone: Vec<IndexEntry> = l.recent.clone();
-            let mut p = 0u64;
+            let mut walk = l
+                .index_file
+                .clone()
+                .map(|f| crate::pages::PageWalk::all(f, self.paths.index(ledger), ledger, &l.pages));
             loop {
-                if let (Some(file), true) = (&l.index_file, p < npages) {
-                    let n = (npages - p).min(crate::pages::PAGES_PER_READ_MAX);
-                    let firsts = crate::pages::firsts(&l.pages, p, n);
-                    let pages = crate::pages::read_pages(&**file, &path, ledger, p, &firsts).await?;
-                    for (k, es) in pages.into_iter().enumerate() {
-                        let first = l.pages[(p + k as u64) as usize].first_entry;
-                        gone.extend(
-                            es.into_iter()
-                                .enumerate()
-                                .map(|(i, e)| moved.get(&(first + i as u64)).copied().unwrap_or(e)),
-                        );
-                    }
-                    p += n;
-                }
                 {
                     let mut st = self.st.borrow_mut();
                     for e in gone.drain(..) {
                         st.shift_live(Some(e.position), None, (RECORD_HEADER_BYTES as u64) + e.body_len as u64);
                     }
                 }
-                if p >= npages || l.index_file.is_none() {
-                    break;
-                }
+                let Some(w) = walk.as_mut() else { break };
+                let Some(read) = w.next(|entry| moved.get(&entry).copied()).await? else { break };
+                gone.extend(read.iter().map(crate::pages::Walked::current));
             }
         }
         let segments = {
@@ -1743,10 +1730,10 @@ impl<D: Disk> Shared<D> {
             (file, crate::pages::firsts(&l.pages, a as u64, (b - a + 1) as u64), a as u64, (b - a + 1) as u64)
         };
         let path = self.paths.index(ledger);
-        let pages = read_pages(&*file, &path, ledger, from, &sums).await?;
+        let pages = read_pages(&*file, &path, ledger, from, crate::pages::Firsts::Known(&sums)).await?;
         let mut st = self.st.borrow_mut();
         st.icache.loads += n;
-        for (i, es) in pages.into_iter().enumerate().rev() {
+        for (i, (_, es)) in pages.into_iter().enumerate().rev() {
             st.icache.insert(ledger, from + i as u64, Rc::from(es));
         }
         Ok(())
