@@ -110,14 +110,6 @@ pub struct LogConfig {
     /// and synced through the reactor within this bound (the slow request
     /// was a spike, not a busy disk). Zero: never block. Default 1 ms.
     pub lone_sync_max: Duration,
-    /// While the shard thread waits for a lone batch's request, it yields
-    /// the CPU in a loop (`sched_yield`) for up to this long, then sleeps
-    /// on the ring: each return from the kernel runs the completion work,
-    /// so neither the thread nor its idle CPU is woken per message (lower
-    /// latency one at a time), at the price of a busy CPU meanwhile (more
-    /// broker CPU per message; it counts against a CPU quota; figures:
-    /// bench/RESULTS.md, sixth session). Zero: sleep at once. Default 1 ms.
-    pub lone_yield_max: Duration,
     /// The stretches of log kept for [`EntryLog::read_run`]
     /// ([`SPANS_KEPT`] of them, each up to a run's bytes, its largest
     /// entry at least, plus [`SPAN_ALIGN`]: ~9 MiB with the dispatcher's
@@ -252,7 +244,6 @@ impl LogConfig {
             recycle_segments: 2,
             zero_ahead_bytes: 8 << 20,
             lone_sync_max: Duration::from_millis(1),
-            lone_yield_max: Duration::from_millis(1),
             read_span_idle: Duration::from_secs(10),
             accept_data_loss: false,
         }
@@ -1111,7 +1102,7 @@ impl<D: Disk> Shared<D> {
         if lone {
             let began = std::time::Instant::now();
             seg.file
-                .write_and_sync(off, buf.as_ref(), self.cfg.lone_yield_max)
+                .write_and_sync(off, buf.as_ref())
                 .await
                 .map_err(self.io("write and fdatasync batch", &seg.path))?;
             let took = began.elapsed();

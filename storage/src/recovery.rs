@@ -29,7 +29,7 @@ impl EntryLog<DmaDisk> {
     /// DMA files. Must be called inside a glommio executor: it spawns the
     /// group-commit flusher and the periodic checkpoint task on it.
     pub async fn open(config: LogConfig) -> Result<(EntryLog, Recovery)> {
-        EntryLog::open_with(DmaDisk, config).await
+        EntryLog::open_with(DmaDisk::default(), config).await
     }
 }
 

@@ -926,8 +926,8 @@ fn dma_write_buf_and_sync_linked_and_dropped() {
     run(60, move || async move {
         let page = PAGE_BYTES as usize;
         // glommio's IOPOLL probe (see `Disk::prepare`).
-        DmaDisk.prepare(path.parent().unwrap()).await.unwrap();
-        let file = DmaDisk.open(&path, OpenMode::Create).await.unwrap();
+        DmaDisk::default().prepare(path.parent().unwrap()).await.unwrap();
+        let file = DmaDisk::default().open(&path, OpenMode::Create).await.unwrap();
         file.allocate(64 * PAGE_BYTES).await.unwrap();
         let filled = |byte: u8, pages: usize| {
             let mut b = file.alloc_buf(pages * page);
@@ -973,8 +973,8 @@ fn dma_write_buf_and_sync_failure_returns_an_error() {
     let tmp = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
     let path = tmp.path().join("f");
     run(20, move || async move {
-        DmaDisk.prepare(path.parent().unwrap()).await.unwrap();
-        let file = DmaDisk.open(&path, OpenMode::Create).await.unwrap();
+        DmaDisk::default().prepare(path.parent().unwrap()).await.unwrap();
+        let file = DmaDisk::default().open(&path, OpenMode::Create).await.unwrap();
         file.allocate(4 * PAGE_BYTES).await.unwrap();
         let page = |byte: u8| {
             let mut b = file.alloc_buf(PAGE_BYTES as usize);
