@@ -280,6 +280,47 @@ impl LogConfig {
     }
 }
 
+/// An entry for [`EntryLog::append`]: its body, the values the index keeps
+/// beside its position (publish time, key and tag hash; 0 = none), and the
+/// body's CRC-32 when the caller already has it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NewEntry {
+    pub body: Bytes,
+    pub extras: IndexExtras,
+    /// Computed over these very bytes (e.g. while checking the frame they
+    /// came in): the record's checksum is then derived from it instead of
+    /// reading the body again. A wrong value cannot serve bad bytes, but it
+    /// loses more than this entry: the record fails its checksum on every
+    /// read, and the batch's body checksum, which combines the record's
+    /// (`BodyCrc`), is wrong too, so the next recovery finds the log
+    /// `Corrupt` and refuses to open it. Pass only a checksum taken over
+    /// these very bytes (debug builds check).
+    pub body_crc: Option<u32>,
+}
+
+impl NewEntry {
+    /// `body` with no index extras and no CRC.
+    pub fn new(body: Bytes) -> NewEntry {
+        NewEntry { body, extras: IndexExtras::default(), body_crc: None }
+    }
+
+    /// With the index's extras `extras`.
+    pub fn extras(self, extras: IndexExtras) -> NewEntry {
+        NewEntry { extras, ..self }
+    }
+
+    /// With the body's CRC-32 `body_crc` (see the field).
+    pub fn body_crc(self, body_crc: Option<u32>) -> NewEntry {
+        NewEntry { body_crc, ..self }
+    }
+}
+
+impl From<Bytes> for NewEntry {
+    fn from(body: Bytes) -> NewEntry {
+        NewEntry::new(body)
+    }
+}
+
 /// What `append` assigned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Appended {
@@ -501,7 +542,7 @@ enum PendingKind {
         ledger: u64,
         entry: u64,
         body: Bytes,
-        /// The body's CRC-32 when the caller had it (`append_checked`).
+        /// The body's CRC-32 when the caller had it (`NewEntry::body_crc`).
         body_crc: Option<u32>,
         extras: IndexExtras,
     },
@@ -1810,33 +1851,10 @@ fn checkpoint_short_of_space(e: &StorageError) -> bool {
 impl<D: Disk> EntryLog<D> {
     /// Appends one entry to `ledger` in memory; its id is the ledger's next id
     /// (dense, from 0, in call order). Not durable until
-    /// [`wait_durable`](Self::wait_durable)`(lsn)` returns `Ok`.
-    pub fn append(&self, ledger: u64, body: Bytes) -> Result<Appended> {
-        self.append_with(ledger, body, IndexExtras::default())
-    }
-
-    /// [`append`](Self::append) with the values the index keeps beside the
-    /// position (publish time, key hash; 0 = none).
-    pub fn append_with(&self, ledger: u64, body: Bytes, extras: IndexExtras) -> Result<Appended> {
-        self.append_checked(ledger, body, None, extras)
-    }
-
-    /// [`append_with`](Self::append_with) for a body whose CRC-32 the
-    /// caller already has (`body_crc`, computed over these very bytes, e.g.
-    /// while checking the frame it came in): the record's checksum is then
-    /// derived from it instead of reading the body again. A wrong value
-    /// cannot serve bad bytes, but it loses more than this entry: the
-    /// record fails its checksum on every read, and the batch's body
-    /// checksum, which combines the record's (`BodyCrc`), is wrong too, so
-    /// the next recovery finds the log `Corrupt` and refuses to open it.
-    /// Pass only a checksum taken over these very bytes (debug builds check).
-    pub fn append_checked(
-        &self,
-        ledger: u64,
-        body: Bytes,
-        body_crc: Option<u32>,
-        extras: IndexExtras,
-    ) -> Result<Appended> {
+    /// [`wait_durable`](Self::wait_durable)`(lsn)` returns `Ok`. `entry` is
+    /// a [`NewEntry`], or just its body (`Bytes`).
+    pub fn append(&self, ledger: u64, entry: impl Into<NewEntry>) -> Result<Appended> {
+        let NewEntry { body, extras, body_crc } = entry.into();
         debug_assert!(body_crc.is_none_or(|c| c == crate::format::crc(&[&body])), "body_crc is the body's");
         let mut st = self.sh.st.borrow_mut();
         let st = &mut *st;
@@ -2323,7 +2341,7 @@ impl<D: Disk> EntryLog<D> {
     }
 
     /// The first entry of `ledger` whose publish time (as appended with
-    /// [`append_with`](Self::append_with)) is at least `time_ms`, by binary
+    /// [`NewEntry::extras`]) is at least `time_ms`, by binary
     /// search over the ledger's index without reading payloads; the ledger's
     /// laid-out entry count when there is none. Exact when publish times are
     /// non-decreasing in the ledger (one producer, or clocks in step);
