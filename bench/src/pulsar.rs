@@ -12,16 +12,15 @@
 //! follow the workload's limits (messages, 128 KiB, delay); consumers ack
 //! each message individually (the crate sends one ACK per message).
 
-use crate::pace::{Pace, Schedule, SEARCH_START_RATE};
+use crate::pace::Schedule;
 use crate::run::{
-    client_err, filler, held, now_ms, payload, placed_run_id, search_rate, spawn_ticker, wait_quiet, RunError,
-    RunOptions, RunOutcome, DRAIN_IDLE_MAX, PERMITS_CHUNK_MAX, STAMP_BYTES,
+    drive, now_ms, payload, prepare, Door, ProducerPlan, RunError, RunOptions, RunOutcome, PERMITS_CHUNK_MAX,
+    STAMP_BYTES,
 };
 use crate::stats::Recorder;
 use crate::workload::{Compression, SubType, Workload};
 use bytes::Bytes;
 use futures::stream::{FuturesUnordered, StreamExt};
-use magnetar_client::Client;
 use pulsar::compression::{CompressionLz4, CompressionSnappy, CompressionZstd};
 use pulsar::consumer::InitialPosition;
 use pulsar::producer::{Message as PulsarMessage, SendFuture};
@@ -180,13 +179,6 @@ async fn open_producer(
     let (tx, rx) = mpsc::unbounded_channel();
     collectors.push(tokio::spawn(collect(rx, rec.clone(), in_flight.clone())));
     Ok(ProducerCtx { producer, receipts: tx, in_flight, permits_chunk })
-}
-
-struct ProducerPlan {
-    index: u32,
-    phase: f64,
-    count: Option<u64>,
-    pace: Arc<Pace>,
 }
 
 /// The native run's produce loop (see `crate::run`) on the crate's producer:
@@ -360,167 +352,85 @@ async fn open_consumers(
     Ok(tasks)
 }
 
+/// The Pulsar door: the `pulsar` crate's clients.
+struct PulsarDoor {
+    w: Workload,
+    consumer_clients: Clients,
+    producer_clients: Clients,
+    ctxs: Vec<ProducerCtx>,
+    collectors: Vec<JoinHandle<()>>,
+}
+
+impl Door for PulsarDoor {
+    type Finished = Producer<TokioExecutor>;
+
+    async fn open_consumers(
+        &mut self,
+        topics: &[String],
+        rec: &Recorder,
+        stop: &watch::Receiver<bool>,
+        timed: bool,
+    ) -> Result<Vec<JoinHandle<()>>, RunError> {
+        open_consumers(&self.w, topics, rec, stop, timed, &mut self.consumer_clients).await
+    }
+
+    async fn open_producers(&mut self, topics: &[String], rec: &Recorder) -> Result<usize, RunError> {
+        for topic in topics {
+            for _ in 0..self.w.producers {
+                let ctx = open_producer(&self.w, topic, rec, &mut self.collectors, &mut self.producer_clients).await?;
+                self.ctxs.push(ctx);
+            }
+        }
+        Ok(self.ctxs.len())
+    }
+
+    fn topic_shards(&self) -> Vec<u32> {
+        Vec::new()
+    }
+
+    fn spawn_producers(
+        &mut self,
+        plans: Vec<ProducerPlan>,
+        rec: &Recorder,
+        filler: &Bytes,
+    ) -> Vec<JoinHandle<Producer<TokioExecutor>>> {
+        std::mem::take(&mut self.ctxs)
+            .into_iter()
+            .zip(plans)
+            .map(|(ctx, plan)| tokio::spawn(produce_loop(ctx, plan, self.w.clone(), rec.clone(), filler.clone())))
+            .collect()
+    }
+
+    fn take_collectors(&mut self) -> Vec<JoinHandle<()>> {
+        std::mem::take(&mut self.collectors)
+    }
+
+    async fn close(self, finished: Vec<Producer<TokioExecutor>>) {
+        for mut p in finished {
+            let _ = p.close().await;
+        }
+    }
+}
+
 /// [`crate::run::run`] through the Pulsar door; call inside a tokio runtime.
 pub async fn run_pulsar(opts: RunOptions) -> Result<RunOutcome, RunError> {
     let w = opts.workload.clone();
     w.validate()?;
-    let size = w.size_dist()?;
     let url = pulsar_url(&opts.url)?;
     // The native probe: server version, topic placement and creation (the
     // same partitioned topics as the native run).
     let mut probe_options = opts.client_options.clone();
     probe_options.shard_aware = false;
-    let probe = Client::connect_with(&opts.url, probe_options).await.map_err(client_err(&opts.url))?;
-    let server_version = probe.server_info().server_version.clone();
-    let run_id = match w.topic_shard {
-        Some(shard) => placed_run_id(&probe, &w, shard).await?,
-        None => crate::run::new_run_id(),
-    };
-    let topics: Vec<String> = (0..w.topics).map(|t| w.topic_name(&run_id, t)).collect();
-    for topic in &topics {
-        probe
-            .admin()
-            .create_partitioned_topic(topic, w.partitions)
-            .await
-            .map_err(client_err(format!("create partitioned topic {topic} ({} partitions)", w.partitions)))?;
-    }
-    probe.close();
-    let rec = Recorder::new(w.subscriptions);
-    let filler = filler(size.max().max(STAMP_BYTES), w.seed);
-    let (stop_tx, stop_rx) = watch::channel(false);
+    let prepared = prepare(&opts, probe_options).await?;
     let outbound = (w.max_pending as usize).saturating_mul(w.partitions.max(1) as usize).max(1000);
-    let mut consumer_clients = Clients { url: url.clone(), outbound, shared: Vec::new(), next: 0 };
-    let mut producer_clients = Clients { url: url.clone(), outbound, shared: Vec::new(), next: 0 };
-
-    let backlog_mode = w.backlog_messages > 0;
-    let mut consumer_tasks = if backlog_mode {
-        Vec::new()
-    } else {
-        open_consumers(&w, &topics, &rec, &stop_rx, true, &mut consumer_clients).await?
+    let door = PulsarDoor {
+        consumer_clients: Clients { url: url.clone(), outbound, shared: Vec::new(), next: 0 },
+        producer_clients: Clients { url, outbound, shared: Vec::new(), next: 0 },
+        w,
+        ctxs: Vec::new(),
+        collectors: Vec::new(),
     };
-    let mut collectors = Vec::new();
-    let mut producer_ctxs = Vec::new();
-    for topic in &topics {
-        for _ in 0..w.producers {
-            producer_ctxs.push(open_producer(&w, topic, &rec, &mut collectors, &mut producer_clients).await?);
-        }
-    }
-    let producers_total = producer_ctxs.len() as u64;
-
-    let ticker = spawn_ticker(&rec, opts.tick, opts.progress, stop_rx.clone());
-    let cpu_mark = crate::cpu::CpuMark::start(opts.broker_pid);
-    let start = Instant::now();
-    let per_producer = |rate: f64| if producers_total > 0 { rate / producers_total as f64 } else { 0.0 };
-    let (stop_at, count_each, rate) = if backlog_mode {
-        rec.start_window(start);
-        (None, Some(w.backlog_messages.div_ceil(producers_total.max(1))), w.rate as f64)
-    } else if w.sustainable {
-        rec.begin_search();
-        (None, None, if w.rate > 0 { w.rate as f64 } else { SEARCH_START_RATE })
-    } else {
-        let window_start = start + Duration::from_secs_f64(w.warmup_s);
-        let stop_at = window_start + Duration::from_secs_f64(w.duration_s);
-        rec.start_window(window_start);
-        rec.end_window(stop_at);
-        (Some(stop_at), None, w.rate as f64)
-    };
-    let pace = Arc::new(Pace::new(start, per_producer(rate), stop_at));
-    let mut producer_tasks = Vec::new();
-    let producers = producer_ctxs.len();
-    for (index, ctx) in producer_ctxs.into_iter().enumerate() {
-        let phase = index as f64 / producers as f64;
-        let plan = ProducerPlan { index: index as u32, phase, count: count_each, pace: pace.clone() };
-        producer_tasks.push(tokio::spawn(produce_loop(ctx, plan, w.clone(), rec.clone(), filler.clone())));
-    }
-    let mut search = None;
-    if w.sustainable {
-        let found = search_rate(&rec, &pace, rate, &w, opts.progress, &producer_tasks).await;
-        pace.set_rate(per_producer(found.rate));
-        let window_start = Instant::now() + Duration::from_secs_f64(w.warmup_s);
-        let stop_at = window_start + Duration::from_secs_f64(w.duration_s);
-        rec.start_window(window_start);
-        rec.end_window(stop_at);
-        pace.set_stop(stop_at);
-        search = Some(found);
-    }
-    if producers_total == 0 {
-        if let Some(stop_at) = stop_at {
-            tokio::time::sleep_until(stop_at.into()).await;
-        }
-    }
-    let mut producers_done = Vec::new();
-    for t in producer_tasks {
-        if let Ok(p) = t.await {
-            producers_done.push(p);
-        }
-    }
-    // Outstanding receipts: each collector ends after its last one.
-    for t in collectors {
-        let _ = t.await;
-    }
-    let produced_end = Instant::now();
-
-    let mut backlog = None;
-    if backlog_mode {
-        rec.end_window(produced_end);
-        let produced = rec.produced_all();
-        let produce_s = produced_end.duration_since(start).as_secs_f64();
-        let catchup_start = Instant::now();
-        let catchup_mark = crate::cpu::CpuMark::start(opts.broker_pid);
-        consumer_tasks = open_consumers(&w, &topics, &rec, &stop_rx, false, &mut consumer_clients).await?;
-        let target = produced * u64::from(w.subscriptions);
-        let (r2, r3) = (rec.clone(), rec.clone());
-        wait_quiet(move || r2.consumed_all() >= target, move || r3.consumed_all(), DRAIN_IDLE_MAX).await;
-        let catchup_s = catchup_start.elapsed().as_secs_f64();
-        let consumed = rec.consumed_all();
-        let catchup_cpu = catchup_mark.finish(consumed);
-        let bytes = (produced as f64 * size.mean()) as u64;
-        backlog = Some(crate::run::BacklogResult {
-            messages: produced,
-            bytes,
-            produce_s,
-            produce_msgs_per_s: produced as f64 / produce_s,
-            produce_mb_per_s: bytes as f64 / produce_s / 1e6,
-            catchup_s,
-            consume_msgs_per_s: consumed as f64 / catchup_s,
-            consume_mb_per_s: consumed as f64 * size.mean() / catchup_s / 1e6,
-            catchup_cpu: Some(catchup_cpu),
-        });
-    }
-
-    let subs = u64::from(w.subscriptions);
-    let has_consumers = w.consumers > 0 && w.subscriptions > 0;
-    let (r2, r3) = (rec.clone(), rec.clone());
-    let drained = !has_consumers
-        || wait_quiet(move || r2.consumed_all() >= r2.produced_all() * subs, move || r3.consumed_all(), DRAIN_IDLE_MAX)
-            .await;
-    let cpu = cpu_mark.finish(rec.produced_all());
-    let _ = stop_tx.send(true);
-    let _ = ticker.await;
-    for t in consumer_tasks {
-        let _ = t.await;
-    }
-    for mut p in producers_done {
-        let _ = p.close().await;
-    }
-    drop((consumer_clients, producer_clients));
-    let totals = rec.totals();
-    let flat_topics = (0..w.topics).flat_map(|t| w.partition_topics(&run_id, t)).collect();
-    if let Some(search) = &mut search {
-        search.held = Some(held(&totals, search.rate));
-    }
-    Ok(RunOutcome {
-        run_id,
-        topics: flat_topics,
-        topic_shards: Vec::new(),
-        server_version,
-        shard_aware: false,
-        totals,
-        backlog,
-        search,
-        drained,
-        cpu,
-    })
+    drive(&opts, prepared, false, door).await
 }
 
 #[cfg(test)]

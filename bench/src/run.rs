@@ -246,15 +246,15 @@ impl Connections {
     }
 }
 
-struct ProducerPlan {
-    index: u32,
+pub(crate) struct ProducerPlan {
+    pub index: u32,
     /// Where in one interval of the rate this producer's messages fall:
     /// `index / producers` (see the module doc).
-    phase: f64,
+    pub phase: f64,
     /// Stop after this many messages (backlog phase).
-    count: Option<u64>,
+    pub count: Option<u64>,
     /// Rate and stop time, shared by all producers (changed by a search).
-    pace: Arc<Pace>,
+    pub pace: Arc<Pace>,
 }
 
 /// Open one logical producer: a connection and a partitioned producer on
@@ -751,24 +751,62 @@ pub(crate) async fn placed_run_id(probe: &Client, w: &Workload, shard: u32) -> R
     )))
 }
 
-/// Run the workload; call inside a tokio runtime.
-pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
-    let w = opts.workload.clone();
-    w.validate()?;
-    let size = w.size_dist()?;
-    // A probe connection: is the broker there, and what is it?
-    let probe = Client::connect_with(&opts.url, opts.client_options.clone()).await.map_err(client_err(&opts.url))?;
+/// A protocol's client layer: all that differs between the doors. How
+/// consumers and producers are opened, how a producer's loop is started and
+/// how producers are closed; the schedule around them ([`drive`]: windows,
+/// pace, rate search, CPU marks, backlog catch-up, drain, report) is one.
+pub(crate) trait Door {
+    /// What a producer task hands back, closed once every receipt is in.
+    type Finished: Send + 'static;
+    /// Subscribes every consumer of every topic and starts its loop.
+    async fn open_consumers(
+        &mut self,
+        topics: &[String],
+        rec: &Recorder,
+        stop: &watch::Receiver<bool>,
+        timed: bool,
+    ) -> Result<Vec<JoinHandle<()>>, RunError>;
+    /// Opens the workload's producers on each of `topics` (with their
+    /// receipt collectors); returns how many.
+    async fn open_producers(&mut self, topics: &[String], rec: &Recorder) -> Result<usize, RunError>;
+    /// Which shard owns each partition, when the door knows.
+    fn topic_shards(&self) -> Vec<u32>;
+    /// Starts the loop of every opened producer, `plans[i]` for the i-th.
+    fn spawn_producers(
+        &mut self,
+        plans: Vec<ProducerPlan>,
+        rec: &Recorder,
+        filler: &Bytes,
+    ) -> Vec<JoinHandle<Self::Finished>>;
+    /// The receipt collectors: each ends after its producer's last receipt.
+    fn take_collectors(&mut self) -> Vec<JoinHandle<()>>;
+    /// Closes the producers and every connection.
+    async fn close(self, finished: Vec<Self::Finished>);
+}
+
+/// A run's topics, made before any client of the door connects.
+pub(crate) struct Prepared {
+    pub server_version: String,
+    /// The broker's shard ports (more than one: a shard-aware client can
+    /// connect straight to an owner).
+    pub shard_ports: usize,
+    pub run_id: String,
+    pub topics: Vec<String>,
+}
+
+/// Asks a native probe connection for the server's version and shards,
+/// picks the run id (placed on `--topic-shard` if asked) and creates the
+/// run's partitioned topics.
+pub(crate) async fn prepare(opts: &RunOptions, probe_options: ClientOptions) -> Result<Prepared, RunError> {
+    let w = &opts.workload;
+    let probe = Client::connect_with(&opts.url, probe_options).await.map_err(client_err(&opts.url))?;
     let server_version = probe.server_info().server_version.clone();
-    let shard_aware = opts.client_options.shard_aware && probe.server_info().shard_ports.len() > 1;
+    let shard_ports = probe.server_info().shard_ports.len();
     let run_id = match w.topic_shard {
-        Some(shard) => placed_run_id(&probe, &w, shard).await?,
+        Some(shard) => placed_run_id(&probe, w, shard).await?,
         None => new_run_id(),
     };
     let topics: Vec<String> = (0..w.topics).map(|t| w.topic_name(&run_id, t)).collect();
-    let rec = Recorder::new(w.subscriptions);
-    let filler = filler(size.max().max(STAMP_BYTES), w.seed);
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut clients = Vec::new();
     for topic in &topics {
         probe
             .admin()
@@ -777,35 +815,115 @@ pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
             .map_err(client_err(format!("create partitioned topic {topic} ({} partitions)", w.partitions)))?;
     }
     probe.close();
+    Ok(Prepared { server_version, shard_ports, run_id, topics })
+}
 
-    let backlog_mode = w.backlog_messages > 0;
-    let mut consumer_tasks = if backlog_mode {
-        Vec::new()
-    } else {
-        open_consumers(&opts, &topics, &rec, &stop_rx, true, &mut clients).await?
-    };
+/// The native door: the Magnetar SDK.
+struct Native<'a> {
+    opts: &'a RunOptions,
+    shard_aware: bool,
+    clients: Vec<Client>,
+    conns: Connections,
+    ctxs: Vec<ProducerCtx>,
+    producers: Vec<Arc<PartitionedProducer>>,
+    collectors: Vec<JoinHandle<()>>,
+}
 
-    let mut collectors = Vec::new();
-    let mut producer_ctxs = Vec::new();
-    let mut all_producers = Vec::new();
-    let mut conns = Connections::new();
-    for topic in &topics {
-        for _ in 0..w.producers {
-            let (client, ctx) = open_producer(&opts, topic, &rec, &mut collectors, &mut conns).await?;
-            all_producers.push(ctx.producer.clone());
-            producer_ctxs.push(ctx);
-            clients.push(client);
+impl Door for Native<'_> {
+    type Finished = ();
+
+    async fn open_consumers(
+        &mut self,
+        topics: &[String],
+        rec: &Recorder,
+        stop: &watch::Receiver<bool>,
+        timed: bool,
+    ) -> Result<Vec<JoinHandle<()>>, RunError> {
+        open_consumers(self.opts, topics, rec, stop, timed, &mut self.clients).await
+    }
+
+    async fn open_producers(&mut self, topics: &[String], rec: &Recorder) -> Result<usize, RunError> {
+        for topic in topics {
+            for _ in 0..self.opts.workload.producers {
+                let (client, ctx) = open_producer(self.opts, topic, rec, &mut self.collectors, &mut self.conns).await?;
+                self.producers.push(ctx.producer.clone());
+                self.ctxs.push(ctx);
+                self.clients.push(client);
+            }
+        }
+        Ok(self.ctxs.len())
+    }
+
+    /// The first producer of each topic went straight to the owner of each
+    /// partition (a one-partition run lands on a shard by chance, and the
+    /// figures depend on which: bench/README.md, "Comparing runs").
+    fn topic_shards(&self) -> Vec<u32> {
+        let each = self.opts.workload.producers as usize;
+        if !self.shard_aware || each == 0 {
+            return Vec::new();
+        }
+        self.producers.iter().step_by(each).flat_map(|p| p.partition_shards()).collect()
+    }
+
+    fn spawn_producers(&mut self, plans: Vec<ProducerPlan>, rec: &Recorder, filler: &Bytes) -> Vec<JoinHandle<()>> {
+        let w = &self.opts.workload;
+        std::mem::take(&mut self.ctxs)
+            .into_iter()
+            .zip(plans)
+            .map(|(ctx, plan)| tokio::spawn(produce_loop(ctx, plan, w.clone(), rec.clone(), filler.clone())))
+            .collect()
+    }
+
+    fn take_collectors(&mut self) -> Vec<JoinHandle<()>> {
+        std::mem::take(&mut self.collectors)
+    }
+
+    async fn close(self, _finished: Vec<()>) {
+        for p in &self.producers {
+            let _ = p.close().await;
         }
     }
-    let producers_total = producer_ctxs.len() as u64;
-    // Which shard owns each partition: the first producer of each topic
-    // went straight to it (a one-partition run lands on a shard by chance,
-    // and the figures depend on which: bench/README.md, "Comparing runs").
-    let topic_shards: Vec<u32> = if shard_aware && w.producers > 0 {
-        all_producers.iter().step_by(w.producers as usize).flat_map(|p| p.partition_shards()).collect()
-    } else {
-        Vec::new()
+}
+
+/// Run the workload; call inside a tokio runtime.
+pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
+    opts.workload.validate()?;
+    let prepared = prepare(&opts, opts.client_options.clone()).await?;
+    let shard_aware = opts.client_options.shard_aware && prepared.shard_ports > 1;
+    let door = Native {
+        opts: &opts,
+        shard_aware,
+        clients: Vec::new(),
+        conns: Connections::new(),
+        ctxs: Vec::new(),
+        producers: Vec::new(),
+        collectors: Vec::new(),
     };
+    drive(&opts, prepared, shard_aware, door).await
+}
+
+/// The run's schedule through `door`: consumers (now, or after the
+/// backlog is written), producers paced by the workload (or a rate search),
+/// the measured window, the catch-up and the drain.
+pub(crate) async fn drive<D: Door>(
+    opts: &RunOptions,
+    prepared: Prepared,
+    shard_aware: bool,
+    mut door: D,
+) -> Result<RunOutcome, RunError> {
+    let w = opts.workload.clone();
+    let size = w.size_dist()?;
+    let Prepared { server_version, run_id, topics, .. } = prepared;
+    let rec = Recorder::new(w.subscriptions);
+    let filler = filler(size.max().max(STAMP_BYTES), w.seed);
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    let backlog_mode = w.backlog_messages > 0;
+    let mut consumer_tasks =
+        if backlog_mode { Vec::new() } else { door.open_consumers(&topics, &rec, &stop_rx, true).await? };
+    let producers = door.open_producers(&topics, &rec).await?;
+    let producers_total = producers as u64;
+    let topic_shards = door.topic_shards();
 
     let ticker = spawn_ticker(&rec, opts.tick, opts.progress, stop_rx.clone());
     let cpu_mark = crate::cpu::CpuMark::start(opts.broker_pid);
@@ -826,13 +944,15 @@ pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
         (Some(stop_at), None, w.rate as f64)
     };
     let pace = Arc::new(Pace::new(start, per_producer(rate), stop_at));
-    let mut producer_tasks = Vec::new();
-    let producers = producer_ctxs.len();
-    for (index, ctx) in producer_ctxs.into_iter().enumerate() {
-        let phase = index as f64 / producers as f64;
-        let plan = ProducerPlan { index: index as u32, phase, count: count_each, pace: pace.clone() };
-        producer_tasks.push(tokio::spawn(produce_loop(ctx, plan, w.clone(), rec.clone(), filler.clone())));
-    }
+    let plans = (0..producers)
+        .map(|index| ProducerPlan {
+            index: index as u32,
+            phase: index as f64 / producers as f64,
+            count: count_each,
+            pace: pace.clone(),
+        })
+        .collect();
+    let producer_tasks = door.spawn_producers(plans, &rec, &filler);
     let mut search = None;
     if w.sustainable {
         let found = search_rate(&rec, &pace, rate, &w, opts.progress, &producer_tasks).await;
@@ -849,12 +969,15 @@ pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
             tokio::time::sleep_until(stop_at.into()).await;
         }
     }
+    let mut finished = Vec::new();
     for t in producer_tasks {
-        let _ = t.await;
+        if let Ok(f) = t.await {
+            finished.push(f);
+        }
     }
     // Outstanding receipts: each collector ends after its last receipt (or
     // the client's operation timeout fails it).
-    for t in collectors {
+    for t in door.take_collectors() {
         let _ = t.await;
     }
     let produced_end = Instant::now();
@@ -866,10 +989,9 @@ pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
         let produce_s = produced_end.duration_since(start).as_secs_f64();
         let catchup_start = Instant::now();
         let catchup_mark = crate::cpu::CpuMark::start(opts.broker_pid);
-        consumer_tasks = open_consumers(&opts, &topics, &rec, &stop_rx, false, &mut clients).await?;
+        consumer_tasks = door.open_consumers(&topics, &rec, &stop_rx, false).await?;
         let target = produced * u64::from(w.subscriptions);
-        let r2 = rec.clone();
-        let r3 = rec.clone();
+        let (r2, r3) = (rec.clone(), rec.clone());
         wait_quiet(move || r2.consumed_all() >= target, move || r3.consumed_all(), DRAIN_IDLE_MAX).await;
         let catchup_s = catchup_start.elapsed().as_secs_f64();
         let consumed = rec.consumed_all();
@@ -891,8 +1013,7 @@ pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
     // Let consumers catch up with everything acknowledged.
     let subs = u64::from(w.subscriptions);
     let has_consumers = w.consumers > 0 && w.subscriptions > 0;
-    let r2 = rec.clone();
-    let r3 = rec.clone();
+    let (r2, r3) = (rec.clone(), rec.clone());
     let drained = !has_consumers
         || wait_quiet(move || r2.consumed_all() >= r2.produced_all() * subs, move || r3.consumed_all(), DRAIN_IDLE_MAX)
             .await;
@@ -902,10 +1023,7 @@ pub async fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
     for t in consumer_tasks {
         let _ = t.await;
     }
-    for p in &all_producers {
-        let _ = p.close().await;
-    }
-    drop(clients);
+    door.close(finished).await;
     let totals = rec.totals();
     let flat_topics = (0..w.topics).flat_map(|t| w.partition_topics(&run_id, t)).collect();
     if let Some(search) = &mut search {

@@ -43,7 +43,7 @@ mod names;
 mod producer;
 
 pub use compression::{compress, decompress, UNCOMPRESSED_BYTES_MAX};
-pub use conn::admin::Admin;
+pub use conn::admin::{Admin, TOPICS_PAGE};
 pub use conn::pool::NOT_OWNER_LOOKUPS_MAX;
 pub use conn::tls::TlsOptions;
 pub use conn::{AuthToken, ClientOptions, ServerInfo};

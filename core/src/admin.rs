@@ -179,8 +179,7 @@ async fn execute(shard: &Rc<Shard>, request: AdminRequest) -> Result<AdminReply,
         }
         AdminRequest::DeleteNamespace { namespace } => {
             parse_namespace(&namespace)?;
-            let mut topics = list_topics(shard, &namespace).await?;
-            topics.truncate(10);
+            let topics = list_topics(shard, &namespace, None, 10).await?;
             md.delete_namespace(&namespace, &topics).await?;
             md.set_permissions(&namespace, &Default::default()).await?;
             Ok(AdminReply::Done)
@@ -217,12 +216,13 @@ async fn execute(shard: &Rc<Shard>, request: AdminRequest) -> Result<AdminReply,
         AdminRequest::PartitionedMetadata { topic: tn } => {
             Ok(AdminReply::Partitions(partitions_of(shard, md, &tn).await?))
         }
-        AdminRequest::ListTopics { namespace } => {
+        AdminRequest::ListTopics { namespace, after, limit } => {
             parse_namespace(&namespace)?;
             if md.policies(&namespace).await?.is_none() {
                 return Err(not_found("namespace", &namespace));
             }
-            Ok(AdminReply::Names(list_topics(shard, &namespace).await?))
+            let limit = limit.map_or(usize::MAX, |l| l as usize);
+            Ok(AdminReply::Names(list_topics(shard, &namespace, after.as_deref(), limit).await?))
         }
         AdminRequest::DeleteTopic { topic: tn } => {
             let topic = tn.to_string();
@@ -536,29 +536,33 @@ async fn partitions_of(shard: &Rc<Shard>, md: &Metadata, tn: &TopicName) -> Resu
 }
 
 pub(crate) async fn topic_exists_on(shard: &Rc<Shard>, owner: u32, topic: &str) -> Result<bool, CoreError> {
-    match shard.call(owner, Op::ListTopics { prefix: topic.to_string() }).await? {
+    match shard.call(owner, Op::ListTopics { prefix: topic.to_string(), after: None, limit: usize::MAX }).await? {
         Reply::Topics(names) => Ok(names.iter().any(|n| n == topic)),
         other => Err(CoreError::new(ErrorCode::UnknownError, format!("internal: unexpected reply {other:?}"))),
     }
 }
 
-/// Every topic of `ns` (partitioned topics by their own name and their
-/// created partitions), sorted.
-async fn list_topics(shard: &Rc<Shard>, ns: &str) -> Result<Vec<String>, CoreError> {
+/// The topics of `ns` (partitioned topics by their own name and their
+/// created partitions) that sort after `after`, sorted, at most `limit`:
+/// each shard answers with at most `limit` names, so a page costs
+/// `limit` names per shard however many topics the namespace has.
+async fn list_topics(shard: &Rc<Shard>, ns: &str, after: Option<&str>, limit: usize) -> Result<Vec<String>, CoreError> {
     let md = metadata(shard)?;
     let mut names = Vec::new();
+    let after_ok = |t: &String| after.is_none_or(|a| t.as_str() > a);
     for domain in ["persistent", "non-persistent"] {
         let prefix = format!("{domain}://{ns}/");
-        for (t, _) in md.partitioned_topics(&prefix).await? {
-            names.push(t);
-        }
+        names.extend(md.partitioned_topics(&prefix).await?.into_iter().map(|(t, _)| t).filter(after_ok));
         for owner in 0..shard.nshards {
-            if let Reply::Topics(t) = shard.call(owner, Op::ListTopics { prefix: prefix.clone() }).await? {
+            let op = Op::ListTopics { prefix: prefix.clone(), after: after.map(str::to_owned), limit };
+            if let Reply::Topics(t) = shard.call(owner, op).await? {
                 names.extend(t);
             }
         }
+        // Bounded as it grows: at most one page is kept between calls.
+        names.sort();
+        names.dedup();
+        names.truncate(limit);
     }
-    names.sort();
-    names.dedup();
     Ok(names)
 }

@@ -97,7 +97,7 @@ pub fn need_of(request: &AdminRequest) -> Need {
         | R::DeleteNamespace { namespace }
         | R::GetPolicies { namespace }
         | R::SetPolicies { namespace, .. } => Need::TenantAdmin(tenant_of_namespace(namespace)),
-        R::ListTopics { namespace } => Need::Namespace(namespace.clone(), TopicAccess::Consume),
+        R::ListTopics { namespace, .. } => Need::Namespace(namespace.clone(), TopicAccess::Consume),
         R::GrantPermission { resource, .. } | R::RevokePermission { resource, .. } | R::GetPermissions { resource } => {
             Need::TenantAdmin(match resource {
                 PermissionResource::Namespace(ns) => tenant_of_namespace(ns),
@@ -290,7 +290,7 @@ mod tests {
         assert_eq!(need_of(&AdminRequest::ListTenants), Need::Superuser);
         assert_eq!(need_of(&AdminRequest::GetTenant { tenant: "a".into() }), Need::Superuser);
         assert_eq!(
-            need_of(&AdminRequest::ListTopics { namespace: "a/ns".into() }),
+            need_of(&AdminRequest::ListTopics { namespace: "a/ns".into(), after: None, limit: None }),
             Need::Namespace("a/ns".into(), TopicAccess::Consume)
         );
         assert_eq!(need_of(&AdminRequest::DeleteTenant { tenant: "a".into() }), Need::Superuser);

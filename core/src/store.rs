@@ -132,13 +132,19 @@ impl Store {
     }
 
     /// Full names of the recorded topics starting with `prefix`, sorted.
-    pub(crate) fn topic_names(&self, prefix: &str) -> Vec<String> {
-        let mut key = META_TOPIC_PREFIX.to_vec();
-        key.extend_from_slice(prefix.as_bytes());
+    /// At most `limit` names of this shard's topics that start with
+    /// `prefix` and sort after `after`, sorted.
+    pub(crate) fn topic_names(&self, prefix: &str, after: Option<&str>, limit: usize) -> Vec<String> {
+        let key = |name: &str| {
+            let mut key = META_TOPIC_PREFIX.to_vec();
+            key.extend_from_slice(name.as_bytes());
+            key
+        };
+        let after = after.map(key);
         self.log
-            .meta_prefix(&key)
+            .meta_keys_page(&key(prefix), after.as_deref(), limit)
             .into_iter()
-            .filter_map(|(k, _)| String::from_utf8(k.get(META_TOPIC_PREFIX.len()..)?.to_vec()).ok())
+            .filter_map(|k| String::from_utf8(k.get(META_TOPIC_PREFIX.len()..)?.to_vec()).ok())
             .collect()
     }
 

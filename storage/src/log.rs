@@ -2340,6 +2340,24 @@ impl<D: Disk> EntryLog<D> {
             .collect()
     }
 
+    /// At most `limit` metadata keys starting with `prefix` and sorting
+    /// after `after` (all of them from the first when `None`), in key order,
+    /// without their values: a page of a listing that may be long.
+    pub fn meta_keys_page(&self, prefix: &[u8], after: Option<&[u8]>, limit: usize) -> Vec<Vec<u8>> {
+        use std::ops::Bound;
+        let from = match after {
+            Some(a) if a >= prefix => Bound::Excluded(a.to_vec()),
+            _ => Bound::Included(prefix.to_vec()),
+        };
+        let st = self.sh.st.borrow();
+        st.meta
+            .range((from, Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .take(limit)
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
     /// The first entry of `ledger` whose publish time (as appended with
     /// [`NewEntry::extras`]) is at least `time_ms`, by binary
     /// search over the ledger's index without reading payloads; the ledger's

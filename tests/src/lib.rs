@@ -27,6 +27,7 @@ mod data;
 pub mod http;
 mod process;
 mod pulsar;
+pub mod pulsar_raw;
 mod python;
 mod raw;
 mod scope;

@@ -9,46 +9,22 @@
 //! broker's log has no panic.
 
 use bytes::BytesMut;
-use magnetar_pulsar_wire::proto::MessageMetadata;
-use magnetar_pulsar_wire::proto::{base_command::Type, BaseCommand, CommandConnect, CommandProducer, CommandSend};
-use magnetar_pulsar_wire::{encode_command, encode_payload_command, Frame, FrameDecoder};
+use magnetar_pulsar_wire::proto::{base_command::Type, BaseCommand, CommandProducer};
+use magnetar_pulsar_wire::{Frame, FrameDecoder};
+use magnetar_tests::pulsar_raw::{command_frame as frame, send_frame};
 use magnetar_tests::{run_pulsar_test, test_dir, BrokerProcess};
-use prost::Message;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-fn frame(c: &BaseCommand) -> Vec<u8> {
-    let mut b = BytesMut::new();
-    encode_command(c, &mut b).unwrap_or_else(|e| panic!("{e}"));
-    b.to_vec()
-}
-
 fn connect() -> Vec<u8> {
-    frame(&BaseCommand {
-        r#type: Type::Connect as i32,
-        connect: Some(CommandConnect {
-            client_version: "raw-test".into(),
-            protocol_version: Some(21),
-            ..Default::default()
-        }),
-        ..Default::default()
-    })
+    magnetar_tests::pulsar_raw::connect_frame("raw-test")
 }
 
 fn send(producer_id: u64) -> Vec<u8> {
-    let c = BaseCommand {
-        r#type: Type::Send as i32,
-        send: Some(CommandSend { producer_id, sequence_id: 0, num_messages: Some(1), ..Default::default() }),
-        ..Default::default()
-    };
-    let meta = MessageMetadata { producer_name: "raw".into(), sequence_id: 0, publish_time: 1, ..Default::default() }
-        .encode_to_vec();
-    let mut b = BytesMut::new();
-    encode_payload_command(&c, &meta, b"payload", &mut b).unwrap_or_else(|e| panic!("{e}"));
-    b.to_vec()
+    send_frame(producer_id, 0, b"payload")
 }
 
 /// What the broker sent until it closed the connection (`closed`) or went

@@ -11,90 +11,35 @@
 //! Method: one broker; each producer on its own raw TCP connection (CONNECT,
 //! PRODUCER, read the answer); then a restart on the same data directory.
 
-use bytes::BytesMut;
-use magnetar_pulsar_wire::proto::{
-    base_command::Type, BaseCommand, CommandCloseProducer, CommandConnect, CommandProducer, ProducerAccessMode,
-    ServerError,
-};
-use magnetar_pulsar_wire::{encode_command, Frame, FrameDecoder};
+use magnetar_pulsar_wire::proto::{CommandProducer, ProducerAccessMode, ServerError};
+use magnetar_pulsar_wire::Frame;
+use magnetar_tests::pulsar_raw::RawPulsar;
 use magnetar_tests::{test_dir, BrokerProcess};
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-const READ_TIMEOUT: Duration = Duration::from_secs(15);
 const TOPIC: &str = "persistent://public/default/epoch";
 
-/// One raw Pulsar connection.
-struct Conn {
-    s: TcpStream,
-    buf: BytesMut,
-    decoder: FrameDecoder,
-}
+/// One raw Pulsar connection with one producer (id 1).
+struct Conn(RawPulsar);
 
 impl Conn {
     fn open(addr: &str) -> Conn {
-        let s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
-        s.set_read_timeout(Some(Duration::from_millis(200))).unwrap_or_else(|e| panic!("{e}"));
-        let mut c = Conn { s, buf: BytesMut::new(), decoder: FrameDecoder::new(64 << 20) };
-        c.put(&BaseCommand {
-            r#type: Type::Connect as i32,
-            connect: Some(CommandConnect {
-                client_version: "raw-epoch-test".into(),
-                protocol_version: Some(21),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
-        assert_eq!(c.next().command.r#type, Type::Connected as i32);
-        c
+        Conn(RawPulsar::open(addr, "raw-epoch-test", true, Duration::from_millis(200)))
     }
 
-    fn put(&mut self, c: &BaseCommand) {
-        let mut b = BytesMut::new();
-        encode_command(c, &mut b).unwrap_or_else(|e| panic!("{e}"));
-        self.s.write_all(&b).unwrap_or_else(|e| panic!("write: {e}"));
-    }
-
-    /// The next frame that is not a PING (answered).
     fn next(&mut self) -> Frame {
-        let deadline = Instant::now() + READ_TIMEOUT;
-        let mut chunk = [0u8; 4096];
-        loop {
-            if let Some(f) = self.decoder.decode(&mut self.buf).unwrap_or_else(|e| panic!("bad frame: {e}")) {
-                if f.command.r#type == Type::Ping as i32 {
-                    self.put(&BaseCommand {
-                        r#type: Type::Pong as i32,
-                        pong: Some(Default::default()),
-                        ..Default::default()
-                    });
-                    continue;
-                }
-                return f;
-            }
-            assert!(Instant::now() < deadline, "no answer from the broker within {READ_TIMEOUT:?}");
-            match self.s.read(&mut chunk) {
-                Ok(0) => panic!("the broker closed the connection"),
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
-                Err(e) => panic!("read: {e}"),
-            }
-        }
+        self.0.next_frame()
     }
 
     /// Sends PRODUCER (id 1, request 1) named `name`.
     fn ask_producer(&mut self, name: &str, mode: ProducerAccessMode, epoch: Option<u64>) {
-        self.put(&BaseCommand {
-            r#type: Type::Producer as i32,
-            producer: Some(CommandProducer {
-                topic: TOPIC.into(),
-                producer_id: 1,
-                request_id: 1,
-                producer_name: Some(name.into()),
-                producer_access_mode: Some(mode as i32),
-                topic_epoch: epoch,
-                ..Default::default()
-            }),
+        self.0.ask_producer(CommandProducer {
+            topic: TOPIC.into(),
+            producer_id: 1,
+            request_id: 1,
+            producer_name: Some(name.into()),
+            producer_access_mode: Some(mode as i32),
+            topic_epoch: epoch,
             ..Default::default()
         });
     }
@@ -106,12 +51,7 @@ impl Conn {
     }
 
     fn close_producer(&mut self) {
-        self.put(&BaseCommand {
-            r#type: Type::CloseProducer as i32,
-            close_producer: Some(CommandCloseProducer { producer_id: 1, request_id: 2, ..Default::default() }),
-            ..Default::default()
-        });
-        assert_eq!(self.next().command.r#type, Type::Success as i32);
+        self.0.close_producer(1, 2);
     }
 }
 

@@ -284,8 +284,18 @@ pub enum NamespacesCmd {
 
 #[derive(clap::Subcommand, Debug)]
 pub enum TopicsCmd {
-    /// Topics of TENANT/NS (partitioned topics and their partitions included).
-    List { namespace: String },
+    /// Topics of TENANT/NS (partitioned topics and their partitions
+    /// included), sorted, one per line; asked for a page at a time.
+    List {
+        namespace: String,
+        /// Only the topics whose full name sorts after NAME (to resume a
+        /// listing where an earlier one stopped).
+        #[arg(long, value_name = "NAME")]
+        after: Option<String>,
+        /// At most N topics.
+        #[arg(long, value_name = "N")]
+        limit: Option<u64>,
+    },
     /// Create a non-partitioned topic.
     Create { topic: String },
     /// Create a partitioned topic with N partitions.
@@ -372,6 +382,12 @@ fn topic(t: &str) -> Result<String, Box<dyn Error>> {
 
 async fn admin(args: AdminArgs) -> Result<(), Box<dyn Error>> {
     let (op, body, print) = match args.command {
+        AdminCmd::Topics(TopicsCmd::List { namespace, after, limit }) => {
+            let client = args.broker.connect().await?;
+            let listed = list_topics(&client.admin(), &namespace, after, limit).await;
+            client.close();
+            return listed;
+        }
         AdminCmd::Subscriptions(SubscriptionsCmd::Stats { topic }) => {
             let client = args.broker.connect().await?;
             let json = client.topic_stats(&topic).await;
@@ -548,7 +564,7 @@ async fn admin(args: AdminArgs) -> Result<(), Box<dyn Error>> {
         }
         AdminCmd::Broker(BrokerCmd::ShardStats) => ("broker.shard-stats", json!({}), Print::Json),
         AdminCmd::Topics(c) => match c {
-            TopicsCmd::List { namespace } => ("topics.list", json!({ "namespace": namespace }), Print::Lines),
+            TopicsCmd::List { .. } => unreachable!("listed above"),
             TopicsCmd::Create { topic: t } => ("topics.create", json!({ "topic": topic(&t)? }), Print::Nothing),
             TopicsCmd::CreatePartitioned { topic: t, partitions } => {
                 ("topics.create-partitioned", json!({ "topic": topic(&t)?, "partitions": partitions }), Print::Nothing)
@@ -609,6 +625,33 @@ async fn admin(args: AdminArgs) -> Result<(), Box<dyn Error>> {
             }
         }
     }
+    Ok(())
+}
+
+/// `topics list`: pages of the namespace's topics printed as they come,
+/// so a namespace of a million topics is never held whole.
+async fn list_topics(
+    admin: &magnetar_client::Admin,
+    namespace: &str,
+    mut after: Option<String>,
+    limit: Option<u64>,
+) -> Result<(), Box<dyn Error>> {
+    use std::io::Write;
+    let mut left = limit.unwrap_or(u64::MAX);
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    while left > 0 {
+        let page = u32::try_from(left).unwrap_or(u32::MAX).min(magnetar_client::TOPICS_PAGE);
+        let names = admin.list_topics_page(namespace, after.as_deref(), page).await?;
+        for name in &names {
+            writeln!(out, "{name}")?;
+        }
+        left -= names.len() as u64;
+        if names.len() < page as usize {
+            break;
+        }
+        after = names.into_iter().last();
+    }
+    out.flush()?;
     Ok(())
 }
 

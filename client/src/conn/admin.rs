@@ -10,6 +10,9 @@ use magnetar_wire::Command;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
+/// Names per `topics.list` page that [`Admin::list_topics`] asks for.
+pub const TOPICS_PAGE: u32 = 10_000;
+
 /// Made by [`Client::admin`](crate::Client::admin); cheap to clone.
 #[derive(Clone)]
 pub struct Admin {
@@ -35,6 +38,30 @@ impl Admin {
             Command::AdminResponse { json, .. } => serde_json::from_str(&json)
                 .map_err(|e| ClientError::UnexpectedResponse { request: "AdminRequest", got: format!("{e}: {json}") }),
             other => Err(ClientError::UnexpectedResponse { request: "AdminRequest", got: format!("{other:?}") }),
+        }
+    }
+
+    /// One page of the topics of `namespace` (full names, partitions
+    /// included, sorted): at most `limit` (1 to 100,000), those after
+    /// `after`. A page shorter than `limit` is the last.
+    pub async fn list_topics_page(&self, namespace: &str, after: Option<&str>, limit: u32) -> Result<Vec<String>> {
+        let v = self.call("topics.list", json!({ "namespace": namespace, "after": after, "limit": limit })).await?;
+        v.as_array()
+            .and_then(|a| a.iter().map(|n| n.as_str().map(str::to_owned)).collect::<Option<Vec<_>>>())
+            .ok_or_else(|| ClientError::UnexpectedResponse { request: "topics.list", got: v.to_string() })
+    }
+
+    /// Every topic of `namespace`, sorted, asked for a page at a time (see
+    /// [`Admin::list_topics_page`]), so that no one answer is long.
+    pub async fn list_topics(&self, namespace: &str) -> Result<Vec<String>> {
+        let mut all: Vec<String> = Vec::new();
+        loop {
+            let page = self.list_topics_page(namespace, all.last().map(String::as_str), TOPICS_PAGE).await?;
+            let last = page.len() < TOPICS_PAGE as usize;
+            all.extend(page);
+            if last {
+                return Ok(all);
+            }
         }
     }
 

@@ -15,7 +15,6 @@ use super::{Consumer, ConsumerBuilder};
 use crate::conn::demux::{Inbound, Queued};
 use crate::error::{ClientError, Result};
 use crate::message::Message;
-use serde_json::json;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
@@ -472,9 +471,7 @@ pub(crate) async fn add_matching(
     regex: &regex::Regex,
 ) -> Result<()> {
     let admin = template.origin.admin();
-    let listed = admin.call("topics.list", json!({ "namespace": namespace })).await?;
-    let names: Vec<String> =
-        listed.as_array().map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect()).unwrap_or_default();
+    let names = admin.list_topics(namespace).await?;
     for name in &names {
         // A partition is covered by its partitioned topic's own name.
         if let Some((base, _)) = name.rsplit_once("-partition-") {

@@ -69,9 +69,12 @@ pub enum AdminRequest {
     PartitionedMetadata {
         topic: TopicName,
     },
-    /// Answers [`AdminReply::Names`]: full names, partitions included, sorted.
+    /// Answers [`AdminReply::Names`]: full names, partitions included,
+    /// sorted; those after `after`, at most `limit` (a page; all without).
     ListTopics {
         namespace: String,
+        after: Option<String>,
+        limit: Option<u32>,
     },
     /// A partitioned topic deletes every partition.
     DeleteTopic {

@@ -163,7 +163,7 @@ impl Shard {
     /// them all, not only those with clients since the restart).
     pub(crate) fn load_all_topics(self: &Rc<Self>) -> Vec<Rc<Topic>> {
         let mut out = Vec::new();
-        for name in self.store.topic_names("") {
+        for name in self.store.topic_names("", None, usize::MAX) {
             let name = name.as_str();
             let Ok(tn) = TopicName::parse(name) else { continue };
             match self.get_or_create_topic(&tn) {

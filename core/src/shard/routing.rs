@@ -134,9 +134,12 @@ pub(crate) enum Op {
     },
     /// On any shard: its [`ShardTraffic`] counters.
     Traffic,
-    /// On any shard: the topics of its log whose full name starts with `prefix`.
+    /// On any shard: at most `limit` of its topics whose full name starts
+    /// with `prefix` and sorts after `after`, sorted.
     ListTopics {
         prefix: String,
+        after: Option<String>,
+        limit: usize,
     },
     /// On the owner: create (or load) a non-partitioned topic.
     CreateTopic {
@@ -321,11 +324,14 @@ impl Shard {
                 .boxed_local()
             }
             Op::Traffic => futures::future::ready(Ok(Reply::Traffic(self.traffic()))).boxed_local(),
-            Op::ListTopics { prefix } => {
-                let mut names = self.store.topic_names(&prefix);
+            Op::ListTopics { prefix, after, limit } => {
+                let mut names = self.store.topic_names(&prefix, after.as_deref(), limit);
                 // Non-persistent topics exist while they have a producer or
                 // a consumer; they are listed meanwhile.
-                names.extend(self.np_topics.borrow().keys().filter(|k| k.starts_with(&prefix)).cloned());
+                let after_ok = |k: &String| after.as_ref().is_none_or(|a| k > a);
+                names.extend(self.np_topics.borrow().keys().filter(|k| k.starts_with(&prefix) && after_ok(k)).cloned());
+                names.sort_unstable();
+                names.truncate(limit);
                 futures::future::ready(Ok(Reply::Topics(names))).boxed_local()
             }
             Op::CreateTopic { topic } => {

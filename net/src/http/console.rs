@@ -261,7 +261,7 @@ async fn topics_page(state: &State, q: &HashMap<String, String>) -> Result<Value
     };
     let mut all = BTreeSet::new();
     for ns in &namespaces {
-        all.extend(names(state, AdminRequest::ListTopics { namespace: ns.clone() }).await?);
+        all.extend(names(state, AdminRequest::ListTopics { namespace: ns.clone(), after: None, limit: None }).await?);
     }
     // A partition is shown in its partitioned topic's row.
     let rows: Vec<&String> = all

@@ -443,10 +443,13 @@ async fn namespace_topics(
     domain: &str,
     namespace: &str,
 ) -> Result<(Vec<String>, Vec<String>), Response<Body>> {
-    let names = match admin(state, AdminRequest::ListTopics { namespace: namespace.to_string() }).await? {
-        AdminReply::Names(n) => n,
-        other => return Err(unexpected(other)),
-    };
+    let names =
+        match admin(state, AdminRequest::ListTopics { namespace: namespace.to_string(), after: None, limit: None })
+            .await?
+        {
+            AdminReply::Names(n) => n,
+            other => return Err(unexpected(other)),
+        };
     let prefix = format!("{domain}://");
     let mut topics = Vec::new();
     let mut partitioned = Vec::new();

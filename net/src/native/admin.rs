@@ -105,6 +105,19 @@ fn u32_arg(op: &str, args: &Value, name: &str) -> Result<u32, CoreError> {
         .ok_or_else(|| bad_args(op, format!("missing integer argument {name:?}")))
 }
 
+/// An optional string argument: absent or null is `None`.
+fn opt_str_arg(op: &str, args: &Value, name: &str) -> Result<Option<String>, CoreError> {
+    match args.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(bad_args(op, format!("argument {name:?} must be a string"))),
+    }
+}
+
+/// Most names one `topics.list` page may ask for: a page is held whole on
+/// every shard and in one answer frame.
+pub const TOPICS_PAGE_MAX: u32 = 100_000;
+
 fn i64_arg(op: &str, args: &Value, name: &str) -> Result<i64, CoreError> {
     args.get(name).and_then(Value::as_i64).ok_or_else(|| bad_args(op, format!("missing integer argument {name:?}")))
 }
@@ -279,7 +292,20 @@ pub(crate) fn parse(op: &str, json: &str) -> Result<AdminRequest, CoreError> {
             AdminRequest::UpdatePartitionedTopic { topic, partitions: u32_arg(op, args, "partitions")? }
         }
         "topics.partitioned-metadata" => AdminRequest::PartitionedMetadata { topic: topic()? },
-        "topics.list" => AdminRequest::ListTopics { namespace: str_arg(op, args, "namespace")? },
+        "topics.list" => {
+            let limit = match args.get("limit") {
+                None | Some(Value::Null) => None,
+                Some(_) => match u32_arg(op, args, "limit")? {
+                    l @ 1..=TOPICS_PAGE_MAX => Some(l),
+                    l => return Err(bad_args(op, format!("limit must be 1..={TOPICS_PAGE_MAX}, got {l}"))),
+                },
+            };
+            AdminRequest::ListTopics {
+                namespace: str_arg(op, args, "namespace")?,
+                after: opt_str_arg(op, args, "after")?,
+                limit,
+            }
+        }
         "topics.delete" => AdminRequest::DeleteTopic { topic: topic()? },
         "topics.last-message-id" => AdminRequest::LastMessageId { topic: topic()? },
         "messages.find" => {

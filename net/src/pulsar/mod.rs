@@ -608,7 +608,11 @@ impl Door for PulsarDoor {
                 }
             }
             PulsarOther::TopicsOfNamespace { request_id, namespace, mode } => {
-                match session.broker_handle().admin(AdminRequest::ListTopics { namespace }).await {
+                match session
+                    .broker_handle()
+                    .admin(AdminRequest::ListTopics { namespace, after: None, limit: None })
+                    .await
+                {
                     Ok(AdminReply::Names(names)) => {
                         let topics = topics_of_namespace(names, mode);
                         let c = command(Type::GetTopicsOfNamespaceResponse, |c| {

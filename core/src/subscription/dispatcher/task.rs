@@ -62,7 +62,11 @@ async fn run<S: DeliverySink, L: LogReader>(ctx: DispatchCtx<S, L>, topic: Rc<To
         if let Some(from) = reread {
             sub.read_pos.set(sub.read_pos.get().min(from));
         }
-        pass(&ctx, &topic, &sub).await;
+        // Boxed: a pass's future (reads, deliveries) is large and lives
+        // only while the pass runs; inline it would be held by every idle
+        // subscription's task, a cost per subscription on a shard with
+        // many topics.
+        Box::pin(pass(&ctx, &topic, &sub)).await;
     }
 }
 
