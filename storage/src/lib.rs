@@ -36,6 +36,7 @@ pub mod format;
 pub mod inspect;
 pub mod keyindex;
 mod log;
+mod lone;
 mod pages;
 mod recovery;
 pub mod sim;

@@ -19,6 +19,7 @@ use crate::format::{
     IndexEntry, IndexExtras, RecordHeader, Relocation, BATCH_FLAG_OVER_STALE, BATCH_HEADER_BYTES,
     INDEX_ENTRIES_PER_PAGE, KIND_DELETE, KIND_ENTRY, KIND_META, KIND_MOVE, META_KEY_BYTES_MAX, RECORD_HEADER_BYTES,
 };
+use crate::lone::{LonePolicy, Route};
 
 /// Configuration of one shard's entry log.
 #[derive(Debug, Clone)]
@@ -624,19 +625,8 @@ pub(crate) struct State<F> {
     pub zeroed: u64,
     /// Moving average of the flusher's batch length (bytes).
     pub avg_batch: u64,
-    /// Batches of one record in a row, up to the last one made durable.
-    pub lone_streak: u32,
-    /// Batches left that take the reactor path after a lone request took
-    /// longer than `lone_sync_max`.
-    pub lone_pause: u32,
-    /// During a pause: lone batches in a row whose reactor write + fdatasync
-    /// took at most `lone_sync_max` ([`LONE_RESUME_FAST`] end the pause).
-    pub lone_fast: u32,
-    /// Lone requests that took longer than `lone_sync_max` since open (a counter).
-    pub lone_slow: u64,
-    /// Batches written and synced as one request (`LONE_BATCH_BYTES_MAX`)
-    /// since open (a counter).
-    pub lone_batches: u64,
+    /// Which batches take the blocking lone path (`LONE_BATCH_BYTES_MAX`).
+    pub lone: LonePolicy,
     pub zero_waker: Option<Waker>,
     /// Bytes zeroed ahead since open (a counter).
     pub zeroed_bytes: u64,
@@ -695,11 +685,7 @@ impl<F> State<F> {
             recycled: 0,
             zeroed: 0,
             avg_batch: 0,
-            lone_streak: 0,
-            lone_pause: 0,
-            lone_fast: 0,
-            lone_slow: 0,
-            lone_batches: 0,
+            lone: LonePolicy::default(),
             zero_waker: None,
             zeroed_bytes: 0,
             flush: FlushStats::default(),
@@ -1121,64 +1107,39 @@ impl<D: Disk> Shared<D> {
         // this thread (`DiskFile::write_and_sync`), which has nothing else
         // to do meanwhile. Never for batches of several records: blocking
         // would stop the shard from reading the next batch's messages while
-        // the disk works.
-        // `paused`: a lone batch sent through the reactor by a pause, timed
-        // to end the pause early when the disk is fast again.
-        let (lone, paused) = {
-            let mut st = self.st.borrow_mut();
-            let candidate = count == 1
-                && batch_len <= LONE_BATCH_BYTES_MAX
-                && st.lone_streak >= LONE_STREAK_MIN
-                && !self.cfg.lone_sync_max.is_zero();
-            let paused = st.lone_pause > 0;
-            st.lone_pause = st.lone_pause.saturating_sub(1);
-            (candidate && !paused, candidate && paused)
-        };
+        // the disk works. Which batches go so: `lone::LonePolicy`.
+        let sync_max = self.cfg.lone_sync_max;
+        let route = self.st.borrow_mut().lone.decide(count, batch_len, sync_max);
         crate::stage::mark("4b_write_submit");
         let flush_began = std::time::Instant::now();
         let after_write = |st: &mut State<D::File>| {
             st.zeroed = st.zeroed.max(end);
             st.avg_batch = if st.avg_batch == 0 { batch_len } else { (st.avg_batch * 7 + batch_len) / 8 };
         };
-        if lone {
-            let began = std::time::Instant::now();
+        let began = std::time::Instant::now();
+        if route == Route::Lone {
             seg.file
                 .write_and_sync(off, buf.as_ref())
                 .await
                 .map_err(self.io("write and fdatasync batch", &seg.path))?;
-            let took = began.elapsed();
+        } else {
+            // The write and the fdatasync as one linked request the shard
+            // awaits (one wake-up per batch, not two), running other tasks
+            // meanwhile.
+            seg.file.write_buf_and_sync(off, buf).await.map_err(self.io("write and fdatasync batch", &seg.path))?;
+        }
+        let took = began.elapsed();
+        {
             let mut st = self.st.borrow_mut();
             after_write(&mut st);
-            st.lone_batches += 1;
-            if took > self.cfg.lone_sync_max {
-                st.lone_pause = LONE_PAUSE_BATCHES;
-                st.lone_fast = 0;
-                st.lone_slow += 1;
+            if st.lone.observe(route, took, sync_max) {
                 tracing::debug!(
                     took_us = took.as_micros() as u64,
                     "a lone batch's write and fdatasync were slow: the next batches go through the reactor"
                 );
             }
-            drop(st);
-            drop(zero_permit);
-        } else {
-            // The write and the fdatasync as one linked request the shard
-            // awaits (one wake-up per batch, not two), running other tasks
-            // meanwhile.
-            let began = std::time::Instant::now();
-            seg.file.write_buf_and_sync(off, buf).await.map_err(self.io("write and fdatasync batch", &seg.path))?;
-            after_write(&mut self.st.borrow_mut());
-            drop(zero_permit);
-            if paused {
-                let fast = began.elapsed() <= self.cfg.lone_sync_max;
-                let mut st = self.st.borrow_mut();
-                st.lone_fast = if fast { st.lone_fast + 1 } else { 0 };
-                if st.lone_fast >= LONE_RESUME_FAST {
-                    st.lone_pause = 0;
-                    st.lone_fast = 0;
-                }
-            }
         }
+        drop(zero_permit);
         crate::stage::mark("6_synced");
         let flush_us = flush_began.elapsed().as_micros() as u64;
 
@@ -1194,8 +1155,7 @@ impl<D: Disk> Shared<D> {
         st.next_seq = seq + 1;
         st.durable_lsn = last_lsn;
         st.flush.record(count as u64, batch_len, flush_us);
-        st.lone_streak =
-            if count == 1 && batch_len <= LONE_BATCH_BYTES_MAX { st.lone_streak.saturating_add(1) } else { 0 };
+        st.lone.durable(count, batch_len);
         if !moves.is_empty() {
             apply_moves(&mut st, moves);
         }
@@ -2283,13 +2243,13 @@ impl<D: Disk> EntryLog<D> {
     /// Lone batches written and synced as one request since open
     /// ([`LONE_BATCH_BYTES_MAX`]).
     pub fn lone_batches(&self) -> u64 {
-        self.sh.st.borrow().lone_batches
+        self.sh.st.borrow().lone.batches
     }
 
     /// Of those, the ones slower than `lone_sync_max` (each paused the path
     /// for [`LONE_PAUSE_BATCHES`] batches).
     pub fn lone_slow(&self) -> u64 {
-        self.sh.st.borrow().lone_slow
+        self.sh.st.borrow().lone.slow
     }
 
     /// Bytes zeroed ahead of the tail since open (`zero_ahead_bytes`).
