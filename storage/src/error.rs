@@ -82,10 +82,12 @@ pub enum CorruptReason {
     #[error("complete batch of {batch_len} bytes fails its checksum (stored {stored:#010x}, computed {computed:#010x}); not a torn write")]
     DamagedNotTorn { batch_len: u32, stored: u32, computed: u32 },
     /// The last batch's header fails its checks, yet its magic, `seq` and
-    /// `position` are (nearly) the expected ones: it was written whole and
-    /// rotted since, so the batch may have been acknowledged
-    /// (`format::header_written_here`).
-    #[error("batch seq {seq} has a damaged header (magic, seq and position say it was written here: not a torn write); its records are lost and may have been acknowledged")]
+    /// `position` are (nearly) the expected ones, or the first record
+    /// header in its sector is the next entry of a known ledger: it was
+    /// written whole and rotted since, so the batch may have been
+    /// acknowledged (`format::header_written_here`,
+    /// `format::first_record_written_here`).
+    #[error("batch seq {seq} has a damaged header (what is left of it, or the first record beside it, says it was written here: not a torn write); its records are lost and may have been acknowledged")]
     HeaderDamaged { seq: u64 },
     /// A segment file is shorter than it was preallocated (its batches say
     /// how long that was): someone truncated it. A crash cannot do that.

@@ -209,6 +209,23 @@ pub fn header_written_here(page: &[u8], seq: u64, position: u64) -> bool {
         <= HEADER_MATCH_BITS_MAX
 }
 
+/// Whether the first record header of a last batch whose own header fails
+/// (bytes 64..112 of its first page `page`) holds the next entry of a
+/// ledger (`next_entry` gives a ledger's next entry id, `None` for one not
+/// known). That record was written by this use of the segment: an entry id
+/// is written once, at a position after every earlier one, and what a cut
+/// removed was zeroed, so neither stale bytes of a recycled file nor an
+/// earlier try hold it. So the header's sector, which holds both and lands
+/// whole, was written, and the header was damaged since, even when its
+/// magic, number and position went together ([`header_written_here`]
+/// catches lighter damage). A batch that starts with a new ledger's first
+/// entry or another kind of record is not recognised this way.
+pub fn first_record_written_here(page: &[u8], next_entry: impl Fn(u64) -> Option<u64>) -> bool {
+    let Some(rec) = page.get(BATCH_HEADER_BYTES..BATCH_HEADER_BYTES + RECORD_HEADER_BYTES) else { return false };
+    let Ok(rh) = RecordHeader::decode(rec) else { return false };
+    rh.kind == KIND_ENTRY && next_entry(rh.ledger) == Some(rh.entry)
+}
+
 /// Records with at least this many body bytes join [`BodyCrc`] by combining
 /// their own checksum: a combine costs ~0.3 µs here, hashing 16 KiB ~0.8 µs.
 pub const BODY_CRC_COMBINE_MIN: usize = 8 << 10;

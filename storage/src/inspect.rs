@@ -36,9 +36,9 @@ use std::path::{Path, PathBuf};
 use crate::disk::PAGE_BYTES;
 use crate::error::{CorruptReason, Result, StorageError};
 use crate::format::{
-    check_entry_record, could_be_torn, decode_index_page, header_written_here, records, split_meta, BatchHeader,
-    Checkpoint, CleanMarker, IndexEntry, BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_DELETE, KIND_ENTRY, KIND_MOVE,
-    RECORD_HEADER_BYTES,
+    check_entry_record, could_be_torn, decode_index_page, first_record_written_here, header_written_here, records,
+    split_meta, BatchHeader, Checkpoint, CleanMarker, IndexEntry, BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_DELETE,
+    KIND_ENTRY, KIND_MOVE, RECORD_HEADER_BYTES,
 };
 
 /// Position of an entry a full scan has not met yet: its original record
@@ -610,7 +610,11 @@ impl ShardImage {
                                         | CorruptReason::HeaderCrc { .. }
                                         | CorruptReason::Version(_)
                                 ) {
-                                    if let Some(seq) = seq.filter(|s| header_written_here(&page, *s, position)) {
+                                    let next = |l: u64| self.ledgers.get(&l).map(|l| l.index.len() as u64);
+                                    if let Some(seq) = seq.filter(|s| {
+                                        header_written_here(&page, *s, position)
+                                            || first_record_written_here(&page, next)
+                                    }) {
                                         return Err(corrupt(&path, off, CorruptReason::HeaderDamaged { seq }));
                                     }
                                 }

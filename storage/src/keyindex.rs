@@ -15,8 +15,10 @@
 //! - *sealed* files `keys/<seq>.kix`, immutable, each written once (temp
 //!   file, fdatasync, rename, directory fsync: after a crash it is there
 //!   whole or not at all) when the active part reaches
-//!   `key_index_items_per_file` items (a failed write or fsync fails the log,
-//!   as for the log itself). Items are sorted by key hash; a small
+//!   `key_index_items_per_file` items (no space to create, write or rename
+//!   it: the items stay in memory and the next pass tries again; any other
+//!   failed write, or a failed fsync, fails the log, as for the log
+//!   itself). Items are sorted by key hash; a small
 //!   fence (the first hash of each page) stays in memory, so a lookup reads
 //!   one or two 4 KiB pages per file. Each file lists, per ledger, the entry
 //!   range it covers; a file whose ledgers are all deleted is removed (so
@@ -261,6 +263,8 @@ pub(crate) struct KeyIndex<F> {
     pub next: HashMap<u64, u64>,
     /// A seal is being written (one at a time).
     pub sealing: bool,
+    /// The last seal found no space (logged once until one succeeds).
+    pub space_short: bool,
 }
 
 impl<F> KeyIndex<F> {
@@ -276,6 +280,7 @@ impl<F> KeyIndex<F> {
             active_cover: BTreeMap::new(),
             next: HashMap::new(),
             sealing: false,
+            space_short: false,
         }
     }
 
@@ -535,6 +540,9 @@ impl<D: Disk> EntryLog<D> {
         k.sealing = false;
         match written {
             Ok(file) => {
+                if std::mem::take(&mut k.space_short) {
+                    info!(path = %path.display(), "key index file written again after a lack of space");
+                }
                 let hdr = decode_key_file_header(&bytes).map_err(|r| StorageError::corrupt(&path, 0, r))?;
                 debug!(path = %path.display(), items = n, "key index file written");
                 k.sealed.push(Rc::new(Sealed { hdr, path, file }));
@@ -553,6 +561,16 @@ impl<D: Disk> EntryLog<D> {
                     }
                 }
                 Ok(())
+            }
+            Err(e) if short_of_space(&e) => {
+                // Nothing names the temporary file until the rename and the
+                // items are still in memory: the next pass writes it again
+                // (under the same number, over the same temporary file).
+                k.next_seq = seq;
+                if !std::mem::replace(&mut k.space_short, true) {
+                    warn!(path = %path.display(), error = %e, "no space for a key index file: its items stay in memory and the next pass tries again");
+                }
+                Err(e)
             }
             Err(e) => {
                 // As for the log itself: after a failed write or fsync, do not
@@ -613,6 +631,16 @@ impl<D: Disk> EntryLog<D> {
     pub fn key_index_files(&self) -> (Vec<(u64, u64, PathBuf)>, usize) {
         let k = self.sh.keys.borrow();
         (k.sealed.iter().map(|f| (f.hdr.seq, f.hdr.items, f.path.clone())).collect(), k.active.len())
+    }
+}
+
+/// Whether sealing failed only for lack of space while creating, writing or
+/// renaming the file (a failed sync is never retried: what it leaves on
+/// disk is unknown).
+fn short_of_space(e: &StorageError) -> bool {
+    match e {
+        StorageError::Io { op, source, .. } => !op.contains("sync") && crate::log::is_no_space(source),
+        _ => false,
     }
 }
 

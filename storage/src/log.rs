@@ -1540,7 +1540,7 @@ fn make_spare<D: Disk>(sh: &Rc<Shared<D>>, spare: &mut Option<Spare<D::File>>) {
 const SPACE_RETRY: Duration = Duration::from_millis(250);
 
 /// Whether `e` says the filesystem (or the quota) has no room.
-fn is_no_space(e: &std::io::Error) -> bool {
+pub(crate) fn is_no_space(e: &std::io::Error) -> bool {
     // glommio's errors become `io::Error`s that keep the kind but not
     // always the raw errno.
     matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))

@@ -14,8 +14,9 @@ use tracing::{error, info, warn};
 use crate::disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
 use crate::error::{CorruptReason, Result, StorageError};
 use crate::format::{
-    could_be_torn, header_written_here, records, split_meta, BatchHeader, Checkpoint, CleanMarker, IndexEntry,
-    BATCH_FLAG_OVER_STALE, BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_DELETE, KIND_ENTRY, KIND_MOVE, RECORD_HEADER_BYTES,
+    could_be_torn, first_record_written_here, header_written_here, records, split_meta, BatchHeader, Checkpoint,
+    CleanMarker, IndexEntry, BATCH_FLAG_OVER_STALE, BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_DELETE, KIND_ENTRY,
+    KIND_MOVE, RECORD_HEADER_BYTES,
 };
 use crate::log::{checkpointer, flusher, zeroer, EntryLog, Ledger, LogConfig, Paths, Recovery, Segment, Shared, State};
 use crate::pages::{read_pages, Firsts, PageWalk};
@@ -954,7 +955,8 @@ async fn scan<D: Disk>(
                         if matches!(
                             reason,
                             CorruptReason::BadMagic | CorruptReason::HeaderCrc { .. } | CorruptReason::Version(_)
-                        ) && header_written_here(&page, seq, position)
+                        ) && (header_written_here(&page, seq, position)
+                            || first_record_written_here(&page, |l| st.ledgers.get(&l).map(|l| l.laid_out())))
                         {
                             damage = Some(CorruptReason::HeaderDamaged { seq });
                         }

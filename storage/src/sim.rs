@@ -11,7 +11,9 @@
 //! Faults: [`SimDisk::crash_at_op`] freezes the disk at the n-th mutating
 //! operation (every later operation fails with EIO, and the crash image is
 //! taken at that instant), and [`SimDisk::fail_nth`] makes one future write,
-//! sync or allocate fail with EIO.
+//! sync or allocate fail with EIO (or ENOSPC), and [`SimDisk::set_full`]
+//! makes the filesystem full: whatever would need new space fails with
+//! ENOSPC until it is cleared.
 //!
 //! Simplification: directories themselves are always durable once created.
 //!
@@ -154,6 +156,8 @@ struct SimState {
     sync_delay: Option<std::time::Duration>,
     /// Bytes returned by file reads so far.
     bytes_read: u64,
+    /// The filesystem is full (`SimDisk::set_full`).
+    full: bool,
 }
 
 /// The simulated disk. Cheap to clone (shared state).
@@ -387,6 +391,15 @@ impl SimDisk {
         self.st.borrow_mut().sync_delay = delay;
     }
 
+    /// A full filesystem while `full`: a write past a file's end and an
+    /// allocation that grows a file fail with ENOSPC (after counting as an
+    /// operation); writes inside a file's length, such as into a
+    /// preallocated segment, still land. Creating, renaming and removing
+    /// names, shrinking and syncing are unaffected.
+    pub fn set_full(&self, full: bool) {
+        self.st.borrow_mut().full = full;
+    }
+
     /// How many injected faults fired so far.
     pub fn faults_fired(&self) -> u64 {
         self.st.borrow().faults_fired
@@ -555,6 +568,15 @@ impl Disk for SimDisk {
 }
 
 impl SimFile {
+    /// ENOSPC when the disk is full and the file would grow past its length.
+    fn check_space(&self, end: u64, what: &str) -> io::Result<()> {
+        let full = self.st.borrow().full;
+        if full && self.with(|ino| ino.written.len() as u64) < end {
+            return Err(FaultError::NoSpace.to_io(what));
+        }
+        Ok(())
+    }
+
     fn with<R>(&self, f: impl FnOnce(&mut Inode) -> R) -> R {
         let mut st = self.st.borrow_mut();
         f(st.inodes.get_mut(&self.ino).expect("inode"))
@@ -593,6 +615,7 @@ impl DiskFile for SimFile {
         assert!((data.len() as u64).is_multiple_of(PAGE_BYTES), "unaligned write length {}", data.len());
         futures_lite::future::yield_now().await;
         self.st.borrow_mut().step(Some(FaultKind::Write), "write")?;
+        self.check_space(pos + data.len() as u64, "write")?;
         let op = FileOp::Write { pos, data: data.to_vec() };
         self.with(|ino| {
             apply(&mut ino.written, &op);
@@ -631,6 +654,7 @@ impl DiskFile for SimFile {
     async fn allocate(&self, len: u64) -> io::Result<()> {
         futures_lite::future::yield_now().await;
         self.st.borrow_mut().step(Some(FaultKind::Allocate), "fallocate")?;
+        self.check_space(len, "fallocate")?;
         self.with(|ino| {
             if (ino.written.len() as u64) < len {
                 let op = FileOp::SetLen(len);
