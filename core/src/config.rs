@@ -32,7 +32,7 @@ pub struct BrokerConfig {
     pub lone_sync_max: std::time::Duration,
     /// Storage: how long the shard thread yields the CPU in a loop while
     /// it waits for a lone batch's request, before it sleeps
-    /// (`magnetar_storage::LogConfig::lone_yield_max`; zero: sleep at once).
+    /// (`magnetar_storage::DmaDisk::new`'s `lone_yield_max`; zero: sleep at once).
     pub lone_yield_max: std::time::Duration,
     /// Storage: freed segments kept per shard for reuse
     /// (`magnetar_storage::LogConfig::recycle_segments`; 0: unlink them).

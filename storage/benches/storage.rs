@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use magnetar_storage::{key_hash, EntryLog, IndexExtras, LogConfig};
+use magnetar_storage::{key_hash, EntryLog, IndexExtras, LogConfig, NewEntry};
 
 type Job = Box<dyn FnOnce(Rc<Ctx>) -> Pin<Box<dyn Future<Output = Duration>>> + Send>;
 
@@ -233,7 +233,7 @@ fn index(c: &mut Criterion) {
                 key_hash: key_hash(key.as_bytes()),
                 ..Default::default()
             };
-            last = log.append_with(1, body.clone(), extras).unwrap().lsn;
+            last = log.append(1, NewEntry::new(body.clone()).extras(extras)).unwrap().lsn;
             if i % 10_000 == 9_999 {
                 log.wait_durable(last).await.unwrap();
             }

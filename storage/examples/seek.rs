@@ -1,5 +1,5 @@
 //! Seek-by-time latency on a large ledger: appends COUNT tiny entries to one
-//! ledger with non-decreasing publish times (`append_with` + `IndexExtras`,
+//! ledger with non-decreasing publish times (`append` of a `NewEntry` with `IndexExtras`,
 //! four entries per millisecond so that equal times occur), then times
 //! `EntryLog::seek_time` for SAMPLES random target times (some before the
 //! first and after the last publish time) and prints p50/p99/p999/max in
@@ -19,7 +19,7 @@
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use magnetar_storage::{EntryLog, IndexExtras, LogConfig};
+use magnetar_storage::{EntryLog, IndexExtras, LogConfig, NewEntry};
 
 /// xorshift64*: enough for picking targets, and replayable from the seed.
 struct Rng(u64);
@@ -60,7 +60,7 @@ fn main() {
             let mut last = 0;
             for j in i..(i + chunk).min(count) {
                 let extras = IndexExtras { publish_time_ms: BASE_MS + j / 4, key_hash: 0, tag_hash: 0 };
-                last = log.append_with(LEDGER, body.clone(), extras).unwrap().lsn;
+                last = log.append(LEDGER, NewEntry::new(body.clone()).extras(extras)).unwrap().lsn;
             }
             log.wait_durable(last).await.unwrap();
             i += chunk;

@@ -34,6 +34,7 @@ use crate::disk::{Disk, DiskFile};
 use crate::error::{CorruptReason, Result, StorageError};
 use crate::format::{check_entry_record, IndexEntry, RECORD_HEADER_BYTES};
 use crate::log::{EntryLog, Mode, Shared};
+use crate::pages::{PageWalk, Walked};
 
 /// Largest span read from a segment in one request while compacting.
 const COMPACT_READ_BYTES_MAX: u64 = 1 << 20;
@@ -148,41 +149,24 @@ impl<D: Disk> EntryLog<D> {
             // when the page was written (only entries in the index file
             // move, see `durable_entries`), read straight from the file in
             // runs of adjacent pages (not through the cache).
-            let (file, runs) = {
+            let mut walk = {
                 let st = sh.st.borrow();
                 let Some(l) = st.ledgers.get(&id) else { continue };
                 let Some(file) = l.index_file.clone().filter(|_| l.deleted.is_none()) else { continue };
-                let mut runs: Vec<(u64, Vec<u64>)> = Vec::new();
-                for (p, sum) in l.pages.iter().enumerate() {
-                    if sum.max_position < seg.start || sum.min_position >= seg.end() {
-                        continue;
-                    }
-                    match runs.last_mut() {
-                        Some((from, firsts))
-                            if *from + firsts.len() as u64 == p as u64
-                                && (firsts.len() as u64) < crate::pages::PAGES_PER_READ_MAX =>
-                        {
-                            firsts.push(sum.first_entry)
-                        }
-                        _ => runs.push((p as u64, vec![sum.first_entry])),
-                    }
-                }
-                (file, runs)
+                PageWalk::matching(file, sh.paths.index(id), id, &l.pages, |sum| {
+                    sum.max_position >= seg.start && sum.min_position < seg.end()
+                })
             };
-            let path = sh.paths.index(id);
-            for (from, firsts) in runs {
-                let pages = crate::pages::read_pages(&*file, &path, id, from, &firsts).await?;
-                let st = sh.st.borrow();
-                for (first, es) in firsts.iter().zip(pages) {
-                    for (i, e) in es.into_iter().enumerate() {
-                        let entry = first + i as u64;
-                        // A relocated entry is no longer where its page says.
-                        if e.position >= seg.start && e.position < seg.end() && !st.relocated.contains_key(&(id, entry))
-                        {
-                            live.push(Live { ledger: id, entry, ie: e });
-                        }
-                    }
-                }
+            // A relocated entry is no longer where its page says.
+            let relocated = |entry| sh.st.borrow().relocated.get(&(id, entry)).copied();
+            while let Some(read) = walk.next(relocated).await? {
+                let in_seg =
+                    |e: &Walked| e.moved.is_none() && e.paged.position >= seg.start && e.paged.position < seg.end();
+                live.extend(read.iter().filter(|e| in_seg(e)).map(|e| Live {
+                    ledger: id,
+                    entry: e.entry,
+                    ie: e.paged,
+                }));
             }
             glommio::yield_if_needed().await;
         }

@@ -36,6 +36,7 @@ pub mod format;
 pub mod inspect;
 pub mod keyindex;
 mod log;
+mod lone;
 mod pages;
 mod recovery;
 pub mod sim;
@@ -47,6 +48,6 @@ pub use error::{CorruptReason, StorageError};
 pub use format::{key_hash, tag_hash, IndexEntry, IndexExtras};
 pub use keyindex::KeyHit;
 pub use log::{
-    Appended, EntryLog, FlushStats, IndexCacheStats, LogConfig, Recovery, FLUSH_HISTOGRAM_BUCKETS,
+    Appended, EntryLog, FlushStats, IndexCacheStats, LogConfig, NewEntry, Recovery, FLUSH_HISTOGRAM_BUCKETS,
     LONE_BATCH_BYTES_MAX, LONE_PAUSE_BATCHES, LONE_RESUME_FAST, LONE_STREAK_MIN,
 };

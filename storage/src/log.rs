@@ -19,6 +19,7 @@ use crate::format::{
     IndexEntry, IndexExtras, RecordHeader, Relocation, BATCH_FLAG_OVER_STALE, BATCH_HEADER_BYTES,
     INDEX_ENTRIES_PER_PAGE, KIND_DELETE, KIND_ENTRY, KIND_META, KIND_MOVE, META_KEY_BYTES_MAX, RECORD_HEADER_BYTES,
 };
+use crate::lone::{LonePolicy, Route};
 
 /// Configuration of one shard's entry log.
 #[derive(Debug, Clone)]
@@ -110,14 +111,6 @@ pub struct LogConfig {
     /// and synced through the reactor within this bound (the slow request
     /// was a spike, not a busy disk). Zero: never block. Default 1 ms.
     pub lone_sync_max: Duration,
-    /// While the shard thread waits for a lone batch's request, it yields
-    /// the CPU in a loop (`sched_yield`) for up to this long, then sleeps
-    /// on the ring: each return from the kernel runs the completion work,
-    /// so neither the thread nor its idle CPU is woken per message (lower
-    /// latency one at a time), at the price of a busy CPU meanwhile (more
-    /// broker CPU per message; it counts against a CPU quota; figures:
-    /// bench/RESULTS.md, sixth session). Zero: sleep at once. Default 1 ms.
-    pub lone_yield_max: Duration,
     /// The stretches of log kept for [`EntryLog::read_run`]
     /// ([`SPANS_KEPT`] of them, each up to a run's bytes, its largest
     /// entry at least, plus [`SPAN_ALIGN`]: ~9 MiB with the dispatcher's
@@ -252,7 +245,6 @@ impl LogConfig {
             recycle_segments: 2,
             zero_ahead_bytes: 8 << 20,
             lone_sync_max: Duration::from_millis(1),
-            lone_yield_max: Duration::from_millis(1),
             read_span_idle: Duration::from_secs(10),
             accept_data_loss: false,
         }
@@ -286,6 +278,47 @@ impl LogConfig {
             )));
         }
         Ok(())
+    }
+}
+
+/// An entry for [`EntryLog::append`]: its body, the values the index keeps
+/// beside its position (publish time, key and tag hash; 0 = none), and the
+/// body's CRC-32 when the caller already has it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NewEntry {
+    pub body: Bytes,
+    pub extras: IndexExtras,
+    /// Computed over these very bytes (e.g. while checking the frame they
+    /// came in): the record's checksum is then derived from it instead of
+    /// reading the body again. A wrong value cannot serve bad bytes, but it
+    /// loses more than this entry: the record fails its checksum on every
+    /// read, and the batch's body checksum, which combines the record's
+    /// (`BodyCrc`), is wrong too, so the next recovery finds the log
+    /// `Corrupt` and refuses to open it. Pass only a checksum taken over
+    /// these very bytes (debug builds check).
+    pub body_crc: Option<u32>,
+}
+
+impl NewEntry {
+    /// `body` with no index extras and no CRC.
+    pub fn new(body: Bytes) -> NewEntry {
+        NewEntry { body, extras: IndexExtras::default(), body_crc: None }
+    }
+
+    /// With the index's extras `extras`.
+    pub fn extras(self, extras: IndexExtras) -> NewEntry {
+        NewEntry { extras, ..self }
+    }
+
+    /// With the body's CRC-32 `body_crc` (see the field).
+    pub fn body_crc(self, body_crc: Option<u32>) -> NewEntry {
+        NewEntry { body_crc, ..self }
+    }
+}
+
+impl From<Bytes> for NewEntry {
+    fn from(body: Bytes) -> NewEntry {
+        NewEntry::new(body)
     }
 }
 
@@ -510,7 +543,7 @@ enum PendingKind {
         ledger: u64,
         entry: u64,
         body: Bytes,
-        /// The body's CRC-32 when the caller had it (`append_checked`).
+        /// The body's CRC-32 when the caller had it (`NewEntry::body_crc`).
         body_crc: Option<u32>,
         extras: IndexExtras,
     },
@@ -592,19 +625,8 @@ pub(crate) struct State<F> {
     pub zeroed: u64,
     /// Moving average of the flusher's batch length (bytes).
     pub avg_batch: u64,
-    /// Batches of one record in a row, up to the last one made durable.
-    pub lone_streak: u32,
-    /// Batches left that take the reactor path after a lone request took
-    /// longer than `lone_sync_max`.
-    pub lone_pause: u32,
-    /// During a pause: lone batches in a row whose reactor write + fdatasync
-    /// took at most `lone_sync_max` ([`LONE_RESUME_FAST`] end the pause).
-    pub lone_fast: u32,
-    /// Lone requests that took longer than `lone_sync_max` since open (a counter).
-    pub lone_slow: u64,
-    /// Batches written and synced as one request (`LONE_BATCH_BYTES_MAX`)
-    /// since open (a counter).
-    pub lone_batches: u64,
+    /// Which batches take the blocking lone path (`LONE_BATCH_BYTES_MAX`).
+    pub lone: LonePolicy,
     pub zero_waker: Option<Waker>,
     /// Bytes zeroed ahead since open (a counter).
     pub zeroed_bytes: u64,
@@ -663,11 +685,7 @@ impl<F> State<F> {
             recycled: 0,
             zeroed: 0,
             avg_batch: 0,
-            lone_streak: 0,
-            lone_pause: 0,
-            lone_fast: 0,
-            lone_slow: 0,
-            lone_batches: 0,
+            lone: LonePolicy::default(),
             zero_waker: None,
             zeroed_bytes: 0,
             flush: FlushStats::default(),
@@ -1089,64 +1107,39 @@ impl<D: Disk> Shared<D> {
         // this thread (`DiskFile::write_and_sync`), which has nothing else
         // to do meanwhile. Never for batches of several records: blocking
         // would stop the shard from reading the next batch's messages while
-        // the disk works.
-        // `paused`: a lone batch sent through the reactor by a pause, timed
-        // to end the pause early when the disk is fast again.
-        let (lone, paused) = {
-            let mut st = self.st.borrow_mut();
-            let candidate = count == 1
-                && batch_len <= LONE_BATCH_BYTES_MAX
-                && st.lone_streak >= LONE_STREAK_MIN
-                && !self.cfg.lone_sync_max.is_zero();
-            let paused = st.lone_pause > 0;
-            st.lone_pause = st.lone_pause.saturating_sub(1);
-            (candidate && !paused, candidate && paused)
-        };
+        // the disk works. Which batches go so: `lone::LonePolicy`.
+        let sync_max = self.cfg.lone_sync_max;
+        let route = self.st.borrow_mut().lone.decide(count, batch_len, sync_max);
         crate::stage::mark("4b_write_submit");
         let flush_began = std::time::Instant::now();
         let after_write = |st: &mut State<D::File>| {
             st.zeroed = st.zeroed.max(end);
             st.avg_batch = if st.avg_batch == 0 { batch_len } else { (st.avg_batch * 7 + batch_len) / 8 };
         };
-        if lone {
-            let began = std::time::Instant::now();
+        let began = std::time::Instant::now();
+        if route == Route::Lone {
             seg.file
-                .write_and_sync(off, buf.as_ref(), self.cfg.lone_yield_max)
+                .write_and_sync(off, buf.as_ref())
                 .await
                 .map_err(self.io("write and fdatasync batch", &seg.path))?;
-            let took = began.elapsed();
+        } else {
+            // The write and the fdatasync as one linked request the shard
+            // awaits (one wake-up per batch, not two), running other tasks
+            // meanwhile.
+            seg.file.write_buf_and_sync(off, buf).await.map_err(self.io("write and fdatasync batch", &seg.path))?;
+        }
+        let took = began.elapsed();
+        {
             let mut st = self.st.borrow_mut();
             after_write(&mut st);
-            st.lone_batches += 1;
-            if took > self.cfg.lone_sync_max {
-                st.lone_pause = LONE_PAUSE_BATCHES;
-                st.lone_fast = 0;
-                st.lone_slow += 1;
+            if st.lone.observe(route, took, sync_max) {
                 tracing::debug!(
                     took_us = took.as_micros() as u64,
                     "a lone batch's write and fdatasync were slow: the next batches go through the reactor"
                 );
             }
-            drop(st);
-            drop(zero_permit);
-        } else {
-            // The write and the fdatasync as one linked request the shard
-            // awaits (one wake-up per batch, not two), running other tasks
-            // meanwhile.
-            let began = std::time::Instant::now();
-            seg.file.write_buf_and_sync(off, buf).await.map_err(self.io("write and fdatasync batch", &seg.path))?;
-            after_write(&mut self.st.borrow_mut());
-            drop(zero_permit);
-            if paused {
-                let fast = began.elapsed() <= self.cfg.lone_sync_max;
-                let mut st = self.st.borrow_mut();
-                st.lone_fast = if fast { st.lone_fast + 1 } else { 0 };
-                if st.lone_fast >= LONE_RESUME_FAST {
-                    st.lone_pause = 0;
-                    st.lone_fast = 0;
-                }
-            }
         }
+        drop(zero_permit);
         crate::stage::mark("6_synced");
         let flush_us = flush_began.elapsed().as_micros() as u64;
 
@@ -1162,8 +1155,7 @@ impl<D: Disk> Shared<D> {
         st.next_seq = seq + 1;
         st.durable_lsn = last_lsn;
         st.flush.record(count as u64, batch_len, flush_us);
-        st.lone_streak =
-            if count == 1 && batch_len <= LONE_BATCH_BYTES_MAX { st.lone_streak.saturating_add(1) } else { 0 };
+        st.lone.durable(count, batch_len);
         if !moves.is_empty() {
             apply_moves(&mut st, moves);
         }
@@ -1401,34 +1393,21 @@ impl<D: Disk> Shared<D> {
         // files a few pages at a time (a checkpoint holds `ckpt_lock`, so
         // no other garbage collection runs meanwhile).
         for (ledger, l, moved) in removed {
-            let path = self.paths.index(ledger);
-            let npages = l.pages.len() as u64;
             let mut gone: Vec<IndexEntry> = l.recent.clone();
-            let mut p = 0u64;
+            let mut walk = l
+                .index_file
+                .clone()
+                .map(|f| crate::pages::PageWalk::all(f, self.paths.index(ledger), ledger, &l.pages));
             loop {
-                if let (Some(file), true) = (&l.index_file, p < npages) {
-                    let n = (npages - p).min(crate::pages::PAGES_PER_READ_MAX);
-                    let firsts = crate::pages::firsts(&l.pages, p, n);
-                    let pages = crate::pages::read_pages(&**file, &path, ledger, p, &firsts).await?;
-                    for (k, es) in pages.into_iter().enumerate() {
-                        let first = l.pages[(p + k as u64) as usize].first_entry;
-                        gone.extend(
-                            es.into_iter()
-                                .enumerate()
-                                .map(|(i, e)| moved.get(&(first + i as u64)).copied().unwrap_or(e)),
-                        );
-                    }
-                    p += n;
-                }
                 {
                     let mut st = self.st.borrow_mut();
                     for e in gone.drain(..) {
                         st.shift_live(Some(e.position), None, (RECORD_HEADER_BYTES as u64) + e.body_len as u64);
                     }
                 }
-                if p >= npages || l.index_file.is_none() {
-                    break;
-                }
+                let Some(w) = walk.as_mut() else { break };
+                let Some(read) = w.next(|entry| moved.get(&entry).copied()).await? else { break };
+                gone.extend(read.iter().map(crate::pages::Walked::current));
             }
         }
         let segments = {
@@ -1743,10 +1722,10 @@ impl<D: Disk> Shared<D> {
             (file, crate::pages::firsts(&l.pages, a as u64, (b - a + 1) as u64), a as u64, (b - a + 1) as u64)
         };
         let path = self.paths.index(ledger);
-        let pages = read_pages(&*file, &path, ledger, from, &sums).await?;
+        let pages = read_pages(&*file, &path, ledger, from, crate::pages::Firsts::Known(&sums)).await?;
         let mut st = self.st.borrow_mut();
         st.icache.loads += n;
-        for (i, es) in pages.into_iter().enumerate().rev() {
+        for (i, (_, es)) in pages.into_iter().enumerate().rev() {
             st.icache.insert(ledger, from + i as u64, Rc::from(es));
         }
         Ok(())
@@ -1832,33 +1811,10 @@ fn checkpoint_short_of_space(e: &StorageError) -> bool {
 impl<D: Disk> EntryLog<D> {
     /// Appends one entry to `ledger` in memory; its id is the ledger's next id
     /// (dense, from 0, in call order). Not durable until
-    /// [`wait_durable`](Self::wait_durable)`(lsn)` returns `Ok`.
-    pub fn append(&self, ledger: u64, body: Bytes) -> Result<Appended> {
-        self.append_with(ledger, body, IndexExtras::default())
-    }
-
-    /// [`append`](Self::append) with the values the index keeps beside the
-    /// position (publish time, key hash; 0 = none).
-    pub fn append_with(&self, ledger: u64, body: Bytes, extras: IndexExtras) -> Result<Appended> {
-        self.append_checked(ledger, body, None, extras)
-    }
-
-    /// [`append_with`](Self::append_with) for a body whose CRC-32 the
-    /// caller already has (`body_crc`, computed over these very bytes, e.g.
-    /// while checking the frame it came in): the record's checksum is then
-    /// derived from it instead of reading the body again. A wrong value
-    /// cannot serve bad bytes, but it loses more than this entry: the
-    /// record fails its checksum on every read, and the batch's body
-    /// checksum, which combines the record's (`BodyCrc`), is wrong too, so
-    /// the next recovery finds the log `Corrupt` and refuses to open it.
-    /// Pass only a checksum taken over these very bytes (debug builds check).
-    pub fn append_checked(
-        &self,
-        ledger: u64,
-        body: Bytes,
-        body_crc: Option<u32>,
-        extras: IndexExtras,
-    ) -> Result<Appended> {
+    /// [`wait_durable`](Self::wait_durable)`(lsn)` returns `Ok`. `entry` is
+    /// a [`NewEntry`], or just its body (`Bytes`).
+    pub fn append(&self, ledger: u64, entry: impl Into<NewEntry>) -> Result<Appended> {
+        let NewEntry { body, extras, body_crc } = entry.into();
         debug_assert!(body_crc.is_none_or(|c| c == crate::format::crc(&[&body])), "body_crc is the body's");
         let mut st = self.sh.st.borrow_mut();
         let st = &mut *st;
@@ -2287,13 +2243,13 @@ impl<D: Disk> EntryLog<D> {
     /// Lone batches written and synced as one request since open
     /// ([`LONE_BATCH_BYTES_MAX`]).
     pub fn lone_batches(&self) -> u64 {
-        self.sh.st.borrow().lone_batches
+        self.sh.st.borrow().lone.batches
     }
 
     /// Of those, the ones slower than `lone_sync_max` (each paused the path
     /// for [`LONE_PAUSE_BATCHES`] batches).
     pub fn lone_slow(&self) -> u64 {
-        self.sh.st.borrow().lone_slow
+        self.sh.st.borrow().lone.slow
     }
 
     /// Bytes zeroed ahead of the tail since open (`zero_ahead_bytes`).
@@ -2363,7 +2319,7 @@ impl<D: Disk> EntryLog<D> {
     }
 
     /// The first entry of `ledger` whose publish time (as appended with
-    /// [`append_with`](Self::append_with)) is at least `time_ms`, by binary
+    /// [`NewEntry::extras`]) is at least `time_ms`, by binary
     /// search over the ledger's index without reading payloads; the ledger's
     /// laid-out entry count when there is none. Exact when publish times are
     /// non-decreasing in the ledger (one producer, or clocks in step);

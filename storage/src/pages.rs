@@ -13,7 +13,7 @@ use crate::disk::{DiskFile, PAGE_BYTES};
 use crate::error::{CorruptReason, Result, StorageError};
 use crate::format::{decode_index_page, IndexEntry};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 /// Pages read from an index file in one request at most (256 KiB).
@@ -145,18 +145,38 @@ impl IndexCache {
     }
 }
 
+/// What the first entry of each page [`read_pages`] reads must be.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Firsts<'a> {
+    /// Page `i` of the read starts at entry `firsts[i]` (from the pages'
+    /// summaries).
+    Known(&'a [u64]),
+    /// `n` pages, each starting where the one before it ended, the first at
+    /// entry `first` (an index file read before its summaries exist).
+    Contiguous { n: u64, first: u64 },
+}
+
+impl Firsts<'_> {
+    fn len(&self) -> u64 {
+        match self {
+            Firsts::Known(f) => f.len() as u64,
+            Firsts::Contiguous { n, .. } => *n,
+        }
+    }
+}
+
 /// Reads and checks pages `from..from + firsts.len()` of `ledger`'s index
-/// file; each page's first entry must be the one `firsts` says (from the
-/// pages' summaries). The pages were fdatasync'd before a checkpoint named
-/// them, so any damage is corruption.
+/// file, as (first entry, entries) a page; each page's first entry must be
+/// the one `firsts` says. The pages were fdatasync'd before a checkpoint
+/// named them, so any damage is corruption.
 pub(crate) async fn read_pages<F: DiskFile>(
     file: &F,
     path: &Path,
     ledger: u64,
     from: u64,
-    firsts: &[u64],
-) -> Result<Vec<Vec<IndexEntry>>> {
-    let n = firsts.len() as u64;
+    firsts: Firsts<'_>,
+) -> Result<Vec<(u64, Vec<IndexEntry>)>> {
+    let n = firsts.len();
     assert!(n > 0, "reading no index page");
     let need = n * PAGE_BYTES;
     let b = file
@@ -168,17 +188,25 @@ pub(crate) async fn read_pages<F: DiskFile>(
         return Err(StorageError::corrupt(path, len, CorruptReason::ShortFile { len, need: from * PAGE_BYTES + need }));
     }
     let mut out = Vec::with_capacity(n as usize);
+    let mut next = match firsts {
+        Firsts::Known(f) => f[0],
+        Firsts::Contiguous { first, .. } => first,
+    };
     for (i, page) in b.chunks(PAGE_BYTES as usize).enumerate() {
         let off = (from + i as u64) * PAGE_BYTES;
         let (first, es) = decode_index_page(page, ledger).map_err(|r| StorageError::corrupt(path, off, r))?;
-        if first != firsts[i] {
+        if let Firsts::Known(f) = firsts {
+            next = f[i];
+        }
+        if first != next {
             return Err(StorageError::corrupt(
                 path,
                 off,
-                CorruptReason::Field { field: "index page first entry", expected: firsts[i], found: first },
+                CorruptReason::Field { field: "index page first entry", expected: next, found: first },
             ));
         }
-        out.push(es);
+        next += es.len() as u64;
+        out.push((first, es));
     }
     Ok(out)
 }
@@ -186,4 +214,82 @@ pub(crate) async fn read_pages<F: DiskFile>(
 /// The first entries of pages `from..from + n` (for [`read_pages`]).
 pub(crate) fn firsts(sums: &[PageSum], from: u64, n: u64) -> Vec<u64> {
     sums[from as usize..(from + n) as usize].iter().map(|s| s.first_entry).collect()
+}
+
+/// One entry a [`PageWalk`] read: its id, the entry as its page has it, and
+/// its copy if compaction moved it after the page was written.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Walked {
+    pub entry: u64,
+    pub paged: IndexEntry,
+    pub moved: Option<IndexEntry>,
+}
+
+impl Walked {
+    /// Where the entry is now: its copy if it moved, else where its page says.
+    pub fn current(&self) -> IndexEntry {
+        self.moved.unwrap_or(self.paged)
+    }
+}
+
+/// A walk over some pages of a ledger's index file, straight from the file
+/// (not through the cache), [`PAGES_PER_READ_MAX`] adjacent pages a read at
+/// the most, so that walking a large index keeps only one read's entries in
+/// memory. Recovery's live counts, garbage collection of a deleted ledger
+/// and compaction's search of a segment's entries all walk this way.
+pub(crate) struct PageWalk<F> {
+    file: Rc<F>,
+    path: PathBuf,
+    ledger: u64,
+    /// Runs of adjacent pages still to read: (first page, first entry of
+    /// each of its pages), in page order.
+    runs: std::vec::IntoIter<(u64, Vec<u64>)>,
+}
+
+impl<F: DiskFile> PageWalk<F> {
+    /// Every page of the file (`sums` are its pages' summaries).
+    pub fn all(file: Rc<F>, path: PathBuf, ledger: u64, sums: &[PageSum]) -> PageWalk<F> {
+        PageWalk::matching(file, path, ledger, sums, |_| true)
+    }
+
+    /// The pages whose summary `want` selects.
+    pub fn matching(
+        file: Rc<F>,
+        path: PathBuf,
+        ledger: u64,
+        sums: &[PageSum],
+        want: impl Fn(&PageSum) -> bool,
+    ) -> PageWalk<F> {
+        let mut runs: Vec<(u64, Vec<u64>)> = Vec::new();
+        for (p, sum) in sums.iter().enumerate() {
+            if !want(sum) {
+                continue;
+            }
+            match runs.last_mut() {
+                Some((from, firsts))
+                    if *from + firsts.len() as u64 == p as u64 && (firsts.len() as u64) < PAGES_PER_READ_MAX =>
+                {
+                    firsts.push(sum.first_entry)
+                }
+                _ => runs.push((p as u64, vec![sum.first_entry])),
+            }
+        }
+        PageWalk { file, path, ledger, runs: runs.into_iter() }
+    }
+
+    /// The entries of the next run of pages, in entry order, each with its
+    /// copy as `moved` (called after the read) finds it; `None` when every
+    /// selected page was read.
+    pub async fn next(&mut self, moved: impl Fn(u64) -> Option<IndexEntry>) -> Result<Option<Vec<Walked>>> {
+        let Some((from, firsts)) = self.runs.next() else { return Ok(None) };
+        let pages = read_pages(&*self.file, &self.path, self.ledger, from, Firsts::Known(&firsts)).await?;
+        let mut out = Vec::with_capacity(pages.iter().map(|(_, es)| es.len()).sum());
+        for (first, es) in pages {
+            for (i, paged) in es.into_iter().enumerate() {
+                let entry = first + i as u64;
+                out.push(Walked { entry, paged, moved: moved(entry) });
+            }
+        }
+        Ok(Some(out))
+    }
 }

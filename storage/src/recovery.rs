@@ -14,11 +14,12 @@ use tracing::{error, info, warn};
 use crate::disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
 use crate::error::{CorruptReason, Result, StorageError};
 use crate::format::{
-    could_be_torn, decode_index_page, first_record_written_here, header_written_here, records, split_meta, BatchHeader,
-    Checkpoint, CleanMarker, IndexEntry, BATCH_FLAG_OVER_STALE, BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_DELETE,
-    KIND_ENTRY, KIND_MOVE, RECORD_HEADER_BYTES,
+    could_be_torn, first_record_written_here, header_written_here, records, split_meta, BatchHeader, Checkpoint,
+    CleanMarker, IndexEntry, BATCH_FLAG_OVER_STALE, BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_DELETE, KIND_ENTRY,
+    KIND_MOVE, RECORD_HEADER_BYTES,
 };
 use crate::log::{checkpointer, flusher, zeroer, EntryLog, Ledger, LogConfig, Paths, Recovery, Segment, Shared, State};
+use crate::pages::{read_pages, Firsts, PageWalk};
 
 /// Read granularity of the recovery scan.
 const SCAN_CHUNK_BYTES: u64 = 1 << 20;
@@ -29,7 +30,7 @@ impl EntryLog<DmaDisk> {
     /// DMA files. Must be called inside a glommio executor: it spawns the
     /// group-commit flusher and the periodic checkpoint task on it.
     pub async fn open(config: LogConfig) -> Result<(EntryLog, Recovery)> {
-        EntryLog::open_with(DmaDisk, config).await
+        EntryLog::open_with(DmaDisk::default(), config).await
     }
 }
 
@@ -325,65 +326,34 @@ impl<D: Disk> EntryLog<D> {
         ids.sort_unstable();
         for id in ids {
             let path = paths.index(id);
-            let mut entries: Vec<(u64, IndexEntry)> = Vec::new();
-            let mut p = 0u64;
-            loop {
-                let l = &st.ledgers[&id];
-                let npages = l.pages.len() as u64;
-                if let (Some(file), true) = (l.index_file.clone(), p < npages) {
-                    let n = (npages - p).min(crate::pages::PAGES_PER_READ_MAX);
-                    let firsts = crate::pages::firsts(&l.pages, p, n);
-                    let pages = crate::pages::read_pages(&*file, &path, id, p, &firsts).await?;
-                    for (first, es) in firsts.iter().zip(pages) {
-                        for (i, e) in es.into_iter().enumerate() {
-                            let entry = first + i as u64;
-                            // A moved entry lives at its copy, which must be
-                            // the same entry.
-                            let e = match st.relocated.get(&(id, entry)) {
-                                Some(m) if (m.body_len, m.extras) != (e.body_len, e.extras) => {
-                                    return Err(StorageError::corrupt(
-                                        &path,
-                                        0,
-                                        CorruptReason::Field {
-                                            field: "moved record length",
-                                            expected: e.body_len as u64,
-                                            found: m.body_len as u64,
-                                        },
-                                    ));
-                                }
-                                Some(m) => *m,
-                                None => e,
-                            };
-                            entries.push((entry, e));
-                        }
-                    }
-                    p += n;
-                } else {
-                    let l = &st.ledgers[&id];
-                    entries.extend(l.recent.iter().enumerate().map(|(i, e)| (l.file_entries + i as u64, *e)));
-                    p = u64::MAX;
-                }
-                for (i, e) in entries.drain(..) {
-                    let Some(seg) =
-                        st.segments.range(..=e.position).next_back().map(|(_, s)| s).filter(|s| e.position < s.end())
-                    else {
+            let l = &st.ledgers[&id];
+            let mut walk = l.index_file.clone().map(|f| PageWalk::all(f, path.clone(), id, &l.pages));
+            while let Some(w) = walk.as_mut() {
+                let Some(read) = w.next(|entry| st.relocated.get(&(id, entry)).copied()).await? else { break };
+                for e in &read {
+                    // A moved entry lives at its copy, which must be the
+                    // same entry.
+                    if let Some(m) = e.moved.filter(|m| (m.body_len, m.extras) != (e.paged.body_len, e.paged.extras)) {
                         return Err(StorageError::corrupt(
                             &path,
                             0,
                             CorruptReason::Field {
-                                field: "entry position (no segment holds it)",
-                                expected: i,
-                                found: e.position,
+                                field: "moved record length",
+                                expected: e.paged.body_len as u64,
+                                found: m.body_len as u64,
                             },
                         ));
-                    };
-                    *st.seg_live.entry(seg.start).or_default() += 1;
-                    *st.seg_live_bytes.entry(seg.start).or_default() +=
-                        (RECORD_HEADER_BYTES as u64) + e.body_len as u64;
+                    }
                 }
-                if p == u64::MAX {
-                    break;
+                for e in read {
+                    count_live(&mut st, &path, e.entry, e.current())?;
                 }
+            }
+            let l = &st.ledgers[&id];
+            let recent: Vec<(u64, IndexEntry)> =
+                l.recent.iter().enumerate().map(|(i, e)| (l.file_entries + i as u64, *e)).collect();
+            for (i, e) in recent {
+                count_live(&mut st, &path, i, e)?;
             }
         }
         for start in st.segments.keys() {
@@ -579,6 +549,23 @@ async fn rebuild_index<F: DiskFile>(
     Ok(index)
 }
 
+/// Counts entry `entry` (at `e`) as live in the segment that holds it; an
+/// entry no segment holds was lost (e.g. a segment deleted while still
+/// referenced), never dropped.
+fn count_live<F>(st: &mut State<F>, path: &Path, entry: u64, e: IndexEntry) -> Result<()> {
+    let Some(seg) = st.segments.range(..=e.position).next_back().map(|(_, s)| s).filter(|s| e.position < s.end())
+    else {
+        return Err(StorageError::corrupt(
+            path,
+            0,
+            CorruptReason::Field { field: "entry position (no segment holds it)", expected: entry, found: e.position },
+        ));
+    };
+    *st.seg_live.entry(seg.start).or_default() += 1;
+    *st.seg_live_bytes.entry(seg.start).or_default() += (RECORD_HEADER_BYTES as u64) + e.body_len as u64;
+    Ok(())
+}
+
 /// Reads and checks pages 0..pages of a ledger's index file, which the
 /// checkpoint says hold entries 0..entries, keeping only their summaries
 /// (and, in `st.relocated`, the entries of `relocs` at their copies). They
@@ -602,26 +589,9 @@ async fn load_index<D: Disk>(
     let mut p = 0u64;
     while p < pages {
         let n = (pages - p).min(crate::pages::PAGES_PER_READ_MAX);
-        let need = n * PAGE_BYTES;
-        let b = file.read_at(p * PAGE_BYTES, need as usize).await.map_err(io_err("read index file", &path))?;
-        if (b.len() as u64) < need {
-            let len = p * PAGE_BYTES + b.len() as u64;
-            return Err(StorageError::corrupt(
-                &path,
-                len,
-                CorruptReason::ShortFile { len, need: p * PAGE_BYTES + need },
-            ));
-        }
-        for (i, page) in b.chunks(PAGE_BYTES as usize).enumerate() {
+        let read = read_pages(&file, &path, ledger, p, Firsts::Contiguous { n, first: next }).await?;
+        for (i, (first, es)) in read.into_iter().enumerate() {
             let off = (p + i as u64) * PAGE_BYTES;
-            let (first, es) = decode_index_page(page, ledger).map_err(|r| StorageError::corrupt(&path, off, r))?;
-            if first != next {
-                return Err(StorageError::corrupt(
-                    &path,
-                    off,
-                    CorruptReason::Field { field: "index page first entry", expected: next, found: first },
-                ));
-            }
             for e in &es {
                 if e.position >= ckpt_position {
                     return Err(StorageError::corrupt(

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use common::{read_bytes_file, read_bytes_pattern, run, small_config};
 use magnetar_storage::format::RECORD_HEADER_BYTES;
 use magnetar_storage::sim::{FaultError, FaultKind, SimDisk, SimRng};
-use magnetar_storage::{EntryLog, IndexExtras, LogConfig, StorageError, LONE_RESUME_FAST, LONE_STREAK_MIN};
+use magnetar_storage::{EntryLog, IndexExtras, LogConfig, NewEntry, StorageError, LONE_RESUME_FAST, LONE_STREAK_MIN};
 use std::time::Duration;
 
 /// Goal: append, group commit, read from cache and disk, close, reopen clean
@@ -230,7 +230,10 @@ fn dma_backend_real_directory() {
         for i in 0..400u64 {
             let b = common::body(&mut rng, i);
             let a = log
-                .append_with(i % 4, b.clone(), IndexExtras { publish_time_ms: i, key_hash: 0, tag_hash: 0 })
+                .append(
+                    i % 4,
+                    NewEntry::new(b.clone()).extras(IndexExtras { publish_time_ms: i, key_hash: 0, tag_hash: 0 }),
+                )
                 .unwrap();
             bodies.push(b);
             waits.push(a.lsn);
@@ -507,7 +510,7 @@ fn seek_by_publish_time_and_key_hash_survive_restart() {
                 // Odd entries carry a tag, even ones none.
                 tag_hash: magnetar_storage::tag_hash((i % 2 == 1).then_some(b"t".as_slice())),
             };
-            last = log.append_with(3, Bytes::from(vec![1u8; 100]), extras).unwrap().lsn;
+            last = log.append(3, NewEntry::new(Bytes::from(vec![1u8; 100])).extras(extras)).unwrap().lsn;
             if i == 150 {
                 log.wait_durable(last).await.unwrap();
                 log.checkpoint().await.unwrap();
@@ -926,8 +929,8 @@ fn dma_write_buf_and_sync_linked_and_dropped() {
     run(60, move || async move {
         let page = PAGE_BYTES as usize;
         // glommio's IOPOLL probe (see `Disk::prepare`).
-        DmaDisk.prepare(path.parent().unwrap()).await.unwrap();
-        let file = DmaDisk.open(&path, OpenMode::Create).await.unwrap();
+        DmaDisk::default().prepare(path.parent().unwrap()).await.unwrap();
+        let file = DmaDisk::default().open(&path, OpenMode::Create).await.unwrap();
         file.allocate(64 * PAGE_BYTES).await.unwrap();
         let filled = |byte: u8, pages: usize| {
             let mut b = file.alloc_buf(pages * page);
@@ -973,8 +976,8 @@ fn dma_write_buf_and_sync_failure_returns_an_error() {
     let tmp = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
     let path = tmp.path().join("f");
     run(20, move || async move {
-        DmaDisk.prepare(path.parent().unwrap()).await.unwrap();
-        let file = DmaDisk.open(&path, OpenMode::Create).await.unwrap();
+        DmaDisk::default().prepare(path.parent().unwrap()).await.unwrap();
+        let file = DmaDisk::default().open(&path, OpenMode::Create).await.unwrap();
         file.allocate(4 * PAGE_BYTES).await.unwrap();
         let page = |byte: u8| {
             let mut b = file.alloc_buf(PAGE_BYTES as usize);

@@ -32,7 +32,7 @@ use std::rc::Rc;
 use bytes::Bytes;
 use common::{run, small_config, Model, Rec};
 use magnetar_storage::sim::{FaultError, FaultKind, SimDisk, SimRng};
-use magnetar_storage::{key_hash, EntryLog, IndexExtras, LogConfig, StorageError};
+use magnetar_storage::{key_hash, EntryLog, IndexExtras, LogConfig, NewEntry, StorageError};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Runs `steps` random operations on `log`, extending `model`. Returns when
@@ -49,10 +49,10 @@ async fn workload(log: &EntryLog<SimDisk>, model: &mut Model, rng: &mut SimRng, 
                 let ledger = model.ledger_of(rng.below(4));
                 let body = common::body(rng, step as u64);
                 // Every other entry comes with its body's checksum, as the
-                // broker's large entries do (`append_checked`): the record's
+                // broker's large entries do (`NewEntry::body_crc`): the record's
                 // checksum is then derived, not hashed from the bytes.
                 let body_crc = (step % 2 == 0).then(|| magnetar_storage::format::crc(&[&body]));
-                match log.append_checked(ledger, body.clone(), body_crc, extras_of(&body, step)) {
+                match log.append(ledger, NewEntry { body: body.clone(), extras: extras_of(&body, step), body_crc }) {
                     Ok(a) => {
                         assert_eq!(
                             a.entry,

@@ -24,7 +24,7 @@ use bytes::Bytes;
 use common::{run, small_config};
 use magnetar_storage::format::Checkpoint;
 use magnetar_storage::sim::{FaultError, FaultKind, SimDisk};
-use magnetar_storage::{key_hash, EntryLog, IndexExtras, KeyHit, LogConfig, StorageError};
+use magnetar_storage::{key_hash, EntryLog, IndexExtras, KeyHit, LogConfig, NewEntry, StorageError};
 
 const DENSE: u64 = 1;
 const FAST: u64 = 2;
@@ -327,7 +327,7 @@ async fn append_keyed(log: &EntryLog<SimDisk>, model: &mut Vec<Keyed>, from: u64
     for i in from..from + n {
         let (ledger, key, time) = (1 + i % 3, format!("key-{}", i % 12), 1_000 + i);
         let extras = IndexExtras { publish_time_ms: time, key_hash: key_hash(key.as_bytes()), tag_hash: 0 };
-        let a = log.append_with(ledger, keyed_body(i), extras).unwrap();
+        let a = log.append(ledger, NewEntry::new(keyed_body(i)).extras(extras)).unwrap();
         last = a.lsn;
         model.push(Keyed { ledger, entry: a.entry, key, time });
     }

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use common::{run, small_config};
 use magnetar_storage::inspect::{ScanMode, ShardImage};
 use magnetar_storage::sim::{SimDisk, SimRng};
-use magnetar_storage::{key_hash, EntryLog, IndexExtras, KeyHit, LogConfig, StorageError};
+use magnetar_storage::{key_hash, EntryLog, IndexExtras, KeyHit, LogConfig, NewEntry, StorageError};
 
 fn cfg() -> LogConfig {
     let mut c = small_config("/shard-0");
@@ -84,7 +84,7 @@ fn find_newest_first_from_memory_files_and_after_crash() {
                 key_hash: key.as_ref().map_or(0, |k| key_hash(k.as_bytes())),
                 tag_hash: 0,
             };
-            let a = log.append_with(ledger, Bytes::from(format!("{i}")), extras).unwrap();
+            let a = log.append(ledger, NewEntry::new(Bytes::from(format!("{i}"))).extras(extras)).unwrap();
             last = a.lsn;
             model.push(Item { ledger, entry: a.entry, key, time });
         }

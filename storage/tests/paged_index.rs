@@ -20,7 +20,7 @@ mod common;
 use bytes::Bytes;
 use common::{fresh_seed, run, seed_from_env, small_config};
 use magnetar_storage::sim::{SimDisk, SimRng};
-use magnetar_storage::{EntryLog, IndexExtras, LogConfig};
+use magnetar_storage::{EntryLog, IndexExtras, LogConfig, NewEntry};
 
 const LEDGER: u64 = 5;
 const N: u64 = 12_000;
@@ -49,7 +49,7 @@ async fn fill(disk: &SimDisk) {
     let mut last = 0;
     for e in 0..N {
         let extras = IndexExtras { publish_time_ms: time_of(e), ..IndexExtras::default() };
-        last = log.append_with(LEDGER, body(e), extras).unwrap().lsn;
+        last = log.append(LEDGER, NewEntry::new(body(e)).extras(extras)).unwrap().lsn;
         // Several checkpoints, so the index file has partly filled pages too.
         if e % 2_500 == 2_499 {
             log.wait_durable(last).await.unwrap();

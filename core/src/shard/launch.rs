@@ -8,7 +8,7 @@ use crate::api::Broker;
 use crate::config::BrokerConfig;
 use crate::error::StartError;
 use glommio::{LocalExecutorBuilder, Placement};
-use magnetar_storage::{EntryLog, LogConfig};
+use magnetar_storage::{DmaDisk, EntryLog, LogConfig};
 use std::future::Future;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -166,14 +166,13 @@ where
                 lc.prezero_segments = config.prezero_segments;
                 lc.zero_ahead_bytes = config.zero_ahead_bytes;
                 lc.lone_sync_max = config.lone_sync_max;
-                lc.lone_yield_max = config.lone_yield_max;
                 lc.recycle_segments = config.recycle_segments;
                 lc.write_cache_bytes = config.write_cache_bytes;
                 lc.index_cache_bytes = config.index_cache_bytes;
                 lc.flush_bytes_max = config.flush_bytes_max;
                 lc.allow_tmpfs = config.allow_tmpfs;
                 lc.accept_data_loss = config.accept_data_loss;
-                let (log, recovery) = match EntryLog::open(lc).await {
+                let (log, recovery) = match EntryLog::open_with(DmaDisk::new(config.lone_yield_max), lc).await {
                     Ok(x) => x,
                     Err(e) => {
                         // Damage inside data that may have been acknowledged:

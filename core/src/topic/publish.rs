@@ -7,7 +7,7 @@ use crate::clock::now_ms;
 use crate::config::BrokerConfig;
 use crate::error::{CoreError, ErrorCode};
 use bytes::Bytes;
-use magnetar_storage::EntryLog;
+use magnetar_storage::{EntryLog, NewEntry};
 use magnetar_wire::MessageId;
 
 /// What [`Topic::publish`] did with a send.
@@ -69,7 +69,7 @@ impl Topic {
             (l.current().id, l.current().first)
         };
         let bytes = blob.len() as u64;
-        let a = ctx.log.append_checked(ledger, blob, blob_crc, extras)?;
+        let a = ctx.log.append(ledger, NewEntry { body: blob, extras, body_crc: blob_crc })?;
         self.ledgers.borrow_mut().appended(a.entry, bytes);
         let pos = first + a.entry;
         self.rate_in.record(now_ms(), u64::from(num_messages), bytes);

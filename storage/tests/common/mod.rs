@@ -238,8 +238,8 @@ pub async fn read_bytes_file(
     pages: u64,
 ) -> <magnetar_storage::DmaDisk as magnetar_storage::Disk>::File {
     use magnetar_storage::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
-    DmaDisk.prepare(path.parent().unwrap()).await.unwrap();
-    let file = DmaDisk.open(path, OpenMode::Create).await.unwrap();
+    DmaDisk::default().prepare(path.parent().unwrap()).await.unwrap();
+    let file = DmaDisk::default().open(path, OpenMode::Create).await.unwrap();
     let mut b = file.alloc_buf((pages * PAGE_BYTES) as usize);
     for (i, x) in b.as_mut().iter_mut().enumerate() {
         *x = read_bytes_pattern(i as u64);
