@@ -18,8 +18,7 @@ mod common;
 use std::cell::Cell;
 use std::rc::Rc;
 
-use bytes::Bytes;
-use common::{run, small_config};
+use common::{check_entries, entry_body, run, small_config};
 use magnetar_storage::inspect::{ScanMode, ShardImage};
 use magnetar_storage::sim::SimDisk;
 use magnetar_storage::{EntryLog, LogConfig};
@@ -37,22 +36,6 @@ fn cfg() -> LogConfig {
     c
 }
 
-fn body(ledger: u64, entry: u64, len: usize) -> Bytes {
-    let mut v = format!("{ledger}:{entry}:").into_bytes();
-    while v.len() < len {
-        v.push((v.len() as u64 * 31 + entry * 7 + ledger) as u8);
-    }
-    Bytes::from(v)
-}
-
-async fn check_all(log: &EntryLog<SimDisk>, ledger: u64, n: u64, len: usize, ctx: &str) {
-    assert_eq!(log.next_entry(ledger), n, "{ctx}: ledger {ledger} entries");
-    for e in 0..n {
-        let got = log.read(ledger, e).await.unwrap_or_else(|err| panic!("{ctx}: read {ledger}:{e}: {err}"));
-        assert_eq!(got, body(ledger, e, len), "{ctx}: {ledger}:{e} differs");
-    }
-}
-
 #[test]
 fn sparse_segments_go_dense_ones_stay() {
     run(60, || async {
@@ -61,14 +44,14 @@ fn sparse_segments_go_dense_ones_stay() {
         // Dense: 100 × 1,000 B ≈ 1.6 segments, all of it stays live.
         let (mut last, dense_n, slow_len, fast_len) = (0, 100u64, 300usize, 2000usize);
         for e in 0..dense_n {
-            last = log.append(DENSE, body(DENSE, e, 1000)).unwrap().lsn;
+            last = log.append(DENSE, entry_body(DENSE, e, 1000)).unwrap().lsn;
         }
         // Fast and slow interleaved: one slow entry per ten fast ones.
         let mut slow_n = 0;
         for e in 0..600u64 {
-            last = log.append(FAST, body(FAST, e, fast_len)).unwrap().lsn;
+            last = log.append(FAST, entry_body(FAST, e, fast_len)).unwrap().lsn;
             if e % 10 == 0 {
-                last = log.append(SLOW, body(SLOW, slow_n, slow_len)).unwrap().lsn;
+                last = log.append(SLOW, entry_body(SLOW, slow_n, slow_len)).unwrap().lsn;
                 slow_n += 1;
             }
         }
@@ -97,7 +80,7 @@ fn sparse_segments_go_dense_ones_stay() {
                 let mut e = 0;
                 while !stop.get() {
                     let got = log.read(SLOW, e).await.unwrap();
-                    assert_eq!(got, body(SLOW, e, slow_len), "read of {SLOW}:{e} during compaction");
+                    assert_eq!(got, entry_body(SLOW, e, slow_len), "read of {SLOW}:{e} during compaction");
                     reads.set(reads.get() + 1);
                     e = (e + 7) % slow_n;
                     futures_lite::future::yield_now().await;
@@ -113,8 +96,8 @@ fn sparse_segments_go_dense_ones_stay() {
         let segs = log.segments();
         // Nothing still needed went: every entry reads back, the dense
         // ledger's segments stay and its entries did not move.
-        check_all(&log, SLOW, slow_n, slow_len, "after compaction").await;
-        check_all(&log, DENSE, dense_n, 1000, "after compaction").await;
+        check_entries(&log, SLOW, slow_n, slow_len, "after compaction").await;
+        check_entries(&log, DENSE, dense_n, 1000, "after compaction").await;
         let mut now: Vec<u64> = Vec::new();
         for e in 0..dense_n {
             now.push(log.index_entry(DENSE, e).await.unwrap().unwrap().position);
@@ -133,8 +116,8 @@ fn sparse_segments_go_dense_ones_stay() {
         let image = disk.fork();
         let (log2, rec) = EntryLog::open_with(image.clone(), cfg()).await.unwrap();
         assert!(!rec.clean);
-        check_all(&log2, SLOW, slow_n, slow_len, "after crash").await;
-        check_all(&log2, DENSE, dense_n, 1000, "after crash").await;
+        check_entries(&log2, SLOW, slow_n, slow_len, "after crash").await;
+        check_entries(&log2, DENSE, dense_n, 1000, "after crash").await;
         // The same segments, plus freed ones kept for recycling (their
         // names are back, holding nothing live, until the next checkpoint).
         let segs2 = log2.segments();
@@ -145,13 +128,13 @@ fn sparse_segments_go_dense_ones_stay() {
         drop(log2);
         let (log3, rec) = EntryLog::open_with(image.clone(), cfg()).await.unwrap();
         assert!(rec.clean);
-        check_all(&log3, SLOW, slow_n, slow_len, "after clean restart").await;
+        check_entries(&log3, SLOW, slow_n, slow_len, "after clean restart").await;
         // A second pass may compact the segment the copies went to (sparse
         // too, now that it is behind the checkpoint), never growing the log.
         let again = log3.compact().await.unwrap();
         println!("second pass: {again:?}");
         assert!(log3.segments().len() <= segs.len(), "{again:?}");
-        check_all(&log3, SLOW, slow_n, slow_len, "after a second pass").await;
+        check_entries(&log3, SLOW, slow_n, slow_len, "after a second pass").await;
         log3.close().await.unwrap();
         drop(log3);
 
@@ -166,7 +149,7 @@ fn sparse_segments_go_dense_ones_stay() {
             assert!(!img.ledgers.contains_key(&FAST), "{mode:?}");
             for e in 0..slow_n {
                 let (_, b) = img.read_entry(SLOW, e).unwrap();
-                assert_eq!(b, body(SLOW, e, slow_len));
+                assert_eq!(b, entry_body(SLOW, e, slow_len));
             }
         }
     });
@@ -185,9 +168,9 @@ fn crash_between_copy_and_checkpoint_keeps_everything() {
             let mut last = 0;
             let mut slow_n = 0;
             for e in 0..300u64 {
-                last = log.append(FAST, body(FAST, e, 2000)).unwrap().lsn;
+                last = log.append(FAST, entry_body(FAST, e, 2000)).unwrap().lsn;
                 if e % 10 == 0 {
-                    last = log.append(SLOW, body(SLOW, slow_n, 300)).unwrap().lsn;
+                    last = log.append(SLOW, entry_body(SLOW, slow_n, 300)).unwrap().lsn;
                     slow_n += 1;
                 }
             }
@@ -212,11 +195,11 @@ fn crash_between_copy_and_checkpoint_keeps_everything() {
             let image = disk.crash(n);
             drop(log);
             let (log, _) = EntryLog::open_with(image, cfg()).await.unwrap_or_else(|e| panic!("{ctx}: {e}"));
-            check_all(&log, SLOW, slow_n, 300, &ctx).await;
+            check_entries(&log, SLOW, slow_n, 300, &ctx).await;
             assert_eq!(log.next_entry(FAST), 0, "{ctx}");
             // And the next pass finishes the job.
             log.compact().await.unwrap();
-            check_all(&log, SLOW, slow_n, 300, &ctx).await;
+            check_entries(&log, SLOW, slow_n, 300, &ctx).await;
         }
         println!("crashed at each of {} operations of a compaction pass", pass_ops + 1);
     });

@@ -21,7 +21,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use common::{run, small_config};
+use common::{check_entries, entry_body, run, small_config};
 use magnetar_storage::format::Checkpoint;
 use magnetar_storage::sim::{FaultError, FaultKind, SimDisk};
 use magnetar_storage::{key_hash, EntryLog, IndexExtras, KeyHit, LogConfig, NewEntry, StorageError};
@@ -41,22 +41,6 @@ fn cfg() -> LogConfig {
     // same from run to run.
     c.zero_ahead_bytes = 0;
     c
-}
-
-fn body(ledger: u64, entry: u64, len: usize) -> Bytes {
-    let mut v = format!("{ledger}:{entry}:").into_bytes();
-    while v.len() < len {
-        v.push((v.len() as u64 * 31 + entry * 7 + ledger) as u8);
-    }
-    Bytes::from(v)
-}
-
-async fn check_all(log: &EntryLog<SimDisk>, ledger: u64, n: u64, len: usize, ctx: &str) {
-    assert_eq!(log.next_entry(ledger), n, "{ctx}: ledger {ledger} entries");
-    for e in 0..n {
-        let got = log.read(ledger, e).await.unwrap_or_else(|err| panic!("{ctx}: read {ledger}:{e}: {err}"));
-        assert_eq!(got, body(ledger, e, len), "{ctx}: {ledger}:{e} differs");
-    }
 }
 
 async fn positions(log: &EntryLog<SimDisk>, ledger: u64, n: u64) -> Vec<u64> {
@@ -89,13 +73,13 @@ async fn moved_once() -> (SimDisk, u64, Vec<u64>) {
     let (log, _) = EntryLog::open_with(disk.clone(), cfg()).await.unwrap();
     let mut last = 0;
     for e in 0..DENSE_N {
-        last = log.append(DENSE, body(DENSE, e, DENSE_LEN)).unwrap().lsn;
+        last = log.append(DENSE, entry_body(DENSE, e, DENSE_LEN)).unwrap().lsn;
     }
     let mut slow_n = 0;
     for e in 0..300u64 {
-        last = log.append(FAST, body(FAST, e, 2000)).unwrap().lsn;
+        last = log.append(FAST, entry_body(FAST, e, 2000)).unwrap().lsn;
         if e % 10 == 0 {
-            last = log.append(SLOW, body(SLOW, slow_n, SLOW_LEN)).unwrap().lsn;
+            last = log.append(SLOW, entry_body(SLOW, slow_n, SLOW_LEN)).unwrap().lsn;
             slow_n += 1;
         }
     }
@@ -116,7 +100,7 @@ async fn moved_once() -> (SimDisk, u64, Vec<u64>) {
     // Push the tail past the copies' segment, then free what pushed it: the
     // copies' segment is now sparse and behind the checkpoint.
     for e in 0..120u64 {
-        last = log.append(FAST2, body(FAST2, e, 2000)).unwrap().lsn;
+        last = log.append(FAST2, entry_body(FAST2, e, 2000)).unwrap().lsn;
     }
     log.wait_durable(last).await.unwrap();
     log.checkpoint().await.unwrap();
@@ -194,16 +178,16 @@ fn damaged_index_after_two_moves_of_one_entry() {
                 let first_copies = p1.iter().copied().max().unwrap();
                 assert_eq!(segment_holding(&log.segments(), first_copies), None, "{ctx}: {:?}", log.segments());
             }
-            check_all(&log, SLOW, slow_n, SLOW_LEN, &ctx).await;
-            check_all(&log, DENSE, DENSE_N, DENSE_LEN, &ctx).await;
+            check_entries(&log, SLOW, slow_n, SLOW_LEN, &ctx).await;
+            check_entries(&log, DENSE, DENSE_N, DENSE_LEN, &ctx).await;
             // More data, a checkpoint (and its garbage collection), another
             // compaction pass: still all there.
-            let a = log.append(DENSE, body(DENSE, DENSE_N, DENSE_LEN)).unwrap();
+            let a = log.append(DENSE, entry_body(DENSE, DENSE_N, DENSE_LEN)).unwrap();
             log.wait_durable(a.lsn).await.unwrap();
             log.checkpoint().await.unwrap();
-            check_all(&log, SLOW, slow_n, SLOW_LEN, &format!("{ctx}, checkpointed")).await;
+            check_entries(&log, SLOW, slow_n, SLOW_LEN, &format!("{ctx}, checkpointed")).await;
             log.compact().await.unwrap();
-            check_all(&log, SLOW, slow_n, SLOW_LEN, &format!("{ctx}, compacted")).await;
+            check_entries(&log, SLOW, slow_n, SLOW_LEN, &format!("{ctx}, compacted")).await;
             // A crash (nothing unsynced), then a clean restart.
             let again = image.fork();
             log.close().await.unwrap();
@@ -212,8 +196,8 @@ fn damaged_index_after_two_moves_of_one_entry() {
                 let (log, rec) =
                     EntryLog::open_with(disk, cfg()).await.unwrap_or_else(|e| panic!("{ctx}, {what}: {e}"));
                 assert!(rec.rebuilt.is_empty(), "{ctx}, {what}: {rec:?}");
-                check_all(&log, SLOW, slow_n, SLOW_LEN, &format!("{ctx}, {what}")).await;
-                check_all(&log, DENSE, DENSE_N + 1, DENSE_LEN, &format!("{ctx}, {what}")).await;
+                check_entries(&log, SLOW, slow_n, SLOW_LEN, &format!("{ctx}, {what}")).await;
+                check_entries(&log, DENSE, DENSE_N + 1, DENSE_LEN, &format!("{ctx}, {what}")).await;
                 drop(log);
             }
         }
@@ -247,10 +231,10 @@ fn a_checkpoint_copy_short_of_space_is_rewritten_on_an_idle_log() {
         // The fast ledger alone fills the first three segments.
         let mut last = 0;
         for e in 0..200u64 {
-            last = log.append(FAST, body(FAST, e, 1000)).unwrap().lsn;
+            last = log.append(FAST, entry_body(FAST, e, 1000)).unwrap().lsn;
         }
         for e in 0..20u64 {
-            last = log.append(SLOW, body(SLOW, e, 500)).unwrap().lsn;
+            last = log.append(SLOW, entry_body(SLOW, e, 500)).unwrap().lsn;
         }
         log.wait_durable(last).await.unwrap();
         log.checkpoint().await.unwrap();
@@ -285,7 +269,7 @@ fn a_checkpoint_copy_short_of_space_is_rewritten_on_an_idle_log() {
             "the first segment's file stays: {:?}",
             disk.names(&shard().join("log"))
         );
-        check_all(&log, SLOW, 20, 500, "after the checkpoint").await;
+        check_entries(&log, SLOW, 20, 500, "after the checkpoint").await;
         assert_eq!(log.next_entry(FAST), 0);
 
         // The copy serves a damaged checkpoint (a crash image: the log is
@@ -295,7 +279,7 @@ fn a_checkpoint_copy_short_of_space_is_rewritten_on_an_idle_log() {
         drop(log);
         let (log, rec) = EntryLog::open_with(image, c).await.unwrap();
         assert!(rec.rebuilt.iter().any(|l| l.contains("checkpoint.copy")), "{rec:?}");
-        check_all(&log, SLOW, 20, 500, "opened from the copy").await;
+        check_entries(&log, SLOW, 20, 500, "opened from the copy").await;
         assert_eq!(log.next_entry(FAST), 0);
     });
 }

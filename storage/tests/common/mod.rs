@@ -248,3 +248,24 @@ pub async fn read_bytes_file(
     file.sync().await.unwrap();
     file
 }
+
+/// The body of entry `entry` of `ledger`, `len` bytes (at least its
+/// `ledger:entry:` prefix): each entry's bytes differ, so a read of the
+/// wrong copy or position shows.
+pub fn entry_body(ledger: u64, entry: u64, len: usize) -> Bytes {
+    let mut v = format!("{ledger}:{entry}:").into_bytes();
+    while v.len() < len {
+        v.push((v.len() as u64 * 31 + entry * 7 + ledger) as u8);
+    }
+    Bytes::from(v)
+}
+
+/// Asserts that `ledger` holds exactly entries `0..n`, each
+/// `entry_body(ledger, e, len)` byte for byte.
+pub async fn check_entries<D: Disk>(log: &EntryLog<D>, ledger: u64, n: u64, len: usize, ctx: &str) {
+    assert_eq!(log.next_entry(ledger), n, "{ctx}: ledger {ledger} entries");
+    for e in 0..n {
+        let got = log.read(ledger, e).await.unwrap_or_else(|err| panic!("{ctx}: read {ledger}:{e}: {err}"));
+        assert_eq!(got, entry_body(ledger, e, len), "{ctx}: {ledger}:{e} differs");
+    }
+}
