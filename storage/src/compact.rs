@@ -149,10 +149,14 @@ impl<D: Disk> EntryLog<D> {
             // when the page was written (only entries in the index file
             // move, see `durable_entries`), read straight from the file in
             // runs of adjacent pages (not through the cache).
+            let has_file = sh.st.borrow().ledgers.get(&id).is_some_and(|l| l.has_index_file && l.deleted.is_none());
+            if !has_file {
+                continue;
+            }
+            let file = sh.index_file(id).await?;
             let mut walk = {
                 let st = sh.st.borrow();
                 let Some(l) = st.ledgers.get(&id) else { continue };
-                let Some(file) = l.index_file.clone().filter(|_| l.deleted.is_none()) else { continue };
                 PageWalk::matching(file, sh.paths.index(id), id, &l.pages, |sum| {
                     sum.max_position >= seg.start && sum.min_position < seg.end()
                 })

@@ -38,6 +38,7 @@ pub mod keyindex;
 mod log;
 mod lone;
 mod pages;
+pub use pages::INDEX_FILES_OPEN_MAX;
 mod recovery;
 pub mod sim;
 pub mod stage;

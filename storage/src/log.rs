@@ -10,6 +10,7 @@ use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::StreamExt;
 use tracing::{debug, error, info, warn};
 
 use crate::disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
@@ -442,7 +443,7 @@ pub struct IndexCacheStats {
     pub loads: u64,
 }
 
-pub(crate) struct Ledger<F> {
+pub(crate) struct Ledger {
     pub next_entry: u64,
     /// Entries `file_entries..` laid out in a batch (written or in flight)
     /// and not yet in the index file, by entry id.
@@ -454,7 +455,11 @@ pub(crate) struct Ledger<F> {
     pub pages: Vec<crate::pages::PageSum>,
     /// Body bytes of the laid-out entries.
     pub bytes: u64,
-    pub index_file: Option<Rc<F>>,
+    /// The ledger's index file exists (pages were written to it, or
+    /// recovery found it). It is opened on demand through the shard's
+    /// bounded set of open index files (`State::index_fds`), never held per
+    /// ledger: a shard may have more ledgers than the process may open files.
+    pub has_index_file: bool,
     /// `delete_ledger` was called: `Some(None)` until its record is laid out
     /// in a batch, then `Some(Some(position))`. The ledger stays in the
     /// checkpoint (and its segments stay) until a checkpoint covers that
@@ -462,7 +467,7 @@ pub(crate) struct Ledger<F> {
     pub deleted: Option<Option<u64>>,
 }
 
-impl<F> Ledger<F> {
+impl Ledger {
     pub fn new() -> Self {
         Ledger {
             next_entry: 0,
@@ -471,7 +476,7 @@ impl<F> Ledger<F> {
             file_pages: 0,
             pages: Vec::new(),
             bytes: 0,
-            index_file: None,
+            has_index_file: false,
             deleted: None,
         }
     }
@@ -585,7 +590,7 @@ pub(crate) struct State<F> {
     durable_lsn: u64,
     pending: VecDeque<Pending>,
     pending_bytes: u64,
-    pub ledgers: HashMap<u64, Ledger<F>>,
+    pub ledgers: HashMap<u64, Ledger>,
     cache: HashMap<(u64, u64), Bytes>,
     /// (ledger, entry, lsn, bytes) in append order, for eviction.
     cache_fifo: VecDeque<(u64, u64, u64, usize)>,
@@ -605,6 +610,8 @@ pub(crate) struct State<F> {
     last_disk_read: HashMap<u64, u64>,
     /// Decoded ledger index pages (`LogConfig::index_cache_bytes`).
     pub icache: crate::pages::IndexCache,
+    /// The open index files (bounded; see `Ledger::has_index_file`).
+    pub index_fds: crate::pages::OpenIndexFiles<F>,
     /// Reads served from the read cache, and disk reads issued (counters).
     pub rcache_hits: u64,
     pub disk_reads: u64,
@@ -676,6 +683,7 @@ impl<F> State<F> {
             rcache_bytes: 0,
             last_disk_read: HashMap::new(),
             icache: crate::pages::IndexCache::new(64 << 20),
+            index_fds: crate::pages::OpenIndexFiles::new(crate::pages::INDEX_FILES_OPEN_MAX),
             rcache_hits: 0,
             disk_reads: 0,
             meta: BTreeMap::new(),
@@ -827,6 +835,9 @@ impl<D: Disk> Drop for Shared<D> {
         self.st.get_mut().wake_all();
     }
 }
+
+/// Ledgers whose index pages a checkpoint writes and syncs at once.
+const INDEX_WRITES_IN_FLIGHT: usize = 32;
 
 impl<D: Disk> Shared<D> {
     /// Enters fail-stop: every waiter and every later append gets an error.
@@ -1196,12 +1207,13 @@ impl<D: Disk> Shared<D> {
             }
         }
         let _permit = self.ckpt_lock.acquire_permit(1).await.map_err(|_| StorageError::Closed)?;
-        struct Work<F> {
+        struct Work {
             ledger: u64,
             first: u64,
             pages: u64,
             entries: Vec<IndexEntry>,
-            file: Option<Rc<F>>,
+            /// The index file exists (else it is created).
+            exists: bool,
         }
         let (position, next_seq, ckpt_seq, mut table, work, meta, relocations) = {
             let st = self.st.borrow();
@@ -1238,7 +1250,7 @@ impl<D: Disk> Shared<D> {
                         first: l.file_entries,
                         pages: l.file_pages,
                         entries: l.recent[..(k - l.file_entries) as usize].to_vec(),
-                        file: l.index_file.clone(),
+                        exists: l.has_index_file,
                     });
                 }
             }
@@ -1260,21 +1272,23 @@ impl<D: Disk> Shared<D> {
         // Index pages, appended behind the log. A page is never rewritten:
         // each checkpoint starts a new page, so a crash while writing can only
         // damage pages no checkpoint refers to yet.
-        let mut created = false;
-        let mut opened = Vec::new();
-        for w in work {
+        // Ledgers' files are written and synced INDEX_WRITES_IN_FLIGHT at a
+        // time: one after the other, a checkpoint after many topics were
+        // made waits for as many fdatasyncs in turn.
+        let write_pages = |w: Work| async move {
             let path = self.paths.index(w.ledger);
-            let file = match &w.file {
-                Some(f) => f.clone(),
-                None => {
-                    created = true;
-                    // (A rebuilt ledger's damaged file is truncated: pages
-                    // the old checkpoint named may be damaged by a crash
-                    // now, and are rebuilt from the log again.)
-                    Rc::new(
-                        self.disk.open(&path, OpenMode::Truncate).await.map_err(self.io("create index file", &path))?,
-                    )
-                }
+            let created = !w.exists;
+            let file = if w.exists {
+                self.index_file(w.ledger).await?
+            } else {
+                // (A rebuilt ledger's damaged file is truncated: pages
+                // the old checkpoint named may be damaged by a crash
+                // now, and are rebuilt from the log again.)
+                let f = Rc::new(
+                    self.disk.open(&path, OpenMode::Truncate).await.map_err(self.io("create index file", &path))?,
+                );
+                self.st.borrow_mut().index_fds.insert(w.ledger, f.clone());
+                f
             };
             let mut pages = Vec::new();
             let mut first = w.first;
@@ -1287,10 +1301,34 @@ impl<D: Disk> Shared<D> {
             let new_pages = w.pages + pages.len() as u64 / PAGE_BYTES;
             file.write_at(w.pages * PAGE_BYTES, &pages).await.map_err(self.io("write index pages", &path))?;
             file.sync().await.map_err(self.io("fdatasync index file", &path))?;
-            if let Some(t) = table.iter_mut().find(|t| t.ledger == w.ledger) {
-                t.pages = new_pages;
+            Ok::<_, StorageError>((w.ledger, first, new_pages, written, created))
+        };
+        let mut created = false;
+        let mut opened = Vec::new();
+        let mut writes = futures::stream::iter(work).map(write_pages).buffer_unordered(INDEX_WRITES_IN_FLIGHT);
+        let mut failed = None;
+        while let Some(done) = writes.next().await {
+            // After a failure the writes in flight still run to their end
+            // (their buffers stay theirs until the kernel is done), then the
+            // first error is answered.
+            let (ledger, first, new_pages, written, made) = match done {
+                Ok(d) if failed.is_none() => d,
+                Ok(_) => continue,
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    continue;
+                }
+            };
+            created |= made;
+            // `table` is in ledger order.
+            if let Ok(i) = table.binary_search_by_key(&ledger, |t| t.ledger) {
+                table[i].pages = new_pages;
             }
-            opened.push((w.ledger, first, new_pages, file, written));
+            opened.push((ledger, first, new_pages, written));
+        }
+        drop(writes);
+        if let Some(e) = failed {
+            return Err(e);
         }
         if created {
             self.disk
@@ -1305,7 +1343,7 @@ impl<D: Disk> Shared<D> {
         {
             let mut st = self.st.borrow_mut();
             let st = &mut *st;
-            for (id, entries, pages, file, written) in opened {
+            for (id, entries, pages, written) in opened {
                 let l = st.ledgers.get_mut(&id).expect("ledgers are never removed");
                 // The entries now in the file leave `recent`; their pages go
                 // to the cache (readers near the tail still want them).
@@ -1315,7 +1353,7 @@ impl<D: Disk> Shared<D> {
                 assert_eq!(first_page + written.len() as u64, pages, "one summary per valid page");
                 l.file_entries = entries;
                 l.file_pages = pages;
-                l.index_file = Some(file);
+                l.has_index_file = true;
                 for (i, (sum, es)) in written.into_iter().enumerate() {
                     l.pages.push(sum);
                     st.icache.insert(id, first_page + i as u64, es);
@@ -1383,6 +1421,7 @@ impl<D: Disk> Shared<D> {
                     }
                 }
                 st.icache.drop_ledger(*ledger);
+                st.index_fds.remove(*ledger);
                 if let Some(l) = l {
                     removed.push((*ledger, l, moved));
                 }
@@ -1394,10 +1433,15 @@ impl<D: Disk> Shared<D> {
         // no other garbage collection runs meanwhile).
         for (ledger, l, moved) in removed {
             let mut gone: Vec<IndexEntry> = l.recent.clone();
-            let mut walk = l
-                .index_file
-                .clone()
-                .map(|f| crate::pages::PageWalk::all(f, self.paths.index(ledger), ledger, &l.pages));
+            let mut walk = match l.has_index_file {
+                true => {
+                    let path = self.paths.index(ledger);
+                    let f =
+                        self.disk.open(&path, OpenMode::Existing).await.map_err(self.io("open index file", &path))?;
+                    Some(crate::pages::PageWalk::all(Rc::new(f), path, ledger, &l.pages))
+                }
+                false => None,
+            };
             loop {
                 {
                     let mut st = self.st.borrow_mut();
@@ -1481,7 +1525,7 @@ impl<D: Disk> Shared<D> {
 /// How many of a ledger's entries lie before log position `position`.
 /// Compaction moves only entries already in the index file
 /// (`< file_entries`), so the entries after those are in log order.
-pub(crate) fn durable_entries<F>(l: &Ledger<F>, position: u64) -> u64 {
+pub(crate) fn durable_entries(l: &Ledger, position: u64) -> u64 {
     l.file_entries + l.recent.partition_point(|e| e.position < position) as u64
 }
 
@@ -1686,7 +1730,7 @@ async fn while_open<D: Disk>(
 
 /// Ledger `ledger` if entry `entry` of it may be read: appended to, and
 /// the ledger not deleted.
-fn readable_ledger<F>(st: &State<F>, ledger: u64, entry: u64) -> Result<&Ledger<F>> {
+fn readable_ledger<F>(st: &State<F>, ledger: u64, entry: u64) -> Result<&Ledger> {
     match st.ledgers.get(&ledger) {
         Some(l) if entry < l.next_entry && l.deleted.is_none() => Ok(l),
         _ => Err(StorageError::NoSuchEntry { ledger, entry }),
@@ -1702,6 +1746,18 @@ fn locate<F>(st: &State<F>, ie: IndexEntry, ledger: u64, entry: u64) -> Result<(
 }
 
 impl<D: Disk> Shared<D> {
+    /// `ledger`'s index file (which exists: `Ledger::has_index_file`), from
+    /// the shard's open set or opened now and kept there.
+    pub(crate) async fn index_file(&self, ledger: u64) -> Result<Rc<D::File>> {
+        if let Some(f) = self.st.borrow_mut().index_fds.get(ledger) {
+            return Ok(f);
+        }
+        let path = self.paths.index(ledger);
+        let file = Rc::new(self.disk.open(&path, OpenMode::Existing).await.map_err(self.io("open index file", &path))?);
+        self.st.borrow_mut().index_fds.insert(ledger, file.clone());
+        Ok(file)
+    }
+
     /// Brings the index pages holding `ledger`'s entries `entry..entry +
     /// count` that are in its index file (at most
     /// [`PAGES_PER_READ_MAX`](crate::pages::PAGES_PER_READ_MAX) pages from
@@ -1710,17 +1766,20 @@ impl<D: Disk> Shared<D> {
     /// pushes it out again.
     pub(crate) async fn ensure_index(&self, ledger: u64, entry: u64, count: u64) -> Result<()> {
         use crate::pages::{page_of, read_pages, PAGES_PER_READ_MAX};
-        let (file, sums, from, n) = {
+        let (sums, from, n) = {
             let st = self.st.borrow();
             let Some(l) = st.ledgers.get(&ledger) else { return Ok(()) };
-            let Some(file) = l.index_file.clone().filter(|_| entry < l.file_entries) else { return Ok(()) };
+            if !l.has_index_file || entry >= l.file_entries {
+                return Ok(());
+            }
             let Some(p0) = page_of(&l.pages, entry) else { return Ok(()) };
             let last = entry.saturating_add(count.max(1) - 1).min(l.file_entries - 1);
             let p1 = page_of(&l.pages, last).unwrap_or(p0).min(p0 + PAGES_PER_READ_MAX as usize - 1);
             let missing: Vec<usize> = (p0..=p1).filter(|p| !st.icache.contains(ledger, *p as u64)).collect();
             let (Some(&a), Some(&b)) = (missing.first(), missing.last()) else { return Ok(()) };
-            (file, crate::pages::firsts(&l.pages, a as u64, (b - a + 1) as u64), a as u64, (b - a + 1) as u64)
+            (crate::pages::firsts(&l.pages, a as u64, (b - a + 1) as u64), a as u64, (b - a + 1) as u64)
         };
+        let file = self.index_file(ledger).await?;
         let path = self.paths.index(ledger);
         let pages = read_pages(&*file, &path, ledger, from, crate::pages::Firsts::Known(&sums)).await?;
         let mut st = self.st.borrow_mut();
@@ -2487,6 +2546,8 @@ impl<D: Disk> EntryLog<D> {
         }
         let mut st = self.sh.st.borrow_mut();
         st.mode = Mode::Closed;
+        // Nothing reads or writes index files any more.
+        st.index_fds = crate::pages::OpenIndexFiles::new(crate::pages::INDEX_FILES_OPEN_MAX);
         st.wake_all();
         info!(dir = %self.sh.cfg.dir.display(), position = st.tail, "entry log closed cleanly");
         Ok(())

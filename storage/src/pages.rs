@@ -293,3 +293,87 @@ impl<F: DiskFile> PageWalk<F> {
         Ok(Some(out))
     }
 }
+
+/// Index files a shard keeps open at most. Beyond it the least recently
+/// used is closed (once no read or write holds it) and opened again on its
+/// next use.
+pub const INDEX_FILES_OPEN_MAX: usize = 256;
+
+/// The shard's open index files, least recently used out, at most `max`:
+/// a ledger's index file is opened on demand, so a shard's open file count
+/// does not grow with its ledgers (a million topics would otherwise need a
+/// million descriptors, past any process's limit).
+pub(crate) struct OpenIndexFiles<F> {
+    files: std::collections::HashMap<u64, (Rc<F>, u64)>,
+    lru: BTreeMap<u64, u64>,
+    stamp: u64,
+    max: usize,
+}
+
+impl<F> OpenIndexFiles<F> {
+    pub fn new(max: usize) -> OpenIndexFiles<F> {
+        assert!(max > 0, "at least one index file stays open");
+        OpenIndexFiles { files: std::collections::HashMap::new(), lru: BTreeMap::new(), stamp: 0, max }
+    }
+
+    /// `ledger`'s open file, marked used now.
+    pub fn get(&mut self, ledger: u64) -> Option<Rc<F>> {
+        let (file, stamp) = self.files.get_mut(&ledger)?;
+        self.lru.remove(stamp);
+        self.stamp += 1;
+        *stamp = self.stamp;
+        self.lru.insert(self.stamp, ledger);
+        Some(file.clone())
+    }
+
+    /// Keeps `file` open as `ledger`'s (replacing an earlier one), closing
+    /// the least recently used beyond the bound.
+    pub fn insert(&mut self, ledger: u64, file: Rc<F>) {
+        self.remove(ledger);
+        self.stamp += 1;
+        self.files.insert(ledger, (file, self.stamp));
+        self.lru.insert(self.stamp, ledger);
+        while self.files.len() > self.max {
+            let (_, old) = self.lru.pop_first().expect("lru lists every open file");
+            self.files.remove(&old);
+        }
+        assert_eq!(self.files.len(), self.lru.len(), "lru lists every open file once");
+    }
+
+    /// Forgets `ledger`'s file (its ledger is gone, or the file is rewritten).
+    pub fn remove(&mut self, ledger: u64) {
+        if let Some((_, stamp)) = self.files.remove(&ledger) {
+            self.lru.remove(&stamp);
+        }
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.files.len()
+    }
+}
+
+#[cfg(test)]
+mod open_files_tests {
+    use super::OpenIndexFiles;
+    use std::rc::Rc;
+
+    #[test]
+    fn least_recently_used_closes_beyond_the_bound() {
+        let mut f = OpenIndexFiles::new(2);
+        f.insert(1, Rc::new("a"));
+        f.insert(2, Rc::new("b"));
+        assert_eq!(f.get(1).as_deref(), Some(&"a"));
+        f.insert(3, Rc::new("c"));
+        assert_eq!(f.len(), 2);
+        assert!(f.get(2).is_none(), "2 was the least recently used");
+        assert_eq!(f.get(1).as_deref(), Some(&"a"));
+        assert_eq!(f.get(3).as_deref(), Some(&"c"));
+        f.insert(3, Rc::new("d"));
+        assert_eq!(f.len(), 2);
+        assert_eq!(f.get(3).as_deref(), Some(&"d"));
+        f.remove(1);
+        assert_eq!(f.len(), 1);
+        assert!(f.get(1).is_none());
+    }
+}

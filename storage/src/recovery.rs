@@ -327,7 +327,15 @@ impl<D: Disk> EntryLog<D> {
         for id in ids {
             let path = paths.index(id);
             let l = &st.ledgers[&id];
-            let mut walk = l.index_file.clone().map(|f| PageWalk::all(f, path.clone(), id, &l.pages));
+            // Opened for the walk and closed after it: a shard may have more
+            // ledgers than the process may open files.
+            let file = match l.has_index_file {
+                true => {
+                    Some(Rc::new(disk.open(&path, OpenMode::Existing).await.map_err(io_err("open index file", &path))?))
+                }
+                false => None,
+            };
+            let mut walk = file.map(|f| PageWalk::all(f, path.clone(), id, &l.pages));
             while let Some(w) = walk.as_mut() {
                 let Some(read) = w.next(|entry| st.relocated.get(&(id, entry)).copied()).await? else { break };
                 for e in &read {
@@ -581,7 +589,7 @@ async fn load_index<D: Disk>(
     ckpt_position: u64,
     relocs: &[&crate::format::Relocation],
     st: &mut State<D::File>,
-) -> Result<Ledger<D::File>> {
+) -> Result<Ledger> {
     let path = paths.index(ledger);
     let file = disk.open(&path, OpenMode::Existing).await.map_err(io_err("open index file", &path))?;
     let mut l = Ledger::new();
@@ -626,7 +634,7 @@ async fn load_index<D: Disk>(
     l.next_entry = entries;
     l.file_entries = entries;
     l.file_pages = pages;
-    l.index_file = Some(Rc::new(file));
+    l.has_index_file = true;
     Ok(l)
 }
 

@@ -1515,3 +1515,71 @@ fn no_space_for_a_checkpoint_is_retried_not_fail_stop() {
         });
     }
 }
+
+/// Index files of this log's directory the process has open, once files
+/// just dropped are closed (glommio closes a dropped file through its
+/// reactor, a little later).
+async fn open_index_files(dir: &std::path::Path) -> usize {
+    glommio::timer::sleep(std::time::Duration::from_millis(50)).await;
+    let index = dir.join("index");
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.starts_with(&index))
+        .count()
+}
+
+/// Goal: a shard's open index files do not grow with its ledgers. More
+/// ledgers than `INDEX_FILES_OPEN_MAX` get their index files at a
+/// checkpoint, through a clean close and a reopen, and every entry of every
+/// ledger reads back (its page loaded from its file, opened on demand), with
+/// at most `INDEX_FILES_OPEN_MAX` of them open at any point. Before, each
+/// ledger held its file open: past the process's limit a checkpoint failed
+/// with "Too many open files" and the log stopped.
+#[test]
+fn more_ledgers_than_open_index_files() {
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmp.path().to_path_buf();
+    let ledgers = 3 * magnetar_storage::INDEX_FILES_OPEN_MAX as u64;
+    run(120, move || async move {
+        let mut cfg = real_dir_config(&dir);
+        // One page in the cache: every read below goes to its file.
+        cfg.index_cache_bytes = 1;
+        let (log, _) = EntryLog::open(cfg.clone()).await.unwrap();
+        let body = |l: u64, e: u64| Bytes::from(format!("ledger {l} entry {e}"));
+        let mut last = 0;
+        for l in 0..ledgers {
+            for e in 0..2 {
+                last = log.append(l, body(l, e)).unwrap().lsn;
+            }
+        }
+        log.wait_durable(last).await.unwrap();
+        log.checkpoint().await.unwrap();
+        let open = open_index_files(&dir).await;
+        assert!(open <= magnetar_storage::INDEX_FILES_OPEN_MAX, "{open} index files open after the checkpoint");
+        for l in 0..ledgers {
+            log.append(l, body(l, 2)).unwrap();
+        }
+        log.close().await.unwrap();
+        drop(log);
+        assert_eq!(open_index_files(&dir).await, 0, "a closed log keeps no index file open");
+
+        let (log, rec) = EntryLog::open(cfg).await.unwrap();
+        assert!(rec.clean, "{rec:?}");
+        assert_eq!(open_index_files(&dir).await, 0, "recovery keeps no index file open");
+        for l in 0..ledgers {
+            for e in 0..3 {
+                assert_eq!(log.read(l, e).await.unwrap(), body(l, e), "entry {l}:{e}");
+            }
+            if l % 64 == 63 {
+                let open = open_index_files(&dir).await;
+                assert!(
+                    open <= magnetar_storage::INDEX_FILES_OPEN_MAX,
+                    "{open} index files open after reading ledger {l}"
+                );
+            }
+        }
+        assert!(log.index_cache_stats().loads >= ledgers, "the pages were read from their files");
+        log.close().await.unwrap();
+    });
+}

@@ -423,6 +423,14 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
         tls = args.tls_cert.is_some(),
         "starting standalone broker"
     );
+    // Segments, index files being read and every client connection each
+    // take a descriptor: the soft limit goes up to the hard one (as Go's
+    // runtime does), so a broker is not refused files long before its
+    // configured bounds.
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(n) => tracing::info!(open_files_max = n, "open files limit"),
+        Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
+    }
     let pulsar_reservation = match args.pulsar_listen {
         Some(a) => Some(PortReservation::new(a).map_err(|e| format!("cannot bind --pulsar-listen {a}: {e}"))?),
         None => None,
