@@ -41,6 +41,7 @@ mod pages;
 mod recovery;
 pub mod sim;
 pub mod stage;
+mod walk;
 
 pub use compact::CompactionStats;
 pub use disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};

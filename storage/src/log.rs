@@ -337,6 +337,8 @@ pub struct Appended {
 pub struct Recovery {
     /// A clean-shutdown marker matched the checkpoint: no scan was needed.
     pub clean: bool,
+    /// The log position after the last valid batch: where appends go on.
+    pub tail: u64,
     /// Bytes of log read by the scan (0 when clean).
     pub scanned_bytes: u64,
     /// Bytes of torn tail zeroed.
