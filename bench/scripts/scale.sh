@@ -20,7 +20,17 @@
 #
 #   cargo build --release -p magnetar -p magnetar-bench
 #   [MAGNETAR_BIN=… SCALE_TOPICS_BIN=…] bench/scripts/scale.sh [--entries N] [--size B] [--producers P] [--dir DIR] [--keep]
-#   bench/scripts/scale.sh --topics N [--messages K] [--concurrency C] [--dir DIR]
+#   bench/scripts/scale.sh --topics N [--messages K] [--concurrency C] [--dir DIR] [--unload-wait S] [--retention-wait S]
+#
+# With --unload-wait S (topics mode), after the idle-topics sample the script
+# waits S seconds more (give it the broker's --topic-idle-unload-s plus one
+# sweep, a quarter of that) and reports RSS and magnetar_topics_loaded again:
+# the memory idle topics keep once unloaded. BROKER_ARGS (environment) adds
+# flags to every broker start, e.g. BROKER_ARGS="--topic-idle-unload-s 5".
+# With --retention-wait S (topics mode), after the clean restart the script
+# waits S seconds (give it the broker's --retention-check-interval-s and the
+# time of one pass) and reports RSS and magnetar_topics_loaded: what a
+# retention pass leaves in memory.
 #
 # Defaults: --entries 200000000 (the issue's figure: needs ~45 GB of disk at
 # 100 B, and hours here), --size 100, --producers 4, --messages 3,
@@ -29,7 +39,7 @@
 # DIR/out, kept.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-ENTRIES=200000000 SIZE=100 PRODUCERS=4 TOPICS=0 MESSAGES=3 CONCURRENCY=64 BASE=$PWD/target/scale-bench KEEP=0
+ENTRIES=200000000 SIZE=100 PRODUCERS=4 TOPICS=0 MESSAGES=3 CONCURRENCY=64 BASE=$PWD/target/scale-bench KEEP=0 UNLOAD_WAIT=0 RETENTION_WAIT=0
 while [ $# -gt 0 ]; do
   case $1 in
     --entries) ENTRIES=$2; shift 2 ;;
@@ -40,6 +50,8 @@ while [ $# -gt 0 ]; do
     --concurrency) CONCURRENCY=$2; shift 2 ;;
     --dir) BASE=$2; shift 2 ;;
     --keep) KEEP=1; shift ;;
+    --unload-wait) UNLOAD_WAIT=$2; shift 2 ;;
+    --retention-wait) RETENTION_WAIT=$2; shift 2 ;;
     *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -74,7 +86,8 @@ sampler() {
 }
 start() { # label flags...
   local label=$1; shift
-  BROKER_WAIT_S=900 start_broker "$OUT/$label" --data-dir "$D" --no-pin --disk-refuse-pct 100 "$@" || exit 1
+  # shellcheck disable=SC2086 # BROKER_ARGS is a list of flags
+  BROKER_WAIT_S=900 start_broker "$OUT/$label" --data-dir "$D" --no-pin --disk-refuse-pct 100 "$@" ${BROKER_ARGS:-} || exit 1
   echo "$BROKER_PID" > "$OUT/pid"
 }
 ready_ms() { sed 's/\x1b\[[0-9;]*m//g' "$OUT/$1.err" | sed -n 's/.*broker ready.*start_ms=\([0-9]*\).*/\1/p' | tail -1; }
@@ -135,6 +148,14 @@ else
   sleep 5; phase idle-topics; sleep 5
   AFTER=$(rss_kib "$BROKER_PID")
   echo "RSS KiB: before $BASE_RSS, with $TOPICS topics $AFTER: $(( (AFTER - BASE_RSS) * 1024 / TOPICS )) B per topic"
+  topics_loaded() { curl -s "http://$BROKER_HTTP/metrics" | sed -n 's/^magnetar_topics_loaded{shard="total"} \([0-9]*\).*/\1/p'; }
+  if [ "$UNLOAD_WAIT" != 0 ]; then
+    echo "loaded topics: $(topics_loaded)"
+    phase unload-wait; sleep "$UNLOAD_WAIT"
+    UNLOADED=$(rss_kib "$BROKER_PID")
+    echo "after $UNLOAD_WAIT s more: loaded topics $(topics_loaded), RSS $UNLOADED KiB:" \
+      "$(( (UNLOADED - BASE_RSS) * 1024 / TOPICS )) B per topic"
+  fi
   t=$(now_ms); n=$("$M" admin --url "$BROKER_ADDR" topics list public/default | wc -l)
   echo "topics list public/default: $n lines in $(( $(now_ms) - t )) ms"
   phase clean-restart
@@ -142,6 +163,12 @@ else
   start clean-restart --shards "$SHARDS"
   sleep 5; R1=$(rss_kib "$BROKER_PID")
   echo "clean restart: start_ms $(ready_ms clean-restart), RSS $R1 KiB"
+  if [ "$RETENTION_WAIT" != 0 ]; then
+    phase retention-wait; sleep "$RETENTION_WAIT"
+    R3=$(rss_kib "$BROKER_PID")
+    echo "after $RETENTION_WAIT s (retention passes): loaded topics $(topics_loaded), RSS $R3 KiB:" \
+      "$(( (R3 - R1) * 1024 / TOPICS )) B per topic over the restarted broker"
+  fi
   # Touch every topic again (a consumer reconnecting to each subscription)
   # to see what loaded topics cost after a restart.
   phase reload

@@ -12,9 +12,8 @@
 //! follow the workload's limits (messages, 128 KiB, delay); consumers ack
 //! each message individually (the crate sends one ACK per message).
 
-use crate::pace::Schedule;
 use crate::run::{
-    drive, now_ms, payload, prepare, Door, ProducerPlan, RunError, RunOptions, RunOutcome, PERMITS_CHUNK_MAX,
+    drive, now_ms, payload, prepare, Door, ProducerPlan, RunError, RunOptions, RunOutcome, Slots, PERMITS_CHUNK_MAX,
     STAMP_BYTES,
 };
 use crate::stats::Recorder;
@@ -200,7 +199,7 @@ async fn produce_loop(
     };
     let keys = crate::dist::KeyGen::new(w.key_distribution, w.keys, w.zipf_exponent);
     let mut rng = crate::dist::Rng::new(w.seed.wrapping_mul(1_000_003).wrapping_add(u64::from(plan.index)));
-    let mut schedule = Schedule::new(Instant::now(), plan.phase);
+    let mut slots = Slots::new(&plan, ctx.in_flight.clone(), ctx.permits_chunk);
     let mut run: Vec<Sent> = Vec::with_capacity(ctx.permits_chunk as usize);
     let hand_over = |run: &mut Vec<Sent>, tx: &mpsc::UnboundedSender<Vec<Sent>>, cap: usize| {
         if !run.is_empty() {
@@ -208,45 +207,7 @@ async fn produce_loop(
         }
     };
     let cap = ctx.permits_chunk as usize;
-    let mut i: u64 = 0;
-    let mut spare: u32 = 0;
-    loop {
-        if plan.count.is_some_and(|c| i >= c) {
-            break;
-        }
-        let stop_at = plan.pace.stop_at();
-        let scheduled = if let Some(at) = schedule.intended(&plan.pace, i) {
-            if stop_at.is_some_and(|s| at >= s) {
-                break;
-            }
-            let now = Instant::now();
-            if at > now {
-                hand_over(&mut run, &ctx.receipts, cap);
-                tokio::time::sleep_until(at.into()).await;
-            } else {
-                plan.pace.note_lag(now - at);
-            }
-            Some(at)
-        } else {
-            None
-        };
-        if spare == 0 {
-            hand_over(&mut run, &ctx.receipts, cap);
-            let Ok(permits) = ctx.in_flight.acquire_many(ctx.permits_chunk).await else { break };
-            permits.forget();
-            spare = ctx.permits_chunk;
-        }
-        let intended = match scheduled {
-            Some(at) => at,
-            None => {
-                let now = Instant::now();
-                if stop_at.is_some_and(|s| now >= s) {
-                    break;
-                }
-                now
-            }
-        };
-        spare -= 1;
+    while let Some(intended) = slots.next(|| hand_over(&mut run, &ctx.receipts, cap)).await {
         let size = sizes.next(&mut rng);
         let msg = PulsarMessage {
             payload: payload(&filler, size, rec.stamp(intended)).to_vec(),
@@ -269,10 +230,9 @@ async fn produce_loop(
                 break;
             }
         }
-        i += 1;
     }
     hand_over(&mut run, &ctx.receipts, cap);
-    ctx.in_flight.add_permits(spare as usize);
+    slots.give_back_unused();
     // A batch still open goes out now (its receipts are awaited by the collector).
     let _ = ctx.producer.send_batch().await;
     // Dropping the sender lets the collector end once every receipt is in;

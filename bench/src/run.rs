@@ -397,6 +397,86 @@ async fn collect_as_they_come(mut rx: mpsc::UnboundedReceiver<Vec<Sent>>, rec: R
     }
 }
 
+/// One producer's schedule and in-flight slots, shared by both doors'
+/// produce loops: when the next message counts from, once it has a slot.
+pub(crate) struct Slots {
+    count: Option<u64>,
+    pace: Arc<Pace>,
+    schedule: Schedule,
+    in_flight: Arc<Semaphore>,
+    chunk: u32,
+    /// In-flight permits taken and not yet used by a message.
+    spare: u32,
+    /// Messages given a slot so far.
+    given: u64,
+}
+
+impl Slots {
+    pub(crate) fn new(plan: &ProducerPlan, in_flight: Arc<Semaphore>, chunk: u32) -> Slots {
+        Slots {
+            count: plan.count,
+            pace: plan.pace.clone(),
+            schedule: Schedule::new(Instant::now(), plan.phase),
+            in_flight,
+            chunk,
+            spare: 0,
+            given: 0,
+        }
+    }
+
+    /// The next message's intended time, with its in-flight permit taken;
+    /// `None` once the run is over (its count reached, its stop time
+    /// passed). `before_wait` runs before every wait, so what the caller
+    /// holds goes out first. With a rate the intended time is fixed by the
+    /// schedule, so waiting for a slot is charged to latency; without one
+    /// the message's time starts once it has a slot (see the module doc).
+    pub(crate) async fn next(&mut self, mut before_wait: impl FnMut()) -> Option<Instant> {
+        if self.count.is_some_and(|c| self.given >= c) {
+            return None;
+        }
+        let stop_at = self.pace.stop_at();
+        let scheduled = match self.schedule.intended(&self.pace, self.given) {
+            Some(at) if stop_at.is_some_and(|s| at >= s) => return None,
+            Some(at) => {
+                let now = Instant::now();
+                if at > now {
+                    before_wait();
+                    tokio::time::sleep_until(at.into()).await;
+                } else {
+                    self.pace.note_lag(now - at);
+                }
+                Some(at)
+            }
+            None => None,
+        };
+        if self.spare == 0 {
+            before_wait();
+            // Never closed while the producer runs.
+            let permits = self.in_flight.acquire_many(self.chunk).await.ok()?;
+            permits.forget();
+            self.spare = self.chunk;
+        }
+        let intended = match scheduled {
+            Some(at) => at,
+            None => {
+                let now = Instant::now();
+                if stop_at.is_some_and(|s| now >= s) {
+                    return None;
+                }
+                now
+            }
+        };
+        self.spare -= 1;
+        self.given += 1;
+        Some(intended)
+    }
+
+    /// Gives back the permits taken and not used (at the end of the run).
+    pub(crate) fn give_back_unused(&mut self) {
+        self.in_flight.add_permits(std::mem::take(&mut self.spare) as usize);
+    }
+}
+
 async fn produce_loop(ctx: ProducerCtx, plan: ProducerPlan, w: Workload, rec: Recorder, filler: Bytes) {
     let sizes = match w.size_dist() {
         Ok(d) => SizeGen::new(d),
@@ -404,54 +484,11 @@ async fn produce_loop(ctx: ProducerCtx, plan: ProducerPlan, w: Workload, rec: Re
     };
     let keys = KeyGen::new(w.key_distribution, w.keys, w.zipf_exponent);
     let mut rng = Rng::new(w.seed.wrapping_mul(1_000_003).wrapping_add(u64::from(plan.index)));
-    let mut schedule = Schedule::new(Instant::now(), plan.phase);
+    let mut slots = Slots::new(&plan, ctx.in_flight.clone(), ctx.permits_chunk);
     let mut handoff = Handoff::new(ctx.receipts.len(), ctx.permits_chunk as usize);
-    let mut i: u64 = 0;
-    // In-flight permits taken and not yet used by a message.
-    let mut spare: u32 = 0;
-    loop {
-        if plan.count.is_some_and(|c| i >= c) {
-            break;
-        }
-        let stop_at = plan.pace.stop_at();
-        let scheduled = if let Some(at) = schedule.intended(&plan.pace, i) {
-            if stop_at.is_some_and(|s| at >= s) {
-                break;
-            }
-            let now = Instant::now();
-            if at > now {
-                handoff.hand_over(&ctx.receipts);
-                // Timer lateness (tokio's is up to ~1 ms) is charged to the
-                // measurement, since latency counts from `at`.
-                tokio::time::sleep_until(at.into()).await;
-            } else {
-                plan.pace.note_lag(now - at);
-            }
-            Some(at)
-        } else {
-            None
-        };
-        // A free in-flight slot first. With a rate the intended time is
-        // already fixed, so waiting here is charged to latency; without one
-        // the message's time starts once it has a slot (see the module doc).
-        if spare == 0 {
-            handoff.hand_over(&ctx.receipts);
-            // Never closed while we hold ctx.
-            let Ok(permits) = ctx.in_flight.acquire_many(ctx.permits_chunk).await else { break };
-            permits.forget();
-            spare = ctx.permits_chunk;
-        }
-        let intended = match scheduled {
-            Some(at) => at,
-            None => {
-                let now = Instant::now();
-                if stop_at.is_some_and(|s| now >= s) {
-                    break;
-                }
-                now
-            }
-        };
-        spare -= 1;
+    // Timer lateness (tokio's is up to ~1 ms) is charged to the measurement,
+    // since latency counts from the intended time.
+    while let Some(intended) = slots.next(|| handoff.hand_over(&ctx.receipts)).await {
         let size = sizes.next(&mut rng);
         // The client routes: keyed messages by the key's hash (FNV-1a),
         // the others round-robin.
@@ -479,10 +516,9 @@ async fn produce_loop(ctx: ProducerCtx, plan: ProducerPlan, w: Workload, rec: Re
                 }
             }
         }
-        i += 1;
     }
     handoff.hand_over(&ctx.receipts);
-    ctx.in_flight.add_permits(spare as usize);
+    slots.give_back_unused();
     // Dropping `ctx.receipts` lets the collectors end once every receipt is in.
 }
 

@@ -73,6 +73,9 @@ pub struct BrokerConfig {
     /// After a restart, how long a subscription keeps the type it had
     /// against a consumer of another type, while its own consumers reconnect.
     pub subscription_type_hold: Duration,
+    /// A loaded topic idle this long (nothing attached, nothing held only
+    /// in memory; see `shard/unload.rs`) is unloaded; zero: never.
+    pub topic_idle_unload: Duration,
     /// The port each shard listens on by itself (index = shard id), named in
     /// lookup answers so a client can connect straight to a topic's owner;
     /// empty when there are no per-shard listeners. Plain data: the network
@@ -114,6 +117,7 @@ impl BrokerConfig {
             ledger_rollover: crate::topic::ledgers::Rollover::default(),
             retention_check_interval: Duration::from_secs(120),
             subscription_type_hold: Duration::from_secs(30),
+            topic_idle_unload: Duration::from_secs(60),
             shard_ports: Vec::new(),
             authentication: None,
             superuser_roles: Vec::new(),

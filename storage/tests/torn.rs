@@ -90,16 +90,7 @@ async fn expect_recovered(disk: SimDisk, b: &Built, last_present: bool, ctx: &st
     want.acked = want.recs.len();
     let got = want.verify(&log, ctx).await;
     assert_eq!(got.recs.len(), want.recs.len(), "{ctx}: {rec:?}");
-    // Appending after recovery works and survives another crash.
-    let body = Bytes::from_static(b"after recovery");
-    let a = log.append(1, body.clone()).unwrap();
-    log.wait_durable(a.lsn).await.unwrap();
-    want.recs.push(Rec::Entry { ledger: 1, entry: a.entry, body });
-    want.acked = want.recs.len();
-    let image = disk.crash(a.lsn);
-    drop(log);
-    let (log, _) = common::open_inspected(image, cfg()).await.unwrap();
-    want.verify(&log, ctx).await;
+    want.append_crash_verify(log, &disk, cfg(), 1, b"after recovery", ctx).await;
 }
 
 /// Goal: a last batch whose bytes from offset t on are zero (an unfinished
@@ -221,15 +212,7 @@ fn truncation_inside_earlier_batch() {
         want.acked = want.recs.len();
         want.verify(&log, "cut in batch 2").await;
         // The log goes on after the cut, and that survives a crash.
-        let body = Bytes::from_static(b"after the cut");
-        let a = log.append(0, body.clone()).unwrap();
-        log.wait_durable(a.lsn).await.unwrap();
-        want.recs.push(Rec::Entry { ledger: 0, entry: a.entry, body });
-        want.acked = want.recs.len();
-        let image = d.crash(a.lsn);
-        drop(log);
-        let (log, _) = common::open_inspected(image, cfg()).await.unwrap();
-        want.verify(&log, "after the cut").await;
+        want.append_crash_verify(log, &d, cfg(), 0, b"after the cut", "after the cut").await;
     });
 }
 

@@ -155,15 +155,7 @@ async fn expect_cut(disk: SimDisk, b: &Built, truncated: impl Fn(u64) -> bool, c
     for e in n..n + b.last_count as u64 {
         assert!(log.read(1, e).await.is_err(), "{ctx}: entry 1:{e} of the cut batch is served");
     }
-    let body = Bytes::from_static(b"after the cut");
-    let a = log.append(1, body.clone()).unwrap();
-    log.wait_durable(a.lsn).await.unwrap();
-    want.recs.push(Rec::Entry { ledger: 1, entry: a.entry, body });
-    want.acked = want.recs.len();
-    let image = disk.crash(a.lsn);
-    drop(log);
-    let (log, _) = common::open_inspected(image, cfg()).await.unwrap();
-    want.verify(&log, &format!("{ctx}, after a crash")).await;
+    want.append_crash_verify(log, &disk, cfg(), 1, b"after the cut", &format!("{ctx}, after a crash")).await;
 }
 
 /// Goal: bit rot in the records of an acknowledged last batch written into

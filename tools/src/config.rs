@@ -40,6 +40,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("storage", "ledger_max_age_s", "ledger_max_age_s"),
     ("storage", "ledger_min_rollover_s", "ledger_min_rollover_s"),
     ("storage", "retention_check_interval_s", "retention_check_interval_s"),
+    ("storage", "topic_idle_unload_s", "topic_idle_unload_s"),
     ("limits", "unacked_per_consumer_max", "unacked_per_consumer_max"),
     ("limits", "unacked_per_subscription_max", "unacked_per_subscription_max"),
     ("limits", "delayed_index_max", "delayed_index_max"),

@@ -124,6 +124,10 @@ pub struct StandaloneArgs {
     /// How often each shard enforces retention and TTL (seconds).
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
     pub retention_check_interval_s: u64,
+    /// Seconds a loaded topic stays idle (no producer, no consumer, nothing
+    /// held only in memory) before it is unloaded; 0: never.
+    #[arg(long, default_value_t = 60)]
+    pub topic_idle_unload_s: u64,
     /// An address of its own for Apache Pulsar's protocol (port 0 picks a
     /// free port). The --listen port answers Pulsar clients too.
     #[arg(long)]
@@ -401,6 +405,7 @@ pub fn run(args: StandaloneArgs) -> Result<(), Box<dyn std::error::Error>> {
         min_age_ms: args.ledger_min_rollover_s.saturating_mul(1000),
     };
     config.retention_check_interval = std::time::Duration::from_secs(args.retention_check_interval_s);
+    config.topic_idle_unload = std::time::Duration::from_secs(args.topic_idle_unload_s);
     if auth.is_none() && !args.superuser_roles.is_empty() {
         tracing::warn!("--superuser-roles has no effect without authentication: nothing is authorized");
     }

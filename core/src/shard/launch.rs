@@ -221,6 +221,7 @@ where
                 glommio::spawn_local(shard.clone().cursor_flusher()).detach();
                 glommio::spawn_local(shard.clone().disk_watch()).detach();
                 super::retention::spawn(shard.clone());
+                super::unload::spawn(shard.clone());
                 gate.arrive();
                 // Serve only once every shard has recovered, so no request is
                 // routed to a shard that is still reading its log.

@@ -147,6 +147,10 @@ pub struct ShardMetrics {
     /// Microseconds this shard took to open and recover its entry log at
     /// start.
     pub recovery_us: Gauge,
+    /// Topics loaded on this shard now, and topics unloaded for being idle
+    /// since the start (`shard/unload.rs`).
+    pub topics_loaded: Gauge,
+    pub topics_unloaded: Counter,
 }
 
 /// A shard's metrics and the storage figures of its log, at one moment.
@@ -165,6 +169,8 @@ pub struct ShardMetricsSnapshot {
     pub connections_closed: u64,
     pub inflight_bytes: u64,
     pub recovery_us: u64,
+    pub topics_loaded: u64,
+    pub topics_unloaded: u64,
     pub storage: StorageFigures,
 }
 
@@ -212,6 +218,8 @@ impl ShardMetrics {
             connections_closed: self.connections_closed.get(),
             inflight_bytes: self.inflight_bytes.get(),
             recovery_us: self.recovery_us.get(),
+            topics_loaded: self.topics_loaded.get(),
+            topics_unloaded: self.topics_unloaded.get(),
             storage,
         }
     }

@@ -11,6 +11,7 @@
 //! - `owner.rs`: the owner side of topic and subscription requests: thin
 //!   handlers over the registry that call the topic's behaviour (`topic/`).
 //! - `retention.rs`: the task applying retention and TTL to every topic.
+//! - `unload.rs`: the sweep dropping idle topics from memory.
 //! - `launch.rs`, `start_gate.rs`, `mesh.rs`: executors, the start gate, the channels.
 
 pub mod launch;
@@ -21,6 +22,7 @@ pub(crate) mod retention;
 pub(crate) mod routing;
 pub(crate) mod start_gate;
 mod sub_admin;
+pub(crate) mod unload;
 
 pub(crate) use crate::subscription::requests::valid_subscription_name;
 pub(crate) use routing::{Op, OpResult, Reply, TopicPolicy};
@@ -101,6 +103,9 @@ pub(crate) struct Shard {
     /// Counters and histograms, written where the work happens and read
     /// by exporters on any thread (`metrics.rs`).
     pub(crate) metrics: Arc<ShardMetrics>,
+    /// When the shard started (ms since the epoch): subscriptions keep
+    /// their type for `subscription_type_hold` from then.
+    pub(crate) started_ms: u64,
 }
 
 impl Shard {
@@ -151,6 +156,7 @@ impl Shard {
                 "dispatch",
             ),
             metrics: ShardMetrics::new(),
+            started_ms: now_ms(),
         })
     }
 

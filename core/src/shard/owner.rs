@@ -8,7 +8,6 @@
 use super::routing::{OpResult, Reply};
 use super::{Shard, TopicPolicy};
 use crate::api::{ConsumerRef, SeekTarget, SubscribeRequest};
-use crate::clock::now_ms;
 use crate::error::{CoreError, ErrorCode};
 use crate::subscription::sub_state::SubState;
 use crate::subscription::{requests, Subscription};
@@ -114,6 +113,7 @@ impl Shard {
         let (topic, created_lsn) = crate::topic::load::load_or_create(&self.topic_ctx(), name, key.clone())?;
         self.restore_subscriptions(&topic);
         self.topics.borrow_mut().insert(key, topic.clone());
+        self.metrics.topics_loaded.add(1);
         Ok((topic, created_lsn))
     }
 
@@ -143,7 +143,9 @@ impl Shard {
                             &sub,
                             state,
                             &topic.ledgers.borrow(),
-                            now_ms(),
+                            // From the shard's start, not this load: a topic
+                            // loaded again after an unload holds no type.
+                            self.started_ms,
                             self.config.subscription_type_hold.as_millis() as u64,
                         ),
                         Some(Err(e)) => {
@@ -157,21 +159,6 @@ impl Shard {
                 Err(e) => tracing::error!(topic = %key, sub = sub_name, "unreadable cursor record: {e}"),
             }
         }
-    }
-
-    /// Every topic recorded in this shard's log, loaded (retention needs
-    /// them all, not only those with clients since the restart).
-    pub(crate) fn load_all_topics(self: &Rc<Self>) -> Vec<Rc<Topic>> {
-        let mut out = Vec::new();
-        for name in self.store.topic_names("", None, usize::MAX) {
-            let name = name.as_str();
-            let Ok(tn) = TopicName::parse(name) else { continue };
-            match self.get_or_create_topic(&tn) {
-                Ok((t, _)) => out.push(t),
-                Err(e) => tracing::warn!(topic = name, "retention: cannot load topic: {e}"),
-            }
-        }
-        out
     }
 
     /// Whether `tn` exists (loaded or recorded in the log).
@@ -294,7 +281,9 @@ impl Shard {
         let ctx = self.topic_ctx();
         let loaded = self.topics.borrow().get(topic).cloned();
         let ledgers = crate::topic::load::check_deletable(&ctx, topic, loaded.as_deref())?;
-        if let Some(t) = self.topics.borrow_mut().remove(topic) {
+        let removed = self.topics.borrow_mut().remove(topic);
+        if let Some(t) = removed {
+            self.metrics.topics_loaded.sub(1);
             t.mark_deleted();
         }
         crate::topic::load::delete_storage(&ctx, topic, &ledgers).await?;

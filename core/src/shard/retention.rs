@@ -1,5 +1,6 @@
 //! The shard's retention task: every `retention_check_interval` it walks
-//! its topics (loading those not loaded since the restart), asks shard 0
+//! its topics (loading those not loaded, and unloading them again after
+//! their step when they are idle), asks shard 0
 //! for each one's policies and applies the topic's retention decisions
 //! (`topic/retention.rs`): TTL, age rollover, deletion of old ledgers.
 //! After deletions a checkpoint lets the storage remove every segment left
@@ -11,6 +12,8 @@ use super::{Op, Reply, Shard};
 use crate::clock::now_ms;
 use crate::error::CoreError;
 use crate::topic::ledgers::Retention;
+use crate::topic::Topic;
+use crate::topic_name::TopicName;
 use std::rc::Rc;
 
 /// Starts the shard's retention task.
@@ -40,40 +43,41 @@ async fn run(shard: Rc<Shard>) {
     }
 }
 
-/// One pass over every topic of the shard.
+/// One pass over every topic of the shard. A topic the pass loads (not
+/// loaded before) is unloaded again right after its step when it is idle,
+/// so that a pass never leaves every topic of the shard in memory
+/// (`unload.rs`; unless unloading is off).
 pub(crate) async fn enforce(shard: &Rc<Shard>) -> Result<(), CoreError> {
-    let topics = shard.load_all_topics();
+    let unload = !shard.config.topic_idle_unload.is_zero();
     let mut last_deletion = None;
-    for t in topics {
-        // Per topic, not per namespace: a topic may override its
-        // namespace's retention and TTL (`crate::topic_policies`). One
-        // mesh hop to shard 0 per topic and pass; passes are minutes apart.
-        let policies = match shard.call(0, Op::TopicPolicy { topic: t.key.clone(), caller: None }).await {
-            Ok(Reply::Policy(p)) => Some(p.policies),
-            Ok(_) => None,
-            Err(e) => {
-                tracing::debug!(topic = %t.key, "retention: no policies ({e}); topic left alone");
-                None
-            }
+    for name in shard.store.topic_names("", None, usize::MAX) {
+        if shard.is_closed() {
+            break;
+        }
+        let Ok(tn) = TopicName::parse(&name) else { continue };
+        // Checked now, not when the names were read: a topic deleted
+        // meanwhile must not be created again by loading it.
+        let loaded = shard.topics.borrow().get(name.as_str()).cloned();
+        if loaded.is_none() && !shard.store.topic_recorded(&name) {
+            continue;
+        }
+        let t = match loaded {
+            Some(t) => t,
+            None => match shard.get_or_create_topic(&tn) {
+                Ok((t, _)) => {
+                    step(shard, &t, &mut last_deletion).await?;
+                    if unload {
+                        shard.unload_if_idle(t, 0, now_ms());
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(topic = %name, "retention: cannot load topic: {e}");
+                    continue;
+                }
+            },
         };
-        let Some(policies) = policies else { continue };
-        if t.deleted.get() || shard.is_closed() {
-            continue;
-        }
-        if policies.message_ttl_seconds > 0 {
-            for s in t.expire(&shard.log, policies.message_ttl_seconds.saturating_mul(1000)).await {
-                shard.mark_cursor_dirty(&t, &s);
-            }
-        }
-        if t.deleted.get() || shard.is_closed() {
-            continue;
-        }
-        let now = now_ms();
-        t.maybe_roll(&shard.topic_ctx());
-        let retention = Retention::from_policy(policies.retention_minutes, policies.retention_size_mb);
-        if let Some(lsn) = t.trim(&shard.topic_ctx(), retention, now)? {
-            last_deletion = Some(lsn);
-        }
+        step(shard, &t, &mut last_deletion).await?;
     }
     if let Some(lsn) = last_deletion {
         shard.log.wait_durable(lsn).await?;
@@ -83,6 +87,41 @@ pub(crate) async fn enforce(shard: &Rc<Shard>) -> Result<(), CoreError> {
         // Segments go only once a durable checkpoint covers the deletions.
         shard.log.checkpoint().await?;
         shard.measure_disk();
+    }
+    Ok(())
+}
+
+/// Retention and TTL on one topic; `last_deletion` is the log position of
+/// the last record of a deletion.
+async fn step(shard: &Rc<Shard>, t: &Rc<Topic>, last_deletion: &mut Option<u64>) -> Result<(), CoreError> {
+    // Per topic, not per namespace: a topic may override its namespace's
+    // retention and TTL (`crate::topic_policies`). One mesh hop to shard 0
+    // per topic and pass; passes are minutes apart.
+    let policies = match shard.call(0, Op::TopicPolicy { topic: t.key.clone(), caller: None }).await {
+        Ok(Reply::Policy(p)) => Some(p.policies),
+        Ok(_) => None,
+        Err(e) => {
+            tracing::debug!(topic = %t.key, "retention: no policies ({e}); topic left alone");
+            None
+        }
+    };
+    let Some(policies) = policies else { return Ok(()) };
+    if t.deleted.get() || shard.is_closed() {
+        return Ok(());
+    }
+    if policies.message_ttl_seconds > 0 {
+        for s in t.expire(&shard.log, policies.message_ttl_seconds.saturating_mul(1000)).await {
+            shard.mark_cursor_dirty(t, &s);
+        }
+    }
+    if t.deleted.get() || shard.is_closed() {
+        return Ok(());
+    }
+    let now = now_ms();
+    t.maybe_roll(&shard.topic_ctx());
+    let retention = Retention::from_policy(policies.retention_minutes, policies.retention_size_mb);
+    if let Some(lsn) = t.trim(&shard.topic_ctx(), retention, now)? {
+        *last_deletion = Some(lsn);
     }
     Ok(())
 }

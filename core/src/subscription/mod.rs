@@ -196,6 +196,24 @@ impl Subscription {
         })
     }
 
+    /// Whether the subscription holds nothing that exists only in memory:
+    /// durable, no consumer (so nothing delivered and unacknowledged, none
+    /// paused), and its cursor, state record and redelivery counts written.
+    /// Entries set aside for replay and the delayed-delivery index are
+    /// rebuilt from the cursor when the topic loads again, as after a
+    /// restart (the dispatcher reads again from the ack floor); a type hold
+    /// counts from the shard's start, so loading again restores its end.
+    pub(crate) fn unloadable(&self) -> bool {
+        self.durable
+            && !self.removed.get()
+            && self.consumers.borrow().is_empty()
+            && self.pending.borrow().len() == 0
+            && self.paused.borrow().is_empty()
+            && !self.dirty.get()
+            && !self.state_dirty.get()
+            && !self.counts_dirty.get()
+    }
+
     /// Consumers attached now (for the max-consumers policy).
     pub(crate) fn consumer_count(&self) -> usize {
         self.consumers.borrow().len()

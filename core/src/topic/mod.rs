@@ -65,6 +65,9 @@ pub(crate) struct Topic {
     pub(crate) rate_in: crate::stats::RateMeter,
     /// Messages per batch entry, for backlogs in messages.
     pub(crate) batch_sizes: crate::stats::BatchSizes,
+    /// When the shard's unload sweep first found the topic idle (ms since
+    /// the epoch; 0: not idle at its last look). See `shard/unload.rs`.
+    pub(crate) idle_since_ms: Cell<u64>,
 }
 
 impl Topic {
@@ -84,6 +87,7 @@ impl Topic {
             subs: RefCell::new(HashMap::new()),
             rate_in: Default::default(),
             batch_sizes: Default::default(),
+            idle_since_ms: Cell::new(0),
         }
     }
 
@@ -118,6 +122,24 @@ impl Topic {
         for s in self.subs.borrow().values() {
             s.wake.notify();
         }
+    }
+
+    /// Whether dropping the topic from memory would lose or change nothing:
+    /// no producer (attached, waiting or fenced), no append waiting to be
+    /// durable, no unwritten deduplication snapshot, and every subscription
+    /// durable with nothing that lives only in memory
+    /// ([`Subscription::unloadable`]). What is left is in the log, and
+    /// loading the topic again rebuilds it as a restart does. A
+    /// subscription's strong references must be its topic's map and its
+    /// dispatcher only (no task holds it across an await). The shard checks
+    /// the same of the topic itself (`shard/unload.rs`).
+    pub(crate) fn unloadable(&self) -> bool {
+        !self.deleted.get()
+            && self.producers.borrow().is_idle()
+            && self.next_entry.get() == self.durable_next.get()
+            && !self.dedup.dirty.get()
+            && !self.dedup.loading.get()
+            && self.subs.borrow().values().all(|s| Rc::strong_count(s) <= 2 && s.unloadable())
     }
 
     /// Producers and consumers attached.

@@ -58,6 +58,12 @@ impl TopicProducers {
         self.names.len()
     }
 
+    /// No producer attached, waiting or fenced: what is left (the epoch)
+    /// is durable, so the topic may leave memory.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.names.is_empty() && self.waiters.is_empty() && self.fenced.is_empty()
+    }
+
     /// The topic's epoch, from `stored` (read once, on first use).
     pub(crate) fn load_epoch(&mut self, stored: impl FnOnce() -> Option<u64>) {
         if !self.epoch_loaded {

@@ -679,7 +679,7 @@ impl Snapshot {
         };
         let per_shard = |pick: &dyn Fn(&ShardMetricsSnapshot) -> u64| per_shard_or_max(pick, false);
         type Pick = fn(&ShardMetricsSnapshot) -> u64;
-        let counters: [(&str, &str, Pick); 13] = [
+        let counters: [(&str, &str, Pick); 14] = [
             ("magnetar_messages_in", "Messages appended by producers", |m| m.messages_in),
             ("magnetar_bytes_in", "Payload bytes appended by producers", |m| m.bytes_in),
             ("magnetar_entries_out", "Entries handed to consumers", |m| m.entries_out),
@@ -701,12 +701,14 @@ impl Snapshot {
             }),
             ("magnetar_read_cache_hits", "Entry reads served from the read cache", |m| m.storage.read_cache_hits),
             ("magnetar_disk_reads", "Entry reads that went to disk", |m| m.storage.disk_reads),
+            ("magnetar_topics_unloaded", "Topics unloaded from memory for being idle", |m| m.topics_unloaded),
         ];
         for (name, help, pick) in counters {
             family(enc, name, help, MetricType::Counter, per_shard(&pick))?;
         }
-        let gauges: [(&str, &str, Pick); 5] = [
+        let gauges: [(&str, &str, Pick); 6] = [
             ("magnetar_connections", "Connections open", |m| m.connections_opened.saturating_sub(m.connections_closed)),
+            ("magnetar_topics_loaded", "Persistent topics loaded in memory", |m| m.topics_loaded),
             ("magnetar_inflight_bytes", "Payload bytes of sends received and not yet answered", |m| m.inflight_bytes),
             ("magnetar_pending_bytes", "Bytes appended to the log and not yet written", |m| m.storage.pending_bytes),
             ("magnetar_disk_used_percent", "Data disk usage at the last check, in percent", |m| {

@@ -223,6 +223,32 @@ impl Model {
     }
 }
 
+impl Model {
+    /// Appends one entry of `ledger` to `log` (recovered from `disk`), waits
+    /// until it is durable, crashes the disk there and reopens with `cfg`:
+    /// appending after a recovery works, and the new entry survives another
+    /// crash with everything in `self` (all of it counted acknowledged).
+    pub async fn append_crash_verify(
+        mut self,
+        log: EntryLog<magnetar_storage::sim::SimDisk>,
+        disk: &magnetar_storage::sim::SimDisk,
+        cfg: LogConfig,
+        ledger: u64,
+        body: &'static [u8],
+        context: &str,
+    ) {
+        let body = Bytes::from_static(body);
+        let a = log.append(ledger, body.clone()).unwrap();
+        log.wait_durable(a.lsn).await.unwrap();
+        self.recs.push(Rec::Entry { ledger, entry: a.entry, body });
+        self.acked = self.recs.len();
+        let image = disk.crash(a.lsn);
+        drop(log);
+        let (log, _) = open_inspected(image, cfg).await.unwrap();
+        self.verify(&log, context).await;
+    }
+}
+
 pub fn shard_dir() -> PathBuf {
     PathBuf::from("/shard-0")
 }

@@ -12,7 +12,7 @@ use crate::topic::Topic;
 use bytes::Bytes;
 use futures::FutureExt;
 use std::collections::HashSet;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::time::Duration;
 
 /// Starts the dispatcher of `sub`: it runs until the shard closes, in the
@@ -25,6 +25,7 @@ pub(crate) fn spawn<S: DeliverySink + 'static, L: LogReader + 'static>(
     topic: Rc<Topic>,
     sub: Rc<Subscription>,
 ) {
+    let topic = Rc::downgrade(&topic);
     match glommio::spawn_local_into(async move { run(ctx, topic, sub).await }, tq) {
         Ok(t) => {
             t.detach();
@@ -34,7 +35,11 @@ pub(crate) fn spawn<S: DeliverySink + 'static, L: LogReader + 'static>(
     }
 }
 
-async fn run<S: DeliverySink, L: LogReader>(ctx: DispatchCtx<S, L>, topic: Rc<Topic>, sub: Rc<Subscription>) {
+/// The task holds its topic by a [`Weak`] while it waits and strongly only
+/// during a pass: an idle topic's one strong reference is then its shard's
+/// registry, which is what unloading it checks (`shard/unload.rs`). A
+/// topic gone from memory (unloaded) stops its dispatchers.
+async fn run<S: DeliverySink, L: LogReader>(ctx: DispatchCtx<S, L>, topic: Weak<Topic>, sub: Rc<Subscription>) {
     loop {
         let next_due = sub.delayed.borrow().next_due_ms();
         match next_due {
@@ -47,8 +52,9 @@ async fn run<S: DeliverySink, L: LogReader>(ctx: DispatchCtx<S, L>, topic: Rc<To
             }
             None => sub.wake.wait().await,
         }
-        // A deleted topic, or a non-durable subscription whose consumer
-        // left, stops its dispatcher.
+        // An unloaded or deleted topic, or a non-durable subscription whose
+        // consumer left, stops its dispatcher.
+        let Some(topic) = topic.upgrade() else { return };
         if ctx.is_closed() || topic.deleted.get() || sub.removed.get() {
             return;
         }
