@@ -5,8 +5,9 @@
 //! index pages the checkpoint names and the segments, and rebuilds what
 //! recovery would: every ledger's index (entry → position, length, checksum,
 //! publish time, key hash), the metadata map, and where the log ends. It
-//! decodes every byte through the same `format` functions as recovery
-//! (`BatchHeader::decode`/`verify_body`, [`records`], [`could_be_torn`],
+//! walks the log with the walker recovery uses (`walk.rs`: which batch is
+//! valid, where the log ends, torn tail or damage) and decodes everything
+//! else through the same `format` functions ([`records`],
 //! [`check_entry_record`], `decode_index_page`, `Checkpoint::decode`), so the
 //! tool and the broker accept and reject exactly the same bytes.
 //!
@@ -18,7 +19,7 @@
 //!   record it points at. Damage is `StorageError::Corrupt` naming the file
 //!   and offset.
 //!
-//! The verdicts mirror recovery (`docs/format.md`, "Open"): a damaged batch
+//! The verdicts are recovery's (`docs/format.md`, "Open"): a damaged batch
 //! followed by a valid one is `Corrupt`; a damaged last batch that cannot be
 //! a torn write is `Corrupt` (`DamagedNotTorn`); a torn last batch is
 //! reported as [`Tail::Torn`] (recovery will truncate it; it was never
@@ -36,18 +37,16 @@ use std::path::{Path, PathBuf};
 use crate::disk::PAGE_BYTES;
 use crate::error::{CorruptReason, Result, StorageError};
 use crate::format::{
-    check_entry_record, could_be_torn, decode_index_page, first_record_written_here, header_written_here, records,
-    split_meta, BatchHeader, Checkpoint, CleanMarker, IndexEntry, BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_DELETE,
-    KIND_ENTRY, KIND_MOVE, RECORD_HEADER_BYTES,
+    check_entry_record, decode_index_page, records, split_meta, BatchHeader, Checkpoint, CleanMarker, IndexEntry,
+    KIND_DELETE, KIND_ENTRY, KIND_MOVE, RECORD_HEADER_BYTES,
 };
+use crate::walk::{At, Segs, Start, Verdict, Visit, Walker};
+use futures_lite::future::block_on;
 
 /// Position of an entry a full scan has not met yet: its original record
 /// was in a segment compaction emptied and garbage collection removed; its
 /// `KIND_MOVE` copy comes later in the log.
 const HOLE: u64 = u64::MAX;
-
-/// Bytes read per `pread` while scanning.
-const CHUNK_BYTES: u64 = 1 << 20;
 
 /// How much of the log [`ShardImage::load`] reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,67 +169,67 @@ fn corrupt(file: &Path, offset: u64, reason: CorruptReason) -> StorageError {
     StorageError::Corrupt { file: file.to_path_buf(), offset, reason }
 }
 
-/// Reads a segment file in large chunks and serves slices of it.
-struct Reader {
-    file: File,
-    path: PathBuf,
-    len: u64,
-    buf: Vec<u8>,
-    buf_off: u64,
-    scanned: u64,
+/// The segments as the walker reads them: (start, usable length, path),
+/// through plain `pread`s.
+struct Files(Vec<(u64, u64, PathBuf)>);
+
+impl Segs for Files {
+    fn seg_count(&self) -> usize {
+        self.0.len()
+    }
+
+    fn seg_start(&self, i: usize) -> u64 {
+        self.0[i].0
+    }
+
+    fn seg_len(&self, i: usize) -> u64 {
+        self.0[i].1
+    }
+
+    fn seg_path(&self, i: usize) -> &Path {
+        &self.0[i].2
+    }
+
+    async fn read_seg(&self, i: usize, off: u64, len: usize) -> Result<Vec<u8>> {
+        let path = &self.0[i].2;
+        let file = File::open(path).map_err(io_err("open segment", path))?;
+        let mut buf = vec![0u8; len];
+        let mut got = 0usize;
+        while got < buf.len() {
+            let n = file.read_at(&mut buf[got..], off + got as u64).map_err(io_err("read segment", path))?;
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        buf.truncate(got);
+        Ok(buf)
+    }
 }
 
-impl Reader {
-    fn open(path: &Path, len: u64) -> Result<Reader> {
-        let file = File::open(path).map_err(io_err("open segment", path))?;
-        Ok(Reader { file, path: path.to_path_buf(), len, buf: Vec::new(), buf_off: 0, scanned: 0 })
+/// What the walk applies to the image being built.
+struct Apply<'a> {
+    img: &'a mut ShardImage,
+    ckpt_pos: u64,
+    total: u64,
+    progress: &'a mut dyn FnMut(u64, u64),
+}
+
+impl Visit for Apply<'_> {
+    fn batch(&mut self, seg: usize, off: u64, position: u64, h: &BatchHeader, body: &[u8]) -> Result<()> {
+        let path = self.img.segments[seg].path.clone();
+        self.img.apply(&path, off, position, h, body, position >= self.ckpt_pos)?;
+        self.img.segments[seg].batches += 1;
+        self.img.checked.batches += 1;
+        Ok(())
     }
 
-    /// Bytes [off, off+len) of the file, shorter only at its end.
-    fn get(&mut self, off: u64, len: usize) -> Result<&[u8]> {
-        let end = (off + len as u64).min(self.len);
-        if off < self.buf_off || end > self.buf_off + self.buf.len() as u64 {
-            let want = (len as u64).max(CHUNK_BYTES).min(self.len.saturating_sub(off));
-            self.buf.resize(want as usize, 0);
-            let mut got = 0usize;
-            while got < self.buf.len() {
-                let n = self
-                    .file
-                    .read_at(&mut self.buf[got..], off + got as u64)
-                    .map_err(io_err("read segment", &self.path))?;
-                if n == 0 {
-                    break;
-                }
-                got += n;
-            }
-            self.buf.truncate(got);
-            self.buf_off = off;
-            self.scanned += got as u64;
-        }
-        let s = (off.saturating_sub(self.buf_off) as usize).min(self.buf.len());
-        let e = (end.saturating_sub(self.buf_off) as usize).clamp(s, self.buf.len());
-        Ok(&self.buf[s..e])
+    fn next_entry(&self, ledger: u64) -> Option<u64> {
+        self.img.ledgers.get(&ledger).map(|l| l.index.len() as u64)
     }
 
-    /// A fully valid batch at `off` (header and body checksums), or why not.
-    fn batch(&mut self, off: u64) -> Result<std::result::Result<(BatchHeader, Vec<u8>), CorruptReason>> {
-        let len = self.len;
-        let page = self.get(off, PAGE_BYTES as usize)?;
-        if page.len() < BATCH_HEADER_BYTES {
-            return Ok(Err(CorruptReason::ShortFile { len, need: off + PAGE_BYTES }));
-        }
-        let h = match BatchHeader::decode(page) {
-            Ok(h) => h,
-            Err(r) => return Ok(Err(r)),
-        };
-        if off + h.batch_len as u64 > len {
-            return Ok(Err(CorruptReason::Length { len: h.batch_len as u64, limit: len - off }));
-        }
-        let b = self.get(off, h.batch_len as usize)?;
-        if let Err(r) = h.verify_body(b) {
-            return Ok(Err(r));
-        }
-        Ok(Ok((h, b.to_vec())))
+    fn progress(&mut self, scanned: u64) {
+        (self.progress)(scanned, self.total);
     }
 }
 
@@ -477,189 +476,49 @@ impl ShardImage {
     /// and, at or after the checkpoint position, metadata into the map.
     fn scan(
         &mut self,
-        mut position: u64,
-        mut seq: Option<u64>,
+        position: u64,
+        seq: Option<u64>,
         tail_only: bool,
         total: u64,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<()> {
         let ckpt_pos = self.checkpoint.as_ref().map_or(0, |c| c.position);
-        let segs: Vec<(u64, u64, PathBuf)> =
-            self.segments.iter().map(|s| (s.start, s.file_bytes - s.file_bytes % PAGE_BYTES, s.path.clone())).collect();
-        let mut done_before = 0u64;
-        let Some(mut i) = segs.iter().position(|(start, len, _)| start + len > position) else {
-            self.tail = Tail::End { position };
-            return Ok(());
-        };
+        let files = Files(
+            self.segments.iter().map(|s| (s.start, s.file_bytes - s.file_bytes % PAGE_BYTES, s.path.clone())).collect(),
+        );
         if !tail_only {
             // In Verify mode the ledgers are rebuilt from the log alone.
             self.ledgers.clear();
         }
+        let mut w = Walker::new(&files);
         // A segment shorter than its batches say it was preallocated: cut
-        // by hand, acknowledged batches may be gone (as in recovery).
-        for (start, len, path) in &segs[i..] {
-            if *len < PAGE_BYTES {
-                continue;
-            }
-            let mut r = Reader::open(path, *len)?;
-            let page = r.get(0, PAGE_BYTES as usize)?;
-            if let Ok(h) = BatchHeader::decode(page) {
-                if h.position == *start && h.segment_len > *len {
-                    return Err(corrupt(
-                        path,
-                        *len,
-                        CorruptReason::SegmentTruncated { len: *len, declared: h.segment_len },
-                    ));
-                }
+        // by hand, acknowledged batches may be gone (recovery refuses it).
+        for i in 0..files.0.len() {
+            if let Some((_, reason)) = block_on(w.truncation(i, ckpt_pos))? {
+                return Err(corrupt(&files.0[i].2, files.0[i].1, reason));
             }
         }
-        'segments: while i < segs.len() {
-            let (start, len, path) = segs[i].clone();
-            if position < start && !tail_only && start <= ckpt_pos {
-                // Segments removed by garbage collection (all before the
-                // checkpoint): continue with the next batch present.
-                position = start;
-                seq = None;
-            }
-            if position < start {
-                return Err(corrupt(
-                    &path,
-                    0,
-                    CorruptReason::Field {
-                        field: "segment start (expected log position)",
-                        expected: position,
-                        found: start,
-                    },
-                ));
-            }
-            let mut r = Reader::open(&path, len)?;
-            loop {
-                progress(done_before + r.scanned, total);
-                if position + PAGE_BYTES > start + len {
-                    break; // rest of the segment unused: next segment
-                }
-                let off = position - start;
-                let found = match r.batch(off)? {
-                    // Left by an earlier use of this recycled file (as in recovery).
-                    Ok((h, _)) if h.position < start => Err(CorruptReason::Field {
-                        field: "batch position (stale: earlier use of a recycled segment)",
-                        expected: position,
-                        found: h.position,
-                    }),
-                    other => other,
-                };
-                match found {
-                    Ok((h, b)) => {
-                        let expected = seq.unwrap_or(h.seq);
-                        if h.seq != expected || h.position != position {
-                            let (field, expected, found) = if h.seq != expected {
-                                ("batch seq", expected, h.seq)
-                            } else {
-                                ("batch position", position, h.position)
-                            };
-                            return Err(corrupt(&path, off, CorruptReason::Field { field, expected, found }));
-                        }
-                        self.apply(&path, off, position, &h, &b, position >= ckpt_pos)?;
-                        self.segments[i].batches += 1;
-                        self.checked.batches += 1;
-                        position += h.batch_len as u64;
-                        seq = Some(expected + 1);
-                    }
-                    Err(reason) => {
-                        // Damaged or absent: the same case analysis as recovery.
-                        let (later, nonzero_end) = search_valid(&segs[i..], position, &mut r)?;
-                        // The next segment follows: contiguous, or after
-                        // segments that garbage collection removed (all
-                        // before the checkpoint).
-                        let next_follows =
-                            |n: &(u64, u64, PathBuf)| n.0 == start + len || (!tail_only && n.0 <= ckpt_pos);
-                        if nonzero_end == position && later.is_some() && segs.get(i + 1).is_some_and(next_follows) {
-                            // Never written here: the batch went to the next
-                            // segment (as in recovery).
-                            position = start + len;
-                            done_before += r.scanned;
-                            i += 1;
-                            continue 'segments;
-                        }
-                        match later {
-                            Some((j, q, lh))
-                                if j == 1
-                                    && Some(lh.seq) == seq.or(Some(lh.seq))
-                                    && q == segs[i + 1].0
-                                    && q == start + len
-                                    && lh.batch_len as u64 > start + len - position =>
-                            {
-                                // The batch did not fit and went to the next segment.
-                                position = q;
-                                done_before += r.scanned;
-                                i += 1;
-                                continue 'segments;
-                            }
-                            Some((_, q, lh)) => {
-                                return Err(corrupt(
-                                    &path,
-                                    off,
-                                    CorruptReason::DamageBeforeValidBatch { later_seq: lh.seq, later_position: q },
-                                ));
-                            }
-                            None => {
-                                let page = r.get(off, PAGE_BYTES as usize)?.to_vec();
-                                if matches!(
-                                    reason,
-                                    CorruptReason::BadMagic
-                                        | CorruptReason::HeaderCrc { .. }
-                                        | CorruptReason::Version(_)
-                                ) {
-                                    let next = |l: u64| self.ledgers.get(&l).map(|l| l.index.len() as u64);
-                                    if let Some(seq) = seq.filter(|s| {
-                                        header_written_here(&page, *s, position)
-                                            || first_record_written_here(&page, next)
-                                    }) {
-                                        return Err(corrupt(&path, off, CorruptReason::HeaderDamaged { seq }));
-                                    }
-                                }
-                                if let CorruptReason::BodyCrc { stored, computed } = reason {
-                                    let page = r.get(off, PAGE_BYTES as usize)?.to_vec();
-                                    if let Some(h) = BatchHeader::decode(&page).ok().filter(|h| h.position >= start) {
-                                        let b = r.get(off, h.batch_len as usize)?;
-                                        if !could_be_torn(&h, b) {
-                                            return Err(corrupt(
-                                                &path,
-                                                off,
-                                                CorruptReason::DamagedNotTorn {
-                                                    batch_len: h.batch_len,
-                                                    stored,
-                                                    computed,
-                                                },
-                                            ));
-                                        }
-                                    }
-                                }
-                                self.tail = if nonzero_end > position {
-                                    Tail::Torn {
-                                        position,
-                                        file: path,
-                                        offset: off,
-                                        bytes: nonzero_end - position,
-                                        reason,
-                                    }
-                                } else {
-                                    Tail::End { position }
-                                };
-                                self.checked.bytes_scanned += done_before + r.scanned;
-                                progress(total, total);
-                                return Ok(());
-                            }
-                        }
-                    }
-                }
-            }
-            done_before += r.scanned;
-            i += 1;
-        }
-        self.checked.bytes_scanned += done_before;
+        // In Verify mode, segments before the checkpoint may have been
+        // removed by garbage collection: the walk resumes after the gap.
+        let start = Start { position, seq, gaps_before: (!tail_only).then_some(ckpt_pos), cut_at: None };
+        let mut visit = Apply { img: self, ckpt_pos, total, progress };
+        let verdict = block_on(w.walk(start, &mut visit))?;
+        self.checked.bytes_scanned += w.scanned;
         progress(total, total);
-        self.tail = Tail::End { position };
+        let path = |at: &At| files.0[at.seg].2.clone();
+        self.tail = match verdict {
+            Verdict::End { position, .. } => Tail::End { position },
+            Verdict::Torn { at, nonzero_end, reason } if nonzero_end > at.position => Tail::Torn {
+                position: at.position,
+                file: path(&at),
+                offset: at.off,
+                bytes: nonzero_end - at.position,
+                reason,
+            },
+            Verdict::Torn { at, .. } => Tail::End { position: at.position },
+            Verdict::Damage { at, damage, .. } => return Err(corrupt(&path(&at), at.off, damage)),
+            Verdict::Cut { .. } => unreachable!("the inspector never cuts"),
+        };
         Ok(())
     }
 
@@ -856,50 +715,4 @@ fn load_index(path: &Path, ledger: u64, entries: u64, pages: u64, ckpt_position:
         return Err(corrupt(path, 0, reason));
     }
     Ok(index)
-}
-
-/// Looks for a fully valid batch at any page after `from`, in `segs[0]`
-/// (read through `r0`) and then in the later segments. Returns it (segment
-/// index relative to `segs`, position, header) and the end of the last
-/// non-zero page of `segs[0]` at or after `from`.
-#[allow(clippy::type_complexity)]
-fn search_valid(
-    segs: &[(u64, u64, PathBuf)],
-    from: u64,
-    r0: &mut Reader,
-) -> Result<(Option<(usize, u64, BatchHeader)>, u64)> {
-    let mut nonzero_end = from;
-    for (j, (start, len, path)) in segs.iter().enumerate() {
-        let mut own;
-        let r = if j == 0 {
-            &mut *r0
-        } else {
-            own = Reader::open(path, *len)?;
-            &mut own
-        };
-        let mut q = from.max(*start);
-        while q + PAGE_BYTES <= start + len {
-            let off = q - start;
-            let page = r.get(off, PAGE_BYTES as usize)?;
-            if page.len() < PAGE_BYTES as usize {
-                break;
-            }
-            if page[..8] == BATCH_MAGIC {
-                if let Ok((h, _)) = r.batch(off)? {
-                    if h.position < *start {
-                        break; // stale: nothing of this use beyond (as in recovery)
-                    }
-                    if q > from {
-                        return Ok((Some((j, q, h)), nonzero_end));
-                    }
-                }
-            }
-            let page = r.get(off, PAGE_BYTES as usize)?;
-            if j == 0 && page.iter().any(|&b| b != 0) {
-                nonzero_end = q + PAGE_BYTES;
-            }
-            q += PAGE_BYTES;
-        }
-    }
-    Ok((None, nonzero_end))
 }

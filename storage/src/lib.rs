@@ -42,6 +42,7 @@ pub use pages::INDEX_FILES_OPEN_MAX;
 mod recovery;
 pub mod sim;
 pub mod stage;
+mod walk;
 
 pub use compact::CompactionStats;
 pub use disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};

@@ -338,6 +338,8 @@ pub struct Appended {
 pub struct Recovery {
     /// A clean-shutdown marker matched the checkpoint: no scan was needed.
     pub clean: bool,
+    /// The log position after the last valid batch: where appends go on.
+    pub tail: u64,
     /// Bytes of log read by the scan (0 when clean).
     pub scanned_bytes: u64,
     /// Bytes of torn tail zeroed.
@@ -945,165 +947,192 @@ impl<D: Disk> Shared<D> {
     }
 
     /// Writes one group-commit batch: everything pending up to
-    /// flush_bytes_max, one write at the tail, one fdatasync.
+    /// flush_bytes_max, one write at the tail, one fdatasync. The steps, in
+    /// order: [`plan_batch`](Self::plan_batch), [`roll`](Self::roll) when
+    /// the batch does not fit the tail segment, [`lay_out`](Self::lay_out),
+    /// [`write_batch`](Self::write_batch), [`publish_durable`](Self::publish_durable).
     async fn flush_one(&self, spare: &mut Option<Spare<D::File>>) -> Result<()> {
-        // 1. Decide how many records go in, and whether they need a new segment.
-        let (count, batch_len, roll_at) = {
-            let st = self.st.borrow();
-            let mut size = BATCH_HEADER_BYTES;
-            let mut count = 0usize;
-            for p in &st.pending {
-                let rec = RECORD_HEADER_BYTES + p.body_len();
-                if count > 0 && size + rec > self.cfg.flush_bytes_max {
-                    break;
-                }
-                size += rec;
-                count += 1;
-            }
-            assert!(count > 0);
-            let batch_len = pad_to_page(size as u64);
-            let roll_at = match st.segment_at(st.tail) {
-                None => Some(st.tail),
-                Some(seg) => (st.tail + batch_len > seg.end()).then(|| seg.end()),
-            };
-            (count, batch_len, roll_at)
-        };
-        assert!(batch_len <= self.cfg.segment_bytes);
-        if let Some(start) = roll_at {
-            // The segment the tail leaves is written no more.
-            if let Some(prev) = self.st.borrow().segment_at(start.saturating_sub(1)) {
-                prev.file.writes_done();
-            }
-            // Open removes every segment at or after the tail, so none exists here.
-            assert!(!self.st.borrow().segments.contains_key(&start));
-            let seg = match spare.take() {
-                // Usually made ahead of time, so the roll costs nothing.
-                Some((s, task)) if s == start => match task.await {
-                    Some(r) => r?,
-                    None => self.create_segment(start).await?,
-                },
-                other => {
-                    *spare = other;
-                    self.create_segment(start).await?
-                }
-            };
-            assert!(seg.len >= batch_len);
-            let mut st = self.st.borrow_mut();
-            // Recycled and pre-zeroed segments are written all through.
-            st.zeroed = if seg.recycled.get() || self.cfg.prezero_segments { seg.end() } else { start };
-            st.segments.insert(start, seg);
-            // The rest of the previous segment stays zero; recovery knows a
-            // batch that did not fit moved to the next segment.
-            st.tail = start;
+        let plan = self.plan_batch();
+        if let Some(start) = plan.roll_at {
+            self.roll(start, plan.batch_len, spare).await?;
         }
+        let (buf, batch) = self.lay_out(plan);
+        let flush_us = self.write_batch(buf, &batch).await?;
+        self.publish_durable(batch, flush_us)
+    }
 
-        // 2. Lay the records out (pending only grows at the back meanwhile).
-        let (buf, seg, position, seq, last_lsn, metas, moves) = {
-            let mut st = self.st.borrow_mut();
-            let st = &mut *st;
-            let position = st.tail;
-            let seq = st.next_seq;
-            let seg = st.segment_at(position).cloned().expect("tail segment exists after roll");
-            assert!(position + batch_len <= seg.end());
-            // Laid out straight into the buffer the disk writes from (for
-            // O_DIRECT, DMA-able memory): no zeroed heap buffer (a fresh mmap
-            // and its page faults per flush at these sizes) and no copy into
-            // a DMA buffer after. Not zeroed: every byte is written below.
-            let mut dma = seg.file.alloc_buf(batch_len as usize);
-            let buf = dma.as_mut();
-            assert_eq!(buf.len(), batch_len as usize);
-            let mut off = BATCH_HEADER_BYTES;
-            // The body checksum, built as records are laid out: a large
-            // record's bytes are not read a second time (see `BodyCrc`).
-            let mut body_crc = crate::format::BodyCrc::new();
-            let mut last_lsn = 0;
-            let mut metas = Vec::new();
-            let mut moves = Vec::new();
-            for _ in 0..count {
-                let p = st.pending.pop_front().expect("counted above");
-                st.pending_bytes -= p.body_len() as u64;
-                assert!(p.lsn > last_lsn);
-                last_lsn = p.lsn;
-                let body_len = p.body_len();
-                let (hdr, body) = buf[off..].split_at_mut(RECORD_HEADER_BYTES);
-                match p.kind {
-                    PendingKind::Entry { ledger, entry, body: data, body_crc: data_crc, extras } => {
-                        body[..body_len].copy_from_slice(&data);
-                        let crc = match data_crc {
-                            Some(c) => {
-                                RecordHeader::encode_with_body_crc(hdr, KIND_ENTRY, ledger, entry, extras, body_len, c)
-                            }
-                            None => RecordHeader::encode(hdr, KIND_ENTRY, ledger, entry, extras, &[&data]),
-                        };
-                        body_crc.record(buf, off, crc, body_len);
-                        let l = st.ledgers.get_mut(&ledger).expect("appended ledger exists");
-                        assert_eq!(l.laid_out(), entry, "entries laid out in order");
-                        l.recent.push(IndexEntry {
-                            position: position + off as u64,
-                            body_len: body_len as u32,
-                            record_crc: crc,
-                            extras,
-                        });
-                        l.bytes += body_len as u64;
-                        *st.seg_live.entry(seg.start).or_default() += 1;
-                        *st.seg_live_bytes.entry(seg.start).or_default() += (RECORD_HEADER_BYTES + body_len) as u64;
-                    }
-                    PendingKind::Move { ledger, entry, body: data, extras, from } => {
-                        body[..body_len].copy_from_slice(&data);
-                        let crc = RecordHeader::encode(hdr, KIND_MOVE, ledger, entry, extras, &[&data]);
-                        body_crc.record(buf, off, crc, body_len);
-                        let to = IndexEntry {
-                            position: position + off as u64,
-                            body_len: body_len as u32,
-                            record_crc: crc,
-                            extras,
-                        };
-                        moves.push((ledger, entry, from, to));
-                    }
-                    PendingKind::Meta { key, value } => {
-                        let klen = (key.len() as u16).to_le_bytes();
-                        body[..2].copy_from_slice(&klen);
-                        body[2..2 + key.len()].copy_from_slice(&key);
-                        body[2 + key.len()..body_len].copy_from_slice(&value);
-                        RecordHeader::encode(hdr, KIND_META, 0, 0, IndexExtras::default(), &[&klen, &key, &value]);
-                        metas.push((key, value));
-                    }
-                    PendingKind::Delete { ledger } => {
-                        RecordHeader::encode(hdr, KIND_DELETE, ledger, 0, IndexExtras::default(), &[]);
-                        let at = position + off as u64;
-                        if let Some(l) = st.ledgers.get_mut(&ledger) {
-                            l.deleted = Some(Some(at));
-                        }
-                        st.deleted_at.push((ledger, at));
-                    }
-                }
-                off += RECORD_HEADER_BYTES + body_len;
+    /// Takes the batch: how many pending records go in (at least one; more
+    /// while the batch stays within `flush_bytes_max`), its length padded to
+    /// whole pages, and whether it needs a new segment (it never straddles
+    /// two: it goes to the next one when the tail segment cannot hold it).
+    fn plan_batch(&self) -> BatchPlan {
+        let st = self.st.borrow();
+        let mut size = BATCH_HEADER_BYTES;
+        let mut count = 0usize;
+        for p in &st.pending {
+            let rec = RECORD_HEADER_BYTES + p.body_len();
+            if count > 0 && size + rec > self.cfg.flush_bytes_max {
+                break;
             }
-            let records_len = (off - BATCH_HEADER_BYTES) as u32;
-            // The page padding after the last record (covered by body_crc).
-            buf[off..].fill(0);
-            let body_crc = body_crc.finish(buf);
-            BatchHeader {
-                batch_len: batch_len as u32,
-                record_count: count as u32,
-                seq,
-                position,
-                records_len,
-                body_crc,
-                flags: if seg.recycled.get() { BATCH_FLAG_OVER_STALE } else { 0 },
-                segment_len: seg.len,
-            }
-            .encode(buf);
-            (dma, seg, position, seq, last_lsn, metas, moves)
+            size += rec;
+            count += 1;
+        }
+        assert!(count > 0);
+        let batch_len = pad_to_page(size as u64);
+        assert!(batch_len <= self.cfg.segment_bytes);
+        let roll_at = match st.segment_at(st.tail) {
+            None => Some(st.tail),
+            Some(seg) => (st.tail + batch_len > seg.end()).then(|| seg.end()),
         };
+        BatchPlan { count, batch_len, roll_at }
+    }
 
-        // 3. One write, one fdatasync. Only this task writes the log, so at
-        // most this batch can be torn by a crash. (Not one O_DSYNC write
-        // instead, to save the flusher's wake-up between the two: on ext4
-        // that is far slower; bench/RESULTS.md, "Where a lone message's
-        // time goes".)
-        let off = position - seg.start;
-        let end = position + batch_len;
+    /// Moves the tail to a new segment starting at `start` (the end of the
+    /// tail segment, or the tail when there is none), the spare made ahead
+    /// of time when it is the one. The rest of the previous segment stays
+    /// zero: recovery knows a batch that did not fit moved to the next one.
+    async fn roll(&self, start: u64, batch_len: u64, spare: &mut Option<Spare<D::File>>) -> Result<()> {
+        // The segment the tail leaves is written no more.
+        if let Some(prev) = self.st.borrow().segment_at(start.saturating_sub(1)) {
+            prev.file.writes_done();
+        }
+        // Open removes every segment at or after the tail, so none exists here.
+        assert!(!self.st.borrow().segments.contains_key(&start));
+        let seg = match spare.take() {
+            // Usually made ahead of time, so the roll costs nothing.
+            Some((s, task)) if s == start => match task.await {
+                Some(r) => r?,
+                None => self.create_segment(start).await?,
+            },
+            other => {
+                *spare = other;
+                self.create_segment(start).await?
+            }
+        };
+        assert!(seg.len >= batch_len);
+        let mut st = self.st.borrow_mut();
+        // Recycled and pre-zeroed segments are written all through.
+        st.zeroed = if seg.recycled.get() || self.cfg.prezero_segments { seg.end() } else { start };
+        st.segments.insert(start, seg);
+        st.tail = start;
+        Ok(())
+    }
+
+    /// Lays the planned records out at the tail, header last, into the
+    /// buffer the disk writes from. Takes them off `pending` (which only
+    /// grows at the back meanwhile) and lays entries out in their ledgers'
+    /// `recent` index and the segment's live counts now; what must wait for
+    /// durability (metadata's durable view, compaction moves, the tail and
+    /// seq) is returned for [`publish_durable`](Self::publish_durable).
+    fn lay_out(&self, plan: BatchPlan) -> (<D::File as DiskFile>::Buf, LaidOut<D::File>) {
+        let BatchPlan { count, batch_len, .. } = plan;
+        let mut st = self.st.borrow_mut();
+        let st = &mut *st;
+        let position = st.tail;
+        let seq = st.next_seq;
+        let seg = st.segment_at(position).cloned().expect("tail segment exists after roll");
+        assert!(position + batch_len <= seg.end());
+        // Laid out straight into the buffer the disk writes from (for
+        // O_DIRECT, DMA-able memory): no zeroed heap buffer (a fresh mmap
+        // and its page faults per flush at these sizes) and no copy into
+        // a DMA buffer after. Not zeroed: every byte is written below.
+        let mut dma = seg.file.alloc_buf(batch_len as usize);
+        let buf = dma.as_mut();
+        assert_eq!(buf.len(), batch_len as usize);
+        let mut off = BATCH_HEADER_BYTES;
+        // The body checksum, built as records are laid out: a large
+        // record's bytes are not read a second time (see `BodyCrc`).
+        let mut body_crc = crate::format::BodyCrc::new();
+        let mut last_lsn = 0;
+        let mut metas = Vec::new();
+        let mut moves = Vec::new();
+        for _ in 0..count {
+            let p = st.pending.pop_front().expect("counted above");
+            st.pending_bytes -= p.body_len() as u64;
+            assert!(p.lsn > last_lsn);
+            last_lsn = p.lsn;
+            let body_len = p.body_len();
+            let (hdr, body) = buf[off..].split_at_mut(RECORD_HEADER_BYTES);
+            match p.kind {
+                PendingKind::Entry { ledger, entry, body: data, body_crc: data_crc, extras } => {
+                    body[..body_len].copy_from_slice(&data);
+                    let crc = match data_crc {
+                        Some(c) => {
+                            RecordHeader::encode_with_body_crc(hdr, KIND_ENTRY, ledger, entry, extras, body_len, c)
+                        }
+                        None => RecordHeader::encode(hdr, KIND_ENTRY, ledger, entry, extras, &[&data]),
+                    };
+                    body_crc.record(buf, off, crc, body_len);
+                    let l = st.ledgers.get_mut(&ledger).expect("appended ledger exists");
+                    assert_eq!(l.laid_out(), entry, "entries laid out in order");
+                    l.recent.push(IndexEntry {
+                        position: position + off as u64,
+                        body_len: body_len as u32,
+                        record_crc: crc,
+                        extras,
+                    });
+                    l.bytes += body_len as u64;
+                    *st.seg_live.entry(seg.start).or_default() += 1;
+                    *st.seg_live_bytes.entry(seg.start).or_default() += (RECORD_HEADER_BYTES + body_len) as u64;
+                }
+                PendingKind::Move { ledger, entry, body: data, extras, from } => {
+                    body[..body_len].copy_from_slice(&data);
+                    let crc = RecordHeader::encode(hdr, KIND_MOVE, ledger, entry, extras, &[&data]);
+                    body_crc.record(buf, off, crc, body_len);
+                    let to = IndexEntry {
+                        position: position + off as u64,
+                        body_len: body_len as u32,
+                        record_crc: crc,
+                        extras,
+                    };
+                    moves.push((ledger, entry, from, to));
+                }
+                PendingKind::Meta { key, value } => {
+                    let klen = (key.len() as u16).to_le_bytes();
+                    body[..2].copy_from_slice(&klen);
+                    body[2..2 + key.len()].copy_from_slice(&key);
+                    body[2 + key.len()..body_len].copy_from_slice(&value);
+                    RecordHeader::encode(hdr, KIND_META, 0, 0, IndexExtras::default(), &[&klen, &key, &value]);
+                    metas.push((key, value));
+                }
+                PendingKind::Delete { ledger } => {
+                    RecordHeader::encode(hdr, KIND_DELETE, ledger, 0, IndexExtras::default(), &[]);
+                    let at = position + off as u64;
+                    if let Some(l) = st.ledgers.get_mut(&ledger) {
+                        l.deleted = Some(Some(at));
+                    }
+                    st.deleted_at.push((ledger, at));
+                }
+            }
+            off += RECORD_HEADER_BYTES + body_len;
+        }
+        let records_len = (off - BATCH_HEADER_BYTES) as u32;
+        // The page padding after the last record (covered by body_crc).
+        buf[off..].fill(0);
+        let body_crc = body_crc.finish(buf);
+        BatchHeader {
+            batch_len: batch_len as u32,
+            record_count: count as u32,
+            seq,
+            position,
+            records_len,
+            body_crc,
+            flags: if seg.recycled.get() { BATCH_FLAG_OVER_STALE } else { 0 },
+            segment_len: seg.len,
+        }
+        .encode(buf);
+        (dma, LaidOut { seg, position, seq, count, batch_len, last_lsn, metas, moves })
+    }
+
+    /// One write, one fdatasync; returns the microseconds they took. Only
+    /// this task writes the log, so at most this batch can be torn by a
+    /// crash. (Not one O_DSYNC write instead, to save the flusher's wake-up
+    /// between the two: on ext4 that is far slower; bench/RESULTS.md, "Where
+    /// a lone message's time goes".) Nothing is acknowledged here.
+    async fn write_batch(&self, buf: <D::File as DiskFile>::Buf, b: &LaidOut<D::File>) -> Result<u64> {
+        let (seg, batch_len) = (&b.seg, b.batch_len);
+        let off = b.position - seg.start;
+        let end = b.position + batch_len;
         // Into space not known written: wait for a zeroing write in flight.
         // (Not one O_DSYNC write for a batch wholly in written space either:
         // no faster than write + fdatasync; bench/RESULTS.md, "Recycled and
@@ -1120,13 +1149,8 @@ impl<D: Disk> Shared<D> {
         // would stop the shard from reading the next batch's messages while
         // the disk works. Which batches go so: `lone::LonePolicy`.
         let sync_max = self.cfg.lone_sync_max;
-        let route = self.st.borrow_mut().lone.decide(count, batch_len, sync_max);
+        let route = self.st.borrow_mut().lone.decide(b.count, batch_len, sync_max);
         crate::stage::mark("4b_write_submit");
-        let flush_began = std::time::Instant::now();
-        let after_write = |st: &mut State<D::File>| {
-            st.zeroed = st.zeroed.max(end);
-            st.avg_batch = if st.avg_batch == 0 { batch_len } else { (st.avg_batch * 7 + batch_len) / 8 };
-        };
         let began = std::time::Instant::now();
         if route == Route::Lone {
             seg.file
@@ -1142,7 +1166,8 @@ impl<D: Disk> Shared<D> {
         let took = began.elapsed();
         {
             let mut st = self.st.borrow_mut();
-            after_write(&mut st);
+            st.zeroed = st.zeroed.max(end);
+            st.avg_batch = if st.avg_batch == 0 { batch_len } else { (st.avg_batch * 7 + batch_len) / 8 };
             if st.lone.observe(route, took, sync_max) {
                 tracing::debug!(
                     took_us = took.as_micros() as u64,
@@ -1152,9 +1177,16 @@ impl<D: Disk> Shared<D> {
         }
         drop(zero_permit);
         crate::stage::mark("6_synced");
-        let flush_us = flush_began.elapsed().as_micros() as u64;
+        Ok(began.elapsed().as_micros() as u64)
+    }
 
-        // 4. Durable: advance, apply metadata to the durable view, wake waiters.
+    /// The batch is durable: the tail and seq move past it, its metadata
+    /// joins the durable view and its compaction moves the index, the
+    /// zeroer is woken when the tail nears the zeroed space, and then (only
+    /// then) the waiters of every lsn up to its last are woken. Unless a
+    /// checkpoint failed meanwhile: then nothing is acknowledged.
+    fn publish_durable(&self, b: LaidOut<D::File>, flush_us: u64) -> Result<()> {
+        let LaidOut { position, seq, count, batch_len, last_lsn, metas, moves, .. } = b;
         let mut st = self.st.borrow_mut();
         if st.mode == Mode::Failed {
             // A checkpoint failed meanwhile: stay failed, acknowledge nothing.
@@ -1554,6 +1586,31 @@ fn apply_moves<F>(st: &mut State<F>, moves: Vec<(u64, u64, u64, IndexEntry)>) {
 }
 
 /// A segment being created ahead of need: (start position, creation task).
+/// What [`Shared::plan_batch`] decided: the first `count` pending records
+/// go in a batch of `batch_len` bytes (whole pages), into a new segment
+/// starting at `roll_at` when set.
+struct BatchPlan {
+    count: usize,
+    batch_len: u64,
+    roll_at: Option<u64>,
+}
+
+/// A batch laid out at `position` of `seg` (batch `seq`), written but not
+/// yet published: what becomes true once it is durable.
+struct LaidOut<F> {
+    seg: Rc<Segment<F>>,
+    position: u64,
+    seq: u64,
+    count: usize,
+    batch_len: u64,
+    /// The lsn of its last record: every lsn up to it is durable with it.
+    last_lsn: u64,
+    /// Metadata writes, for the durable view.
+    metas: Vec<(Bytes, Bytes)>,
+    /// Compaction copies: (ledger, entry, old position, the copy).
+    moves: Vec<(u64, u64, u64, IndexEntry)>,
+}
+
 type Spare<F> = (u64, glommio::task::JoinHandle<Result<Rc<Segment<F>>>>);
 
 /// Starts creating the next segment in the background once the current one

@@ -14,16 +14,15 @@ use tracing::{error, info, warn};
 use crate::disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
 use crate::error::{CorruptReason, Result, StorageError};
 use crate::format::{
-    could_be_torn, first_record_written_here, header_written_here, records, split_meta, BatchHeader, Checkpoint,
-    CleanMarker, IndexEntry, BATCH_FLAG_OVER_STALE, BATCH_HEADER_BYTES, BATCH_MAGIC, KIND_DELETE, KIND_ENTRY,
-    KIND_MOVE, RECORD_HEADER_BYTES,
+    records, split_meta, BatchHeader, Checkpoint, CleanMarker, IndexEntry, BATCH_FLAG_OVER_STALE, KIND_DELETE,
+    KIND_ENTRY, KIND_MOVE, RECORD_HEADER_BYTES,
 };
 use crate::log::{checkpointer, flusher, zeroer, EntryLog, Ledger, LogConfig, Paths, Recovery, Segment, Shared, State};
 use crate::pages::{read_pages, Firsts, PageWalk};
+use crate::walk::{At, Segs, Start, Verdict, Visit, Walker};
 
-/// Read granularity of the recovery scan.
-const SCAN_CHUNK_BYTES: u64 = 1 << 20;
-const _: () = assert!(SCAN_CHUNK_BYTES.is_multiple_of(PAGE_BYTES));
+/// Bytes zeroed per write when cutting a torn tail.
+const ZERO_CHUNK_BYTES: u64 = 1 << 20;
 
 impl EntryLog<DmaDisk> {
     /// Opens (creating if needed) and recovers the production log on glommio
@@ -44,56 +43,44 @@ async fn read_whole<F: DiskFile>(file: &F, path: &Path) -> Result<Vec<u8>> {
     file.read_at(0, len as usize).await.map_err(io_err("read", path))
 }
 
-/// Reads a segment in large chunks and serves slices of it.
-struct SegReader<F> {
-    seg: Rc<Segment<F>>,
-    buf: Vec<u8>,
-    buf_off: u64,
-    scanned: u64,
+/// Recovery reads the segments for the walker through its `Disk` backend.
+impl<F: DiskFile> Segs for [Rc<Segment<F>>] {
+    fn seg_count(&self) -> usize {
+        self.len()
+    }
+
+    fn seg_start(&self, i: usize) -> u64 {
+        self[i].start
+    }
+
+    fn seg_len(&self, i: usize) -> u64 {
+        self[i].len
+    }
+
+    fn seg_path(&self, i: usize) -> &Path {
+        &self[i].path
+    }
+
+    async fn read_seg(&self, i: usize, off: u64, len: usize) -> Result<Vec<u8>> {
+        self[i].file.read_at(off, len).await.map_err(io_err("read segment", &self[i].path))
+    }
 }
 
-impl<F: DiskFile> SegReader<F> {
-    fn new(seg: Rc<Segment<F>>) -> Self {
-        SegReader { seg, buf: Vec::new(), buf_off: 0, scanned: 0 }
+/// What the walk replays into the state being rebuilt.
+struct Replay<'a, F> {
+    segs: &'a [Rc<Segment<F>>],
+    st: &'a mut State<F>,
+    replayed: u64,
+}
+
+impl<F> Visit for Replay<'_, F> {
+    fn batch(&mut self, seg: usize, off: u64, position: u64, h: &BatchHeader, body: &[u8]) -> Result<()> {
+        self.replayed += replay(self.st, &self.segs[seg].path, off, position, h, body)?;
+        Ok(())
     }
 
-    /// Bytes [off, off+len) of the segment, shorter only at its end.
-    async fn get(&mut self, off: u64, len: usize) -> Result<&[u8]> {
-        let end = (off + len as u64).min(self.seg.len);
-        if off < self.buf_off || end > self.buf_off + self.buf.len() as u64 {
-            let want = (len as u64).max(SCAN_CHUNK_BYTES).min(self.seg.len.saturating_sub(off));
-            self.buf =
-                self.seg.file.read_at(off, want as usize).await.map_err(io_err("read segment", &self.seg.path))?;
-            self.buf_off = off;
-            self.scanned += self.buf.len() as u64;
-        }
-        let s = (off - self.buf_off) as usize;
-        let e = ((end.max(off) - self.buf_off) as usize).min(self.buf.len());
-        Ok(&self.buf[s.min(e)..e])
-    }
-
-    /// A fully valid batch at `off` (header and body checksums), or why not.
-    async fn batch(&mut self, off: u64) -> Result<Result<(BatchHeader, Vec<u8>), CorruptReason>> {
-        let seg_len = self.seg.len;
-        let page = self.get(off, PAGE_BYTES as usize).await?;
-        if page.len() < BATCH_HEADER_BYTES {
-            return Ok(Err(CorruptReason::ShortFile { len: seg_len, need: off + PAGE_BYTES }));
-        }
-        let h = match BatchHeader::decode(page) {
-            Ok(h) => h,
-            Err(r) => return Ok(Err(r)),
-        };
-        if off + h.batch_len as u64 > seg_len {
-            return Ok(Err(CorruptReason::Length { len: h.batch_len as u64, limit: seg_len - off }));
-        }
-        let b = self.get(off, h.batch_len as usize).await?;
-        if b.len() != h.batch_len as usize {
-            return Ok(Err(CorruptReason::ShortFile { len: seg_len, need: off + h.batch_len as u64 }));
-        }
-        if let Err(r) = h.verify_body(b) {
-            return Ok(Err(r));
-        }
-        Ok(Ok((h, b.to_vec())))
+    fn next_entry(&self, ledger: u64) -> Option<u64> {
+        self.st.ledgers.get(&ledger).map(|l| l.laid_out())
     }
 }
 
@@ -407,6 +394,7 @@ impl<D: Disk> EntryLog<D> {
         ledgers.sort_unstable();
         let recovery = Recovery {
             clean,
+            tail: scanned.tail,
             scanned_bytes: scanned.scanned,
             truncated_bytes: scanned.truncated,
             entries_replayed: scanned.replayed,
@@ -516,10 +504,10 @@ async fn rebuild_index<F: DiskFile>(
 ) -> Result<Vec<IndexEntry>> {
     let mut found: Vec<Option<IndexEntry>> = vec![None; entries as usize];
     for seg in segs.iter().filter(|s| s.start < ckpt_position) {
-        let mut r = SegReader::new(seg.clone());
+        let mut r = Walker::new(std::slice::from_ref(seg));
         let mut off = 0;
         while seg.start + off < ckpt_position.min(seg.end()) {
-            let Ok((h, b)) = r.batch(off).await? else { break };
+            let Ok((h, b)) = r.batch(0, off).await? else { break };
             if h.position != seg.start + off {
                 break; // stale: nothing of this use beyond
             }
@@ -638,17 +626,6 @@ async fn load_index<D: Disk>(
     Ok(l)
 }
 
-/// The length a segment was preallocated to, as its first batch says
-/// (`BatchHeader::segment_len`), when that batch is of this use of the file
-/// and recorded it.
-async fn declared_len<F: DiskFile>(seg: &Segment<F>) -> Result<Option<u64>> {
-    if seg.len < PAGE_BYTES {
-        return Ok(None);
-    }
-    let page = seg.file.read_at(0, PAGE_BYTES as usize).await.map_err(io_err("read segment", &seg.path))?;
-    Ok(BatchHeader::decode(&page).ok().filter(|h| h.position == seg.start && h.segment_len != 0).map(|h| h.segment_len))
-}
-
 /// What an accepted data loss dropped: the valid batches after the damage.
 #[derive(Default)]
 struct Dropped {
@@ -704,22 +681,22 @@ impl Dropped {
 /// end of the last non-zero data in `segs[0]` at or after `from` (what a
 /// cut there must zero).
 async fn describe_from<F: DiskFile>(segs: &[Rc<Segment<F>>], from: u64) -> Result<(Dropped, u64)> {
+    let mut w = Walker::new(segs);
     let mut d = Dropped::default();
     let (mut k, mut q) = (0usize, from);
     let mut end0 = from;
     loop {
-        let (found, nonzero_end, _) = search_valid(&segs[k..], q).await?;
+        let (found, nonzero_end) = w.search_valid(k, q).await?;
         if k == 0 {
             end0 = end0.max(nonzero_end);
         }
         let Some((j, at, _)) = found else { break };
-        k += j;
-        let seg = segs[k].clone();
-        let mut r = SegReader::new(seg.clone());
+        k = j;
+        let seg = &segs[k];
         // Valid batches follow one another: walk them, then search again.
         let mut p = at;
         while p + PAGE_BYTES <= seg.end() {
-            match r.batch(p - seg.start).await? {
+            match w.batch(k, p - seg.start).await? {
                 Ok((h, b)) if h.position == p => {
                     d.add(&h, &b);
                     p += h.batch_len as u64;
@@ -795,8 +772,8 @@ async fn scan<D: Disk>(
     paths: &Paths,
     segs: &mut Vec<Rc<Segment<D::File>>>,
     st: &mut State<D::File>,
-    mut position: u64,
-    mut seq: u64,
+    position: u64,
+    seq: u64,
     accept: bool,
     dropped: &mut Vec<String>,
 ) -> Result<Scanned> {
@@ -809,19 +786,11 @@ async fn scan<D: Disk>(
     // otherwise take for a torn tail.
     let mut cut_at: Option<u64> = None;
     for i in 0..segs.len() {
+        let Some((declared, reason)) = Walker::new(&segs[..]).truncation(i, position).await? else { continue };
         let seg = segs[i].clone();
-        let Some(declared) = declared_len(&seg).await? else { continue };
-        if declared <= seg.len {
-            continue;
-        }
-        let reason = CorruptReason::SegmentTruncated { len: seg.len, declared };
-        if seg.end() < position {
+        if let CorruptReason::CheckpointBeyondLog { .. } = reason {
             error!(file = %seg.path.display(), offset = seg.len, %reason, "segment truncated before the checkpoint position");
-            return Err(StorageError::corrupt(
-                &seg.path,
-                seg.len,
-                CorruptReason::CheckpointBeyondLog { position, end: seg.end() },
-            ));
+            return Err(StorageError::corrupt(&seg.path, seg.len, reason));
         }
         let lost = format!("whatever was written in bytes {}..{declared} of the file", seg.len);
         finding(accept, dropped, &seg.path, seg.len, reason, lost)?;
@@ -844,252 +813,96 @@ async fn scan<D: Disk>(
     for s in &segs[first..] {
         s.file.sync().await.map_err(io_err("fdatasync segment on open", &s.path))?;
     }
-    let mut i = first;
-    let mut reader: Option<(usize, SegReader<D::File>)> = None;
-    while i < segs.len() {
-        let seg = segs[i].clone();
-        if position < seg.start {
-            // Segments are contiguous and the scan enters each at its start;
-            // a gap means a segment file is missing (or the one before was
-            // truncated).
-            let reason = CorruptReason::Field {
-                field: "segment start (expected log position)",
-                expected: position,
-                found: seg.start,
-            };
-            return Err(StorageError::corrupt(&seg.path, 0, reason));
+    let verdict = {
+        let mut w = Walker::new(&segs[..]);
+        let mut visit = Replay { segs: &segs[..], st, replayed: 0 };
+        let start = Start { position, seq: Some(seq), gaps_before: None, cut_at };
+        let verdict = w.walk(start, &mut visit).await?;
+        out.scanned += w.scanned;
+        out.replayed += visit.replayed;
+        verdict
+    };
+    let at = match verdict {
+        Verdict::End { position, seq } => {
+            out.tail = position;
+            out.next_seq = seq.expect("the walk started with a seq");
+            return Ok(out);
         }
-        if position + PAGE_BYTES > seg.end() {
-            i += 1;
-            continue;
+        Verdict::Cut { at, cut: c } => {
+            // The accepted cut of a truncated segment: the log ends at the
+            // last batch wholly before it.
+            let seg = segs[at.seg].clone();
+            let (d, _) = describe_from(&segs[at.seg..], c.saturating_sub(PAGE_BYTES).max(at.position)).await?;
+            let line = format!(
+                "{}: log cut at position {} (batch seq {}), the last batch wholly before the truncation; also dropped {}",
+                seg.path.display(),
+                at.position,
+                at.seq.unwrap_or_default(),
+                d.describe()
+            );
+            error!("accepting data loss: {line}");
+            dropped.push(line);
+            out.truncated += c - at.position;
+            cut(disk, paths, segs, at.seg, at.off, c).await?;
+            at
         }
-        let off = position - seg.start;
-        if reader.as_ref().is_none_or(|(ri, _)| *ri != i) {
-            if let Some((_, old)) = reader.take() {
-                out.scanned += old.scanned;
-            }
-            reader = Some((i, SegReader::new(seg.clone())));
+        Verdict::Damage { at, damage, reason, later: true, nonzero_end } => {
+            let seg = segs[at.seg].clone();
+            warn!(file = %seg.path.display(), offset = at.off, %reason, "damaged batch before valid data");
+            let (d, end0) = describe_from(&segs[at.seg..], at.position).await?;
+            let seq = at.seq.unwrap_or_default();
+            let lost = format!("the damaged batch seq {seq} ({reason}) and {}", d.describe());
+            finding(accept, dropped, &seg.path, at.off, damage, lost)?;
+            out.truncated += end0.saturating_sub(at.position);
+            cut(disk, paths, segs, at.seg, at.off, end0.max(nonzero_end)).await?;
+            at
         }
-        let Some((_, r)) = reader.as_mut() else { unreachable!("reader set above") };
-        let found = match r.batch(off).await? {
-            // A batch of an earlier use of this (recycled) file: positions
-            // are never reused, so nothing of this use was written here.
-            Ok((h, _)) if h.position < seg.start => Err(stale_reason(position, &h)),
-            other => other,
-        };
-        if let Some(c) = cut_at.filter(|c| *c > seg.start && *c <= seg.end()) {
-            let whole = matches!(&found, Ok((h, _)) if position + h.batch_len as u64 <= c);
-            if !whole {
-                // The accepted cut of a truncated segment: the log ends at
-                // the last batch wholly before it.
-                let (d, _) = describe_from(&segs[i..], c.saturating_sub(PAGE_BYTES).max(position)).await?;
-                let line = format!(
-                    "{}: log cut at position {position} (batch seq {seq}), the last batch wholly before the truncation; also dropped {}",
-                    seg.path.display(),
-                    d.describe()
-                );
-                error!("accepting data loss: {line}");
-                dropped.push(line);
-                out.truncated += c - position;
-                cut(disk, paths, segs, i, off, c).await?;
-                break;
-            }
+        Verdict::Damage { at, damage, reason, later: false, nonzero_end } => {
+            // The last batch cannot be a torn write: it may have been
+            // acknowledged. Accepted as lost: cut it as a torn tail.
+            let seg = segs[at.seg].clone();
+            let lost =
+                format!("the batch seq {} at log position {} ({reason})", at.seq.unwrap_or_default(), at.position);
+            finding(accept, dropped, &seg.path, at.off, damage, lost)?;
+            cut_tail(disk, paths, segs, at, nonzero_end, &reason, &mut out).await?;
+            at
         }
-        match found {
-            Ok((h, b)) => {
-                if h.seq != seq || h.position != position {
-                    // A complete, checksummed batch in the wrong place is not a
-                    // torn write: refuse rather than guess.
-                    let (field, expected, found) =
-                        if h.seq != seq { ("batch seq", seq, h.seq) } else { ("batch position", position, h.position) };
-                    return Err(StorageError::corrupt(&seg.path, off, CorruptReason::Field { field, expected, found }));
-                }
-                out.replayed += replay(st, &seg.path, off, position, &h, &b)?;
-                position += h.batch_len as u64;
-                seq += 1;
-            }
-            Err(reason) => {
-                let (later, nonzero_end, scanned) = search_valid(&segs[i..], position).await?;
-                out.scanned += scanned;
-                if nonzero_end == position && later.is_some() && segs.get(i + 1).is_some_and(|n| n.start == seg.end()) {
-                    // Nothing was ever written here, and valid data follows:
-                    // the next batch did not fit and went to the next
-                    // segment. Judge what is there, so that damage is
-                    // reported where it is.
-                    i += 1;
-                    position = seg.end();
-                    continue;
-                }
-                match later {
-                    Some((j, q, lh))
-                        if j == 1
-                            && lh.seq == seq
-                            && q == segs[i + 1].start
-                            && q == seg.end()
-                            && lh.batch_len as u64 > seg.end() - position =>
-                    {
-                        // The batch did not fit here and went to the next
-                        // segment; the rest of this one was never written.
-                        i += 1;
-                        position = q;
-                    }
-                    Some((_, q, lh)) => {
-                        warn!(file = %seg.path.display(), offset = off, %reason, "damaged batch before valid data");
-                        let (d, end0) = describe_from(&segs[i..], position).await?;
-                        finding(
-                            accept,
-                            dropped,
-                            &seg.path,
-                            off,
-                            CorruptReason::DamageBeforeValidBatch { later_seq: lh.seq, later_position: q },
-                            format!("the damaged batch seq {seq} ({reason}) and {}", d.describe()),
-                        )?;
-                        out.truncated += end0.saturating_sub(position);
-                        cut(disk, paths, segs, i, off, end0.max(nonzero_end)).await?;
-                        break;
-                    }
-                    None => {
-                        // Nothing valid after it, so this was the one batch in
-                        // flight: a torn write, unless it cannot be one: a
-                        // header that was written here whole (see
-                        // `header_written_here`), or a complete body with no
-                        // unwritten sector (`could_be_torn`). Then it may
-                        // have been acknowledged.
-                        let page = match reader.as_mut() {
-                            Some((_, r)) => r.get(off, PAGE_BYTES as usize).await?.to_vec(),
-                            None => Vec::new(),
-                        };
-                        let mut damage = None;
-                        if matches!(
-                            reason,
-                            CorruptReason::BadMagic | CorruptReason::HeaderCrc { .. } | CorruptReason::Version(_)
-                        ) && (header_written_here(&page, seq, position)
-                            || first_record_written_here(&page, |l| st.ledgers.get(&l).map(|l| l.laid_out())))
-                        {
-                            damage = Some(CorruptReason::HeaderDamaged { seq });
-                        }
-                        if let CorruptReason::BodyCrc { stored, computed } = reason {
-                            if let Some((_, r)) = reader.as_mut() {
-                                // Only a header of this use of the segment
-                                // says what was written here.
-                                if let Ok(h) = BatchHeader::decode(&page).map_err(drop).and_then(|h| {
-                                    if h.position >= seg.start {
-                                        Ok(h)
-                                    } else {
-                                        Err(())
-                                    }
-                                }) {
-                                    let b = r.get(off, h.batch_len as usize).await?;
-                                    if !could_be_torn(&h, b) {
-                                        damage = Some(CorruptReason::DamagedNotTorn {
-                                            batch_len: h.batch_len,
-                                            stored,
-                                            computed,
-                                        });
-                                    }
-                                }
-                            }
-                        }
-                        if let Some(damage) = damage {
-                            finding(
-                                accept,
-                                dropped,
-                                &seg.path,
-                                off,
-                                damage,
-                                format!("the batch seq {seq} at log position {position} ({reason})"),
-                            )?;
-                        }
-                        // Torn tail, never acknowledged (or accepted as
-                        // lost above). Zero it so its bytes can never parse
-                        // later, and drop empty segments.
-                        if nonzero_end > position {
-                            info!(file = %seg.path.display(), offset = off, bytes = nonzero_end - position, %reason, "truncating torn tail");
-                            out.truncated += nonzero_end - position;
-                        }
-                        cut(disk, paths, segs, i, off, nonzero_end).await?;
-                        break;
-                    }
-                }
-            }
+        Verdict::Torn { at, nonzero_end, reason } => {
+            cut_tail(disk, paths, segs, at, nonzero_end, &reason, &mut out).await?;
+            at
         }
-    }
-    if let Some((_, r)) = reader {
-        out.scanned += r.scanned;
-    }
-    out.tail = position;
-    out.next_seq = seq;
+    };
+    out.tail = at.position;
+    out.next_seq = at.seq.expect("the walk started with a seq");
     Ok(out)
 }
 
-/// Looks for a fully valid batch at any page after `from` (in `segs[0]`, then
-/// in the later segments). Returns it (segment index relative to `segs`,
-/// position, header), the end of the last non-zero page of `segs[0]` at or
-/// after `from` (before any stale batch, see below), and the bytes read.
-///
-/// A valid batch whose position lies before its segment's start is stale:
-/// left by an earlier use of a recycled file. It does not count as valid
-/// data, and the search of that segment stops there: batches are written
-/// one after the other from the segment's start, each only after the one
-/// before it was synced, so a later batch of this use would have overwritten
-/// the stale one first. What lies between `from` and it (non-zero) is the
-/// torn batch in flight or stale bytes; recovery zeroes only that, never
-/// the rest of a recycled segment.
-async fn search_valid<F: DiskFile>(
-    segs: &[Rc<Segment<F>>],
-    from: u64,
-) -> Result<(Option<(usize, u64, BatchHeader)>, u64, u64)> {
-    let mut nonzero_end = from;
-    let mut scanned = 0;
-    for (j, seg) in segs.iter().enumerate() {
-        let mut r = SegReader::new(seg.clone());
-        let mut q = from.max(seg.start);
-        while q + PAGE_BYTES <= seg.end() {
-            let off = q - seg.start;
-            let page = r.get(off, PAGE_BYTES as usize).await?;
-            if page.len() < PAGE_BYTES as usize {
-                break;
-            }
-            if page[..8] == BATCH_MAGIC {
-                if let Ok((h, _)) = r.batch(off).await? {
-                    if h.position < seg.start {
-                        break; // stale: nothing of this use beyond (see above)
-                    }
-                    if q > from {
-                        scanned += r.scanned;
-                        return Ok((Some((j, q, h)), nonzero_end, scanned));
-                    }
-                }
-                // (`r.batch` may have moved the reader's buffer: re-read.)
-            }
-            let page = r.get(off, PAGE_BYTES as usize).await?;
-            if j == 0 && page.iter().any(|&b| b != 0) {
-                nonzero_end = q + PAGE_BYTES;
-            }
-            q += PAGE_BYTES;
-        }
-        scanned += r.scanned;
+/// Cuts the torn tail at `at` (never acknowledged, or accepted as lost):
+/// zeroes it so its bytes can never parse later, and drops empty segments.
+async fn cut_tail<D: Disk>(
+    disk: &D,
+    paths: &Paths,
+    segs: &mut Vec<Rc<Segment<D::File>>>,
+    at: At,
+    nonzero_end: u64,
+    reason: &CorruptReason,
+    out: &mut Scanned,
+) -> Result<()> {
+    if nonzero_end > at.position {
+        let file = segs[at.seg].path.display();
+        info!(%file, offset = at.off, bytes = nonzero_end - at.position, %reason, "truncating torn tail");
+        out.truncated += nonzero_end - at.position;
     }
-    Ok((None, nonzero_end, scanned))
-}
-
-/// Why a valid batch that an earlier use of a recycled segment left counts
-/// as nothing written.
-fn stale_reason(position: u64, h: &BatchHeader) -> CorruptReason {
-    CorruptReason::Field {
-        field: "batch position (stale: earlier use of a recycled segment)",
-        expected: position,
-        found: h.position,
-    }
+    cut(disk, paths, segs, at.seg, at.off, nonzero_end).await
 }
 
 /// Overwrites [from, to) of a segment with zeros and syncs it.
 async fn zero<F: DiskFile>(seg: &Segment<F>, from: u64, to: u64) -> Result<()> {
     assert!(from.is_multiple_of(PAGE_BYTES) && to.is_multiple_of(PAGE_BYTES) && from <= to);
-    let zeros = vec![0u8; SCAN_CHUNK_BYTES as usize];
+    let zeros = vec![0u8; ZERO_CHUNK_BYTES as usize];
     let mut p = from;
     while p < to {
-        let n = (to - p).min(SCAN_CHUNK_BYTES);
+        let n = (to - p).min(ZERO_CHUNK_BYTES);
         seg.file.write_at(p, &zeros[..n as usize]).await.map_err(io_err("zero torn tail", &seg.path))?;
         p += n;
     }

@@ -302,8 +302,10 @@ async fn reopen(disk: SimDisk, crash_in_recovery: Option<(u64, u64)>, ctx: &str)
             Err(e) => panic!("{ctx}: open failed with a non-crash error: {e}"),
         }
     }
+    let seen = common::inspect_image(&disk, &cfg().dir);
     match EntryLog::open_with(disk.clone(), cfg()).await {
         Ok((log, rec)) => {
+            common::assert_inspector_agrees(&seen, Ok(&rec), ctx);
             stat(|s| {
                 s.0 += 1;
                 s.1 += (rec.truncated_bytes > 0) as u64;

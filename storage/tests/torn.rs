@@ -39,7 +39,7 @@ fn dense_body(rng: &mut SimRng, len: usize) -> Bytes {
 /// Six acknowledged batches; the last holds `last_bodies` entries of `last_len` bytes.
 async fn build(last_bodies: usize, last_len: usize) -> Built {
     let disk = SimDisk::new();
-    let (log, _) = EntryLog::open_with(disk.clone(), cfg()).await.unwrap();
+    let (log, _) = common::open_inspected(disk.clone(), cfg()).await.unwrap();
     let mut rng = SimRng::new(99);
     let mut model = Model::default();
     for b in 0..6 {
@@ -79,7 +79,7 @@ async fn build(last_bodies: usize, last_len: usize) -> Built {
 /// Opens the damaged disk, expects the whole model or the model without the
 /// last batch, checks that, then appends, crashes, reopens and checks again.
 async fn expect_recovered(disk: SimDisk, b: &Built, last_present: bool, ctx: &str) {
-    let (log, rec) = match EntryLog::open_with(disk.clone(), cfg()).await {
+    let (log, rec) = match common::open_inspected(disk.clone(), cfg()).await {
         Ok(x) => x,
         Err(e) => panic!("{ctx}: open failed: {e}"),
     };
@@ -115,7 +115,7 @@ fn torn_last_batch_zeroed_from_many_offsets() {
                 // header's seq and position say it was written here:
                 // refused as `HeaderDamaged`. With most of the magic gone it
                 // reads as an unwritten header (docs/format.md).
-                match EntryLog::open_with(d.clone(), cfg()).await {
+                match common::open_inspected(d.clone(), cfg()).await {
                     Err(StorageError::Corrupt { offset, reason: CorruptReason::HeaderDamaged { seq: 5 }, .. }) => {
                         assert_eq!(offset, pos, "{ctx}")
                     }
@@ -131,7 +131,7 @@ fn torn_last_batch_zeroed_from_many_offsets() {
             } else {
                 // Only part of the last records sector is zero: no device tears
                 // inside a sector, so this is damage, refused and reported.
-                match EntryLog::open_with(d, cfg()).await {
+                match common::open_inspected(d, cfg()).await {
                     Err(StorageError::Corrupt { offset, reason: CorruptReason::DamagedNotTorn { .. }, .. }) => {
                         assert_eq!(offset, pos, "{ctx}")
                     }
@@ -158,7 +158,7 @@ fn truncated_segment_is_refused_unless_accepted() {
             d.set_len(&seg, pos + t);
             let ctx = format!("cut at +{t}");
             let cut = (pos + t) / PAGE_BYTES * PAGE_BYTES;
-            match EntryLog::open_with(d.clone(), cfg()).await {
+            match common::open_inspected(d.clone(), cfg()).await {
                 Err(e @ StorageError::Corrupt { .. }) => {
                     assert!(e.is_acceptable_loss(), "{ctx}: {e}");
                     let StorageError::Corrupt { file, offset, reason } = &e else { unreachable!() };
@@ -197,7 +197,7 @@ fn truncation_inside_earlier_batch() {
         let (seg, pos, _, _) = b.batches[2].clone();
         let d = b.disk.fork();
         d.set_len(&seg, pos + 100);
-        match EntryLog::open_with(d.clone(), cfg()).await {
+        match common::open_inspected(d.clone(), cfg()).await {
             Err(StorageError::Corrupt { reason: CorruptReason::SegmentTruncated { .. }, file, .. }) => {
                 assert_eq!(file, seg)
             }
@@ -232,7 +232,7 @@ fn flipped_bit_in_last_batch_header_is_refused() {
             let byte = d.contents(&seg).unwrap()[at as usize] ^ (1 << (bit % 8));
             d.damage(&seg, at, &[byte]);
             let ctx = format!("header bit {bit}");
-            match EntryLog::open_with(d.clone(), cfg()).await {
+            match common::open_inspected(d.clone(), cfg()).await {
                 Err(e @ StorageError::Corrupt { reason: CorruptReason::HeaderDamaged { seq: 5 }, .. }) => {
                     let StorageError::Corrupt { file, offset, .. } = &e else { unreachable!() };
                     assert_eq!((file, *offset), (&seg, pos), "{ctx}");
@@ -287,7 +287,7 @@ fn garbage_after_tail_is_truncated() {
                 g[..8].copy_from_slice(b"MGNTBAT1");
             }
             d.damage(&seg, pos + len + skip, &g);
-            let (log, rec) = EntryLog::open_with(d.clone(), cfg()).await.unwrap();
+            let (log, rec) = common::open_inspected(d.clone(), cfg()).await.unwrap();
             assert!(rec.truncated_bytes >= 10_000, "{rec:?}");
             drop(log);
             expect_recovered(d, &b, true, &format!("garbage +{skip} magic {magic}")).await;
@@ -307,7 +307,7 @@ fn flipped_bit_in_earlier_batch_fails_open() {
                 let d = b.disk.fork();
                 let byte = d.contents(&seg).unwrap()[(pos + at) as usize] ^ 0x04;
                 d.damage(&seg, pos + at, &[byte]);
-                match EntryLog::open_with(d, cfg()).await {
+                match common::open_inspected(d, cfg()).await {
                     Err(StorageError::Corrupt { file, offset, reason }) => {
                         assert_eq!(file, seg, "batch {k} +{at}");
                         assert_eq!(offset, pos, "batch {k} +{at}: {reason}");
@@ -330,7 +330,7 @@ fn flipped_bit_in_complete_last_batch_fails_open() {
         let at = pos + rec_end - 100;
         let byte = d.contents(&seg).unwrap()[at as usize] ^ 0x80;
         d.damage(&seg, at, &[byte]);
-        match EntryLog::open_with(d, cfg()).await {
+        match common::open_inspected(d, cfg()).await {
             Err(StorageError::Corrupt { file, offset, reason: CorruptReason::DamagedNotTorn { .. } }) => {
                 assert_eq!(file, seg);
                 assert_eq!(offset, pos);
@@ -369,7 +369,7 @@ fn damaged_checkpoint_or_index_page_is_rebuilt() {
                 names.push(file.display().to_string());
             }
             let ctx = format!("{names:?}");
-            let (log, rec) = match EntryLog::open_with(d.clone(), cfg()).await {
+            let (log, rec) = match common::open_inspected(d.clone(), cfg()).await {
                 Ok(x) => x,
                 Err(e) => panic!("{ctx}: open failed: {e}"),
             };
@@ -379,9 +379,38 @@ fn damaged_checkpoint_or_index_page_is_rebuilt() {
             b.model.verify(&log, &ctx).await;
             log.close().await.unwrap();
             drop(log);
-            let (log, rec) = EntryLog::open_with(d.clone(), cfg()).await.unwrap();
+            let (log, rec) = common::open_inspected(d.clone(), cfg()).await.unwrap();
             assert!(rec.rebuilt.is_empty() && rec.clean, "{ctx}: second open {rec:?}");
             b.model.verify(&log, &ctx).await;
+        }
+    });
+}
+
+/// Goal: a segment cut by hand before the checkpoint position lost batches
+/// the checkpoint vouches for: recovery refuses it (`CheckpointBeyondLog`,
+/// never an acceptable loss), and so does the inspector in both modes (it
+/// used to check only the segments its tail scan reads, and said nothing).
+#[test]
+fn segment_truncated_before_the_checkpoint_is_refused_by_both() {
+    run(60, || async {
+        let disk = SimDisk::new();
+        let (log, _) = common::open_inspected(disk.clone(), cfg()).await.unwrap();
+        let mut rng = SimRng::new(5);
+        // Three 64 KiB segments' worth, then a checkpoint in the last.
+        for i in 0..60u64 {
+            let a = log.append(i % 3, dense_body(&mut rng, 3000)).unwrap();
+            log.wait_durable(a.lsn).await.unwrap();
+        }
+        log.checkpoint().await.unwrap();
+        let d = disk.fork();
+        drop(log);
+        let first = Path::new("/s/log").join(d.names(Path::new("/s/log")).into_iter().min().unwrap());
+        d.set_len(&first, 2 * PAGE_BYTES);
+        match common::open_inspected(d, cfg()).await {
+            Err(e @ StorageError::Corrupt { reason: CorruptReason::CheckpointBeyondLog { .. }, .. }) => {
+                assert!(!e.is_acceptable_loss(), "{e}")
+            }
+            other => panic!("expected CheckpointBeyondLog, got {other:?}"),
         }
     });
 }

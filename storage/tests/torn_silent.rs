@@ -83,7 +83,7 @@ struct Built {
 /// is deleted first, so that later segments are recycled files.
 async fn build(recycle: bool, more: impl Fn(&[Batch]) -> bool, last: Vec<Bytes>) -> Built {
     let disk = SimDisk::new();
-    let (log, _) = EntryLog::open_with(disk.clone(), cfg()).await.unwrap();
+    let (log, _) = common::open_inspected(disk.clone(), cfg()).await.unwrap();
     let mut rng = SimRng::new(17);
     let mut model = Model::default();
     if recycle {
@@ -143,7 +143,7 @@ fn last_batch(disk: &SimDisk) -> Batch {
 /// last batch and none of the last batch (its entries are not readable);
 /// then an append is acknowledged and survives a crash.
 async fn expect_cut(disk: SimDisk, b: &Built, truncated: impl Fn(u64) -> bool, ctx: &str) {
-    let (log, rec) = EntryLog::open_with(disk.clone(), cfg()).await.unwrap_or_else(|e| panic!("{ctx}: {e}"));
+    let (log, rec) = common::open_inspected(disk.clone(), cfg()).await.unwrap_or_else(|e| panic!("{ctx}: {e}"));
     assert!(truncated(rec.truncated_bytes), "{ctx}: {rec:?}");
     assert!(rec.dropped.is_empty() && rec.rebuilt.is_empty() && !rec.clean, "{ctx}: {rec:?}");
     let mut want = b.model.clone();
@@ -205,7 +205,7 @@ fn rot_in_last_batch_with_a_zero_sector_is_cut() {
             if cut {
                 expect_cut(d, &b, |t| t > 0, "rot beside a zero sector").await;
             } else {
-                match EntryLog::open_with(d, cfg()).await {
+                match common::open_inspected(d, cfg()).await {
                     Err(StorageError::Corrupt { file, offset, reason: CorruptReason::DamagedNotTorn { .. } }) => {
                         assert_eq!((file, offset), (last.path.clone(), last.off))
                     }
@@ -233,7 +233,7 @@ fn last_header_that_lost_magic_number_and_position() {
         for (what, garbage) in [("ones", vec![0xffu8; 40]), ("a stray write", stray.clone())] {
             let d = b.disk.fork();
             d.damage(&last.path, last.off, &garbage);
-            match EntryLog::open_with(d.clone(), cfg()).await {
+            match common::open_inspected(d.clone(), cfg()).await {
                 Err(StorageError::Corrupt { file, offset, reason: CorruptReason::HeaderDamaged { seq } }) => {
                     assert_eq!((file, offset, seq), (last.path.clone(), last.off, last.h.seq), "{what}")
                 }
@@ -285,7 +285,7 @@ fn last_segment_deleted_after_the_checkpoint() {
 
         let d = b.disk.fork();
         d.remove(&last_seg).await.unwrap();
-        let (log, rec) = EntryLog::open_with(d.clone(), cfg()).await.unwrap();
+        let (log, rec) = common::open_inspected(d.clone(), cfg()).await.unwrap();
         assert_eq!(rec.truncated_bytes, 0, "{rec:?}");
         assert!(rec.dropped.is_empty() && rec.rebuilt.is_empty(), "{rec:?}");
         let mut want = b.model.clone();
@@ -297,7 +297,7 @@ fn last_segment_deleted_after_the_checkpoint() {
 
         let d = b.disk.fork();
         d.remove(&mid_seg).await.unwrap();
-        match EntryLog::open_with(d, cfg()).await {
+        match common::open_inspected(d, cfg()).await {
             Err(e @ StorageError::Corrupt { .. }) => println!("a middle segment removed: {e}"),
             other => panic!("a middle segment removed: expected Corrupt, got {other:?}"),
         }

@@ -3,12 +3,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
-use magnetar_storage::sim::SimRng;
-use magnetar_storage::{Disk, EntryLog, LogConfig};
+use magnetar_storage::inspect::{ScanMode, ShardImage, Tail};
+use magnetar_storage::sim::{SimDisk, SimRng};
+use magnetar_storage::{Disk, EntryLog, LogConfig, Recovery, StorageError};
 
 /// Runs `f` on a fresh glommio executor and fails the test if it takes longer
 /// than `secs` (every test that awaits storage could otherwise hang). The
@@ -243,7 +244,7 @@ impl Model {
         self.acked = self.recs.len();
         let image = disk.crash(a.lsn);
         drop(log);
-        let (log, _) = EntryLog::open_with(image, cfg).await.unwrap();
+        let (log, _) = open_inspected(image, cfg).await.unwrap();
         self.verify(&log, context).await;
     }
 }
@@ -294,4 +295,89 @@ pub async fn check_entries<D: Disk>(log: &EntryLog<D>, ledger: u64, n: u64, len:
         let got = log.read(ledger, e).await.unwrap_or_else(|err| panic!("{ctx}: read {ledger}:{e}: {err}"));
         assert_eq!(got, entry_body(ledger, e, len), "{ctx}: {ledger}:{e} differs");
     }
+}
+
+/// What the offline inspector (`magnetar inspect`, [`ShardImage`]) made of
+/// a shard image, in both modes, read before recovery ran on it.
+pub struct Inspected {
+    /// No shard directory yet (a first open): nothing to compare.
+    pub absent: bool,
+    pub tail: Result<ShardImage, StorageError>,
+    pub verify: Result<ShardImage, StorageError>,
+}
+
+/// Loads the image `disk` holds of shard directory `dir` with the inspector
+/// (exported to a temporary directory first: it reads real files).
+pub fn inspect_image(disk: &SimDisk, dir: &Path) -> Inspected {
+    let tmp = tempfile::tempdir().unwrap();
+    disk.export(tmp.path()).unwrap();
+    let at = tmp.path().join(dir.strip_prefix("/").unwrap_or(dir));
+    Inspected {
+        absent: !ShardImage::is_shard_dir(&at),
+        tail: ShardImage::load(&at, ScanMode::Tail, &mut |_, _| {}),
+        verify: ShardImage::load(&at, ScanMode::Verify, &mut |_, _| {}),
+    }
+}
+
+/// Checks that the inspector's verdicts on an image (`seen`, see
+/// [`inspect_image`]) are what recovery did with it: recovered to the same
+/// tail, cutting the same torn bytes, with the same ledgers; or refused
+/// with the same damage at the same offset. (Recovery and the inspector
+/// share one log walker, `storage/src/walk.rs`; this keeps it so.)
+pub fn assert_inspector_agrees(seen: &Inspected, recovered: std::result::Result<&Recovery, &StorageError>, ctx: &str) {
+    if seen.absent {
+        return;
+    }
+    match recovered {
+        Ok(rec) if rec.dropped.is_empty() && rec.rebuilt.is_empty() => {
+            let img = seen.tail.as_ref().unwrap_or_else(|e| panic!("{ctx}: recovered, but inspect refuses: {e}"));
+            let (tail, torn) = match &img.tail {
+                Tail::Clean { position } => {
+                    assert!(rec.clean, "{ctx}: inspect sees a clean shutdown, recovery did not: {rec:?}");
+                    (*position, 0)
+                }
+                Tail::End { position } => (*position, 0),
+                Tail::Torn { position, bytes, .. } => (*position, *bytes),
+            };
+            assert_eq!((tail, torn), (rec.tail, rec.truncated_bytes), "{ctx}: (tail, torn bytes) inspect vs recovery");
+            if !rec.clean {
+                assert!(!matches!(img.tail, Tail::Clean { .. }), "{ctx}: recovery scanned, inspect saw a clean stop");
+            }
+            let ledgers: Vec<(u64, u64)> = img.ledgers.iter().map(|(id, l)| (*id, l.index.len() as u64)).collect();
+            assert_eq!(ledgers, rec.ledgers, "{ctx}: ledgers (id, entries) inspect vs recovery");
+            let v =
+                seen.verify.as_ref().unwrap_or_else(|e| panic!("{ctx}: recovered, but inspect --verify refuses: {e}"));
+            assert_eq!(v.tail.position(), rec.tail, "{ctx}: tail, inspect --verify vs recovery");
+            let vl: Vec<(u64, u64)> = v.ledgers.iter().map(|(id, l)| (*id, l.index.len() as u64)).collect();
+            assert_eq!(vl, rec.ledgers, "{ctx}: ledgers (id, entries) inspect --verify vs recovery");
+        }
+        Ok(_) => {} // rebuilt or accepted a loss: the inspector only reports
+        Err(StorageError::Corrupt { offset, reason, .. }) => {
+            for (mode, got) in [("inspect", &seen.tail), ("inspect --verify", &seen.verify)] {
+                match got {
+                    Err(StorageError::Corrupt { offset: o, reason: r, .. }) => {
+                        assert_eq!((o, r), (offset, reason), "{ctx}: {mode} refuses otherwise than recovery")
+                    }
+                    Err(e) => panic!("{ctx}: recovery refused ({reason} at {offset}), {mode} failed otherwise: {e}"),
+                    Ok(img) => {
+                        panic!("{ctx}: recovery refused ({reason} at {offset}), {mode} accepts (tail {:?})", img.tail)
+                    }
+                }
+            }
+        }
+        Err(_) => {} // an I/O error (an injected fault): nothing to compare
+    }
+}
+
+/// Opens (recovers) the log on `disk`, having first checked that the
+/// offline inspector's verdict on the same image agrees with what recovery
+/// does ([`assert_inspector_agrees`]).
+pub async fn open_inspected(
+    disk: SimDisk,
+    cfg: LogConfig,
+) -> std::result::Result<(EntryLog<SimDisk>, Recovery), StorageError> {
+    let seen = inspect_image(&disk, &cfg.dir);
+    let opened = EntryLog::open_with(disk, cfg).await;
+    assert_inspector_agrees(&seen, opened.as_ref().map(|(_, rec)| rec), "inspect vs recovery");
+    opened
 }
