@@ -9,6 +9,7 @@ use std::path::Path;
 use std::rc::Rc;
 use std::time::Instant;
 
+use futures::{StreamExt, TryStreamExt};
 use tracing::{error, info, warn};
 
 use crate::disk::{Disk, DiskFile, DmaDisk, OpenMode, PAGE_BYTES};
@@ -219,15 +220,31 @@ impl<D: Disk> EntryLog<D> {
                 }
                 relocs.entry(r.ledger).or_default().push(r);
             }
+            let mut work = Vec::with_capacity(c.ledgers.len());
             for cl in &c.ledgers {
                 let rs = relocs.remove(&cl.ledger).unwrap_or_default();
                 if let Some(r) = rs.iter().find(|r| r.entry >= cl.indexed_entries) {
                     return Err(bad("relocation entry", cl.indexed_entries, r.entry));
                 }
-                let loaded =
-                    load_index(&disk, &paths, cl.ledger, cl.indexed_entries, cl.pages, c.position, &rs, &mut st).await;
+                work.push((cl, rs));
+            }
+            // INDEX_READS_IN_FLIGHT ledgers' files are read at once (one
+            // after the other, a start waits for a read per ledger in turn),
+            // their results taken in the checkpoint's order.
+            let (disk_ref, paths_ref) = (&disk, &paths);
+            let mut loads = futures::stream::iter(work)
+                .map(|(cl, rs)| async move {
+                    let loaded =
+                        load_index(disk_ref, paths_ref, cl.ledger, cl.indexed_entries, cl.pages, c.position, &rs).await;
+                    (cl, rs, loaded)
+                })
+                .buffered(INDEX_READS_IN_FLIGHT);
+            while let Some((cl, rs, loaded)) = loads.next().await {
                 let ledger = match loaded {
-                    Ok(l) => l,
+                    Ok((l, relocated)) => {
+                        st.relocated.extend(relocated);
+                        l
+                    }
                     Err(damage @ (StorageError::Corrupt { .. } | StorageError::Io { .. })) => {
                         // Derived data: the entries are in the log before
                         // `P` (live ledgers keep their segments). They stay
@@ -311,39 +328,28 @@ impl<D: Disk> EntryLog<D> {
         // referenced), never dropped.
         let mut ids: Vec<u64> = st.ledgers.keys().copied().collect();
         ids.sort_unstable();
+        // INDEX_READS_IN_FLIGHT files at once, each summed up per segment.
+        let in_files = {
+            let (disk, paths, st) = (&disk, &paths, &st);
+            futures::stream::iter(ids.iter().copied())
+                .map(|id| live_in_file(disk, paths, st, id))
+                .buffer_unordered(INDEX_READS_IN_FLIGHT)
+                .try_fold(SegCounts::new(), |mut all, one| async move {
+                    for (start, (n, bytes)) in one {
+                        let c = all.entry(start).or_default();
+                        c.0 += n;
+                        c.1 += bytes;
+                    }
+                    Ok(all)
+                })
+                .await?
+        };
+        for (start, (n, bytes)) in in_files {
+            *st.seg_live.entry(start).or_default() += n;
+            *st.seg_live_bytes.entry(start).or_default() += bytes;
+        }
         for id in ids {
             let path = paths.index(id);
-            let l = &st.ledgers[&id];
-            // Opened for the walk and closed after it: a shard may have more
-            // ledgers than the process may open files.
-            let file = match l.has_index_file {
-                true => {
-                    Some(Rc::new(disk.open(&path, OpenMode::Existing).await.map_err(io_err("open index file", &path))?))
-                }
-                false => None,
-            };
-            let mut walk = file.map(|f| PageWalk::all(f, path.clone(), id, &l.pages));
-            while let Some(w) = walk.as_mut() {
-                let Some(read) = w.next(|entry| st.relocated.get(&(id, entry)).copied()).await? else { break };
-                for e in &read {
-                    // A moved entry lives at its copy, which must be the
-                    // same entry.
-                    if let Some(m) = e.moved.filter(|m| (m.body_len, m.extras) != (e.paged.body_len, e.paged.extras)) {
-                        return Err(StorageError::corrupt(
-                            &path,
-                            0,
-                            CorruptReason::Field {
-                                field: "moved record length",
-                                expected: e.paged.body_len as u64,
-                                found: m.body_len as u64,
-                            },
-                        ));
-                    }
-                }
-                for e in read {
-                    count_live(&mut st, &path, e.entry, e.current())?;
-                }
-            }
             let l = &st.ledgers[&id];
             let recent: Vec<(u64, IndexEntry)> =
                 l.recent.iter().enumerate().map(|(i, e)| (l.file_entries + i as u64, *e)).collect();
@@ -549,25 +555,74 @@ async fn rebuild_index<F: DiskFile>(
 /// entry no segment holds was lost (e.g. a segment deleted while still
 /// referenced), never dropped.
 fn count_live<F>(st: &mut State<F>, path: &Path, entry: u64, e: IndexEntry) -> Result<()> {
-    let Some(seg) = st.segments.range(..=e.position).next_back().map(|(_, s)| s).filter(|s| e.position < s.end())
-    else {
-        return Err(StorageError::corrupt(
-            path,
-            0,
-            CorruptReason::Field { field: "entry position (no segment holds it)", expected: entry, found: e.position },
-        ));
-    };
-    *st.seg_live.entry(seg.start).or_default() += 1;
-    *st.seg_live_bytes.entry(seg.start).or_default() += (RECORD_HEADER_BYTES as u64) + e.body_len as u64;
+    let start = segment_of(st, path, entry, e)?;
+    *st.seg_live.entry(start).or_default() += 1;
+    *st.seg_live_bytes.entry(start).or_default() += (RECORD_HEADER_BYTES as u64) + e.body_len as u64;
     Ok(())
 }
 
+/// The start of the segment holding entry `entry` (`e`) of the index file at
+/// `path`; an entry no segment holds was lost.
+fn segment_of<F>(st: &State<F>, path: &Path, entry: u64, e: IndexEntry) -> Result<u64> {
+    match st.segments.range(..=e.position).next_back().map(|(_, s)| s).filter(|s| e.position < s.end()) {
+        Some(seg) => Ok(seg.start),
+        None => Err(StorageError::corrupt(
+            path,
+            0,
+            CorruptReason::Field { field: "entry position (no segment holds it)", expected: entry, found: e.position },
+        )),
+    }
+}
+
+/// Live entries and their record bytes per segment start.
+type SegCounts = std::collections::BTreeMap<u64, (u64, u64)>;
+
+/// Index files read at once while a log opens.
+const INDEX_READS_IN_FLIGHT: usize = 32;
+
+/// The live entries in ledger `id`'s index file (at their copies where
+/// compaction moved them), per segment: the file is opened for the walk and
+/// closed after it (a shard may have more ledgers than the process may open
+/// files), read a few pages at a time. Reads only.
+async fn live_in_file<D: Disk>(disk: &D, paths: &Paths, st: &State<D::File>, id: u64) -> Result<SegCounts> {
+    let mut counts = SegCounts::new();
+    let l = &st.ledgers[&id];
+    if !l.has_index_file {
+        return Ok(counts);
+    }
+    let path = paths.index(id);
+    let file = Rc::new(disk.open(&path, OpenMode::Existing).await.map_err(io_err("open index file", &path))?);
+    let mut walk = PageWalk::all(file, path.clone(), id, &l.pages);
+    while let Some(read) = walk.next(|entry| st.relocated.get(&(id, entry)).copied()).await? {
+        for e in &read {
+            // A moved entry lives at its copy, which must be the same entry.
+            if let Some(m) = e.moved.filter(|m| (m.body_len, m.extras) != (e.paged.body_len, e.paged.extras)) {
+                return Err(StorageError::corrupt(
+                    &path,
+                    0,
+                    CorruptReason::Field {
+                        field: "moved record length",
+                        expected: e.paged.body_len as u64,
+                        found: m.body_len as u64,
+                    },
+                ));
+            }
+        }
+        for e in read {
+            let ie = e.current();
+            let c = counts.entry(segment_of(st, &path, e.entry, ie)?).or_default();
+            c.0 += 1;
+            c.1 += (RECORD_HEADER_BYTES as u64) + ie.body_len as u64;
+        }
+    }
+    Ok(counts)
+}
+
 /// Reads and checks pages 0..pages of a ledger's index file, which the
-/// checkpoint says hold entries 0..entries, keeping only their summaries
-/// (and, in `st.relocated`, the entries of `relocs` at their copies). They
-/// were fsynced before that checkpoint was written, so any damage is
-/// corruption, not a torn write.
-#[allow(clippy::too_many_arguments)]
+/// checkpoint says hold entries 0..entries, keeping only their summaries;
+/// and answers the entries of `relocs` at their copies (for
+/// `State::relocated`). They were fsynced before that checkpoint was
+/// written, so any damage is corruption, not a torn write. Reads only.
 async fn load_index<D: Disk>(
     disk: &D,
     paths: &Paths,
@@ -576,8 +631,8 @@ async fn load_index<D: Disk>(
     pages: u64,
     ckpt_position: u64,
     relocs: &[&crate::format::Relocation],
-    st: &mut State<D::File>,
-) -> Result<Ledger> {
+) -> Result<(Ledger, Vec<((u64, u64), IndexEntry)>)> {
+    let mut relocated = Vec::new();
     let path = paths.index(ledger);
     let file = disk.open(&path, OpenMode::Existing).await.map_err(io_err("open index file", &path))?;
     let mut l = Ledger::new();
@@ -604,8 +659,7 @@ async fn load_index<D: Disk>(
             }
             for r in relocs.iter().filter(|r| r.entry >= first && r.entry < first + es.len() as u64) {
                 let e = es[(r.entry - first) as usize];
-                st.relocated
-                    .insert((ledger, r.entry), IndexEntry { position: r.position, record_crc: r.record_crc, ..e });
+                relocated.push(((ledger, r.entry), IndexEntry { position: r.position, record_crc: r.record_crc, ..e }));
             }
             l.pages.push(crate::pages::PageSum::of(first, &es));
             next += es.len() as u64;
@@ -623,7 +677,7 @@ async fn load_index<D: Disk>(
     l.file_entries = entries;
     l.file_pages = pages;
     l.has_index_file = true;
-    Ok(l)
+    Ok((l, relocated))
 }
 
 /// What an accepted data loss dropped: the valid batches after the damage.
