@@ -304,47 +304,29 @@ pub const INDEX_FILES_OPEN_MAX: usize = 256;
 /// does not grow with its ledgers (a million topics would otherwise need a
 /// million descriptors, past any process's limit).
 pub(crate) struct OpenIndexFiles<F> {
-    files: std::collections::HashMap<u64, (Rc<F>, u64)>,
-    lru: BTreeMap<u64, u64>,
-    stamp: u64,
-    max: usize,
+    files: lru::LruCache<u64, Rc<F>>,
 }
 
 impl<F> OpenIndexFiles<F> {
     pub fn new(max: usize) -> OpenIndexFiles<F> {
-        assert!(max > 0, "at least one index file stays open");
-        OpenIndexFiles { files: std::collections::HashMap::new(), lru: BTreeMap::new(), stamp: 0, max }
+        let max = std::num::NonZeroUsize::new(max).expect("at least one index file stays open");
+        OpenIndexFiles { files: lru::LruCache::new(max) }
     }
 
     /// `ledger`'s open file, marked used now.
     pub fn get(&mut self, ledger: u64) -> Option<Rc<F>> {
-        let (file, stamp) = self.files.get_mut(&ledger)?;
-        self.lru.remove(stamp);
-        self.stamp += 1;
-        *stamp = self.stamp;
-        self.lru.insert(self.stamp, ledger);
-        Some(file.clone())
+        self.files.get(&ledger).cloned()
     }
 
     /// Keeps `file` open as `ledger`'s (replacing an earlier one), closing
     /// the least recently used beyond the bound.
     pub fn insert(&mut self, ledger: u64, file: Rc<F>) {
-        self.remove(ledger);
-        self.stamp += 1;
-        self.files.insert(ledger, (file, self.stamp));
-        self.lru.insert(self.stamp, ledger);
-        while self.files.len() > self.max {
-            let (_, old) = self.lru.pop_first().expect("lru lists every open file");
-            self.files.remove(&old);
-        }
-        assert_eq!(self.files.len(), self.lru.len(), "lru lists every open file once");
+        self.files.put(ledger, file);
     }
 
     /// Forgets `ledger`'s file (its ledger is gone, or the file is rewritten).
     pub fn remove(&mut self, ledger: u64) {
-        if let Some((_, stamp)) = self.files.remove(&ledger) {
-            self.lru.remove(&stamp);
-        }
+        self.files.pop(&ledger);
     }
 
     #[cfg(test)]
