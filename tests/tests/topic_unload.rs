@@ -12,7 +12,7 @@
 use magnetar_client::{AckType, Client, Consumer, InitialPosition, MessageId, OutgoingMessage, SubscriptionType};
 use magnetar_tests::consume::{assert_quiet, receive, wait_for};
 use magnetar_tests::http::{parse_prometheus_text, request};
-use magnetar_tests::{run_async_with_timeout, run_cli, test_dir, BrokerOptions, BrokerProcess};
+use magnetar_tests::{run_async_with_timeout, run_cli, test_dir, BrokerOptions, BrokerProcess, TestDir};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -25,6 +25,17 @@ fn options(idle_unload_s: u64, retention_interval_s: Option<u64>) -> BrokerOptio
         o.extra_args.extend(["--retention-check-interval-s".into(), s.to_string()]);
     }
     o
+}
+
+/// A one-shard broker with a 1 s idle time in a fresh directory named
+/// after `label`, and a client connected to it; the directory goes with
+/// the returned guard.
+async fn broker_and_client(label: &str) -> (TestDir, BrokerProcess, Client, SocketAddr) {
+    let dir = test_dir(label);
+    let broker = BrokerProcess::start_with(dir.path(), &options(1, None));
+    let client = Client::connect(&broker.url()).await.expect("connect");
+    let http = broker.http_addr();
+    (dir, broker, client, http)
 }
 
 /// `magnetar_topics_loaded` and `magnetar_topics_unloaded_total`, all shards.
@@ -76,14 +87,11 @@ fn admin_ok(url: &str, args: &[&str]) {
 #[test]
 fn an_idle_topic_unloads_and_comes_back_with_its_acks_and_dedup_state() {
     run_async_with_timeout(Duration::from_secs(120), || async {
-        let dir = test_dir("unload-state");
-        let broker = BrokerProcess::start_with(dir.path(), &options(1, None));
-        let (url, http) = (broker.url(), broker.http_addr());
-        admin_ok(&url, &["namespaces", "create", "public/dd"]);
-        admin_ok(&url, &["namespaces", "set-deduplication", "public/dd", "on"]);
+        let (_dir, broker, client, http) = broker_and_client("unload-state").await;
+        admin_ok(&broker.url(), &["namespaces", "create", "public/dd"]);
+        admin_ok(&broker.url(), &["namespaces", "set-deduplication", "public/dd", "on"]);
         let topic = "persistent://public/dd/unload";
         let msg = |seq: u64| OutgoingMessage::new(format!("m{seq}")).with_sequence_id(seq);
-        let client = Client::connect(&url).await.expect("connect");
 
         let c = subscribe(&client, topic, "s", SubscriptionType::Exclusive).await;
         let p = client.producer(topic).name("dp").create().await.expect("producer");
@@ -126,11 +134,8 @@ fn an_idle_topic_unloads_and_comes_back_with_its_acks_and_dedup_state() {
 #[test]
 fn a_delayed_message_survives_an_unload() {
     run_async_with_timeout(Duration::from_secs(90), || async {
-        let dir = test_dir("unload-delayed");
-        let broker = BrokerProcess::start_with(dir.path(), &options(1, None));
-        let (url, http) = (broker.url(), broker.http_addr());
+        let (_dir, _broker, client, http) = broker_and_client("unload-delayed").await;
         let topic = "persistent://public/default/unload-delayed";
-        let client = Client::connect(&url).await.expect("connect");
         let c = subscribe(&client, topic, "d", SubscriptionType::Shared).await;
         let p = client.producer(topic).create().await.expect("producer");
         let late = p.send(OutgoingMessage::new("late").with_deliver_after(Duration::from_secs(6))).await.unwrap();
@@ -158,10 +163,7 @@ fn a_delayed_message_survives_an_unload() {
 #[test]
 fn a_topic_with_a_client_attached_stays_loaded() {
     run_async_with_timeout(Duration::from_secs(60), || async {
-        let dir = test_dir("unload-attached");
-        let broker = BrokerProcess::start_with(dir.path(), &options(1, None));
-        let (url, http) = (broker.url(), broker.http_addr());
-        let client = Client::connect(&url).await.expect("connect");
+        let (_dir, _broker, client, http) = broker_and_client("unload-attached").await;
         let c = subscribe(&client, "persistent://public/default/with-consumer", "s", SubscriptionType::Shared).await;
         let p = client.producer("persistent://public/default/with-producer").create().await.expect("producer");
         p.send(OutgoingMessage::new("x")).await.expect("send");
