@@ -61,16 +61,10 @@ pub(crate) async fn enforce(shard: &Rc<Shard>) -> Result<(), CoreError> {
         if loaded.is_none() && !shard.store.topic_recorded(&name) {
             continue;
         }
-        let t = match loaded {
-            Some(t) => t,
+        let (t, loaded_here) = match loaded {
+            Some(t) => (t, false),
             None => match shard.get_or_create_topic(&tn) {
-                Ok((t, _)) => {
-                    step(shard, &t, &mut last_deletion).await?;
-                    if unload {
-                        shard.unload_if_idle(t, 0, now_ms());
-                    }
-                    continue;
-                }
+                Ok((t, _)) => (t, true),
                 Err(e) => {
                     tracing::warn!(topic = %name, "retention: cannot load topic: {e}");
                     continue;
@@ -78,6 +72,9 @@ pub(crate) async fn enforce(shard: &Rc<Shard>) -> Result<(), CoreError> {
             },
         };
         step(shard, &t, &mut last_deletion).await?;
+        if loaded_here && unload {
+            shard.unload_if_idle(t, 0, now_ms());
+        }
     }
     if let Some(lsn) = last_deletion {
         shard.log.wait_durable(lsn).await?;
