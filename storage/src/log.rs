@@ -38,6 +38,13 @@ pub struct LogConfig {
     pub write_cache_bytes: usize,
     /// How often index pages and a checkpoint are written. Default 30 s.
     pub checkpoint_interval: Duration,
+    /// Bound on the index entries laid out since the last checkpoint (32 B
+    /// each, kept in memory until a checkpoint writes their pages): once
+    /// this many bytes of them were laid out, a checkpoint starts before its
+    /// interval, so that this memory follows the configuration and not the
+    /// write rate. What is laid out while that checkpoint runs comes on top.
+    /// Default 32 MiB.
+    pub recent_index_bytes: usize,
     /// Allow a data directory on tmpfs (no O_DIRECT, no durability): tests only.
     pub allow_tmpfs: bool,
     /// Largest entry body. Default 5 MiB (Pulsar's default max message size);
@@ -231,6 +238,7 @@ impl LogConfig {
             flush_bytes_max: 4 << 20,
             write_cache_bytes: 256 << 20,
             checkpoint_interval: Duration::from_secs(30),
+            recent_index_bytes: 32 << 20,
             allow_tmpfs: false,
             entry_bytes_max: 5 << 20,
             read_cache_bytes: 64 << 20,
@@ -443,6 +451,10 @@ pub struct IndexCacheStats {
     pub hits: u64,
     /// Index pages read from disk.
     pub loads: u64,
+    /// Index entries laid out and not yet in index files, held in memory
+    /// beside the cache until a checkpoint writes their pages
+    /// (`LogConfig::recent_index_bytes`). Counted over every ledger.
+    pub recent_entries: u64,
 }
 
 pub(crate) struct Ledger {
@@ -594,7 +606,7 @@ pub(crate) struct State<F> {
     pending_bytes: u64,
     pub ledgers: HashMap<u64, Ledger>,
     cache: HashMap<(u64, u64), Bytes>,
-    /// (ledger, entry, lsn, bytes) in append order, for eviction.
+    /// (ledger, entry, lsn, bytes charged) in append order, for eviction.
     cache_fifo: VecDeque<(u64, u64, u64, usize)>,
     cache_bytes: usize,
     /// Read cache: entries read from disk (and read ahead), FIFO-evicted.
@@ -659,6 +671,9 @@ pub(crate) struct State<F> {
     pub next_seq: u64,
     pub ckpt_seq: u64,
     pub ckpt_position: Option<u64>,
+    /// Index entries laid out since the last checkpoint took its snapshot
+    /// (`LogConfig::recent_index_bytes`).
+    laid_since_ckpt: u64,
     durable_waiters: BTreeMap<u64, Vec<Waker>>,
     flusher_waker: Option<Waker>,
     flusher_done: bool,
@@ -707,6 +722,7 @@ impl<F> State<F> {
             next_seq: 0,
             ckpt_seq: 0,
             ckpt_position: None,
+            laid_since_ckpt: 0,
             durable_waiters: BTreeMap::new(),
             flusher_waker: None,
             flusher_done: false,
@@ -783,11 +799,12 @@ impl<F> State<F> {
 
     /// Keeps an entry read from disk, within `bound` bytes (oldest first out).
     fn rcache_put(&mut self, key: (u64, u64), body: Bytes, bound: usize) {
-        if body.len() > bound || self.rcache.contains_key(&key) {
+        let cost = body.len() + CACHED_ENTRY_OVERHEAD;
+        if cost > bound || self.rcache.contains_key(&key) {
             return;
         }
-        self.rcache_bytes += body.len();
-        self.rcache_fifo.push_back((key, body.len()));
+        self.rcache_bytes += cost;
+        self.rcache_fifo.push_back((key, cost));
         self.rcache.insert(key, body);
         while self.rcache_bytes > bound {
             let Some((k, len)) = self.rcache_fifo.pop_front() else { break };
@@ -840,6 +857,13 @@ impl<D: Disk> Drop for Shared<D> {
 
 /// Ledgers whose index pages a checkpoint writes and syncs at once.
 const INDEX_WRITES_IN_FLIGHT: usize = 32;
+
+/// Memory a cached entry takes beyond its body: its map slot (key and
+/// `Bytes`, at the map's load factor), its FIFO slot and the body's
+/// allocation header. Charged with the body against the write and read cache
+/// bounds, so that they bound memory and not only body bytes: with small
+/// entries the overhead is most of it.
+pub const CACHED_ENTRY_OVERHEAD: usize = 128;
 
 impl<D: Disk> Shared<D> {
     /// Enters fail-stop: every waiter and every later append gets an error.
@@ -1071,6 +1095,7 @@ impl<D: Disk> Shared<D> {
                         record_crc: crc,
                         extras,
                     });
+                    st.laid_since_ckpt += 1;
                     l.bytes += body_len as u64;
                     *st.seg_live.entry(seg.start).or_default() += 1;
                     *st.seg_live_bytes.entry(seg.start).or_default() += (RECORD_HEADER_BYTES + body_len) as u64;
@@ -1217,6 +1242,12 @@ impl<D: Disk> Shared<D> {
                 w.wake();
             }
         }
+        // Only now: a checkpoint covers durable entries alone.
+        if recent_index_full(&self.cfg, st.laid_since_ckpt) {
+            if let Some(w) = st.ckpt_waker.take() {
+                w.wake();
+            }
+        }
         let later = st.durable_waiters.split_off(&(last_lsn + 1));
         let ready = std::mem::replace(&mut st.durable_waiters, later);
         for (_, ws) in ready {
@@ -1248,7 +1279,7 @@ impl<D: Disk> Shared<D> {
             exists: bool,
         }
         let (position, next_seq, ckpt_seq, mut table, work, meta, relocations) = {
-            let st = self.st.borrow();
+            let mut st = self.st.borrow_mut();
             if st.mode == Mode::Failed {
                 return Err(StorageError::Failed);
             }
@@ -1258,6 +1289,9 @@ impl<D: Disk> Shared<D> {
                 return Err(StorageError::Closed);
             }
             let position = st.tail;
+            // Whatever the outcome, the entries laid out so far are this
+            // checkpoint's (or were not durable yet: the next one's).
+            st.laid_since_ckpt = 0;
             if !clean && st.ckpt_position == Some(position) && !self.copy_stale.get() {
                 return Ok(()); // nothing became durable since the last one
             }
@@ -1381,6 +1415,11 @@ impl<D: Disk> Shared<D> {
                 // to the cache (readers near the tail still want them).
                 let moved = entries - l.file_entries;
                 l.recent.drain(..moved as usize);
+                // A burst's capacity is not kept per ledger (with many
+                // ledgers it would add up to more than their entries).
+                if l.recent.capacity() > 2 * l.recent.len() + 16 {
+                    l.recent.shrink_to(l.recent.len() * 2);
+                }
                 let first_page = l.pages.len() as u64;
                 assert_eq!(first_page + written.len() as u64, pages, "one summary per valid page");
                 l.file_entries = entries;
@@ -1892,8 +1931,13 @@ impl<D: Disk> Shared<D> {
 pub(crate) async fn checkpointer<D: Disk>(weak: Weak<Shared<D>>, interval: Duration) {
     loop {
         // Nothing to wait for but the log leaving `Open` (or the timer).
-        let stop = async { while_open(&weak, |st| &mut st.ckpt_waker, |_, _| false).await.is_none() };
-        let stopped = futures_lite::future::or(stop, async {
+        // Woken early when the index laid out since the last checkpoint
+        // reached its bound (`LogConfig::recent_index_bytes`).
+        let early = async {
+            let full = |sh: &Shared<D>, st: &State<D::File>| recent_index_full(&sh.cfg, st.laid_since_ckpt);
+            while_open(&weak, |st| &mut st.ckpt_waker, full).await.is_some()
+        };
+        let stopped = futures_lite::future::or(async { !early.await }, async {
             glommio::timer::sleep(interval).await;
             false
         })
@@ -1906,6 +1950,12 @@ pub(crate) async fn checkpointer<D: Disk>(weak: Weak<Shared<D>>, interval: Durat
             break;
         }
     }
+}
+
+/// Whether the index entries laid out since the last checkpoint reached
+/// `LogConfig::recent_index_bytes`.
+fn recent_index_full(cfg: &LogConfig, laid: u64) -> bool {
+    laid.saturating_mul(std::mem::size_of::<IndexEntry>() as u64) >= cfg.recent_index_bytes as u64
 }
 
 /// Whether a checkpoint failed only for lack of space while creating,
@@ -1960,8 +2010,8 @@ impl<D: Disk> EntryLog<D> {
         let lsn = st.next_lsn;
         st.next_lsn += 1;
         st.cache.insert((ledger, entry), body.clone());
-        st.cache_fifo.push_back((ledger, entry, lsn, body.len()));
-        st.cache_bytes += body.len();
+        st.cache_fifo.push_back((ledger, entry, lsn, body.len() + CACHED_ENTRY_OVERHEAD));
+        st.cache_bytes += body.len() + CACHED_ENTRY_OVERHEAD;
         st.pending_bytes += body.len() as u64;
         st.pending.push_back(Pending { lsn, kind: PendingKind::Entry { ledger, entry, body, body_crc, extras } });
         crate::stage::mark("3_appended");
@@ -2519,7 +2569,15 @@ impl<D: Disk> EntryLog<D> {
     pub fn index_cache_stats(&self) -> IndexCacheStats {
         let st = self.sh.st.borrow();
         let c = &st.icache;
-        IndexCacheStats { bytes: c.bytes(), max_bytes: c.max_bytes(), pages: c.len(), hits: c.hits, loads: c.loads }
+        let recent_entries = st.ledgers.values().map(|l| l.recent.len() as u64).sum();
+        IndexCacheStats {
+            bytes: c.bytes(),
+            max_bytes: c.max_bytes(),
+            pages: c.len(),
+            hits: c.hits,
+            loads: c.loads,
+            recent_entries,
+        }
     }
 
     /// Every ledger with its next entry id, sorted by ledger.

@@ -140,3 +140,37 @@ fn a_backlog_larger_than_the_index_cache_reads_and_seeks_within_its_bound() {
         log.close().await.unwrap();
     });
 }
+
+/// Without a checkpoint timer, the index laid out since the last checkpoint
+/// still stays near `recent_index_bytes`: reaching it starts a checkpoint.
+#[test]
+fn the_index_laid_out_since_the_last_checkpoint_stays_near_its_bound() {
+    run(60, || async {
+        const BOUND_ENTRIES: u64 = 1_000;
+        let disk = SimDisk::new();
+        let mut cfg = config();
+        cfg.checkpoint_interval = std::time::Duration::from_secs(3_600);
+        cfg.recent_index_bytes = BOUND_ENTRIES as usize * std::mem::size_of::<magnetar_storage::IndexEntry>();
+        let (log, _) = EntryLog::open_with(disk.clone(), cfg).await.unwrap();
+        let mut peak = 0;
+        for round in 0..20u64 {
+            let mut last = 0;
+            for e in 0..500 {
+                last = log.append(LEDGER, body(round * 500 + e)).unwrap().lsn;
+            }
+            log.wait_durable(last).await.unwrap();
+            // Room for the checkpointer to run.
+            glommio::timer::sleep(std::time::Duration::from_millis(20)).await;
+            peak = peak.max(log.index_cache_stats().recent_entries);
+        }
+        // 10,000 entries laid out: without the bound all would be in memory.
+        // With it, at most the bound plus what came while a checkpoint ran
+        // (here, one round of 500).
+        assert!(peak <= BOUND_ENTRIES + 500, "{peak} index entries in memory, bound {BOUND_ENTRIES}");
+        assert!(peak > 0);
+        for e in 0..10_000u64 {
+            assert_eq!(log.read(LEDGER, e).await.unwrap(), body(e), "entry {e}");
+        }
+        log.close().await.unwrap();
+    });
+}
