@@ -290,49 +290,63 @@ impl<F> KeyIndex<F> {
 
     /// Adds the durable entries of every live ledger not yet indexed, at
     /// most until the active part holds `limit` items. A ledger stops at
-    /// an entry whose index page is not in the cache: the first such
-    /// `(ledger, entry)` is returned, for the caller to read its page and
-    /// call again.
-    pub fn catch_up<G>(&mut self, st: &State<G>, limit: Option<usize>) -> Option<(u64, u64)> {
+    /// an entry whose index page is not in the cache: every such
+    /// `(ledger, entry)` is returned, for the caller to read its pages and
+    /// go on with that ledger alone ([`catch_up_ledger`](Self::catch_up_ledger)).
+    /// (Returning only the first, to be called again, made a pass over
+    /// every ledger per page read: quadratic in ledgers after a restart.)
+    pub fn catch_up<G>(&mut self, st: &State<G>, limit: Option<usize>) -> Vec<(u64, u64)> {
+        let mut missing = Vec::new();
+        for &id in st.ledgers.keys() {
+            if limit.is_some_and(|n| self.active.len() >= n) {
+                break;
+            }
+            if let Some(e) = self.catch_up_ledger(st, id, limit) {
+                missing.push((id, e));
+            }
+        }
+        missing
+    }
+
+    /// Adds ledger `id`'s durable entries not yet indexed, at most until
+    /// the active part holds `limit` items; the entry whose index page is
+    /// not in the cache, if it stopped at one.
+    pub fn catch_up_ledger<G>(&mut self, st: &State<G>, id: u64, limit: Option<usize>) -> Option<u64> {
+        let l = st.ledgers.get(&id).filter(|l| l.deleted.is_none())?;
+        let durable = durable_entries(l, st.tail);
+        let from = self.next.get(&id).copied().unwrap_or(0);
+        if durable <= from {
+            return None;
+        }
         let mut missing = None;
-        for (id, l) in &st.ledgers {
-            if l.deleted.is_some() {
-                continue;
+        let mut e = from;
+        while e < durable {
+            if limit.is_some_and(|n| self.active.len() >= n) {
+                break;
             }
-            let durable = durable_entries(l, st.tail);
-            let from = self.next.get(id).copied().unwrap_or(0);
-            if durable <= from {
-                continue;
-            }
-            let mut e = from;
-            while e < durable {
-                if limit.is_some_and(|n| self.active.len() >= n) {
+            let ie = match crate::log::peek(st, id, e) {
+                crate::log::Lookup::Found(ie) => ie,
+                crate::log::Lookup::Page => {
+                    missing = Some(e);
                     break;
                 }
-                let ie = match crate::log::peek(st, *id, e) {
-                    crate::log::Lookup::Found(ie) => ie,
-                    crate::log::Lookup::Page => {
-                        missing = missing.or(Some((*id, e)));
-                        break;
-                    }
-                    crate::log::Lookup::None => break,
+                crate::log::Lookup::None => break,
+            };
+            if ie.extras.key_hash != 0 {
+                let item = KeyItem {
+                    key_hash: ie.extras.key_hash,
+                    ledger: id,
+                    entry: e,
+                    publish_time_ms: ie.extras.publish_time_ms,
                 };
-                if ie.extras.key_hash != 0 {
-                    let item = KeyItem {
-                        key_hash: ie.extras.key_hash,
-                        ledger: *id,
-                        entry: e,
-                        publish_time_ms: ie.extras.publish_time_ms,
-                    };
-                    push_item(&mut self.active, &mut self.prev, &mut self.heads, self.base, item);
-                }
-                e += 1;
+                push_item(&mut self.active, &mut self.prev, &mut self.heads, self.base, item);
             }
-            if e > from {
-                let c = self.active_cover.entry(*id).or_insert((from, from));
-                c.1 = e;
-                self.next.insert(*id, e);
-            }
+            e += 1;
+        }
+        if e > from {
+            let c = self.active_cover.entry(id).or_insert((from, from));
+            c.1 = e;
+            self.next.insert(id, e);
         }
         missing
     }
@@ -401,14 +415,7 @@ impl<D: Disk> EntryLog<D> {
         let time_ok = |t: u64| before_ms.is_none_or(|b| t < b);
         // Entries not indexed yet whose index pages are on disk only (after
         // a restart): their pages first.
-        loop {
-            let missing = {
-                let st = sh.st.borrow();
-                sh.keys.borrow_mut().catch_up(&st, None)
-            };
-            let Some((ledger, entry)) = missing else { break };
-            sh.ensure_index(ledger, entry, KEY_CATCH_UP_ENTRIES).await?;
-        }
+        self.catch_up_keys(None).await?;
         let (mut hits, files) = {
             let k = sh.keys.borrow();
             let hits: Vec<KeyHit> = k
@@ -462,22 +469,20 @@ impl<D: Disk> EntryLog<D> {
         let sh = &self.sh;
         let per_file = sh.cfg.key_index_items_per_file.max(1);
         loop {
-            let (full, missing) = {
+            {
                 let st = sh.st.borrow();
-                let mut k = sh.keys.borrow_mut();
-                if k.sealing {
+                if sh.keys.borrow().sealing {
                     return Ok(());
                 }
                 crate::log::check_mode(st.mode)?;
-                // Entries whose index pages are on disk only (after a
-                // restart): their pages first, while there is room.
-                let missing = k.catch_up(&st, Some(per_file)).filter(|_| k.active.len() < per_file);
-                (k.active.len() >= per_file || (force && !k.active_cover.is_empty()), missing)
-            };
-            if let Some((ledger, entry)) = missing {
-                sh.ensure_index(ledger, entry, KEY_CATCH_UP_ENTRIES).await?;
-                continue;
             }
+            // Entries whose index pages are on disk only (after a
+            // restart): their pages first, while there is room.
+            self.catch_up_keys(Some(per_file)).await?;
+            let full = {
+                let k = sh.keys.borrow();
+                k.active.len() >= per_file || (force && !k.active_cover.is_empty())
+            };
             if !full {
                 break;
             }
@@ -487,6 +492,39 @@ impl<D: Disk> EntryLog<D> {
             }
         }
         self.age_out_keys().await
+    }
+
+    /// Indexes every durable entry not yet indexed, reading the index
+    /// pages that are on disk only, until the active part holds `limit`
+    /// items: one pass over the ledgers finds those that stop at a page
+    /// not in the cache, then each of them goes on alone, a read at a time.
+    async fn catch_up_keys(&self, limit: Option<usize>) -> Result<()> {
+        let sh = &self.sh;
+        let full = |k: &KeyIndex<D::File>| limit.is_some_and(|n| k.active.len() >= n);
+        loop {
+            let missing = {
+                let st = sh.st.borrow();
+                sh.keys.borrow_mut().catch_up(&st, limit)
+            };
+            if missing.is_empty() {
+                return Ok(());
+            }
+            for (ledger, mut entry) in missing {
+                loop {
+                    sh.ensure_index(ledger, entry, KEY_CATCH_UP_ENTRIES).await?;
+                    let st = sh.st.borrow();
+                    crate::log::check_mode(st.mode)?;
+                    let mut k = sh.keys.borrow_mut();
+                    if full(&k) {
+                        return Ok(());
+                    }
+                    match k.catch_up_ledger(&st, ledger, limit) {
+                        Some(e) => entry = e,
+                        None => break,
+                    }
+                }
+            }
+        }
     }
 
     async fn seal_keys(&self) -> Result<()> {

@@ -211,8 +211,9 @@ impl<D: Disk> EntryLog<D> {
             };
             let mut relocs: std::collections::HashMap<u64, Vec<&crate::format::Relocation>> =
                 std::collections::HashMap::new();
+            let listed: std::collections::HashSet<u64> = c.ledgers.iter().map(|cl| cl.ledger).collect();
             for r in &c.relocations {
-                if !c.ledgers.iter().any(|cl| cl.ledger == r.ledger) {
+                if !listed.contains(&r.ledger) {
                     return Err(bad("relocation ledger (not in the checkpoint)", 0, r.ledger));
                 }
                 if r.position >= c.position {
