@@ -1415,9 +1415,10 @@ impl<D: Disk> Shared<D> {
                 // to the cache (readers near the tail still want them).
                 let moved = entries - l.file_entries;
                 l.recent.drain(..moved as usize);
-                // A burst's capacity is not kept per ledger (with many
-                // ledgers it would add up to more than their entries).
-                if l.recent.capacity() > 2 * l.recent.len() + 16 {
+                // A burst's capacity is not kept per ledger, nor is an
+                // emptied one's (with many ledgers either adds up to more
+                // than their entries).
+                if l.recent.is_empty() || l.recent.capacity() > 2 * l.recent.len() + 16 {
                     l.recent.shrink_to(l.recent.len() * 2);
                 }
                 let first_page = l.pages.len() as u64;
