@@ -15,7 +15,9 @@
 //! - [`ScanMode::Tail`]: index files for everything before the checkpoint,
 //!   then the log from the checkpoint position (what a crash recovery reads).
 //! - [`ScanMode::Verify`]: every batch and record of every segment from the
-//!   first, checksums included, and every index entry compared with the
+//!   first, checksums included, arriving at the checkpoint position with
+//!   its next batch and going on from there as recovery does (so both end
+//!   the log at the same position), and every index entry compared with the
 //!   record it points at. Damage is `StorageError::Corrupt` naming the file
 //!   and offset.
 //!
@@ -499,8 +501,10 @@ impl ShardImage {
             }
         }
         // In Verify mode, segments before the checkpoint may have been
-        // removed by garbage collection: the walk resumes after the gap.
-        let start = Start { position, seq, gaps_before: (!tail_only).then_some(ckpt_pos), cut_at: None };
+        // removed by garbage collection: the walk resumes after the gap,
+        // and must arrive at the checkpoint's position with its next batch.
+        let checkpoint = self.checkpoint.as_ref().filter(|_| !tail_only).map(|c| (c.position, c.next_batch_seq));
+        let start = Start { position, seq, gaps_before: (!tail_only).then_some(ckpt_pos), cut_at: None, checkpoint };
         let mut visit = Apply { img: self, ckpt_pos, total, progress };
         let verdict = block_on(w.walk(start, &mut visit))?;
         self.checked.bytes_scanned += w.scanned;

@@ -1013,11 +1013,17 @@ impl<D: Disk> Shared<D> {
 
     /// Moves the tail to a new segment starting at `start` (the end of the
     /// tail segment, or the tail when there is none), the spare made ahead
-    /// of time when it is the one. The rest of the previous segment stays
-    /// zero: recovery knows a batch that did not fit moved to the next one.
+    /// of time when it is the one. The rest of the previous segment is
+    /// zero (a recycled one is zeroed here): recovery and the inspector
+    /// know a batch that did not fit moved to the next one.
     async fn roll(&self, start: u64, batch_len: u64, spare: &mut Option<Spare<D::File>>) -> Result<()> {
         // The segment the tail leaves is written no more.
-        if let Some(prev) = self.st.borrow().segment_at(start.saturating_sub(1)) {
+        let (prev, tail) = {
+            let st = self.st.borrow();
+            (st.segment_at(start.saturating_sub(1)).cloned(), st.tail)
+        };
+        if let Some(prev) = prev {
+            self.zero_rest(&prev, tail).await?;
             prev.file.writes_done();
         }
         // Open removes every segment at or after the tail, so none exists here.
@@ -1040,6 +1046,30 @@ impl<D: Disk> Shared<D> {
         st.segments.insert(start, seg);
         st.tail = start;
         Ok(())
+    }
+
+    /// Zeroes `[tail, end)` of the recycled segment `seg` that the tail
+    /// leaves, durably, before any batch goes to the next segment. Those
+    /// bytes are its earlier use's, and not all of them say so: the body
+    /// pages of a stale batch whose header a batch of this use overwrote
+    /// carry no header. While the next segment is there, its first batch
+    /// shows that the one that did not fit went there; once garbage
+    /// collection removed it, a walk of the whole log (`inspect --verify`)
+    /// meets this rest, a gap, then a later batch, and only zeros say that
+    /// nothing was written here (other bytes could be a damaged batch of
+    /// acknowledged records). Fallocated segments read as zeros there
+    /// already. The rest is shorter than the batch that did not fit.
+    async fn zero_rest(&self, seg: &Segment<D::File>, tail: u64) -> Result<()> {
+        assert!(seg.start <= tail && tail <= seg.end());
+        if !seg.recycled.get() || tail == seg.end() {
+            return Ok(());
+        }
+        let zeros = vec![0u8; (seg.end() - tail) as usize];
+        seg.file
+            .write_at(tail - seg.start, &zeros)
+            .await
+            .map_err(self.io("zero rest of recycled segment", &seg.path))?;
+        seg.file.sync().await.map_err(self.io("fdatasync rest of recycled segment", &seg.path))
     }
 
     /// Lays the planned records out at the tail, header last, into the

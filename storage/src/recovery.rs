@@ -871,7 +871,8 @@ async fn scan<D: Disk>(
     let verdict = {
         let mut w = Walker::new(&segs[..]);
         let mut visit = Replay { segs: &segs[..], st, replayed: 0 };
-        let start = Start { position, seq: Some(seq), gaps_before: None, cut_at };
+        // (From the checkpoint's position: nothing before it to vouch for.)
+        let start = Start { position, seq: Some(seq), gaps_before: None, cut_at, checkpoint: None };
         let verdict = w.walk(start, &mut visit).await?;
         out.scanned += w.scanned;
         out.replayed += visit.replayed;

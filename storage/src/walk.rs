@@ -68,6 +68,14 @@ pub(crate) struct Start {
     /// The accepted cut of a segment truncated by hand (recovery with
     /// `accept_data_loss`): the log ends at the last batch wholly before it.
     pub cut_at: Option<u64>,
+    /// The checkpoint's position and next batch seq, for a walk that starts
+    /// before it (a whole-log walk): the log reaches that position, a batch
+    /// boundary or the start of a segment, where that batch belongs. The
+    /// walk must arrive there exactly (never inside a batch, never short
+    /// of it: everything before was synced when the checkpoint was
+    /// written), and goes on from there as recovery does. Segments before
+    /// it may be missing (`gaps_before` covers it).
+    pub checkpoint: Option<(u64, u64)>,
 }
 
 /// A place in the log: segment `seg` (index into [`Segs`]), offset `off`,
@@ -108,6 +116,30 @@ pub(crate) fn stale_reason(position: u64, h: &BatchHeader) -> CorruptReason {
         expected: position,
         found: h.position,
     }
+}
+
+/// A walk from before the checkpoint (`Start::checkpoint`) reaching its
+/// position `p`: it must be exactly there, where batch `next_seq` belongs
+/// (then `ckpt` is spent and `seq` is that); short of it, nothing to check.
+fn at_checkpoint(
+    ckpt: &mut Option<(u64, u64)>,
+    position: u64,
+    seq: &mut Option<u64>,
+) -> std::result::Result<(), CorruptReason> {
+    let Some((p, next_seq)) = *ckpt else { return Ok(()) };
+    if position < p {
+        return Ok(());
+    }
+    let (field, expected, found) = match *seq {
+        _ if position != p => ("batch position (the checkpoint's, a batch boundary)", p, position),
+        Some(s) if s != next_seq => ("batch seq (the checkpoint's next)", next_seq, s),
+        _ => {
+            *seq = Some(next_seq);
+            *ckpt = None;
+            return Ok(());
+        }
+    };
+    Err(CorruptReason::Field { field, expected, found })
 }
 
 /// Reads segments through [`Segs`] in large chunks and judges their bytes.
@@ -250,9 +282,13 @@ impl<'a, S: Segs + ?Sized> Walker<'a, S> {
     pub async fn walk<V: Visit>(&mut self, s: Start, v: &mut V) -> Result<Verdict> {
         let segs = self.segs;
         let (mut position, mut seq) = (s.position, s.seq);
+        // The checkpoint's position while the walk is short of it (the
+        // segments before it may have been removed).
+        assert!(s.checkpoint.is_none_or(|(p, _)| s.gaps_before.is_some_and(|g| p <= g)));
+        let mut ckpt = s.checkpoint.filter(|(p, _)| *p > position);
         let count = segs.seg_count();
         let Some(mut i) = (0..count).position(|i| segs.seg_end(i) > position) else {
-            return Ok(Verdict::End { position, seq });
+            return self.end(ckpt, position, seq);
         };
         while i < count {
             let (start, end) = (segs.seg_start(i), segs.seg_end(i));
@@ -273,6 +309,8 @@ impl<'a, S: Segs + ?Sized> Walker<'a, S> {
                 };
                 return Err(StorageError::corrupt(segs.seg_path(i), 0, reason));
             }
+            at_checkpoint(&mut ckpt, position, &mut seq)
+                .map_err(|r| StorageError::corrupt(segs.seg_path(i), position - start, r))?;
             if position + PAGE_BYTES > end {
                 i += 1; // the rest of the segment is unused
                 continue;
@@ -317,7 +355,13 @@ impl<'a, S: Segs + ?Sized> Walker<'a, S> {
             // The next segment follows: contiguous, or after segments that
             // garbage collection removed.
             let follows = |n: usize| segs.seg_start(n) == end || s.gaps_before.is_some_and(|g| segs.seg_start(n) <= g);
-            if nonzero_end == position && later.is_some() && i + 1 < count && follows(i + 1) {
+            // Or the checkpoint says the log goes on at or after the end of
+            // this segment.
+            let goes_on = later.is_some() && i + 1 < count && follows(i + 1) || ckpt.is_some_and(|(p, _)| end <= p);
+            // (A valid batch later in this segment was written after
+            // whatever stood here: then this is no unwritten rest.)
+            let rest = nonzero_end == position && later.is_none_or(|(j, _, _)| j > i);
+            if rest && goes_on {
                 // Nothing was ever written here, and valid data follows: the
                 // next batch did not fit and went to the next segment. Judge
                 // what is there, so that damage is reported where it is.
@@ -344,14 +388,36 @@ impl<'a, S: Segs + ?Sized> Walker<'a, S> {
                 }
                 None => {
                     // Nothing valid after it, so this was the one batch in
-                    // flight: a torn write, unless it cannot be one.
-                    return Ok(match self.not_torn(at, &reason, v).await? {
-                        Some(damage) => Verdict::Damage { at, damage, reason, later: false, nonzero_end },
-                        None => Verdict::Torn { at, nonzero_end, reason },
+                    // flight: a torn write, unless it cannot be one. Not
+                    // before the checkpoint's position: everything there
+                    // was synced.
+                    let short = ckpt.map(|(p, _)| CorruptReason::CheckpointBeyondLog { position: p, end: position });
+                    return Ok(match (self.not_torn(at, &reason, v).await?, short) {
+                        (Some(damage), _) | (None, Some(damage)) => {
+                            Verdict::Damage { at, damage, reason, later: false, nonzero_end }
+                        }
+                        (None, None) => Verdict::Torn { at, nonzero_end, reason },
                     });
                 }
             }
         }
+        self.end(ckpt, position, seq)
+    }
+
+    /// How the log ends at `position`, past its last segment, with `ckpt`
+    /// the checkpoint's position and next seq until the walk arrived there.
+    /// Short of it, the segments up to it were removed (garbage collection;
+    /// or, after the last batch, recovery's removal of a segment holding
+    /// none): the log ends there.
+    fn end(&self, mut ckpt: Option<(u64, u64)>, position: u64, mut seq: Option<u64>) -> Result<Verdict> {
+        if let Some((p, next_seq)) = ckpt.filter(|(p, _)| position < *p) {
+            return Ok(Verdict::End { position: p, seq: Some(next_seq) });
+        }
+        at_checkpoint(&mut ckpt, position, &mut seq).map_err(|r| {
+            // (Past the checkpoint's position only by leaving a segment.)
+            let last = self.segs.seg_count() - 1;
+            StorageError::corrupt(self.segs.seg_path(last), self.segs.seg_len(last), r)
+        })?;
         Ok(Verdict::End { position, seq })
     }
 
@@ -382,5 +448,169 @@ impl<'a, S: Segs + ?Sized> Walker<'a, S> {
             }
         }
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::crc;
+    use futures_lite::future::block_on;
+    use std::path::PathBuf;
+
+    const SEG: u64 = 4 * PAGE_BYTES;
+
+    /// Segments in memory: (start, bytes, path).
+    struct Mem(Vec<(u64, Vec<u8>, PathBuf)>);
+
+    impl Segs for Mem {
+        fn seg_count(&self) -> usize {
+            self.0.len()
+        }
+        fn seg_start(&self, i: usize) -> u64 {
+            self.0[i].0
+        }
+        fn seg_len(&self, i: usize) -> u64 {
+            self.0[i].1.len() as u64
+        }
+        fn seg_path(&self, i: usize) -> &Path {
+            &self.0[i].2
+        }
+        async fn read_seg(&self, i: usize, off: u64, len: usize) -> Result<Vec<u8>> {
+            let b = &self.0[i].1;
+            let s = (off as usize).min(b.len());
+            Ok(b[s..(s + len).min(b.len())].to_vec())
+        }
+    }
+
+    /// Counts the batches a walk visits.
+    struct Count(u64);
+
+    impl Visit for Count {
+        fn batch(&mut self, _: usize, _: u64, _: u64, _: &BatchHeader, _: &[u8]) -> Result<()> {
+            self.0 += 1;
+            Ok(())
+        }
+        fn next_entry(&self, _: u64) -> Option<u64> {
+            None
+        }
+    }
+
+    /// A segment starting at `start` with one-page batches of no record
+    /// (seq, page index) written into zeros.
+    fn segment(start: u64, batches: &[(u64, u64)]) -> (u64, Vec<u8>, PathBuf) {
+        let mut b = vec![0u8; SEG as usize];
+        for &(seq, page) in batches {
+            let off = (page * PAGE_BYTES) as usize;
+            let body_crc = crc(&[&b[off + BATCH_HEADER_BYTES..off + PAGE_BYTES as usize]]);
+            let position = start + page * PAGE_BYTES;
+            let h = BatchHeader {
+                batch_len: PAGE_BYTES as u32,
+                record_count: 0,
+                seq,
+                position,
+                records_len: 0,
+                body_crc,
+                flags: 0,
+                segment_len: SEG,
+            };
+            h.encode(&mut b[off..]);
+        }
+        (start, b, PathBuf::from(format!("{start:020}.seg")))
+    }
+
+    /// A whole-log walk (what `inspect --verify` does): from the first
+    /// segment, gaps allowed before the checkpoint at `ckpt` (position,
+    /// next seq).
+    fn verify(segs: &Mem, ckpt: (u64, u64)) -> (Result<Verdict>, u64) {
+        let mut v = Count(0);
+        let start = Start { position: 0, seq: None, gaps_before: Some(ckpt.0), cut_at: None, checkpoint: Some(ckpt) };
+        let r = block_on(Walker::new(segs).walk(start, &mut v));
+        (r, v.0)
+    }
+
+    /// A walk that ends without damage: where (as an `End`: zeros after the
+    /// last batch are a torn write of nothing) and batches visited.
+    fn ended(r: (Result<Verdict>, u64)) -> (Verdict, u64) {
+        let v = match r.0.unwrap_or_else(|e| panic!("{e}")) {
+            Verdict::Torn { at, nonzero_end, .. } if nonzero_end == at.position => {
+                Verdict::End { position: at.position, seq: at.seq }
+            }
+            v => v,
+        };
+        (v, r.1)
+    }
+
+    #[test]
+    fn the_unwritten_rest_of_a_segment_before_a_collected_one_is_zeros_and_nothing_else() {
+        // Goal: a whole-log walk passes the rest of a segment the log
+        // rolled past when the next segment was garbage collected (nothing
+        // says how long the batch that did not fit was) only when that rest
+        // is zeros; non-zero bytes there, followed by valid data, are damage.
+        // Method: segment 0 with batches 0 and 1, segment 1 removed,
+        // segment 2 with batch 5; then the same with a headerless non-zero
+        // page in segment 0's rest.
+        let mut segs = Mem(vec![segment(0, &[(0, 0), (1, 1)]), segment(2 * SEG, &[(5, 0)])]);
+        let ckpt = (2 * SEG + PAGE_BYTES, 6);
+        assert_eq!(ended(verify(&segs, ckpt)), (Verdict::End { position: ckpt.0, seq: Some(6) }, 3));
+
+        segs.0[0].1[(2 * PAGE_BYTES) as usize + 100] = 0x5a;
+        let (r, _) = verify(&segs, ckpt);
+        assert!(
+            matches!(
+                r,
+                Ok(Verdict::Damage {
+                    damage: CorruptReason::DamageBeforeValidBatch { later_seq: 5, .. },
+                    later: true,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+
+        // Zeros (a batch gone) before a valid batch of the same segment
+        // are no unwritten rest either.
+        let segs = Mem(vec![segment(0, &[(0, 0), (1, 1), (3, 3)]), segment(2 * SEG, &[(5, 0)])]);
+        let (r, _) = verify(&segs, ckpt);
+        assert!(
+            matches!(
+                r,
+                Ok(Verdict::Damage {
+                    damage: CorruptReason::DamageBeforeValidBatch { later_seq: 3, .. },
+                    later: true,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn a_whole_log_walk_ends_where_the_checkpoint_says_the_log_goes_on() {
+        // Goal: the checkpoint may name the start of a segment the log
+        // rolled to before the batch in flight there was lost (the rest of
+        // the previous segment zero, the new one empty or removed): the
+        // whole-log walk ends there as recovery does, with the checkpoint's
+        // next seq. A checkpoint position the walk cannot arrive at exactly
+        // (inside zeros, inside a batch) or a different seq there is damage.
+        let two = || segment(0, &[(0, 0), (1, 1)]);
+        let p = (SEG, 2);
+        let end = Verdict::End { position: SEG, seq: Some(2) };
+        assert_eq!(ended(verify(&Mem(vec![two(), segment(SEG, &[])]), p)), (end.clone(), 2));
+        assert_eq!(ended(verify(&Mem(vec![two()]), p)), (end, 2));
+
+        let (r, _) = verify(&Mem(vec![two(), segment(SEG, &[])]), (3 * PAGE_BYTES, 2));
+        assert!(
+            matches!(r, Ok(Verdict::Damage { damage: CorruptReason::CheckpointBeyondLog { position, end }, .. })
+                if position == 3 * PAGE_BYTES && end == 2 * PAGE_BYTES),
+            "{r:?}"
+        );
+        let (r, _) = verify(&Mem(vec![two()]), (PAGE_BYTES + 1, 2));
+        assert!(matches!(r, Err(StorageError::Corrupt { .. })), "{r:?}");
+        let (r, _) = verify(&Mem(vec![two(), segment(SEG, &[])]), (SEG, 7));
+        assert!(
+            matches!(r, Err(StorageError::Corrupt { reason: CorruptReason::Field { expected: 7, found: 2, .. }, .. })),
+            "{r:?}"
+        );
     }
 }

@@ -786,7 +786,8 @@ fn prezeroed_segments_are_written_and_recover() {
 /// Goal: segments that garbage collection frees are reused. Up to
 /// `recycle_segments` are kept (the rest unlinked) and renamed into place as
 /// the next segments, so the log directory does not grow; batches written
-/// into them say so (`BATCH_FLAG_OVER_STALE`); after a crash recovery reads
+/// into them say so (`BATCH_FLAG_OVER_STALE`); the rest of one the log
+/// rolled past is zeroed after its last batch; after a crash recovery reads
 /// everything back, takes the stale batches behind the tail for nothing
 /// written (zeroing at most a batch's worth, not the rest of the segment),
 /// and still reports a damaged batch of this use before valid data.
@@ -831,6 +832,22 @@ fn freed_segments_are_recycled() {
         let first = disk.contents(&seg_path).unwrap();
         let h = magnetar_storage::format::BatchHeader::decode(&first[..4096]).unwrap();
         assert_eq!((h.position, h.flags), (seg_start, magnetar_storage::format::BATCH_FLAG_OVER_STALE));
+        // The recycled segment the log rolled past: after its last batch of
+        // this use, zeros to its end (the writer zeroed what its earlier
+        // use left there), so a walk that finds the next segment removed
+        // can tell that nothing was written there.
+        let prev = log.segments().iter().map(|s| s.0).filter(|s| *s < seg_start).max().unwrap();
+        let bytes = disk.contents(&dir.join(format!("{prev:020}.seg"))).unwrap();
+        let mut off = 0;
+        while let Ok(h) = magnetar_storage::format::BatchHeader::decode(&bytes[off..off + 4096]) {
+            if h.position != prev + off as u64 {
+                break;
+            }
+            assert_eq!(h.flags, magnetar_storage::format::BATCH_FLAG_OVER_STALE);
+            off += h.batch_len as usize;
+        }
+        assert!(off > 0 && off < bytes.len(), "batches of this use, then a rest: {off}");
+        assert!(bytes[off..].iter().all(|&b| b == 0), "the rest after {off} is zeros");
 
         // A crash with nothing in flight: all back, stale bytes behind the
         // tail taken for nothing written, at most ~a batch zeroed.

@@ -305,13 +305,7 @@ async fn reopen(disk: SimDisk, crash_in_recovery: Option<(u64, u64)>, ctx: &str)
     let seen = common::inspect_image(&disk, &cfg().dir);
     match EntryLog::open_with(disk.clone(), cfg()).await {
         Ok((log, rec)) => {
-            // Random seeds (one_seed sets SEED) take the whole-log
-            // inspection's disagreements as reports (common::VerifyMode).
-            let verify = match SEED.with(|s| s.get()) {
-                0 => common::VerifyMode::Strict,
-                _ => common::VerifyMode::Report,
-            };
-            common::assert_inspector_agrees_with(&seen, Ok(&rec), ctx, verify);
+            common::assert_inspector_agrees(&seen, Ok(&rec), ctx);
             stat(|s| {
                 s.0 += 1;
                 s.1 += (rec.truncated_bytes > 0) as u64;

@@ -325,38 +325,6 @@ pub fn inspect_image(disk: &SimDisk, dir: &Path) -> Inspected {
 /// with the same damage at the same offset. (Recovery and the inspector
 /// share one log walker, `storage/src/walk.rs`; this keeps it so.)
 pub fn assert_inspector_agrees(seen: &Inspected, recovered: std::result::Result<&Recovery, &StorageError>, ctx: &str) {
-    agrees(seen, recovered, ctx, VerifyMode::Strict)
-}
-
-/// How a whole-log inspection (`inspect --verify`) that disagrees with
-/// recovery is taken: a failure, or a line on stderr. The whole-log scan
-/// does not yet tell every leftover of an earlier crash from damage (random
-/// crash images found two such cases, replay
-/// `MAGNETAR_SEED=1796227660860300793` and `1796228300927317916` in
-/// `crash.rs`); the tail-mode inspection, which reads what recovery reads,
-/// is always strict.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum VerifyMode {
-    Strict,
-    Report,
-}
-
-/// [`assert_inspector_agrees`], with the whole-log inspection taken as `verify` says.
-pub fn assert_inspector_agrees_with(
-    seen: &Inspected,
-    recovered: std::result::Result<&Recovery, &StorageError>,
-    ctx: &str,
-    verify: VerifyMode,
-) {
-    agrees(seen, recovered, ctx, verify)
-}
-
-fn agrees(seen: &Inspected, recovered: std::result::Result<&Recovery, &StorageError>, ctx: &str, verify: VerifyMode) {
-    // A disagreement of the whole-log inspection: fails, or is reported.
-    let verify_differs = |what: String| match verify {
-        VerifyMode::Strict => panic!("{ctx}: {what}"),
-        VerifyMode::Report => eprintln!("{ctx}: {what} (inspect --verify; reported, not failed)"),
-    };
     if seen.absent {
         return;
     }
@@ -377,30 +345,23 @@ fn agrees(seen: &Inspected, recovered: std::result::Result<&Recovery, &StorageEr
             }
             let ledgers: Vec<(u64, u64)> = img.ledgers.iter().map(|(id, l)| (*id, l.index.len() as u64)).collect();
             assert_eq!(ledgers, rec.ledgers, "{ctx}: ledgers (id, entries) inspect vs recovery");
-            match &seen.verify {
-                Ok(v) => {
-                    if v.tail.position() != rec.tail {
-                        verify_differs(format!("tail {} against recovery's {}", v.tail.position(), rec.tail));
-                    }
-                    let vl: Vec<(u64, u64)> = v.ledgers.iter().map(|(id, l)| (*id, l.index.len() as u64)).collect();
-                    if vl != rec.ledgers {
-                        verify_differs(format!("ledgers {vl:?} against recovery's {:?}", rec.ledgers));
-                    }
-                }
-                Err(e) => verify_differs(format!("recovered, but inspect --verify refuses: {e}")),
-            }
+            let v =
+                seen.verify.as_ref().unwrap_or_else(|e| panic!("{ctx}: recovered, but inspect --verify refuses: {e}"));
+            assert_eq!(v.tail.position(), rec.tail, "{ctx}: tail, inspect --verify vs recovery");
+            let vl: Vec<(u64, u64)> = v.ledgers.iter().map(|(id, l)| (*id, l.index.len() as u64)).collect();
+            assert_eq!(vl, rec.ledgers, "{ctx}: ledgers (id, entries) inspect --verify vs recovery");
         }
         Ok(_) => {} // rebuilt or accepted a loss: the inspector only reports
         Err(StorageError::Corrupt { offset, reason, .. }) => {
             for (mode, got) in [("inspect", &seen.tail), ("inspect --verify", &seen.verify)] {
-                let what = match got {
-                    Err(StorageError::Corrupt { offset: o, reason: r, .. }) if (o, r) == (offset, reason) => continue,
-                    Err(e) => format!("recovery refused ({reason} at {offset}), {mode} failed otherwise: {e}"),
-                    Ok(img) => format!("recovery refused ({reason} at {offset}), {mode} accepts (tail {:?})", img.tail),
-                };
-                match mode {
-                    "inspect" => panic!("{ctx}: {what}"),
-                    _ => verify_differs(what),
+                match got {
+                    Err(StorageError::Corrupt { offset: o, reason: r, .. }) => {
+                        assert_eq!((o, r), (offset, reason), "{ctx}: {mode} refuses otherwise than recovery")
+                    }
+                    Err(e) => panic!("{ctx}: recovery refused ({reason} at {offset}), {mode} failed otherwise: {e}"),
+                    Ok(img) => {
+                        panic!("{ctx}: recovery refused ({reason} at {offset}), {mode} accepts (tail {:?})", img.tail)
+                    }
                 }
             }
         }
