@@ -605,10 +605,8 @@ pub(crate) struct State<F> {
     pending: VecDeque<Pending>,
     pending_bytes: u64,
     pub ledgers: HashMap<u64, Ledger>,
-    cache: HashMap<(u64, u64), Bytes>,
-    /// (ledger, entry, lsn, bytes charged) in append order, for eviction.
-    cache_fifo: VecDeque<(u64, u64, u64, usize)>,
-    cache_bytes: usize,
+    /// Appended entries, kept until durable and over `write_cache_bytes`.
+    cache: crate::cache::WriteCache,
     /// Read cache: entries read from disk (and read ahead), FIFO-evicted.
     rcache: HashMap<(u64, u64), Bytes>,
     /// The last [`SPANS_KEPT`] stretches of log that [`EntryLog::read_run`]
@@ -690,9 +688,7 @@ impl<F> State<F> {
             pending: VecDeque::new(),
             pending_bytes: 0,
             ledgers: HashMap::new(),
-            cache: HashMap::new(),
-            cache_fifo: VecDeque::new(),
-            cache_bytes: 0,
+            cache: crate::cache::WriteCache::default(),
             rcache: HashMap::new(),
             spans: std::collections::VecDeque::new(),
             spans_used: std::time::Instant::now(),
@@ -784,17 +780,7 @@ impl<F> State<F> {
     /// Drops the oldest cached entries while over the bound, but never one
     /// that is not durable yet: it exists nowhere else.
     fn evict(&mut self, bound: usize) {
-        while self.cache_bytes > bound {
-            let Some(&(ledger, entry, lsn, len)) = self.cache_fifo.front() else {
-                break;
-            };
-            if lsn > self.durable_lsn {
-                break;
-            }
-            self.cache_fifo.pop_front();
-            self.cache.remove(&(ledger, entry));
-            self.cache_bytes -= len;
-        }
+        self.cache.evict(bound, self.durable_lsn);
     }
 
     /// Keeps an entry read from disk, within `bound` bytes (oldest first out).
@@ -2009,9 +1995,7 @@ impl<D: Disk> EntryLog<D> {
         l.next_entry += 1;
         let lsn = st.next_lsn;
         st.next_lsn += 1;
-        st.cache.insert((ledger, entry), body.clone());
-        st.cache_fifo.push_back((ledger, entry, lsn, body.len() + CACHED_ENTRY_OVERHEAD));
-        st.cache_bytes += body.len() + CACHED_ENTRY_OVERHEAD;
+        st.cache.insert((ledger, entry), lsn, body.clone());
         st.pending_bytes += body.len() as u64;
         st.pending.push_back(Pending { lsn, kind: PendingKind::Entry { ledger, entry, body, body_crc, extras } });
         crate::stage::mark("3_appended");
