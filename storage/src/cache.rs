@@ -1,5 +1,6 @@
-//! The entry log's write cache: entries appended and not yet evicted, so
-//! that readers near the tail and the flusher's batches need no disk read.
+//! The entry log's caches of entry bodies: the write cache (entries appended
+//! and not yet evicted, so that readers near the tail need no disk read) and
+//! the read cache (entries read from disk and read ahead).
 //! Owned by the log's shard (inside `State`); never crosses cores. No I/O.
 
 use std::collections::{HashMap, VecDeque};
@@ -64,6 +65,48 @@ impl WriteCache {
             assert!(self.bytes >= len, "write cache charged less than it holds");
             self.bytes -= len;
         }
+    }
+}
+
+/// Entries read from disk (and read ahead) by (ledger, entry), evicted
+/// oldest first so that at most the bound passed to [`put`](Self::put) is
+/// charged. Kept apart from the write cache so that catch-up reads cannot
+/// evict the tail.
+///
+/// Invariant: `bytes` is the sum of the charges of the entries present, and
+/// every entry present has one record in `fifo`.
+#[derive(Default)]
+pub(crate) struct ReadCache {
+    entries: HashMap<(u64, u64), Bytes>,
+    /// (key, bytes charged) in insertion order, for eviction.
+    fifo: VecDeque<((u64, u64), usize)>,
+    bytes: usize,
+}
+
+impl ReadCache {
+    /// Keeps an entry read from disk, within `bound` bytes (oldest first
+    /// out). A body larger than the bound, or a key already held, is not
+    /// kept.
+    pub fn put(&mut self, key: (u64, u64), body: Bytes, bound: usize) {
+        let cost = charge(&body);
+        if cost > bound || self.entries.contains_key(&key) {
+            return;
+        }
+        self.bytes += cost;
+        self.fifo.push_back((key, cost));
+        self.entries.insert(key, body);
+        while self.bytes > bound {
+            let Some((k, len)) = self.fifo.pop_front() else { break };
+            if self.entries.remove(&k).is_some() {
+                assert!(self.bytes >= len, "read cache charged less than it holds");
+                self.bytes -= len;
+            }
+        }
+        assert!(self.bytes <= bound);
+    }
+
+    pub fn get(&self, key: &(u64, u64)) -> Option<&Bytes> {
+        self.entries.get(key)
     }
 }
 
@@ -136,5 +179,49 @@ mod tests {
         c.evict(usize::MAX, 1);
         assert!(c.get(&(1, 0)).is_some());
         assert_accounted(&c);
+    }
+
+    /// `bytes` is the sum of the charges of the entries present.
+    fn assert_read_accounted(c: &ReadCache) {
+        let sum: usize = c.entries.values().map(charge).sum();
+        assert_eq!(c.bytes, sum);
+        assert_eq!(c.fifo.len(), c.entries.len());
+    }
+
+    #[test]
+    fn a_put_stays_within_the_bound_by_dropping_the_oldest() {
+        let one = 10 + CACHED_ENTRY_OVERHEAD;
+        let mut c = ReadCache::default();
+        for i in 0..5 {
+            c.put((1, i), body(10), 3 * one);
+            assert!(c.bytes <= 3 * one);
+            assert_read_accounted(&c);
+        }
+        assert!(c.get(&(1, 1)).is_none());
+        assert!((2..5).all(|i| c.get(&(1, i)).is_some()));
+    }
+
+    #[test]
+    fn a_body_over_the_bound_or_a_key_held_is_not_kept() {
+        let mut c = ReadCache::default();
+        c.put((1, 0), body(10), CACHED_ENTRY_OVERHEAD + 9);
+        assert!(c.get(&(1, 0)).is_none());
+        assert_eq!(c.bytes, 0);
+        c.put((1, 0), body(10), 1 << 20);
+        c.put((1, 0), body(20), 1 << 20);
+        assert_eq!(c.get(&(1, 0)).map(Bytes::len), Some(10));
+        assert_read_accounted(&c);
+    }
+
+    #[test]
+    fn a_smaller_bound_on_a_later_put_shrinks_the_cache() {
+        let mut c = ReadCache::default();
+        for i in 0..4 {
+            c.put((2, i), body(100), 1 << 20);
+        }
+        c.put((2, 9), body(0), CACHED_ENTRY_OVERHEAD);
+        assert_eq!(c.bytes, CACHED_ENTRY_OVERHEAD);
+        assert!(c.get(&(2, 9)).is_some());
+        assert_read_accounted(&c);
     }
 }

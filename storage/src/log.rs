@@ -608,7 +608,7 @@ pub(crate) struct State<F> {
     /// Appended entries, kept until durable and over `write_cache_bytes`.
     cache: crate::cache::WriteCache,
     /// Read cache: entries read from disk (and read ahead), FIFO-evicted.
-    rcache: HashMap<(u64, u64), Bytes>,
+    rcache: crate::cache::ReadCache,
     /// The last [`SPANS_KEPT`] stretches of log that [`EntryLog::read_run`]
     /// read from disk, as (log position of their first byte, bytes): all
     /// durable, so never changed (log positions are never reused).
@@ -616,8 +616,6 @@ pub(crate) struct State<F> {
     /// When a run last used or added one of `spans`
     /// (`LogConfig::read_span_idle`).
     spans_used: std::time::Instant,
-    rcache_fifo: VecDeque<((u64, u64), usize)>,
-    rcache_bytes: usize,
     /// Last entry read from disk per ledger, to detect sequential reads.
     last_disk_read: HashMap<u64, u64>,
     /// Decoded ledger index pages (`LogConfig::index_cache_bytes`).
@@ -689,11 +687,9 @@ impl<F> State<F> {
             pending_bytes: 0,
             ledgers: HashMap::new(),
             cache: crate::cache::WriteCache::default(),
-            rcache: HashMap::new(),
+            rcache: crate::cache::ReadCache::default(),
             spans: std::collections::VecDeque::new(),
             spans_used: std::time::Instant::now(),
-            rcache_fifo: VecDeque::new(),
-            rcache_bytes: 0,
             last_disk_read: HashMap::new(),
             icache: crate::pages::IndexCache::new(64 << 20),
             index_fds: crate::pages::OpenIndexFiles::new(crate::pages::INDEX_FILES_OPEN_MAX),
@@ -781,24 +777,6 @@ impl<F> State<F> {
     /// that is not durable yet: it exists nowhere else.
     fn evict(&mut self, bound: usize) {
         self.cache.evict(bound, self.durable_lsn);
-    }
-
-    /// Keeps an entry read from disk, within `bound` bytes (oldest first out).
-    fn rcache_put(&mut self, key: (u64, u64), body: Bytes, bound: usize) {
-        let cost = body.len() + CACHED_ENTRY_OVERHEAD;
-        if cost > bound || self.rcache.contains_key(&key) {
-            return;
-        }
-        self.rcache_bytes += cost;
-        self.rcache_fifo.push_back((key, cost));
-        self.rcache.insert(key, body);
-        while self.rcache_bytes > bound {
-            let Some((k, len)) = self.rcache_fifo.pop_front() else { break };
-            if self.rcache.remove(&k).is_some() {
-                self.rcache_bytes -= len;
-            }
-        }
-        assert!(self.rcache_bytes <= bound);
     }
 
     pub fn segment_at(&self, position: u64) -> Option<&Rc<Segment<F>>> {
@@ -2170,7 +2148,7 @@ impl<D: Disk> EntryLog<D> {
                 if check_entry_record(rec, &e, ledger, i).is_ok() {
                     // A copy, so the cache's bound counts the memory it holds
                     // (a slice would pin the whole read-ahead buffer).
-                    st.rcache_put((ledger, i), Bytes::copy_from_slice(&rec[RECORD_HEADER_BYTES..]), bound);
+                    st.rcache.put((ledger, i), Bytes::copy_from_slice(&rec[RECORD_HEADER_BYTES..]), bound);
                 }
             }
         }
@@ -2180,7 +2158,7 @@ impl<D: Disk> EntryLog<D> {
             // few registered ones, `DiskFile::read_bytes`) for as long as
             // the caller holds this one entry.
             let copy = Bytes::copy_from_slice(&body);
-            st.rcache_put((ledger, entry), copy.clone(), bound);
+            st.rcache.put((ledger, entry), copy.clone(), bound);
             return Ok(copy);
         }
         Ok(body)
