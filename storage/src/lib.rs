@@ -29,6 +29,7 @@
 //! On-disk layouts and the crash analysis: `docs/format.md`.
 
 mod atomics;
+mod cache;
 mod compact;
 pub mod disk;
 mod error;

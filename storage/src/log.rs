@@ -605,12 +605,10 @@ pub(crate) struct State<F> {
     pending: VecDeque<Pending>,
     pending_bytes: u64,
     pub ledgers: HashMap<u64, Ledger>,
-    cache: HashMap<(u64, u64), Bytes>,
-    /// (ledger, entry, lsn, bytes charged) in append order, for eviction.
-    cache_fifo: VecDeque<(u64, u64, u64, usize)>,
-    cache_bytes: usize,
+    /// Appended entries, kept until durable and over `write_cache_bytes`.
+    cache: crate::cache::WriteCache,
     /// Read cache: entries read from disk (and read ahead), FIFO-evicted.
-    rcache: HashMap<(u64, u64), Bytes>,
+    rcache: crate::cache::ReadCache,
     /// The last [`SPANS_KEPT`] stretches of log that [`EntryLog::read_run`]
     /// read from disk, as (log position of their first byte, bytes): all
     /// durable, so never changed (log positions are never reused).
@@ -618,8 +616,6 @@ pub(crate) struct State<F> {
     /// When a run last used or added one of `spans`
     /// (`LogConfig::read_span_idle`).
     spans_used: std::time::Instant,
-    rcache_fifo: VecDeque<((u64, u64), usize)>,
-    rcache_bytes: usize,
     /// Last entry read from disk per ledger, to detect sequential reads.
     last_disk_read: HashMap<u64, u64>,
     /// Decoded ledger index pages (`LogConfig::index_cache_bytes`).
@@ -690,14 +686,10 @@ impl<F> State<F> {
             pending: VecDeque::new(),
             pending_bytes: 0,
             ledgers: HashMap::new(),
-            cache: HashMap::new(),
-            cache_fifo: VecDeque::new(),
-            cache_bytes: 0,
-            rcache: HashMap::new(),
+            cache: crate::cache::WriteCache::default(),
+            rcache: crate::cache::ReadCache::default(),
             spans: std::collections::VecDeque::new(),
             spans_used: std::time::Instant::now(),
-            rcache_fifo: VecDeque::new(),
-            rcache_bytes: 0,
             last_disk_read: HashMap::new(),
             icache: crate::pages::IndexCache::new(64 << 20),
             index_fds: crate::pages::OpenIndexFiles::new(crate::pages::INDEX_FILES_OPEN_MAX),
@@ -784,35 +776,7 @@ impl<F> State<F> {
     /// Drops the oldest cached entries while over the bound, but never one
     /// that is not durable yet: it exists nowhere else.
     fn evict(&mut self, bound: usize) {
-        while self.cache_bytes > bound {
-            let Some(&(ledger, entry, lsn, len)) = self.cache_fifo.front() else {
-                break;
-            };
-            if lsn > self.durable_lsn {
-                break;
-            }
-            self.cache_fifo.pop_front();
-            self.cache.remove(&(ledger, entry));
-            self.cache_bytes -= len;
-        }
-    }
-
-    /// Keeps an entry read from disk, within `bound` bytes (oldest first out).
-    fn rcache_put(&mut self, key: (u64, u64), body: Bytes, bound: usize) {
-        let cost = body.len() + CACHED_ENTRY_OVERHEAD;
-        if cost > bound || self.rcache.contains_key(&key) {
-            return;
-        }
-        self.rcache_bytes += cost;
-        self.rcache_fifo.push_back((key, cost));
-        self.rcache.insert(key, body);
-        while self.rcache_bytes > bound {
-            let Some((k, len)) = self.rcache_fifo.pop_front() else { break };
-            if self.rcache.remove(&k).is_some() {
-                self.rcache_bytes -= len;
-            }
-        }
-        assert!(self.rcache_bytes <= bound);
+        self.cache.evict(bound, self.durable_lsn);
     }
 
     pub fn segment_at(&self, position: u64) -> Option<&Rc<Segment<F>>> {
@@ -2040,9 +2004,7 @@ impl<D: Disk> EntryLog<D> {
         l.next_entry += 1;
         let lsn = st.next_lsn;
         st.next_lsn += 1;
-        st.cache.insert((ledger, entry), body.clone());
-        st.cache_fifo.push_back((ledger, entry, lsn, body.len() + CACHED_ENTRY_OVERHEAD));
-        st.cache_bytes += body.len() + CACHED_ENTRY_OVERHEAD;
+        st.cache.insert((ledger, entry), lsn, body.clone());
         st.pending_bytes += body.len() as u64;
         st.pending.push_back(Pending { lsn, kind: PendingKind::Entry { ledger, entry, body, body_crc, extras } });
         crate::stage::mark("3_appended");
@@ -2217,7 +2179,7 @@ impl<D: Disk> EntryLog<D> {
                 if check_entry_record(rec, &e, ledger, i).is_ok() {
                     // A copy, so the cache's bound counts the memory it holds
                     // (a slice would pin the whole read-ahead buffer).
-                    st.rcache_put((ledger, i), Bytes::copy_from_slice(&rec[RECORD_HEADER_BYTES..]), bound);
+                    st.rcache.put((ledger, i), Bytes::copy_from_slice(&rec[RECORD_HEADER_BYTES..]), bound);
                 }
             }
         }
@@ -2227,7 +2189,7 @@ impl<D: Disk> EntryLog<D> {
             // few registered ones, `DiskFile::read_bytes`) for as long as
             // the caller holds this one entry.
             let copy = Bytes::copy_from_slice(&body);
-            st.rcache_put((ledger, entry), copy.clone(), bound);
+            st.rcache.put((ledger, entry), copy.clone(), bound);
             return Ok(copy);
         }
         Ok(body)
