@@ -88,9 +88,8 @@ impl<D: Disk> EntryLog<D> {
                 .values()
                 .filter(|s| s.end() <= ckpt)
                 .filter_map(|s| {
-                    let live = st.seg_live_bytes.get(&s.start).copied().unwrap_or(0);
-                    let n = st.seg_live.get(&s.start).copied().unwrap_or(0);
-                    (n > 0 && live * 100 < pct * s.len).then_some((live, s.start))
+                    let live = st.live.get(s.start);
+                    (live.entries > 0 && live.bytes * 100 < pct * s.len).then_some((live.bytes, s.start))
                 })
                 .collect();
             v.sort_unstable();

@@ -36,12 +36,14 @@ mod error;
 pub mod format;
 pub mod inspect;
 pub mod keyindex;
+mod live;
 mod log;
 mod lone;
 mod pages;
 pub use pages::INDEX_FILES_OPEN_MAX;
 mod recovery;
 pub mod sim;
+mod spans;
 pub mod stage;
 mod walk;
 

@@ -21,6 +21,7 @@ use crate::format::{
     INDEX_ENTRIES_PER_PAGE, KIND_DELETE, KIND_ENTRY, KIND_META, KIND_MOVE, META_KEY_BYTES_MAX, RECORD_HEADER_BYTES,
 };
 use crate::lone::{LonePolicy, Route};
+use crate::spans::{KeptSpans, SpanGuard, SPAN_ALIGN};
 
 /// Configuration of one shard's entry log.
 #[derive(Debug, Clone)]
@@ -120,7 +121,7 @@ pub struct LogConfig {
     /// was a spike, not a busy disk). Zero: never block. Default 1 ms.
     pub lone_sync_max: Duration,
     /// The stretches of log kept for [`EntryLog::read_run`]
-    /// ([`SPANS_KEPT`] of them, each up to a run's bytes, its largest
+    /// ([`SPANS_KEPT`](crate::spans::SPANS_KEPT) of them, each up to a run's bytes, its largest
     /// entry at least, plus [`SPAN_ALIGN`]: ~9 MiB with the dispatcher's
     /// 1 MiB runs, ~41 MiB with 5 MiB entries) are released once no run has used
     /// them for this long, by the next checkpoint (periodic or not).
@@ -153,68 +154,6 @@ pub const LONE_STREAK_MIN: u32 = 4;
 /// See [`LogConfig::lone_sync_max`].
 pub const LONE_PAUSE_BATCHES: u32 = 1024;
 
-/// A stretch of log [`EntryLog::read_run`] reads or read from disk: runs
-/// that start inside it wait for it instead of reading the same bytes.
-#[derive(Default)]
-struct SpanRead {
-    /// `Some(Some(bytes))` once read in full; `Some(None)` if the read
-    /// failed or came back short (waiters read for themselves).
-    done: RefCell<Option<Option<Bytes>>>,
-    waiters: RefCell<Vec<std::task::Waker>>,
-}
-
-impl SpanRead {
-    /// Read, but not in full (waiters read for themselves).
-    fn failed(&self) -> bool {
-        matches!(*self.done.borrow(), Some(None))
-    }
-
-    fn finish(&self, bytes: Option<Bytes>) {
-        *self.done.borrow_mut() = Some(bytes);
-        for w in self.waiters.borrow_mut().drain(..) {
-            w.wake();
-        }
-    }
-
-    async fn wait(&self) -> Option<Bytes> {
-        std::future::poll_fn(|cx| match &*self.done.borrow() {
-            Some(b) => std::task::Poll::Ready(b.clone()),
-            None => {
-                let mut waiters = self.waiters.borrow_mut();
-                if !waiters.iter().any(|w| w.will_wake(cx.waker())) {
-                    waiters.push(cx.waker().clone());
-                }
-                std::task::Poll::Pending
-            }
-        })
-        .await
-    }
-}
-
-/// Finishes a [`SpanRead`] as failed if its reader is dropped first.
-struct SpanGuard(Option<Rc<SpanRead>>);
-
-impl Drop for SpanGuard {
-    fn drop(&mut self) {
-        if let Some(s) = self.0.take() {
-            s.finish(None);
-        }
-    }
-}
-
-/// Stretches of log read by [`EntryLog::read_run`] kept for the next runs
-/// (of at most its `max_bytes` each: 1 MiB from the dispatcher). The
-/// partitions of one shard share its log, so a run of one partition's
-/// entries reads the other partitions' records between them too: without
-/// these, two partitions catching up read every byte twice (1 GiB
-/// catch-up: the disk read ~2.4x what was delivered). Released once
-/// reading goes idle ([`LogConfig::read_span_idle`]).
-pub const SPANS_KEPT: usize = 8;
-/// [`EntryLog::read_run`] widens a disk read back from the run's first
-/// record by less than this: to where the nearest kept stretch before it
-/// ends, else to a multiple of this (log position, within the segment).
-/// See [`SPANS_KEPT`].
-pub const SPAN_ALIGN: u64 = 128 << 10;
 /// See [`LogConfig::lone_sync_max`]: lone batches in a row, each written and
 /// synced through the reactor within `lone_sync_max`, that end a pause
 /// early. On a disk whose lone requests are slow only now and then (other
@@ -609,13 +548,9 @@ pub(crate) struct State<F> {
     cache: crate::cache::WriteCache,
     /// Read cache: entries read from disk (and read ahead), FIFO-evicted.
     rcache: crate::cache::ReadCache,
-    /// The last [`SPANS_KEPT`] stretches of log that [`EntryLog::read_run`]
-    /// read from disk, as (log position of their first byte, bytes): all
-    /// durable, so never changed (log positions are never reused).
-    spans: std::collections::VecDeque<(u64, u64, Rc<SpanRead>)>,
-    /// When a run last used or added one of `spans`
-    /// (`LogConfig::read_span_idle`).
-    spans_used: std::time::Instant,
+    /// The last [`SPANS_KEPT`](crate::spans::SPANS_KEPT) stretches of log that [`EntryLog::read_run`]
+    /// read from disk.
+    spans: KeptSpans,
     /// Last entry read from disk per ledger, to detect sequential reads.
     last_disk_read: HashMap<u64, u64>,
     /// Decoded ledger index pages (`LogConfig::index_cache_bytes`).
@@ -649,12 +584,9 @@ pub(crate) struct State<F> {
     pub zeroed_bytes: u64,
     /// What the flusher wrote and synced since open ([`FlushStats`]).
     pub flush: FlushStats,
-    /// Live (not deleted) entries per segment start, from the index: a
-    /// segment at zero before the checkpoint position is garbage.
-    pub seg_live: BTreeMap<u64, u64>,
-    /// Live record bytes (header and body) per segment start, beside
-    /// `seg_live`: compaction picks segments by it.
-    pub seg_live_bytes: BTreeMap<u64, u64>,
+    /// Live (not deleted) entries and their bytes per segment, from the
+    /// index: garbage collection and compaction go by it.
+    pub live: crate::live::SegLive,
     /// Entries moved by compaction after their index page was written: the
     /// index file keeps the old position, every checkpoint carries these.
     /// Only durable positions; dropped with the ledger.
@@ -688,8 +620,7 @@ impl<F> State<F> {
             ledgers: HashMap::new(),
             cache: crate::cache::WriteCache::default(),
             rcache: crate::cache::ReadCache::default(),
-            spans: std::collections::VecDeque::new(),
-            spans_used: std::time::Instant::now(),
+            spans: KeptSpans::default(),
             last_disk_read: HashMap::new(),
             icache: crate::pages::IndexCache::new(64 << 20),
             index_fds: crate::pages::OpenIndexFiles::new(crate::pages::INDEX_FILES_OPEN_MAX),
@@ -706,8 +637,7 @@ impl<F> State<F> {
             zero_waker: None,
             zeroed_bytes: 0,
             flush: FlushStats::default(),
-            seg_live: BTreeMap::new(),
-            seg_live_bytes: BTreeMap::new(),
+            live: crate::live::SegLive::default(),
             relocated: BTreeMap::new(),
             deleted_at: Vec::new(),
             tail: 0,
@@ -746,25 +676,24 @@ impl<F> State<F> {
         lsn
     }
 
-    /// Moves one entry's liveness from the segment holding `from` to the one
-    /// holding `to` (both counts and bytes).
+    /// Moves one entry's liveness (`bytes` of record) from the segment
+    /// holding `from` to the one holding `to`: both must exist (a segment
+    /// goes only once nothing in it is live).
     pub(crate) fn shift_live(&mut self, from: Option<u64>, to: Option<u64>, bytes: u64) {
         if let Some(p) = from {
-            if let Some((&start, _)) = self.segments.range(..=p).next_back() {
-                if let Some(n) = self.seg_live.get_mut(&start) {
-                    *n = n.saturating_sub(1);
-                }
-                if let Some(n) = self.seg_live_bytes.get_mut(&start) {
-                    *n = n.saturating_sub(bytes);
-                }
-            }
+            let start = self.segment_start(p);
+            self.live.remove(start, bytes);
         }
         if let Some(p) = to {
-            if let Some((&start, _)) = self.segments.range(..=p).next_back() {
-                *self.seg_live.entry(start).or_default() += 1;
-                *self.seg_live_bytes.entry(start).or_default() += bytes;
-            }
+            let start = self.segment_start(p);
+            self.live.add(start, 1, bytes);
         }
+    }
+
+    /// The start of the segment holding log position `p`, which must be in one.
+    fn segment_start(&self, p: u64) -> u64 {
+        let seg = self.segments.range(..=p).next_back().map(|(_, s)| s).filter(|s| p < s.end());
+        seg.unwrap_or_else(|| panic!("log position {p} is in no segment")).start
     }
 
     fn wake_flusher(&mut self) {
@@ -1091,8 +1020,7 @@ impl<D: Disk> Shared<D> {
                     });
                     st.laid_since_ckpt += 1;
                     l.bytes += body_len as u64;
-                    *st.seg_live.entry(seg.start).or_default() += 1;
-                    *st.seg_live_bytes.entry(seg.start).or_default() += (RECORD_HEADER_BYTES + body_len) as u64;
+                    st.live.add(seg.start, 1, (RECORD_HEADER_BYTES + body_len) as u64);
                 }
                 PendingKind::Move { ledger, entry, body: data, extras, from } => {
                     body[..body_len].copy_from_slice(&data);
@@ -1257,12 +1185,7 @@ impl<D: Disk> Shared<D> {
     pub(crate) async fn checkpoint(&self, clean: bool) -> Result<()> {
         // Reading gone idle: the kept stretches go (no timer of their own;
         // a checkpoint comes every `checkpoint_interval`).
-        {
-            let mut st = self.st.borrow_mut();
-            if !st.spans.is_empty() && st.spans_used.elapsed() >= self.cfg.read_span_idle {
-                st.spans.clear();
-            }
-        }
+        self.st.borrow_mut().spans.release_if_idle(self.cfg.read_span_idle);
         let _permit = self.ckpt_lock.acquire_permit(1).await.map_err(|_| StorageError::Closed)?;
         struct Work {
             ledger: u64,
@@ -1526,13 +1449,12 @@ impl<D: Disk> Shared<D> {
             let dead: Vec<Rc<Segment<D::File>>> = st
                 .segments
                 .values()
-                .filter(|s| s.end() <= position && st.seg_live.get(&s.start).copied().unwrap_or(0) == 0)
+                .filter(|s| s.end() <= position && st.live.get(s.start).entries == 0)
                 .cloned()
                 .collect();
             for s in &dead {
                 st.segments.remove(&s.start);
-                st.seg_live.remove(&s.start);
-                st.seg_live_bytes.remove(&s.start);
+                st.live.forget(s.start);
             }
             dead
         };
@@ -2072,7 +1994,7 @@ impl<D: Disk> EntryLog<D> {
     /// Segments with their count of live entries, by start position.
     pub fn segments(&self) -> Vec<(u64, u64)> {
         let st = self.sh.st.borrow();
-        st.segments.keys().map(|s| (*s, st.seg_live.get(s).copied().unwrap_or(0))).collect()
+        st.segments.keys().map(|s| (*s, st.live.get(*s).entries)).collect()
     }
 
     /// Resolves once everything appended with an lsn <= `lsn` is written and
@@ -2205,7 +2127,7 @@ impl<D: Disk> EntryLog<D> {
     /// between are read and skipped, as by the read-ahead), each verified
     /// (the run ends before one that fails: reading it again reports the
     /// damage). A run whose first record lies in a stretch of log an earlier
-    /// run read, or is reading ([`SPANS_KEPT`]), takes its bytes from there
+    /// run read, or is reading ([`SPANS_KEPT`](crate::spans::SPANS_KEPT)), takes its bytes from there
     /// and ends where that stretch ends. The bodies read from disk are slices of one buffer and do
     /// not go through the read cache: a sequential reader that keeps its
     /// own run pays neither a copy nor a hash insert and eviction per
@@ -2248,12 +2170,7 @@ impl<D: Disk> EntryLog<D> {
                 // that holds the first record: the run stays within it.
                 // Of the stretches holding the first record (and not failed),
                 // the one reaching furthest.
-                let kept = st
-                    .spans
-                    .iter()
-                    .filter(|(at, len, read)| *at <= ie.position && first_end <= at + len && !read.failed())
-                    .max_by_key(|(at, len, _)| at + len)
-                    .map(|(at, len, read)| (*at, *len, read.clone()));
+                let kept = st.spans.holding(ie.position, first_end);
                 let mut run = vec![ie];
                 let mut limit = ie.position.saturating_add(max_bytes as u64);
                 if let Some((at, len, _)) = &kept {
@@ -2282,7 +2199,7 @@ impl<D: Disk> EntryLog<D> {
         let span =
             run.last().map_or(0, |e| e.position + (RECORD_HEADER_BYTES as u64) + e.body_len as u64) - first.position;
         if kept.is_some() {
-            self.sh.st.borrow_mut().spans_used = std::time::Instant::now();
+            self.sh.st.borrow_mut().spans.touch();
         }
         let shared = match &kept {
             Some((at, _, read)) => read.wait().await.map(|b| {
@@ -2313,25 +2230,11 @@ impl<D: Disk> EntryLog<D> {
                 // while it is in flight wait for it.
                 let (from, len, read) = {
                     let mut st = self.sh.st.borrow_mut();
-                    let joined = st
-                        .spans
-                        .iter()
-                        .map(|(at, len, read)| (at + len, read))
-                        .filter(|(end, read)| {
-                            *end <= first.position && first.position - end < SPAN_ALIGN && !read.failed()
-                        })
-                        .map(|(end, _)| end)
-                        .max();
+                    let joined = st.spans.joined_end(first.position);
                     let from = joined.unwrap_or(first.position / SPAN_ALIGN * SPAN_ALIGN).max(seg.start);
                     let len = first.position + span - from;
                     st.disk_reads += 1;
-                    let read = Rc::new(SpanRead::default());
-                    if st.spans.len() == SPANS_KEPT {
-                        st.spans.pop_front();
-                    }
-                    st.spans.push_back((from, len, read.clone()));
-                    st.spans_used = std::time::Instant::now();
-                    (from, len, read)
+                    (from, len, st.spans.announce(from, len))
                 };
                 let mut guard = SpanGuard(Some(read));
                 let raw = match seg.file.read_bytes(from - seg.start, len as usize).await {
@@ -2427,16 +2330,10 @@ impl<D: Disk> EntryLog<D> {
         (st.rcache_hits, st.disk_reads)
     }
 
-    /// Stretches of log kept for [`Self::read_run`] ([`SPANS_KEPT`]): how
+    /// Stretches of log kept for [`Self::read_run`] ([`SPANS_KEPT`](crate::spans::SPANS_KEPT)): how
     /// many, and the bytes held by those read in full.
     pub fn read_spans(&self) -> (usize, u64) {
-        let st = self.sh.st.borrow();
-        let held = st
-            .spans
-            .iter()
-            .filter_map(|(_, _, r)| r.done.borrow().as_ref().and_then(|b| b.as_ref().map(|b| b.len() as u64)))
-            .sum();
-        (st.spans.len(), held)
+        self.sh.st.borrow().spans.stats()
     }
 
     /// Next entry id that `append` would assign (0 for an unknown ledger).

@@ -346,8 +346,7 @@ impl<D: Disk> EntryLog<D> {
                 .await?
         };
         for (start, (n, bytes)) in in_files {
-            *st.seg_live.entry(start).or_default() += n;
-            *st.seg_live_bytes.entry(start).or_default() += bytes;
+            st.live.add(start, n, bytes);
         }
         for id in ids {
             let path = paths.index(id);
@@ -357,9 +356,6 @@ impl<D: Disk> EntryLog<D> {
             for (i, e) in recent {
                 count_live(&mut st, &path, i, e)?;
             }
-        }
-        for start in st.segments.keys() {
-            st.seg_live.entry(*start).or_default();
         }
         // Index files no checkpoint refers to: of deleted ledgers whose
         // removal a crash interrupted, or written by a checkpoint that never
@@ -557,8 +553,7 @@ async fn rebuild_index<F: DiskFile>(
 /// referenced), never dropped.
 fn count_live<F>(st: &mut State<F>, path: &Path, entry: u64, e: IndexEntry) -> Result<()> {
     let start = segment_of(st, path, entry, e)?;
-    *st.seg_live.entry(start).or_default() += 1;
-    *st.seg_live_bytes.entry(start).or_default() += (RECORD_HEADER_BYTES as u64) + e.body_len as u64;
+    st.live.add(start, 1, (RECORD_HEADER_BYTES as u64) + e.body_len as u64);
     Ok(())
 }
 
