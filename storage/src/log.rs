@@ -692,8 +692,7 @@ impl<F> State<F> {
 
     /// The start of the segment holding log position `p`, which must be in one.
     fn segment_start(&self, p: u64) -> u64 {
-        let seg = self.segments.range(..=p).next_back().map(|(_, s)| s).filter(|s| p < s.end());
-        seg.unwrap_or_else(|| panic!("log position {p} is in no segment")).start
+        self.segment_at(p).unwrap_or_else(|| panic!("log position {p} is in no segment")).start
     }
 
     fn wake_flusher(&mut self) {

@@ -560,7 +560,7 @@ fn count_live<F>(st: &mut State<F>, path: &Path, entry: u64, e: IndexEntry) -> R
 /// The start of the segment holding entry `entry` (`e`) of the index file at
 /// `path`; an entry no segment holds was lost.
 fn segment_of<F>(st: &State<F>, path: &Path, entry: u64, e: IndexEntry) -> Result<u64> {
-    match st.segments.range(..=e.position).next_back().map(|(_, s)| s).filter(|s| e.position < s.end()) {
+    match st.segment_at(e.position) {
         Some(seg) => Ok(seg.start),
         None => Err(StorageError::corrupt(
             path,
