@@ -74,6 +74,8 @@ impl<D: Disk> EntryLog<D> {
     pub async fn compact(&self) -> Result<CompactionStats> {
         let sh = &self.sh;
         let _pass = sh.compact_lock.acquire_permit(1).await.map_err(|_| StorageError::Closed)?;
+        // It picks segments by their live bytes.
+        sh.live_counted().await?;
         let mut stats = CompactionStats::default();
         let pct = sh.cfg.compaction_live_pct as u64;
         if pct == 0 {

@@ -587,6 +587,11 @@ pub(crate) struct State<F> {
     /// Live (not deleted) entries and their bytes per segment, from the
     /// index: garbage collection and compaction go by it.
     pub live: crate::live::SegLive,
+    /// `live` holds the entries in index files too: counted after open, in
+    /// the background (`recovery::count_live_in_files`). Garbage collection
+    /// and compaction wait for it.
+    pub live_counted: bool,
+    live_waiters: Vec<Waker>,
     /// Entries moved by compaction after their index page was written: the
     /// index file keeps the old position, every checkpoint carries these.
     /// Only durable positions; dropped with the ledger.
@@ -638,6 +643,8 @@ impl<F> State<F> {
             zeroed_bytes: 0,
             flush: FlushStats::default(),
             live: crate::live::SegLive::default(),
+            live_counted: true,
+            live_waiters: Vec::new(),
             relocated: BTreeMap::new(),
             deleted_at: Vec::new(),
             tail: 0,
@@ -664,6 +671,11 @@ impl<F> State<F> {
         {
             w.wake();
         }
+        self.wake_live_waiters();
+    }
+
+    pub(crate) fn wake_live_waiters(&mut self) {
+        std::mem::take(&mut self.live_waiters).into_iter().for_each(Waker::wake);
     }
 
     /// Queues a compaction copy (see `compact.rs`); returns its lsn.
@@ -793,6 +805,23 @@ impl<D: Disk> Shared<D> {
         }
         st.mode = Mode::Failed;
         st.wake_all();
+    }
+
+    /// Resolves once `State::live` counts the entries in index files too
+    /// (at once but after open); `Failed` if the log failed first.
+    pub(crate) async fn live_counted(&self) -> Result<()> {
+        poll_fn(|cx| {
+            let mut st = self.st.borrow_mut();
+            if st.live_counted {
+                Poll::Ready(Ok(()))
+            } else if st.mode == Mode::Failed {
+                Poll::Ready(Err(StorageError::Failed))
+            } else {
+                st.live_waiters.push(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await
     }
 
     fn io(&self, op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> StorageError {
@@ -1382,7 +1411,13 @@ impl<D: Disk> Shared<D> {
     /// A crash before the directory fsync may bring a name back; it is
     /// unreferenced, and removed again (index files at open, segments at the
     /// next checkpoint).
+    /// Skipped until the live counts are in (`State::live_counted`): the
+    /// next checkpoint collects then.
     async fn collect_garbage(&self, position: u64) -> Result<()> {
+        if !self.st.borrow().live_counted {
+            debug!(position, "garbage collection waits for the live counts");
+            return Ok(());
+        }
         // Deleted ledgers this checkpoint no longer lists: forget them.
         let (index_files, removed) = {
             let mut st = self.st.borrow_mut();
@@ -1990,8 +2025,18 @@ impl<D: Disk> EntryLog<D> {
         Ok(lsn)
     }
 
-    /// Segments with their count of live entries, by start position.
-    pub fn segments(&self) -> Vec<(u64, u64)> {
+    /// Resolves once the live entries in the index files as they were at
+    /// open are counted (in the background after open; garbage collection
+    /// and compaction wait for it). `Failed` if the log failed first.
+    pub async fn live_counted(&self) -> Result<()> {
+        self.sh.live_counted().await
+    }
+
+    /// Segments with their count of live entries, by start position, once
+    /// those in index files are counted (after open; at once if the log
+    /// failed first).
+    pub async fn segments(&self) -> Vec<(u64, u64)> {
+        let _ = self.sh.live_counted().await;
         let st = self.sh.st.borrow();
         st.segments.keys().map(|s| (*s, st.live.get(*s).entries)).collect()
     }
@@ -2507,7 +2552,10 @@ impl<D: Disk> EntryLog<D> {
     /// every `checkpoint_interval`). A failure puts the log in fail-stop,
     /// except a lack of space for the checkpoint's files: that error is
     /// returned and the log goes on (see `checkpoint_short_of_space`).
+    /// Its garbage collection waits for the live counts after open (the
+    /// periodic checkpoint skips it until then).
     pub async fn checkpoint(&self) -> Result<()> {
+        self.sh.live_counted().await?;
         self.sh.checkpoint_or_fail().await
     }
 
@@ -2544,6 +2592,8 @@ impl<D: Disk> EntryLog<D> {
         }
         // A zeroing write in flight finishes first (none starts while closing).
         drop(self.sh.zero_lock.acquire_permit(1).await.map_err(|_| StorageError::Closed)?);
+        // The last checkpoint collects garbage: after the live counts.
+        self.sh.live_counted().await?;
         if let Err(e) = self.sh.checkpoint(true).await {
             self.sh.fail(&e);
             return Err(e);

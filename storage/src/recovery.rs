@@ -322,32 +322,22 @@ impl<D: Disk> EntryLog<D> {
             // Written up to the tail; a recycled segment all through.
             st.zeroed = if seg.recycled.get() { seg.end() } else { scanned.tail };
         }
-        // Live entries per segment, for garbage collection and compaction:
-        // the index files are read again, a few pages at a time (memory
-        // keeps only their summaries). Every entry must lie in a segment:
-        // one that does not was lost (e.g. a segment deleted while still
-        // referenced), never dropped.
+        // Live entries per segment, for garbage collection and compaction.
+        // Those in `recent` are counted now; those in index files are read
+        // again after open, in the background (`count_live_in_files`):
+        // reading every index file a second time here made a start with a
+        // large backlog or a million ledgers twice as long. Garbage
+        // collection and compaction wait for those counts; until then
+        // nothing counts an entry out, so they only ever add up.
         let mut ids: Vec<u64> = st.ledgers.keys().copied().collect();
         ids.sort_unstable();
-        // INDEX_READS_IN_FLIGHT files at once, each summed up per segment.
-        let in_files = {
-            let (disk, paths, st) = (&disk, &paths, &st);
-            futures::stream::iter(ids.iter().copied())
-                .map(|id| live_in_file(disk, paths, st, id))
-                .buffer_unordered(INDEX_READS_IN_FLIGHT)
-                .try_fold(SegCounts::new(), |mut all, one| async move {
-                    for (start, (n, bytes)) in one {
-                        let c = all.entry(start).or_default();
-                        c.0 += n;
-                        c.1 += bytes;
-                    }
-                    Ok(all)
-                })
-                .await?
-        };
-        for (start, (n, bytes)) in in_files {
-            st.live.add(start, n, bytes);
-        }
+        let in_files: Vec<(u64, usize)> = ids
+            .iter()
+            .map(|id| (*id, &st.ledgers[id]))
+            .filter(|(_, l)| l.has_index_file && !l.pages.is_empty())
+            .map(|(id, l)| (id, l.pages.len()))
+            .collect();
+        st.live_counted = in_files.is_empty();
         for id in ids {
             let path = paths.index(id);
             let l = &st.ledgers[&id];
@@ -441,7 +431,12 @@ impl<D: Disk> EntryLog<D> {
             ckpt_short: std::cell::Cell::new(false),
             copy_stale: std::cell::Cell::new(false),
         });
+        if !in_files.is_empty() {
+            glommio::spawn_local(count_live_in_files(Rc::downgrade(&sh), in_files)).detach();
+        }
         if rewrite_now {
+            // With its garbage collection: after the live counts.
+            sh.live_counted().await?;
             sh.checkpoint(false).await?;
             info!(dir = %sh.cfg.dir.display(), "wrote a fresh checkpoint and index files after rebuilding them");
         }
@@ -570,48 +565,84 @@ fn segment_of<F>(st: &State<F>, path: &Path, entry: u64, e: IndexEntry) -> Resul
     }
 }
 
-/// Live entries and their record bytes per segment start.
-type SegCounts = std::collections::BTreeMap<u64, (u64, u64)>;
-
-/// Index files read at once while a log opens.
+/// Index files read at once while a log opens, and by
+/// [`count_live_in_files`].
 const INDEX_READS_IN_FLIGHT: usize = 32;
 
-/// The live entries in ledger `id`'s index file (at their copies where
-/// compaction moved them), per segment: the file is opened for the walk and
-/// closed after it (a shard may have more ledgers than the process may open
-/// files), read a few pages at a time. Reads only.
-async fn live_in_file<D: Disk>(disk: &D, paths: &Paths, st: &State<D::File>, id: u64) -> Result<SegCounts> {
-    let mut counts = SegCounts::new();
-    let l = &st.ledgers[&id];
-    if !l.has_index_file {
-        return Ok(counts);
-    }
-    let path = paths.index(id);
-    let file = Rc::new(disk.open(&path, OpenMode::Existing).await.map_err(io_err("open index file", &path))?);
-    let mut walk = PageWalk::all(file, path.clone(), id, &l.pages);
-    while let Some(read) = walk.next(|entry| st.relocated.get(&(id, entry)).copied()).await? {
-        for e in &read {
-            // A moved entry lives at its copy, which must be the same entry.
-            if let Some(m) = e.moved.filter(|m| (m.body_len, m.extras) != (e.paged.body_len, e.paged.extras)) {
-                return Err(StorageError::corrupt(
-                    &path,
-                    0,
-                    CorruptReason::Field {
-                        field: "moved record length",
-                        expected: e.paged.body_len as u64,
-                        found: m.body_len as u64,
-                    },
-                ));
+/// Counts the live entries in the index files as they were at open (ledger,
+/// pages then), at their copies where compaction moved them, into
+/// `State::live`, INDEX_READS_IN_FLIGHT files at once, each opened for the
+/// walk and closed after it (a shard may have more ledgers than the process
+/// may open files), read a few pages at a time; then sets
+/// `State::live_counted`. Runs after open. Until it ends no garbage
+/// collection or compaction runs, so none of these ledgers goes, no index
+/// entry moves, and what a checkpoint appends to a file lies after the pages
+/// counted here (appends count themselves). Every entry must lie in a
+/// segment: one that does not was lost (a segment deleted while still
+/// referenced), and the log fails (fail-stop), as open would have.
+pub(crate) async fn count_live_in_files<D: Disk>(weak: std::rc::Weak<Shared<D>>, files: Vec<(u64, usize)>) {
+    let started = Instant::now();
+    let n = files.len();
+    let one = |(id, pages): (u64, usize)| {
+        let weak = weak.clone();
+        async move {
+            let Some(sh) = weak.upgrade() else { return Err(StorageError::Closed) };
+            let (path, sums) = {
+                let st = sh.st.borrow();
+                let l = st.ledgers.get(&id).expect("no ledger goes before the live counts are in");
+                (sh.paths.index(id), l.pages[..pages].to_vec())
+            };
+            let file =
+                Rc::new(sh.disk.open(&path, OpenMode::Existing).await.map_err(io_err("open index file", &path))?);
+            let mut walk = PageWalk::all(file, path.clone(), id, &sums);
+            let mut counts: std::collections::BTreeMap<u64, (u64, u64)> = Default::default();
+            while let Some(read) = walk.next(|entry| sh.st.borrow().relocated.get(&(id, entry)).copied()).await? {
+                let st = sh.st.borrow();
+                for e in read {
+                    // A moved entry lives at its copy, which must be the same entry.
+                    if let Some(m) = e.moved.filter(|m| (m.body_len, m.extras) != (e.paged.body_len, e.paged.extras)) {
+                        return Err(StorageError::corrupt(
+                            &path,
+                            0,
+                            CorruptReason::Field {
+                                field: "moved record length",
+                                expected: e.paged.body_len as u64,
+                                found: m.body_len as u64,
+                            },
+                        ));
+                    }
+                    let ie = e.current();
+                    let c = counts.entry(segment_of(&st, &path, e.entry, ie)?).or_default();
+                    c.0 += 1;
+                    c.1 += (RECORD_HEADER_BYTES as u64) + ie.body_len as u64;
+                }
             }
+            let mut st = sh.st.borrow_mut();
+            for (start, (n, bytes)) in counts {
+                st.live.add(start, n, bytes);
+            }
+            Ok(())
         }
-        for e in read {
-            let ie = e.current();
-            let c = counts.entry(segment_of(st, &path, e.entry, ie)?).or_default();
-            c.0 += 1;
-            c.1 += (RECORD_HEADER_BYTES as u64) + ie.body_len as u64;
+    };
+    let counted =
+        futures::stream::iter(files).map(one).buffer_unordered(INDEX_READS_IN_FLIGHT).try_collect::<()>().await;
+    let Some(sh) = weak.upgrade() else { return };
+    match counted {
+        Ok(()) => {
+            let mut st = sh.st.borrow_mut();
+            st.live_counted = true;
+            st.wake_live_waiters();
+            info!(
+                dir = %sh.cfg.dir.display(), index_files = n, elapsed_ms = started.elapsed().as_millis() as u64,
+                "live entries per segment counted"
+            );
+        }
+        Err(StorageError::Closed) => {}
+        Err(e) => {
+            error!(dir = %sh.cfg.dir.display(), error = %e, "counting the live entries in the index files failed");
+            sh.fail(&e);
         }
     }
-    Ok(counts)
 }
 
 /// Reads and checks pages 0..pages of a ledger's index file, which the

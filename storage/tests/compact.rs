@@ -61,13 +61,13 @@ fn sparse_segments_go_dense_ones_stay() {
         for e in 0..dense_n {
             dense_positions.push(log.index_entry(DENSE, e).await.unwrap().unwrap().position);
         }
-        let before = log.segments();
+        let before = log.segments().await;
         // Retention deletes the fast ledger: no segment is empty (the slow
         // ledger's entries are everywhere), so garbage collection frees nothing.
         let lsn = log.delete_ledger(FAST).unwrap();
         log.wait_durable(lsn).await.unwrap();
         log.checkpoint().await.unwrap();
-        let after_delete = log.segments();
+        let after_delete = log.segments().await;
         assert!(after_delete.len() + 1 >= before.len(), "{before:?} -> {after_delete:?}");
         assert!(after_delete.len() > 15, "workload too small: {after_delete:?}");
 
@@ -93,7 +93,7 @@ fn sparse_segments_go_dense_ones_stay() {
         assert!(reads.get() > 0);
         println!("compaction: {stats:?}, {} reads during it", reads.get());
 
-        let segs = log.segments();
+        let segs = log.segments().await;
         // Nothing still needed went: every entry reads back, the dense
         // ledger's segments stay and its entries did not move.
         check_entries(&log, SLOW, slow_n, slow_len, "after compaction").await;
@@ -120,7 +120,7 @@ fn sparse_segments_go_dense_ones_stay() {
         check_entries(&log2, DENSE, dense_n, 1000, "after crash").await;
         // The same segments, plus freed ones kept for recycling (their
         // names are back, holding nothing live, until the next checkpoint).
-        let segs2 = log2.segments();
+        let segs2 = log2.segments().await;
         assert!(segs.iter().all(|s| segs2.contains(s)), "{segs:?} -> {segs2:?}");
         assert!(segs2.len() <= segs.len() + cfg().recycle_segments, "{segs:?} -> {segs2:?}");
         assert!(segs2.iter().all(|s| segs.contains(s) || s.1 == 0), "{segs:?} -> {segs2:?}");
@@ -133,7 +133,7 @@ fn sparse_segments_go_dense_ones_stay() {
         // too, now that it is behind the checkpoint), never growing the log.
         let again = log3.compact().await.unwrap();
         println!("second pass: {again:?}");
-        assert!(log3.segments().len() <= segs.len(), "{again:?}");
+        assert!(log3.segments().await.len() <= segs.len(), "{again:?}");
         check_entries(&log3, SLOW, slow_n, slow_len, "after a second pass").await;
         log3.close().await.unwrap();
         drop(log3);

@@ -273,7 +273,7 @@ async fn check(model: &Model, log: &EntryLog<SimDisk>, ctx: &str) -> Model {
     let m = model.verify(log, ctx).await;
     check_keys(&m, log, ctx).await;
     // Holes in the segment sequence: garbage collection removed segments.
-    let segs = log.segments();
+    let segs = log.segments().await;
     if segs.windows(2).any(|w| w[1].0 != w[0].0 + (64 << 10)) || segs.first().is_some_and(|s| s.0 > 0) {
         GC_SEEN.with(|g| g.set(g.get() + 1));
     }

@@ -176,7 +176,12 @@ fn damaged_index_after_two_moves_of_one_entry() {
                 // first copies' segment (nothing live there now).
                 hazards += 1;
                 let first_copies = p1.iter().copied().max().unwrap();
-                assert_eq!(segment_holding(&log.segments(), first_copies), None, "{ctx}: {:?}", log.segments());
+                assert_eq!(
+                    segment_holding(&log.segments().await, first_copies),
+                    None,
+                    "{ctx}: {:?}",
+                    log.segments().await
+                );
             }
             check_entries(&log, SLOW, slow_n, SLOW_LEN, &ctx).await;
             check_entries(&log, DENSE, DENSE_N, DENSE_LEN, &ctx).await;
@@ -243,7 +248,7 @@ fn a_checkpoint_copy_short_of_space_is_rewritten_on_an_idle_log() {
         let before = checkpoint_of(&disk, "checkpoint");
         assert_eq!(checkpoint_of(&disk, "checkpoint.copy"), before);
         let seg0 = Path::new("/shard-0/log/00000000000000000000.seg");
-        assert!(log.segments().len() > 3 && log.segments()[0].0 == 0, "{:?}", log.segments());
+        assert!(log.segments().await.len() > 3 && log.segments().await[0].0 == 0, "{:?}", log.segments().await);
 
         // The checkpoint's own file is written (one write: no index page is
         // due), then its copy's: that one finds no space.
@@ -255,7 +260,7 @@ fn a_checkpoint_copy_short_of_space_is_rewritten_on_an_idle_log() {
         let written = checkpoint_of(&disk, "checkpoint");
         assert_eq!(written.ckpt_seq, before.ckpt_seq + 1, "the checkpoint itself was written ({err})");
         assert_eq!(checkpoint_of(&disk, "checkpoint.copy"), before, "the copy is stale ({err})");
-        assert!(log.segments().iter().any(|s| s.0 == 0), "no garbage collected: {:?}", log.segments());
+        assert!(log.segments().await.iter().any(|s| s.0 == 0), "no garbage collected: {:?}", log.segments().await);
 
         // Space is back, nothing was appended: the next checkpoint rewrites
         // the copy and the garbage goes.
@@ -263,7 +268,11 @@ fn a_checkpoint_copy_short_of_space_is_rewritten_on_an_idle_log() {
         let now = checkpoint_of(&disk, "checkpoint");
         assert_eq!(checkpoint_of(&disk, "checkpoint.copy"), now, "the copy is written again");
         assert!(now.ckpt_seq > written.ckpt_seq);
-        assert!(log.segments().iter().all(|s| s.0 >= 3 * SEGMENT), "dead segments stay: {:?}", log.segments());
+        assert!(
+            log.segments().await.iter().all(|s| s.0 >= 3 * SEGMENT),
+            "dead segments stay: {:?}",
+            log.segments().await
+        );
         assert!(
             disk.contents(seg0).is_none(),
             "the first segment's file stays: {:?}",
