@@ -27,7 +27,7 @@
 //! Layout byte by byte: `docs/format.md`, "Key index files". Owned by the
 //! shard's executor like the rest of the log; never crosses cores.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
@@ -261,6 +261,12 @@ pub(crate) struct KeyIndex<F> {
     /// Per ledger, the next entry to add (everything before it is in a
     /// file or in the active part).
     pub next: HashMap<u64, u64>,
+    /// The ledgers that may have entries not added yet (`next` short of
+    /// their laid-out end): every ledger after open, then each ledger as
+    /// an entry is laid out in it. Upkeep and lookups visit these only,
+    /// not every ledger of the shard (a million, idle, cost a pass of tens
+    /// of milliseconds on the shard's executor).
+    pub behind: BTreeSet<u64>,
     /// A seal is being written (one at a time).
     pub sealing: bool,
     /// The last seal found no space (logged once until one succeeds).
@@ -279,6 +285,7 @@ impl<F> KeyIndex<F> {
             base: 0,
             active_cover: BTreeMap::new(),
             next: HashMap::new(),
+            behind: BTreeSet::new(),
             sealing: false,
             space_short: false,
         }
@@ -297,10 +304,12 @@ impl<F> KeyIndex<F> {
     /// every ledger per page read: quadratic in ledgers after a restart.)
     pub fn catch_up<G>(&mut self, st: &State<G>, limit: Option<usize>) -> Vec<(u64, u64)> {
         let mut missing = Vec::new();
-        for &id in st.ledgers.keys() {
+        let mut from = Some(0);
+        while let Some(id) = from.and_then(|f| self.behind.range(f..).next().copied()) {
             if limit.is_some_and(|n| self.active.len() >= n) {
                 break;
             }
+            from = id.checked_add(1);
             if let Some(e) = self.catch_up_ledger(st, id, limit) {
                 missing.push((id, e));
             }
@@ -312,10 +321,16 @@ impl<F> KeyIndex<F> {
     /// the active part holds `limit` items; the entry whose index page is
     /// not in the cache, if it stopped at one.
     pub fn catch_up_ledger<G>(&mut self, st: &State<G>, id: u64, limit: Option<usize>) -> Option<u64> {
-        let l = st.ledgers.get(&id).filter(|l| l.deleted.is_none())?;
+        let Some(l) = st.ledgers.get(&id).filter(|l| l.deleted.is_none()) else {
+            self.behind.remove(&id);
+            return None;
+        };
         let durable = durable_entries(l, st.tail);
         let from = self.next.get(&id).copied().unwrap_or(0);
         if durable <= from {
+            if from >= l.laid_out() {
+                self.behind.remove(&id);
+            }
             return None;
         }
         let mut missing = None;
@@ -347,6 +362,9 @@ impl<F> KeyIndex<F> {
             let c = self.active_cover.entry(id).or_insert((from, from));
             c.1 = e;
             self.next.insert(id, e);
+        }
+        if e >= l.laid_out() {
+            self.behind.remove(&id);
         }
         missing
     }
@@ -669,6 +687,13 @@ impl<D: Disk> EntryLog<D> {
     pub fn key_index_files(&self) -> (Vec<(u64, u64, PathBuf)>, usize) {
         let k = self.sh.keys.borrow();
         (k.sealed.iter().map(|f| (f.hdr.seq, f.hdr.items, f.path.clone())).collect(), k.active.len())
+    }
+
+    /// How many ledgers the next upkeep or lookup visits for entries not
+    /// yet in the key index (every ledger after open, then those appended
+    /// to since).
+    pub fn key_index_behind(&self) -> usize {
+        self.sh.keys.borrow().behind.len()
     }
 }
 

@@ -1021,6 +1021,8 @@ impl<D: Disk> Shared<D> {
         let mut last_lsn = 0;
         let mut metas = Vec::new();
         let mut moves = Vec::new();
+        let mut keys = self.keys.borrow_mut();
+        let mut last_ledger = None;
         for _ in 0..count {
             let p = st.pending.pop_front().expect("counted above");
             st.pending_bytes -= p.body_len() as u64;
@@ -1040,6 +1042,11 @@ impl<D: Disk> Shared<D> {
                     body_crc.record(buf, off, crc, body_len);
                     let l = st.ledgers.get_mut(&ledger).expect("appended ledger exists");
                     assert_eq!(l.laid_out(), entry, "entries laid out in order");
+                    if last_ledger != Some(ledger) {
+                        // Its key index upkeep has entries to add.
+                        keys.behind.insert(ledger);
+                        last_ledger = Some(ledger);
+                    }
                     l.recent.push(IndexEntry {
                         position: position + off as u64,
                         body_len: body_len as u32,

@@ -408,7 +408,9 @@ impl<D: Disk> EntryLog<D> {
         );
 
         // The key index: its files, extended later from the ledger indexes.
-        let keys = crate::keyindex::load(&disk, &paths.keys_dir).await?;
+        let mut keys = crate::keyindex::load(&disk, &paths.keys_dir).await?;
+        // Any ledger may have entries past what the key files hold.
+        keys.behind = st.ledgers.keys().copied().collect();
 
         // A checkpoint that was rebuilt is written again at once (with the
         // rebuilt index files), so the damaged files are replaced now.

@@ -146,3 +146,40 @@ fn find_newest_first_from_memory_files_and_after_crash() {
         assert!(none.is_empty(), "{none:?}");
     });
 }
+
+#[test]
+fn upkeep_visits_only_ledgers_appended_to() {
+    run(60, || async {
+        let disk = SimDisk::new();
+        let (log, _) = EntryLog::open_with(disk.clone(), cfg()).await.unwrap();
+        let put = |ledger: u64, key: &str| {
+            let extras =
+                IndexExtras { publish_time_ms: 1_000 + ledger, key_hash: key_hash(key.as_bytes()), tag_hash: 0 };
+            log.append(ledger, NewEntry::new(Bytes::from_static(b"x")).extras(extras)).unwrap().lsn
+        };
+        let mut last = 0;
+        for ledger in 1..=200 {
+            last = put(ledger, "k");
+        }
+        // Laid out and durable, not yet added: all behind.
+        log.wait_durable(last).await.unwrap();
+        assert_eq!(log.key_index_behind(), 200);
+        log.maintain_key_index(false).await.unwrap();
+        assert_eq!(log.key_index_behind(), 0);
+        let lsn = put(77, "only");
+        log.wait_durable(lsn).await.unwrap();
+        assert_eq!(log.key_index_behind(), 1);
+        let hits = log.find_key(key_hash(b"only"), &|_| true, None, 10).await.unwrap();
+        assert_eq!(hits.iter().map(|h| (h.ledger, h.entry)).collect::<Vec<_>>(), vec![(77, 1)]);
+        assert_eq!(log.key_index_behind(), 0);
+
+        // After a restart every ledger is visited once.
+        log.checkpoint().await.unwrap();
+        log.close().await.unwrap();
+        let (log, _) = EntryLog::open_with(disk.clone(), cfg()).await.unwrap();
+        assert_eq!(log.key_index_behind(), 200);
+        log.maintain_key_index(false).await.unwrap();
+        assert_eq!(log.key_index_behind(), 0);
+        assert_eq!(log.find_key(key_hash(b"k"), &|_| true, None, 1000).await.unwrap().len(), 200);
+    });
+}
