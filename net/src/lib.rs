@@ -246,6 +246,19 @@ fn speaks_pulsar(head: &[u8]) -> bool {
     cmd.checked_add(4) == Some(total) && h[8] == 0x08
 }
 
+/// Whether the first bytes read so far (fewer than [`SNIFF_BYTES`]
+/// perhaps) already rule Pulsar out: a total size (the first four bytes,
+/// big-endian) under 5 or over `pulsar_frame_max` (the Pulsar door would
+/// refuse that frame anyway). Then the connection goes to the native door
+/// at once, which judges those bytes by its own rules: a client that sent
+/// four bytes of an oversized native length is refused now, not when the
+/// handshake timeout ends its wait for the rest of a Pulsar header.
+fn rules_out_pulsar(head: &[u8], pulsar_frame_max: u32) -> bool {
+    let Some(h) = head.get(..4) else { return false };
+    let total = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
+    !(5..=pulsar_frame_max).contains(&total)
+}
+
 /// The read half of a stream with bytes already read off its front put
 /// back.
 struct Prefixed<R> {
@@ -334,7 +347,8 @@ async fn serve_stream<S>(
     let mut head = Vec::with_capacity(SNIFF_BYTES);
     if doors.protocol == Protocol::Sniff {
         let mut byte = [0u8; SNIFF_BYTES];
-        while head.len() < SNIFF_BYTES {
+        let pulsar_frame_max = doors.pulsar.max_message_bytes.saturating_add(magnetar_pulsar_wire::FRAME_PADDING_BYTES);
+        while head.len() < SNIFF_BYTES && !rules_out_pulsar(&head, pulsar_frame_max) {
             // The first bytes come within the handshake timeout, like the
             // rest of the handshake, and an eviction ends the wait.
             let read = reader.read(&mut byte[..SNIFF_BYTES - head.len()]);
@@ -390,5 +404,20 @@ mod tests {
         magnetar_wire::encode_frame(&native, &[], &mut wire).unwrap_or_else(|e| panic!("{e}"));
         assert!(!speaks_pulsar(&wire));
         assert!(!speaks_pulsar(&pulsar[..8]));
+
+        // Early: no prefix of a Pulsar CONNECT rules Pulsar out; four bytes
+        // of a native frame, an oversized native length or text do.
+        let max = 5 * 1024 * 1024 + magnetar_pulsar_wire::FRAME_PADDING_BYTES;
+        for n in 0..=SNIFF_BYTES {
+            assert!(!rules_out_pulsar(&pulsar[..n], max), "{n} bytes of a Pulsar CONNECT");
+        }
+        assert!(!rules_out_pulsar(&wire[..3], max));
+        assert!(rules_out_pulsar(&wire[..4], max), "a native Connect's length");
+        assert!(rules_out_pulsar(&0x7fff_ffffu32.to_le_bytes(), max));
+        assert!(rules_out_pulsar(&3u32.to_le_bytes(), max));
+        assert!(rules_out_pulsar(b"GET ", max));
+        assert!(rules_out_pulsar(&[0, 0, 0, 4], max), "smaller than any frame");
+        assert!(rules_out_pulsar(&(max + 1).to_be_bytes(), max));
+        assert!(!rules_out_pulsar(&max.to_be_bytes(), max));
     }
 }
