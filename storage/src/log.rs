@@ -592,6 +592,10 @@ pub(crate) struct State<F> {
     /// and compaction wait for it.
     pub live_counted: bool,
     live_waiters: Vec<Waker>,
+    /// A checkpoint skipped its garbage collection (the live counts were
+    /// not in): the next checkpoint runs even if nothing became durable
+    /// since, so that a quiet log still frees what deletions released.
+    gc_owed: bool,
     /// Entries moved by compaction after their index page was written: the
     /// index file keeps the old position, every checkpoint carries these.
     /// Only durable positions; dropped with the ledger.
@@ -645,6 +649,7 @@ impl<F> State<F> {
             live: crate::live::SegLive::default(),
             live_counted: true,
             live_waiters: Vec::new(),
+            gc_owed: false,
             relocated: BTreeMap::new(),
             deleted_at: Vec::new(),
             tail: 0,
@@ -1244,7 +1249,8 @@ impl<D: Disk> Shared<D> {
             // Whatever the outcome, the entries laid out so far are this
             // checkpoint's (or were not durable yet: the next one's).
             st.laid_since_ckpt = 0;
-            if !clean && st.ckpt_position == Some(position) && !self.copy_stale.get() {
+            let gc_due = st.gc_owed && st.live_counted;
+            if !clean && st.ckpt_position == Some(position) && !self.copy_stale.get() && !gc_due {
                 return Ok(()); // nothing became durable since the last one
             }
             let mut ids: Vec<u64> = st.ledgers.keys().copied().collect();
@@ -1421,9 +1427,13 @@ impl<D: Disk> Shared<D> {
     /// Skipped until the live counts are in (`State::live_counted`): the
     /// next checkpoint collects then.
     async fn collect_garbage(&self, position: u64) -> Result<()> {
-        if !self.st.borrow().live_counted {
-            debug!(position, "garbage collection waits for the live counts");
-            return Ok(());
+        {
+            let mut st = self.st.borrow_mut();
+            st.gc_owed = !st.live_counted;
+            if st.gc_owed {
+                debug!(position, "garbage collection waits for the live counts");
+                return Ok(());
+            }
         }
         // Deleted ledgers this checkpoint no longer lists: forget them.
         let (index_files, removed) = {
